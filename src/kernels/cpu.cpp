@@ -1,0 +1,58 @@
+#include "kernels/cpu.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+namespace sluice {
+namespace {
+std::atomic<int> g_override{-1};
+}
+
+Isa detect_isa() {
+  static const Isa isa = [] {
+    __builtin_cpu_init();
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                      __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
+    const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                        __builtin_cpu_supports("avx512vnni");
+    return avx512 ? Isa::Avx512 : avx2 ? Isa::Avx2 : Isa::Scalar;
+  }();
+  return isa;
+}
+
+static Isa cap(Isa want) { return (int)want < (int)detect_isa() ? want : detect_isa(); }
+
+Isa active_isa() {
+  const int o = g_override.load(std::memory_order_relaxed);
+  if (o >= 0) return (Isa)o;
+  static const Isa from_env = [] {
+    const char* e = std::getenv("SLUICE_ISA");
+    if (!e) return detect_isa();
+    if (!std::strcmp(e, "scalar")) return Isa::Scalar;
+    if (!std::strcmp(e, "avx2")) return cap(Isa::Avx2);
+    return detect_isa();
+  }();
+  return from_env;
+}
+
+void set_active_isa(Isa isa) { g_override.store((int)cap(isa), std::memory_order_relaxed); }
+
+std::string_view isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::Scalar: return "scalar";
+    case Isa::Avx2: return "avx2";
+    case Isa::Avx512: return "avx512";
+  }
+  return "?";
+}
+
+DotFn dot_for(const TypeTraits& t, Isa isa) {
+  isa = cap(isa);
+  if (isa == Isa::Avx512 && t.dot_avx512) return t.dot_avx512;
+  if (isa >= Isa::Avx2 && t.dot_avx2) return t.dot_avx2;
+  return t.dot_scalar;
+}
+
+}  // namespace sluice
