@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -20,7 +21,10 @@ enum class ValueType : uint32_t {
   U8 = 0, I8 = 1, U16 = 2, I16 = 3, U32 = 4, I32 = 5, F32 = 6, BOOL = 7, STRING = 8,
   ARRAY = 9, U64 = 10, I64 = 11, F64 = 12,
 };
-std::string_view value_type_name(ValueType t);
+std::string_view value_type_name(ValueType t);  // "uint32", "string", ...; "unknown" otherwise
+
+// align_up(x, a) = x rounded up to a multiple of a (a > 0). Callers guarantee no overflow.
+inline uint64_t align_up(uint64_t x, uint64_t a) { return x + (a - x % a) % a; }
 
 // One metadata value. Scalars live in the scalar fields; arrays keep their elements in one
 // flat vector of the matching kind (numbers widened, strings as strings).
@@ -56,6 +60,11 @@ struct Value {
   double as_float() const;  // any integer or float type
 };
 
+// Throws Error naming `key` when v cannot be written as-is: unknown type ids, nested arrays,
+// scalars or elements out of range of their declared width, BOOL other than 0/1, array
+// elements stored in the wrong vector. Writer::add() calls it.
+void check_value(const Value& v, std::string_view key);
+
 struct KV {
   std::string key;
   Value value;
@@ -86,7 +95,8 @@ struct Limits {
 
 class File {
  public:
-  // Opens and validates a GGUF file. Throws FormatError (field + offset) on any violation:
+  // Opens and validates a GGUF file. Throws Error when the path cannot be opened or is not a
+  // regular file. Throws FormatError (field + offset) on any violation:
   // bad magic/version, counts, lengths and offsets out of file or overflowing, unknown value or
   // tensor types, nested arrays, duplicate keys or tensor names, dims, misalignment,
   // overlapping or out-of-file tensors, general.alignment of the wrong type or not a power of 2.
@@ -135,26 +145,38 @@ class File {
 // With sparse = true no payload is written: the file is extended with holes (ftruncate).
 class Writer {
  public:
-  explicit Writer(uint32_t alignment = 32);
-  void add(std::string key, Value v);             // throws on a duplicate key
-  // dims: ne[0] first. Throws when ne[0] is not a whole number of blocks of `type`.
+  explicit Writer(uint32_t alignment = 32);     // throws unless a nonzero power of two
+  // Throws on a duplicate or empty key and on a value check_value() refuses.
+  void add(std::string key, Value v);
+  // dims: ne[0] first. Throws when ne[0] is not a whole number of blocks of `type`, and on
+  // anything the reader would refuse: duplicate / empty / >= 64-byte names, 0 or > 4 dims, a
+  // dim of 0, an unknown type, a byte size overflowing int64.
   void add_tensor(std::string name, std::vector<uint64_t> dims, GgmlType type);
   uint32_t alignment() const { return alignment_; }
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   uint64_t header_bytes() const;   // size of header + KV + records, before padding
   uint64_t data_offset() const;    // align_up(header_bytes(), alignment)
   uint64_t file_size() const;      // data_offset() + aligned tensor data
+  // tensors()[i].offset and nbytes are final once added; file_offset is kept current
+  // (it moves when later add() / add_tensor() calls grow the header).
 
   // emit(tensor, sink): call sink(bytes, n) repeatedly to produce exactly tensor.nbytes bytes.
   using Sink = std::function<void(const void*, size_t)>;
   using Emit = std::function<void(const TensorInfo&, const Sink&)>;
+  // Writes path + ".tmp" and renames it over `path` only when everything succeeded, so a
+  // failure (I/O error, emit throwing or producing the wrong byte count) never leaves a partial
+  // file under the final name. Throws Error when alignment != 32 and general.alignment was not
+  // added (or does not match), and on any I/O error (message names the path).
   void write(const std::string& path, const Emit& emit, bool sparse = false) const;
 
  private:
+  void refresh_file_offsets();
   uint32_t alignment_;
   std::vector<KV> kvs_;
   std::vector<TensorInfo> tensors_;
-  uint64_t data_bytes_ = 0;
+  uint64_t data_bytes_ = 0;     // end of the last tensor, relative to the data section
+  uint64_t header_bytes_ = 24;  // running size of header + KVs + records
+  std::set<std::string, std::less<>> keys_, names_;
 };
 
 }  // namespace sluice::gguf
