@@ -74,6 +74,14 @@ def emit(sections, src_name):
             out.append("    " + chunk + ",")
         out.append("};")
         out.append("")
+    # Derived, for the SIMD kernels: the 8 sign bits of ksigns_iq2xs[i] as byte masks.
+    out.append("// Derived from ksigns_iq2xs: byte j is 0xff iff bit j of ksigns_iq2xs[i] is set.")
+    out.append("alignas(64) const uint64_t ksigns_mask_iq2xs[128] = {")
+    masks = [sum(0xFF << (8 * j) for j in range(8) if (v >> j) & 1) for v in sections["ksigns_iq2xs"]["values"]]
+    for i in range(0, 128, 4):
+        out.append("    " + ", ".join(f"0x{v:016x}ull" for v in masks[i:i + 4]) + ",")
+    out.append("};")
+    out.append("")
     out.append("}  // namespace sluice")
     return "\n".join(out) + "\n"
 

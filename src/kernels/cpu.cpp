@@ -1,19 +1,26 @@
 #include "kernels/cpu.h"
 
 #include <atomic>
+#include <cpuid.h>
 #include <cstdlib>
 #include <cstring>
 
 namespace sluice {
 namespace {
 std::atomic<int> g_override{-1};
+
+// clang does not accept "f16c" in __builtin_cpu_supports; read CPUID leaf 1 (ECX bit 29).
+bool has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) != 0;
 }
+}  // namespace
 
 Isa detect_isa() {
   static const Isa isa = [] {
     __builtin_cpu_init();
     const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                      __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
+                      has_f16c() && __builtin_cpu_supports("bmi2");
     const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
                         __builtin_cpu_supports("avx512vnni");

@@ -69,6 +69,27 @@ inline float e4m3_to_f32(uint8_t c) {
   return sign * std::ldexp(1.0f + (float)m / 8.0f, e - 7);
 }
 
+// OCP E4M3FN encoder: round to nearest even, saturating at +-448 (Inf included), subnormals
+// kept; NaN -> 0x7f with the input's sign. Saturation is the spec's recommendation
+// (quant-formats.md 2.4, docs/numerics.md 5): values just above 448 would otherwise round onto
+// the NaN code.
+inline uint8_t f32_to_e4m3(float f) {
+  const uint32_t x = std::bit_cast<uint32_t>(f);
+  const uint8_t sign = (uint8_t)((x >> 24) & 0x80u);
+  const uint32_t ax = x & 0x7fffffffu;
+  if (ax > 0x7f800000u) return (uint8_t)(sign | 0x7fu);
+  if (ax >= 0x43e00000u) return (uint8_t)(sign | 0x7eu);  // >= 448
+  if (ax < 0x3c800000u) {                                  // < 2^-6: subnormal or zero
+    // 16384 has an ulp of 2^-9 (the subnormal step), so the float add rounds to it, half-even.
+    // A result of 8 steps is exactly the smallest normal code 0x08.
+    const float r = std::bit_cast<float>(ax) + 16384.0f;
+    return (uint8_t)(sign | (std::bit_cast<uint32_t>(r) - 0x46800000u));
+  }
+  const uint32_t lsb = (ax >> 20) & 1u;
+  const uint32_t code = ((ax + 0x7ffffu + lsb) >> 20) - (120u << 3);  // rebias 127 -> 7
+  return (uint8_t)(sign | (code > 0x7eu ? 0x7eu : code));
+}
+
 // OCP E8M0: 2^(e-127); 0xff is NaN; there is no zero.
 inline bool e8m0_is_nan(uint8_t e) { return e == 0xffu; }
 inline float e8m0_to_f32(uint8_t e) {

@@ -13,5 +13,7 @@ extern const uint64_t iq2xs_grid[512];
 // number of negatives. Bit j set = element j negated (kmask_iq2xs[j] = 1 << j).
 extern const uint8_t ksigns_iq2xs[128];
 extern const uint8_t kmask_iq2xs[8];
+// Derived for the SIMD kernels: byte j of ksigns_mask_iq2xs[i] is 0xff iff element j is negated.
+extern const uint64_t ksigns_mask_iq2xs[128];
 
 }  // namespace sluice
