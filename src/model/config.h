@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -18,6 +19,7 @@ struct RopeScaling {
   double beta_fast = 32;
   double beta_slow = 1;
   uint64_t original_max_position_embeddings = 65536;
+  bool operator==(const RopeScaling&) const = default;
 };
 
 // Tensor data types per tensor class (the published recipe by default). A generated model may
@@ -31,7 +33,13 @@ struct TensorTypes {
   GgmlType routed_down = GgmlType::Q2_K;
   GgmlType small_f16 = GgmlType::F16;       // hc_*_fn, compressor, indexer, engram_kv
   GgmlType router = GgmlType::F32;          // ffn_gate_inp
+  bool operator==(const TensorTypes&) const = default;
 };
+// The JSON names of the TensorTypes fields ("token_embd", "output", "attn", "shared_expert",
+// "routed_gate_up", "routed_down", "small_f16", "router"), in declaration order, and access by name.
+const std::vector<std::string>& tensor_type_fields();
+GgmlType& tensor_type_field(TensorTypes& t, std::string_view field);  // throws Error if unknown
+GgmlType tensor_type_field(const TensorTypes& t, std::string_view field);
 
 struct ModelConfig {
   uint32_t hidden_size = 5120;
@@ -95,6 +103,8 @@ struct ModelConfig {
   uint32_t engram_row_bytes() const { return engram_head_dim + engram_head_dim / 32; } // 264
   uint64_t engram_rows(size_t engram_index) const;  // sum of that layer's primes
   uint32_t engram_pad_compressed() const;           // token_map[engram_pad_token_id]
+
+  bool operator==(const ModelConfig&) const = default;
 };
 
 // Role of one layer (spec section 1, "Derived per-layer roles").
@@ -114,17 +124,52 @@ ModelConfig tiny_config();  // every V4.1 layer role present, runs the test suit
 // The model's own config.json format (spec section 1 keys; `text_config` nesting accepted);
 // missing keys take the published values. Calls finalize().
 ModelConfig config_from_json(const nlohmann::json& j);
-nlohmann::json config_to_json(const ModelConfig& c);  // compact, sorted keys (deepseek41.config)
+//
+// config_to_json writes every section 1 key (compress_ratios with num_hidden_layers entries,
+// engram_num_embeddings derived from the primes), `sluice_tensor_types` with the TensorTypes fields
+// that differ from the published recipe, and, when with_engram_tables is set, `engram_token_map` /
+// `engram_primes` / `engram_multipliers` for those that differ from what finalize() would derive
+// (so config_from_json(config_to_json(c)) == c). The GGUF's deepseek41.config omits the tables:
+// they have their own keys. nlohmann::json keeps keys sorted; dump() is compact.
+nlohmann::json config_to_json(const ModelConfig& c, bool with_engram_tables = true);
+// configs/tiny.json equals tiny_config(); configs/tiny-alt.json is a second valid plan (10
+// layers, hc_mult 2, top-2, 3 Engram layers of 2 orders, other tensor types);
+// configs/published.json is the published config.json's keys (43 compress_ratios).
+// The pieces of config_from_json: merge a `text_config` object over the top level, and overlay
+// the known keys present (non-null) in a flattened object onto c without finalizing.
+nlohmann::json flatten_config_json(const nlohmann::json& root);
+void apply_config_json(ModelConfig& c, const nlohmann::json& flat);
 // Derives the Engram token map / primes / multipliers where empty and validates everything
 // (role lists sorted and in range, dims divisible, types fit dims). Throws Error naming the key.
+// compress_ratios longer than num_hidden_layers is truncated (config.json lists the DSpark
+// blocks after the backbone). Idempotent. A finalized config keeps its tables: after editing
+// the fields they depend on (vocab, Engram layers/shape), clear them before finalizing again.
 void finalize(ModelConfig& c);
+
+// The derivations finalize() uses when the tables are not given:
+// * token map (synthetic models only; the real map is data from the tokenizer, spec 4.2):
+//   id < C ? id : splitmix64(id) % C, with C = engram_compressed_vocab_size <= vocab_size, so
+//   every compressed id occurs and the low ids map to themselves (pad 2 -> 2 as in Flash);
+// * primes (spec 4.3): consecutive primes above engram_vocab_size - 1, taken in the order
+//   layer, n-gram order, head, never reusing one across layers;
+// * multipliers: numpy.random.default_rng(10007 * layer_id).integers(0, B, max_ngram) * 2 + 1,
+//   B = (INT64_MAX / C) / 2, so ids[j] * M < 2^63 for every compressed id.
+std::vector<uint32_t> synthetic_engram_token_map(uint32_t vocab_size, uint32_t compressed_vocab_size);
+std::vector<uint64_t> derive_engram_primes(const ModelConfig& c);
+std::vector<uint64_t> derive_engram_multipliers(const ModelConfig& c);
 std::vector<LayerRole> layer_roles(const ModelConfig& c);
 
 // numpy.random.default_rng(seed).integers(0, high, size=n, dtype=int64), reproduced exactly
 // (SeedSequence + PCG64 + Lemire bounded draws): the Engram multiplier derivation needs it.
 std::vector<uint64_t> numpy_default_rng_integers(uint64_t seed, uint64_t high, size_t n);
 
-// GGUF side: reading a config back from deepseek41.* keys (falling back to deepseek41.config).
-ModelConfig config_from_gguf(const gguf::File& f);
+// GGUF side: reading a config back from deepseek41.* keys (falling back to deepseek41.config for
+// anything missing; keys win). Engram tables come from deepseek41.engram.*, bos/eos from the
+// tokenizer keys, tensor types from the tensors of layer 0 (and token_embd / output) where present.
+// When `disagreements` is given it receives one line per section 1 key whose value in
+// deepseek41.config differs from the config built from the keys, and one per deepseek41.config
+// value that cannot be parsed and is not supplied by a key (such values are otherwise ignored).
+// Calls finalize().
+ModelConfig config_from_gguf(const gguf::File& f, std::vector<std::string>* disagreements = nullptr);
 
 }  // namespace sluice
