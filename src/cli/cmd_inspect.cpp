@@ -1,0 +1,203 @@
+// `sluice inspect`: metadata summary, tensor table, deepseek41 schema check and byte classes.
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "format/gguf.h"
+#include "kernels/types.h"
+#include "model/schema.h"
+#include "util/error.h"
+
+namespace sluice::cli {
+namespace {
+
+using gguf::Value;
+using gguf::ValueType;
+
+std::string type_label(const Value& v) {
+  if (v.is_array()) return "arr[" + std::string(gguf::value_type_name(v.elem)) + "]";
+  return std::string(gguf::value_type_name(v.type));
+}
+
+std::string tensor_type_name(GgmlType t) {
+  const TypeTraits* tr = find_type((uint32_t)t);
+  return tr ? std::string(tr->name) : "type" + std::to_string((uint32_t)t);
+}
+
+// One line of printable text: control bytes escaped, at most `limit` bytes of the original
+// (cut on a UTF-8 boundary), so a hostile file cannot garble the terminal.
+std::string printable(const std::string& s, size_t limit = std::string::npos) {
+  size_t cut = std::min(limit, s.size());
+  while (cut < s.size() && cut > 0 && ((unsigned char)s[cut] & 0xC0) == 0x80) --cut;
+  std::string out;
+  for (size_t i = 0; i < cut; ++i) {
+    const unsigned char ch = (unsigned char)s[i];
+    if (ch == '\n') out += "\\n";
+    else if (ch == '\t') out += "\\t";
+    else if (ch == '"' || ch == '\\') out += std::string("\\") + (char)ch;
+    else if (ch < 0x20 || ch == 0x7F) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", ch);
+      out += buf;
+    } else out += (char)ch;
+  }
+  if (cut < s.size()) out += "...";
+  return out;
+}
+
+std::string short_string(const std::string& s) {
+  std::string out = "\"" + printable(s, 60) + "\"";
+  if (s.size() > 60) out += " (" + std::to_string(s.size()) + " bytes)";
+  return out;
+}
+
+std::string short_value(const Value& v) {
+  switch (v.type) {
+    case ValueType::ARRAY: return "length " + std::to_string(v.array_size());
+    case ValueType::STRING: return short_string(v.s);
+    case ValueType::BOOL: return v.u ? "true" : "false";
+    case ValueType::I8: case ValueType::I16: case ValueType::I32: case ValueType::I64:
+      return std::to_string(v.i);
+    case ValueType::F32: case ValueType::F64: {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.9g", v.f);
+      return buf;
+    }
+    default: return std::to_string(v.u);
+  }
+}
+
+std::string dims(const gguf::TensorInfo& t) {
+  std::string s = "[";
+  for (uint32_t d = 0; d < t.n_dims; ++d) s += (d ? ", " : "") + std::to_string(t.ne[d]);
+  return s + "]";
+}
+
+nlohmann::ordered_json value_json(const Value& v) {
+  nlohmann::ordered_json j;
+  j["type"] = type_label(v);
+  switch (v.type) {
+    case ValueType::ARRAY: j["length"] = v.array_size(); break;
+    case ValueType::STRING: j["value"] = v.s; break;
+    case ValueType::BOOL: j["value"] = v.u != 0; break;
+    case ValueType::I8: case ValueType::I16: case ValueType::I32: case ValueType::I64:
+      j["value"] = v.i; break;
+    case ValueType::F32: case ValueType::F64: j["value"] = v.f; break;
+    default: j["value"] = v.u; break;
+  }
+  return j;
+}
+
+double gib(uint64_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
+
+}  // namespace
+
+CLI::App* setup_inspect(CLI::App& app, InspectOptions& o) {
+  CLI::App* sub = app.add_subcommand(
+      "inspect", "Summarise a GGUF: metadata, tensors, deepseek41 schema check and byte classes");
+  sub->footer(
+      "Exit status: 0 whenever the file parses as GGUF (schema problems are listed; with --json under\n"
+      "\"errors\"); 1 when it does not parse (one error line on stderr, no report).");
+  sub->add_option("file", o.file, "GGUF file")->required();
+  sub->add_flag("--json", o.json, "print one JSON object instead of the text report");
+  return sub;
+}
+
+int run_inspect(const InspectOptions& o) {
+  const gguf::File f = open_gguf(o.file);
+  SchemaReport rep;
+  try {
+    rep = validate_deepseek41(f);
+  } catch (const Error& e) {  // the schema check should list problems, but never let it abort
+    rep.errors.push_back(e.what());
+  }
+  const Value* arch = f.find("general.architecture");
+  const bool has_arch = arch && arch->type == ValueType::STRING;
+  uint64_t tensor_data = 0;
+  for (const auto& t : f.tensors()) tensor_data += t.nbytes;
+
+  if (o.json) {
+    nlohmann::ordered_json j;
+    j["path"] = o.file;
+    j["version"] = f.version();
+    j["architecture"] = has_arch ? nlohmann::ordered_json(arch->s) : nlohmann::ordered_json(nullptr);
+    j["alignment"] = f.alignment();
+    j["data_offset"] = f.data_offset();
+    j["file_bytes"] = f.file_size();
+    j["kv_count"] = f.kvs().size();
+    j["tensor_count"] = f.tensors().size();
+    j["tensor_data_bytes"] = tensor_data;
+    j["resident_bytes"] = rep.resident_bytes;
+    j["routed_expert_bytes"] = rep.routed_expert_bytes;
+    j["engram_bytes"] = rep.engram_bytes;
+    j["expert_bytes_per_layer"] = rep.expert_bytes_per_layer;
+    j["expert_gate_bytes"] = rep.expert_gate_bytes;
+    j["expert_up_bytes"] = rep.expert_up_bytes;
+    j["expert_down_bytes"] = rep.expert_down_bytes;
+    j["n_layer"] = rep.n_layer;
+    j["n_expert"] = rep.n_expert;
+    j["valid"] = rep.errors.empty();
+    j["errors"] = rep.errors;
+    auto& meta = j["metadata"] = nlohmann::ordered_json::array();
+    for (const auto& kv : f.kvs()) {
+      auto e = value_json(kv.value);
+      e["key"] = kv.key;
+      meta.push_back(std::move(e));
+    }
+    auto& tensors = j["tensors"] = nlohmann::ordered_json::array();
+    for (const auto& t : f.tensors()) {
+      nlohmann::ordered_json e;
+      e["name"] = t.name;
+      e["type"] = tensor_type_name(t.type);
+      e["ne"] = std::vector<uint64_t>(t.ne.begin(), t.ne.begin() + t.n_dims);
+      e["bytes"] = t.nbytes;
+      e["offset"] = t.offset;
+      e["file_offset"] = t.file_offset;
+      tensors.push_back(std::move(e));
+    }
+    // Strings in a hostile file need not be UTF-8: replace bad bytes instead of throwing.
+    std::puts(j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace).c_str());
+    return 0;
+  }
+
+  std::printf("file         %s\n", o.file.c_str());
+  std::printf("gguf         v%u, alignment %llu, data offset %llu, %llu bytes\n", f.version(),
+              (unsigned long long)f.alignment(), (unsigned long long)f.data_offset(),
+              (unsigned long long)f.file_size());
+  std::printf("architecture %s\n", has_arch ? printable(arch->s, 60).c_str() : "(none)");
+  std::printf("\nmetadata (%zu keys)\n", f.kvs().size());
+  for (const auto& kv : f.kvs())
+    std::printf("  %-58s %-12s %s\n", printable(kv.key).c_str(), type_label(kv.value).c_str(),
+                short_value(kv.value).c_str());
+  std::printf("\ntensors (%zu, %llu bytes)\n", f.tensors().size(), (unsigned long long)tensor_data);
+  std::printf("  %-40s %-8s %-24s %14s %16s\n", "name", "type", "ne", "bytes", "offset");
+  for (const auto& t : f.tensors())
+    std::printf("  %-40s %-8s %-24s %14llu %16llu\n", printable(t.name).c_str(),
+                tensor_type_name(t.type).c_str(), dims(t).c_str(), (unsigned long long)t.nbytes,
+                (unsigned long long)t.offset);
+  std::printf("\nbyte classes (tensor bytes, unaligned)\n");
+  std::printf("  resident       %16llu  %9.3f GiB\n", (unsigned long long)rep.resident_bytes,
+              gib(rep.resident_bytes));
+  std::printf("  routed experts %16llu  %9.3f GiB\n", (unsigned long long)rep.routed_expert_bytes,
+              gib(rep.routed_expert_bytes));
+  std::printf("  engram tables  %16llu  %9.3f GiB\n", (unsigned long long)rep.engram_bytes,
+              gib(rep.engram_bytes));
+  std::printf("  one expert, one layer: gate %llu + up %llu + down %llu = %llu bytes"
+              " (%u layers, %u experts)\n",
+              (unsigned long long)rep.expert_gate_bytes, (unsigned long long)rep.expert_up_bytes,
+              (unsigned long long)rep.expert_down_bytes,
+              (unsigned long long)rep.expert_bytes_per_layer, rep.n_layer, rep.n_expert);
+  if (rep.errors.empty()) {
+    std::printf("\nschema deepseek41: OK\n");
+  } else {
+    std::printf("\nschema deepseek41: %zu problem(s)\n", rep.errors.size());
+    for (const auto& e : rep.errors) std::printf("  - %s\n", printable(e).c_str());
+  }
+  return 0;
+}
+
+}  // namespace sluice::cli

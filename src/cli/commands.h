@@ -1,0 +1,58 @@
+// The sluice subcommands. Each one registers its options on the CLI11 app (setup_*) and runs
+// from the parsed options (run_*). run_* returns the process exit code and throws sluice::Error
+// for failures the user caused; main() turns those into one `sluice: error: ...` line.
+#pragma once
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "format/gguf.h"
+#include "util/error.h"
+
+namespace sluice::cli {
+
+struct MakeModelOptions {
+  std::string config;  // JSON file, or empty when a preset is used
+  std::string preset;  // "tiny" | "published"
+  std::string out;
+  std::string vocab;   // vocabulary GGUF, empty: default for the preset
+  uint64_t seed = 0;
+  bool sparse = false;
+};
+CLI::App* setup_make_model(CLI::App& app, MakeModelOptions& o);
+int run_make_model(const MakeModelOptions& o);
+
+struct InspectOptions {
+  std::string file;
+  bool json = false;
+};
+CLI::App* setup_inspect(CLI::App& app, InspectOptions& o);
+int run_inspect(const InspectOptions& o);
+
+struct DumpTensorOptions {
+  std::string file;
+  std::string name;
+  std::string out;
+};
+CLI::App* setup_dump_tensor(CLI::App& app, DumpTensorOptions& o);
+int run_dump_tensor(const DumpTensorOptions& o);
+
+// A usage mistake found after parsing (e.g. neither --config nor --preset): exit code 2.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// gguf::File::open, with the path in the message whatever the reader's wording.
+inline gguf::File open_gguf(const std::string& path) {
+  try {
+    return gguf::File::open(path);
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    if (what.find(path) != std::string::npos) throw;
+    throw Error(path + ": " + what);
+  }
+}
+
+}  // namespace sluice::cli
