@@ -1,0 +1,31 @@
+// Where the forward pass gets routed-expert weights. The engine touches routed experts only
+// through this interface, once per layer per chunk: prepare() with the distinct experts the
+// chunk routes to (ascending), then get() for each of them. A streaming store can therefore
+// replace the resident weights without the engine knowing.
+#pragma once
+#include <cstdint>
+#include <span>
+
+namespace sluice {
+
+// Raw rows of one expert in its tensors' formats (ffn_{gate,up,down}_exps of the layer):
+// gate/up: moe_intermediate_size rows of hidden_size; down: hidden_size rows of moe_intermediate_size.
+struct ExpertWeights {
+  const uint8_t* gate = nullptr;
+  const uint8_t* up = nullptr;
+  const uint8_t* down = nullptr;
+};
+
+class ExpertSource {
+ public:
+  virtual ~ExpertSource() = default;
+  // Called before get() for a layer with the experts about to be used (ascending, distinct).
+  // Pointers returned by get() stay valid until the next prepare() call. May throw Error.
+  virtual void prepare(uint32_t layer, std::span<const uint32_t> experts) const {
+    (void)layer;
+    (void)experts;
+  }
+  virtual ExpertWeights get(uint32_t layer, uint32_t expert) const = 0;
+};
+
+}  // namespace sluice

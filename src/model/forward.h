@@ -1,0 +1,84 @@
+// sluice's CPU forward pass of DeepSeek-V4.1 (spec sections 3-4, precision per docs/numerics.md).
+//
+// Determinism contract: the logits and every cache row of a position depend only on the tokens
+// before it, never on how they were split into eval() calls or chunks, on the thread count or on
+// the run. Each per-token computation is one function whatever the chunk; threads split output
+// rows (each output element is computed by one thread with the scalar-defined kernel).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/model.h"
+#include "model/sequence_state.h"
+
+namespace sluice {
+
+class ThreadPool;
+
+struct EngineOptions {
+  int threads = 1;
+  uint32_t ctx = 4096;    // positions a sequence may hold (state is allocated for it up front)
+  uint32_t chunk = 64;    // tokens processed together, layer by layer (weights streamed once)
+  // Test hooks: throw sluice::Error when processing layer fail_at_layer of the
+  // fail_at_chunk-th chunk (0-based) of one eval() call. -1: never.
+  int fail_at_layer = -1;
+  uint32_t fail_at_chunk = 0;
+  // Routed experts come from here when set (a streaming store); otherwise from the model's
+  // resident weights. Must outlive the Engine.
+  const ExpertSource* experts = nullptr;
+};
+
+struct TokenTrace {                                   // one per evaluated position
+  std::vector<std::vector<uint64_t>> engram_rows;     // [engram layer][columns] row ids
+  std::vector<std::vector<uint32_t>> experts;         // [layer][k] routed expert ids (selection order: descending score)
+  std::vector<std::vector<float>> expert_weights;     // [layer][k]
+  std::vector<std::vector<int32_t>> selected_rows;    // [layer] compressed row indices selected
+                                                      // (index-source layers; empty otherwise), ascending
+};
+
+// Model, LoadOptions, load_model() and model_config() are declared in model/model.h:
+//   std::unique_ptr<Model> load_model(const std::string& gguf_path, const LoadOptions& o = {});
+//   const ModelConfig& model_config(const Model&);
+
+class Engine {
+ public:
+  Engine(const Model& m, EngineOptions o);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // A fresh sequence at position 0, allocated for options.ctx positions. Copying a state is a
+  // snapshot; assigning a copy back restores it.
+  SequenceState new_sequence() const;
+  // Back to position 0 without reallocating (same result as new_sequence() for s's ctx).
+  void reset(SequenceState& s) const;
+  // Appends tokens at the state's position, in chunks of at most options.chunk. logits (may be
+  // null) receives tokens.size() x vocab floats; trace (may be null) gets one entry per
+  // position (appended). Throws Error when the context would be exceeded or a token id is out of
+  // range; on any exception the state is left exactly as it was before the call.
+  // One call at a time per Engine (its thread pool is shared); use one Engine per thread.
+  void eval(SequenceState& s, std::span<const uint32_t> tokens, float* logits,
+            std::vector<TokenTrace>* trace = nullptr) const;
+  // Same with a per-token "masked" (non-text, e.g. image) flag: Engram ids DEAD / gate 0 and
+  // the image routing bias exp_probs_b_vl (spec 3.6, 4.3, 4.5). masked.size() == tokens.size().
+  void eval_masked(SequenceState& s, std::span<const uint32_t> tokens,
+                   std::span<const uint8_t> masked, float* logits,
+                   std::vector<TokenTrace>* trace = nullptr) const;
+
+  const EngineOptions& options() const { return opt_; }
+  const Model& model() const { return model_; }
+
+ private:
+  struct Impl;
+  const Model& model_;
+  EngineOptions opt_;
+  std::unique_ptr<Impl> impl_;
+};
+
+uint32_t sequence_position(const SequenceState&);
+
+}  // namespace sluice

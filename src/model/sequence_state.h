@@ -1,0 +1,42 @@
+// Per-sequence state of the forward pass (spec section 7): raw window rings, per-KV-source
+// compressed caches and index keys, the ratio-m compressor carry and the Engram history.
+// Everything is allocated for the context length up front, so a copy is a complete snapshot and
+// restore is assignment. Cached rows are stored as BF16 bits: every value is BF16-exact
+// (docs/numerics.md section 5: fake-quant outputs are bf16(q*s)), so this is lossless.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace sluice {
+
+struct SourceCache {              // one per KV-source layer
+  uint32_t layer = 0;
+  uint32_t ratio = 1;
+  std::vector<uint16_t> kv;       // [rows_cap][head_dim] compressed KV (BF16 bits)
+  std::vector<uint16_t> index_k;  // [rows_cap][index_head_dim] index keys (BF16 bits)
+  // Ratio m > 1: the f32 projections k, s of the first (pos mod m) tokens of the open group.
+  std::vector<float> carry_k;     // [m-1][head_dim]
+  std::vector<float> carry_s;     // [m-1][head_dim]
+
+  bool operator==(const SourceCache&) const = default;
+};
+
+class SequenceState {
+ public:
+  SequenceState() = default;
+  uint32_t position() const { return pos; }
+  uint32_t context() const { return ctx; }
+
+  // Implementation data (the Engine owns the layout; tests may compare states).
+  uint32_t pos = 0;                       // next position; committed only at the end of a chunk
+  uint32_t ctx = 0;
+  uint32_t window = 0;                    // ring rows per layer
+  uint32_t head_dim = 0;
+  std::vector<uint16_t> window_kv;        // [n_layer][window][head_dim] ring, row = pos mod window
+  std::vector<SourceCache> sources;       // in kv_source_layer_ids order
+  std::vector<int64_t> engram_tail;       // compressed ids of the previous tokens, newest first (-1 = DEAD)
+
+  bool operator==(const SequenceState&) const = default;
+};
+
+}  // namespace sluice
