@@ -3,7 +3,9 @@
 // iquant_types.h, so the result is the scalar reference's bit for bit, for every byte pattern.
 // GCC 12's AVX-512 intrinsic headers seed results with _mm512_undefined_*(), which -O3 inlining
 // reports as maybe-uninitialized (a known false positive); silence it for this file only.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #include <cstring>
