@@ -1,0 +1,73 @@
+// `sluice tokenize -m FILE.gguf [--text "..." | stdin] [--ids] [--no-bos] [--no-special]`
+#include "cli/cmd_tokenize.h"
+
+#include <cstdio>
+#include <iostream>
+#include <iterator>
+#include <string>
+
+#include "cli/commands.h"
+#include "text/tokenizer.h"
+
+namespace sluice::cli {
+namespace {
+
+// A token's bytes as one printable, quoted field: control bytes and quotes escaped so a
+// hostile vocabulary or input cannot garble the terminal; UTF-8 passes through.
+std::string quoted(std::string_view s) {
+  std::string out = "'";
+  for (unsigned char c : s) {
+    if (c == '\n') out += "\\n";
+    else if (c == '\t') out += "\\t";
+    else if (c == '\r') out += "\\r";
+    else if (c == '\'' || c == '\\') out += std::string("\\") + (char)c;
+    else if (c < 0x20 || c == 0x7F) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += (char)c;
+    }
+  }
+  return out + "'";
+}
+
+}  // namespace
+
+CLI::App* setup_tokenize(CLI::App& app, TokenizeOptions& o) {
+  CLI::App* cmd = app.add_subcommand("tokenize", "Tokenize text with a GGUF file's tokenizer");
+  cmd->add_option("-m,--model", o.model, "GGUF file holding tokenizer.ggml.* keys")->required();
+  cmd->add_option("--text", o.text, "text to tokenize (default: read stdin)")
+      ->each([&o](const std::string&) { o.text_given = true; });
+  cmd->add_flag("--ids", o.ids_only, "print only the ids, space-separated, on one line");
+  cmd->add_flag("--no-bos", o.no_bos, "do not prepend the BOS token");
+  cmd->add_flag("--no-special", o.no_special, "treat control-token strings in the text as plain text");
+  cmd->footer("Default output: one line per token, 'ID<TAB>PIECE' with the piece quoted and escaped.");
+  return cmd;
+}
+
+int run_tokenize(const TokenizeOptions& o) {
+  const gguf::File f = open_gguf(o.model);
+  const text::Tokenizer tok = text::Tokenizer::from_gguf(f);
+  std::string input = o.text;
+  if (!o.text_given) {
+    std::cin >> std::noskipws;
+    input.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+    if (std::cin.bad()) throw Error("cannot read standard input");
+  }
+  const std::vector<int32_t> ids = tok.encode(input, !o.no_bos && tok.add_bos_default(), !o.no_special);
+  std::string out;
+  if (o.ids_only) {
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (i) out += ' ';
+      out += std::to_string(ids[i]);
+    }
+    out += '\n';
+  } else {
+    for (int32_t id : ids) out += std::to_string(id) + "\t" + quoted(tok.token_to_piece(id)) + "\n";
+  }
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  return std::fflush(stdout) == 0 ? 0 : 1;
+}
+
+}  // namespace sluice::cli
