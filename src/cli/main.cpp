@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli/cmd_run.h"
 #include "cli/commands.h"
 
 namespace {
@@ -94,6 +95,8 @@ int main(int argc, char** argv) {
   CLI::App* make_model_cmd = sluice::cli::setup_make_model(app, make_model);
   CLI::App* inspect_cmd = sluice::cli::setup_inspect(app, inspect);
   CLI::App* dump_tensor_cmd = sluice::cli::setup_dump_tensor(app, dump_tensor);
+  sluice::cli::RunOptions run;
+  CLI::App* run_cmd = sluice::cli::setup_run(app, run);
 
   try {
     app.parse(argc, argv);
@@ -109,6 +112,7 @@ int main(int argc, char** argv) {
     if (make_model_cmd->parsed()) return sluice::cli::run_make_model(make_model);
     if (inspect_cmd->parsed()) return sluice::cli::run_inspect(inspect);
     if (dump_tensor_cmd->parsed()) return sluice::cli::run_dump_tensor(dump_tensor);
+    if (run_cmd->parsed()) return sluice::cli::run_run(run);
     std::fprintf(stderr, "sluice: error: no command given (run 'sluice --help')\n");
     return 2;
   } catch (const UsageError& e) {

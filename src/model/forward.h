@@ -30,6 +30,8 @@ struct EngineOptions {
   // Routed experts come from here when set (a streaming store); otherwise from the model's
   // resident weights. Must outlive the Engine.
   const ExpertSource* experts = nullptr;
+  // Test hook: fill TokenTrace::ffn_inputs (copies; results are unchanged).
+  bool trace_ffn_inputs = false;
 };
 
 struct TokenTrace {                                   // one per evaluated position
@@ -38,6 +40,8 @@ struct TokenTrace {                                   // one per evaluated posit
   std::vector<std::vector<float>> expert_weights;     // [layer][k]
   std::vector<std::vector<int32_t>> selected_rows;    // [layer] compressed row indices selected
                                                       // (index-source layers; empty otherwise), ascending
+  std::vector<std::vector<float>> ffn_inputs;         // [layer][hidden] the router's input f_in, filled
+                                                      // only when EngineOptions::trace_ffn_inputs
 };
 
 // Model, LoadOptions, load_model() and model_config() are declared in model/model.h:

@@ -40,6 +40,11 @@ void Engine::Impl::moe(Chunk& ch, uint32_t L, const float* x, float* out) const 
     if (ch.tracing) {
       ch.trace[i].experts[L] = rt.experts;
       ch.trace[i].expert_weights[L] = rt.weights;
+      if (opt.trace_ffn_inputs) {  // lets tests re-run a router on exactly this input
+        std::vector<std::vector<float>>& fi = ch.trace[i].ffn_inputs;
+        fi.resize(c.num_hidden_layers);
+        fi[L].assign(x + (size_t)i * H, x + (size_t)(i + 1) * H);
+      }
     }
   }
 
