@@ -18,13 +18,19 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "model/config.h"
 #include "model/forward.h"
 #include "model/model.h"
+#include "runtime/meminfo.h"
 #include "runtime/sampler.h"
+#include "runtime/session.h"
+#include "text/chat.h"
+#include "text/tokenizer.h"
 #include "util/error.h"
 
 namespace sluice::cli {
@@ -226,11 +232,90 @@ std::string rate(double count, double secs) {
 
 }  // namespace
 
+void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
+  sub->add_option("--chunk", o.chunk, "prompt tokens processed together; default: the largest the budget admits, up to 256")
+      ->each([&o](const std::string&) { o.chunk_given = true; });
+  sub->add_option("-t,--threads", o.threads, "worker threads; 0 = all cores (default 0)");
+  sub->add_option("--mem-budget", o.mem_budget, "memory budget: BYTES (e.g. 100GiB) or auto (default auto)");
+  sub->add_flag("--allow-swap", o.allow_swap, "start even when swap is active");
+  sub->add_option("--cache-policy", o.cache_policy, "expert cache eviction: lru-per-layer (default) or lru-global")
+      ->check(CLI::IsMember({"lru-per-layer", "lru-global"}));
+  sub->add_option("--io-depth", o.io_depth, "expert reads in flight (default 16)");
+  sub->add_flag("--no-prefetch", o.no_prefetch, "do not read predicted experts ahead");
+  sub->add_flag("--no-direct-io", o.no_direct_io, "buffered expert reads (drops the pages after reading)");
+  sub->add_flag("--resident-experts", o.resident_experts,
+                "read every routed expert into memory at load instead of streaming them (small models)");
+  sub->add_option("--watchdog", o.watchdog,
+                  "SOFT:HARD byte sizes: run under a memory watchdog (SIGTERM at SOFT, kill at HARD)");
+}
+
+SessionOptions session_options(const EngineCliOptions& e, const std::string& model, uint32_t ctx) {
+  if (e.chunk_given && e.chunk == 0) throw UsageError("--chunk must be at least 1");
+  if (e.threads < 0) throw UsageError("-t must be >= 0 (got " + std::to_string(e.threads) + "; 0 = all cores)");
+  if (e.io_depth == 0 || e.io_depth > 1024) throw UsageError("--io-depth must be in 1..1024");
+  SessionOptions so;
+  so.model_path = model;
+  so.ctx = ctx;
+  so.chunk = e.chunk_given ? e.chunk : 0;
+  so.threads = e.threads;
+  try {
+    so.budget = parse_budget(e.mem_budget);
+  } catch (const Error& err) {
+    throw UsageError(err.what());
+  }
+  so.allow_swap = e.allow_swap;
+  so.stream_experts = !e.resident_experts;
+  so.policy = e.cache_policy == "lru-global" ? storage::EvictionKind::LruGlobal : storage::EvictionKind::LruPerLayer;
+  so.io_depth = e.io_depth;
+  so.prefetch = !e.no_prefetch;
+  so.direct_io = !e.no_direct_io;
+  if (isatty(2)) {
+    so.progress = [last = std::chrono::steady_clock::time_point{}](const std::string& stage, uint64_t done,
+                                                                     uint64_t total) mutable {
+      const auto now = std::chrono::steady_clock::now();
+      if (done != total && now - last < std::chrono::milliseconds(100)) return;
+      last = now;
+      std::fprintf(stderr, "\r%s: %s / %s%s", stage.c_str(), format_bytes(done).c_str(), format_bytes(total).c_str(),
+                   done == total ? "\n" : "");
+    };
+  }
+  return so;
+}
+
+std::string session_summary(const Session& s, uint64_t tokens_evaluated) {
+  const SessionStats st = s.stats();
+  const ProcMemory pm = read_self_status();
+  char buf[512];
+  if (!st.streaming) {
+    std::snprintf(buf, sizeof buf, "experts resident | peak RSS %s of budget %s", format_bytes(pm.hwm).c_str(),
+                  format_bytes(st.budget_bytes).c_str());
+    return buf;
+  }
+  const storage::LayerStats t = st.store.total();
+  const double hit = t.requests ? 100.0 * (double)t.hits / (double)t.requests : 0.0;
+  const uint64_t bytes = t.bytes_demand + t.bytes_prefetch;
+  std::snprintf(buf, sizeof buf,
+                "expert cache %u slots, hit rate %.1f%% (%llu/%llu), read %s (%s/token, prefetch %s), stall %.3f s | "
+                "peak RSS %s of budget %s",
+                st.store.slots, hit, (unsigned long long)t.hits, (unsigned long long)t.requests,
+                format_bytes(bytes).c_str(), format_bytes(tokens_evaluated ? bytes / tokens_evaluated : 0).c_str(),
+                format_bytes(t.bytes_prefetch).c_str(), (double)t.stall_ns / 1e9, format_bytes(pm.hwm).c_str(),
+                format_bytes(st.budget_bytes).c_str());
+  return buf;
+}
+
 CLI::App* setup_run(CLI::App& app, RunOptions& o) {
-  CLI::App* sub = app.add_subcommand("run", "Run the CPU forward pass on token ids and generate");
+  CLI::App* sub = app.add_subcommand("run", "Run the CPU forward pass on a prompt and generate");
   sub->footer(
-      "Output: the generated ids on stdout, one line, space-separated (an end-of-sequence token that\n"
-      "stops generation is printed); a summary with prompt and generation tok/s on stderr.\n"
+      "Prompt: -p TEXT (or -f FILE) is tokenized with the model's tokenizer (BOS added) and the\n"
+      "generated text is streamed to stdout; --chat wraps it as one user turn of DeepSeek's chat\n"
+      "format. --tokens IDS gives token ids instead, and the generated ids are printed on one line,\n"
+      "space-separated (an end-of-sequence token that stops generation is printed).\n"
+      "A summary goes to stderr: prompt and generation tok/s, expert cache hit rate, bytes read,\n"
+      "peak RSS against the admitted budget.\n"
+      "Memory: the whole budget is planned before loading (see `sluice plan`); routed experts are\n"
+      "streamed from the file through a cache sized to what is left. --watchdog SOFT:HARD restarts\n"
+      "the command under `sluice watchdog`.\n"
       "Sampling: greedy by default (temperature 0, ties go to the lowest id). With --temp T > 0:\n"
       "softmax(logits / T), then top-p (tokens sorted by probability, ties by id; the smallest prefix\n"
       "whose mass reaches P is kept), drawn with a seeded mt19937_64. DeepSeek recommends --temp 1.0\n"
@@ -246,17 +331,23 @@ CLI::App* setup_run(CLI::App& app, RunOptions& o) {
       "Context (-c): defaults to prompt + n, bounded by max_position_embeddings; state for it is\n"
       "allocated up front.");
   sub->add_option("-m,--model", o.model, "deepseek41 GGUF file")->required();
-  sub->add_option("--tokens", o.tokens, "prompt token ids, comma-separated, e.g. 0,15,27")->required();
+  auto* tokens = sub->add_option("--tokens", o.tokens, "prompt token ids, comma-separated, e.g. 0,15,27");
+  auto* prompt = sub->add_option("-p,--prompt", o.prompt, "prompt text");
+  auto* file = sub->add_option("-f,--file", o.prompt_file, "read the prompt text from this file");
+  tokens->excludes(prompt)->excludes(file);
+  prompt->excludes(file);
+  sub->add_flag("--chat", o.chat, "render the -p/-f text as a user turn of the chat format");
+  sub->add_option("--think", o.think, "with --chat: thinking on or off (default off)")
+      ->check(CLI::IsMember({"on", "off"}));
   sub->add_option("-n,--n-predict", o.n_predict, "tokens to generate")->required();
   sub->add_option("--temp", o.temp, "temperature; 0 = greedy (default 0)");
   sub->add_option("--top-p", o.top_p, "nucleus mass in (0, 1] (default 1.0)");
   sub->add_option("--seed", o.seed, "sampler seed (default 0)");
-  sub->add_option("--chunk", o.chunk, "prompt tokens processed together (default 64)");
-  sub->add_option("-t,--threads", o.threads, "worker threads; 0 = all cores (default 0)");
   sub->add_option("-c,--ctx-size", o.ctx, "context positions; 0 = prompt + n (default 0)");
   sub->add_flag("--ignore-eos", o.ignore_eos, "keep generating after eos_token_id");
   sub->add_option("--dump-logits", o.dump_logits, "write every evaluated position's logits to this file");
   sub->add_option("--trace", o.trace_dir, "write per-position routing to DIR/trace.jsonl");
+  add_engine_options(sub, o.engine);
   return sub;
 }
 
@@ -265,32 +356,61 @@ int run_run(const RunOptions& o) {
   const StopSignals stop_signals;  // first: a signal during the (long) load still ends cleanly
 
   if (o.n_predict < 0) throw UsageError("-n must be >= 0 (got " + std::to_string(o.n_predict) + ")");
-  if (o.chunk == 0) throw UsageError("--chunk must be at least 1");
-  if (o.threads < 0) throw UsageError("-t must be >= 0 (got " + std::to_string(o.threads) + "; 0 = all cores)");
-  const std::vector<uint64_t> ids = parse_token_list(o.tokens);
+  if (o.tokens.empty() && o.prompt.empty() && o.prompt_file.empty())
+    throw UsageError("give a prompt: -p TEXT, -f FILE or --tokens IDS");
+  if (o.chat && !o.tokens.empty()) throw UsageError("--chat needs a text prompt (-p or -f), not --tokens");
+  const bool text_mode = o.tokens.empty();
   SamplerOptions so{o.temp, o.top_p, o.seed};
   try {
     validate(so);
   } catch (const Error& e) {
     throw UsageError(e.what());
   }
+  // Usage checks that do not need the model come before it is opened.
+  session_options(o.engine, o.model, 0);
+
+  const auto t_load = Clock::now();
+  ModelConfig cfg;
+  std::vector<uint64_t> ids;
+  std::unique_ptr<text::Tokenizer> tok;
+  {
+    const gguf::File header = open_gguf(o.model);
+    try {
+      cfg = config_from_gguf(header);
+      if (text_mode) tok = std::make_unique<text::Tokenizer>(text::Tokenizer::from_gguf(header));
+    } catch (const Error& e) {
+      throw Error(o.model + ": " + e.what());
+    }
+  }
+  if (text_mode) {
+    std::string text = o.prompt;
+    if (!o.prompt_file.empty()) {
+      std::FILE* f = std::fopen(o.prompt_file.c_str(), "rb");
+      if (!f) throw Error("cannot open " + o.prompt_file + ": " + std::strerror(errno));
+      char buf[65536];
+      size_t n;
+      while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+      std::fclose(f);
+    }
+    std::vector<int32_t> enc;
+    if (o.chat) {
+      text::ChatOptions co;
+      co.thinking = o.think == "on";
+      co.reasoning_effort = co.thinking ? text::kEffortHigh : 0;
+      enc = tok->encode(text::render_chat({text::ChatMessage{"user", text, "", {}, ""}}, co), false, true);
+    } else {
+      enc = tok->encode(text, tok->add_bos_default(), false);
+    }
+    ids.assign(enc.begin(), enc.end());
+    if (ids.empty()) throw UsageError("the prompt is empty");
+  } else {
+    ids = parse_token_list(o.tokens);
+  }
   const uint64_t n_predict = (uint64_t)o.n_predict;
   const uint64_t prompt_n = ids.size();
   if (o.ctx != 0 && prompt_n + n_predict > o.ctx)
     throw UsageError("prompt (" + std::to_string(prompt_n) + " tokens) + -n " + std::to_string(n_predict) +
                      " exceeds the context -c " + std::to_string(o.ctx));
-
-  // The header alone settles the checks that depend on the model, before the weights are read.
-  const auto t_load = Clock::now();
-  ModelConfig cfg;
-  {
-    const gguf::File header = open_gguf(o.model);
-    try {
-      cfg = config_from_gguf(header);
-    } catch (const Error& e) {
-      throw Error(o.model + ": " + e.what());
-    }
-  }
   for (size_t i = 0; i < ids.size(); ++i)
     if (ids[i] >= cfg.vocab_size)
       throw Error("--tokens: id " + std::to_string(ids[i]) + " (item " + std::to_string(i + 1) +
@@ -301,93 +421,82 @@ int run_run(const RunOptions& o) {
   if (prompt_n + n_predict > max_pos)
     throw Error("prompt (" + std::to_string(prompt_n) + " tokens) + -n " + std::to_string(n_predict) +
                 " exceeds the model's max_position_embeddings " + std::to_string(max_pos));
-  const uint64_t ctx = o.ctx != 0 ? o.ctx : prompt_n + n_predict;
-  if (ctx > UINT32_MAX) throw Error("context " + std::to_string(ctx) + " is too large");
+  const uint64_t ctx = o.ctx != 0 ? o.ctx : std::max<uint64_t>(1, prompt_n + n_predict);
 
-  const std::unique_ptr<Model> model = load_model(o.model);
-  const ModelConfig& c = model_config(*model);
-  const uint32_t V = c.vocab_size;
-  if (V != cfg.vocab_size) throw Error(o.model + ": vocabulary size changed while loading");
-  EngineOptions eo;
-  eo.threads = o.threads > 0 ? o.threads : std::max(1, (int)std::thread::hardware_concurrency());
-  eo.ctx = (uint32_t)ctx;
-  eo.chunk = o.chunk;
-  const Engine engine(*model, eo);
-  SequenceState state = engine.new_sequence();
-  Sampler sampler(so);
+  Session session(session_options(o.engine, o.model, (uint32_t)ctx));
+  const uint32_t V = session.config().vocab_size;
   const double load_s = seconds_since(t_load);
 
-  std::vector<uint32_t> prompt(ids.begin(), ids.end());
   std::unique_ptr<LogitsDump> dump;
   if (!o.dump_logits.empty()) dump = std::make_unique<LogitsDump>(o.dump_logits, V, (uint32_t)prompt_n);
   std::unique_ptr<TraceFile> trace;
   if (!o.trace_dir.empty()) trace = std::make_unique<TraceFile>(o.trace_dir);
-  std::vector<TokenTrace> traces;
-  std::vector<float> logits;
-  IdPrinter out;
+  EvalObserver obs;
+  obs.want_trace = trace != nullptr;
+  obs.on_eval = [&](uint32_t pos, std::span<const uint32_t> toks, const float* logits, const std::vector<TokenTrace>* tr) {
+    if (dump) dump->rows(toks, logits);
+    if (trace) trace->positions(pos, toks, *tr);
+  };
 
-  // Prefill in chunk-aligned pieces: the Engine splits one eval() call at the same boundaries, so
-  // this costs the same weight passes while bounding the logits buffer to one chunk and letting a
-  // signal stop between chunks. Logits are only computed where needed (the last piece, or every
-  // piece when dumping).
-  const auto t_prefill = Clock::now();
-  uint64_t prefilled = 0;
-  bool have_next = false;
-  std::string stop = "length";
-  while (prefilled < prompt_n) {
+  GenerateRequest req;
+  req.prompt.assign(ids.begin(), ids.end());
+  req.max_tokens = (uint32_t)n_predict;
+  req.sampling = so;
+  req.ignore_eos = o.ignore_eos;
+  req.observer = (dump || trace) ? &obs : nullptr;
+
+  IdPrinter out_ids;
+  std::unique_ptr<text::StreamDecoder> decoder;
+  if (text_mode) decoder = std::make_unique<text::StreamDecoder>(*tok, /*render_special=*/false);
+  const bool show_prefill = isatty(2) && prompt_n > 2ull * session.plan().chunk;
+  std::string stop_note;
+  const auto on_prefill = [&](uint32_t done, uint32_t total) {
+    if (show_prefill) std::fprintf(stderr, "\rprefill %u / %u tokens%s", done, total, done == total ? "\n" : "");
     if (const int sig = StopSignals::raised()) {
-      stop = std::string(signal_name(sig)) + " during prefill";
-      break;
+      stop_note = std::string(signal_name(sig)) + " during prefill";
+      return false;
     }
-    const uint64_t n = std::min<uint64_t>(o.chunk, prompt_n - prefilled);
-    const bool last = prefilled + n == prompt_n;
-    const bool want = dump || (last && n_predict > 0);
-    const std::span<const uint32_t> piece(prompt.data() + prefilled, n);
-    logits.resize(want ? n * V : 0);
-    traces.clear();
-    engine.eval(state, piece, want ? logits.data() : nullptr, trace ? &traces : nullptr);
-    if (dump) dump->rows(piece, logits.data());
-    if (trace) trace->positions((uint32_t)prefilled, piece, traces);
-    prefilled += n;
-    have_next = last && n_predict > 0;
-  }
-  const double prefill_s = seconds_since(t_prefill);
-
-  // Decode: sample from the last row, feed the token back, repeat.
-  const auto t_decode = Clock::now();
-  std::vector<uint32_t> generated;
-  uint64_t decode_evals = 0;
-  if (have_next) {
-    const float* row = logits.data() + logits.size() - V;
-    while (true) {
-      const uint32_t next = sampler.sample(std::span<const float>(row, V));
-      generated.push_back(next);
-      out.id(next);
-      if (!o.ignore_eos && next == c.eos_token_id) { stop = "eos"; break; }
-      if (generated.size() == n_predict) { stop = "length"; break; }
-      if (const int sig = StopSignals::raised()) { stop = signal_name(sig); break; }
-      const uint32_t pos = state.position();
-      logits.resize(V);
-      traces.clear();
-      engine.eval(state, std::span<const uint32_t>(&next, 1), logits.data(), trace ? &traces : nullptr);
-      ++decode_evals;
-      if (dump) dump->rows(std::span<const uint32_t>(&next, 1), logits.data());
-      if (trace) trace->positions(pos, std::span<const uint32_t>(&next, 1), traces);
-      row = logits.data();
+    return true;
+  };
+  const auto on_token = [&](uint32_t id) {
+    if (decoder) {
+      if (o.ignore_eos || id != cfg.eos_token_id) {
+        const std::string piece = decoder->push((int32_t)id);
+        std::fwrite(piece.data(), 1, piece.size(), stdout);
+        std::fflush(stdout);
+      }
+    } else {
+      out_ids.id(id);
     }
+    if (const int sig = StopSignals::raised()) {
+      stop_note = signal_name(sig);
+      return false;
+    }
+    return true;
+  };
+  const GenerateResult res = session.generate(req, on_prefill, on_token);
+  if (decoder) {
+    const std::string rest = decoder->finish();
+    std::fwrite(rest.data(), 1, rest.size(), stdout);
+    std::printf("\n");
+    std::fflush(stdout);
+  } else {
+    out_ids.end();
   }
-  const double decode_s = seconds_since(t_decode);
-  out.end();
   if (dump) dump->finish();
   if (trace) trace->finish();
 
+  const std::string stop = !stop_note.empty() ? stop_note : res.finish == "stop" ? "eos" : res.finish;
+  const uint64_t prefilled = res.prompt_evaluated;
+  const uint64_t decode_evals = res.decode_steps;
+  const std::string store_line = session_summary(session, prompt_n + decode_evals);
   std::fprintf(stderr,
-               "sluice run: prompt %llu/%llu tokens in %.3f s (%s) | generated %zu tokens, %llu decode steps "
-               "in %.3f s (%s) | stop: %s | load %.3f s, %d threads, ctx %llu, chunk %u\n",
-               (unsigned long long)prefilled, (unsigned long long)prompt_n, prefill_s,
-               rate((double)prefilled, prefill_s).c_str(), generated.size(), (unsigned long long)decode_evals,
-               decode_s, rate((double)decode_evals, decode_s).c_str(), stop.c_str(), load_s, eo.threads,
-               (unsigned long long)ctx, o.chunk);
+               "sluice run: prompt %llu tokens in %.3f s (%s) | generated %zu tokens, %llu decode steps "
+               "in %.3f s (%s) | stop: %s | load %.3f s, %d threads, ctx %llu, chunk %u | %s\n",
+               (unsigned long long)prefilled, res.prefill_s, rate((double)prefilled, res.prefill_s).c_str(),
+               res.tokens.size(), (unsigned long long)decode_evals, res.decode_s,
+               rate((double)decode_evals, res.decode_s).c_str(), stop.c_str(), load_s, session.plan().threads,
+               (unsigned long long)ctx, session.plan().chunk, store_line.c_str());
   return 0;
 }
 

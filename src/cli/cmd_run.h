@@ -7,21 +7,46 @@
 
 #include <CLI/CLI.hpp>
 
+#include "runtime/session.h"
+
 namespace sluice::cli {
+
+// Options every command that runs the model shares (run, chat, serve).
+struct EngineCliOptions {
+  uint32_t chunk = 0;          // 0: the plan's choice
+  bool chunk_given = false;
+  int threads = 0;             // 0: all cores
+  std::string mem_budget = "auto";
+  bool allow_swap = false;
+  std::string cache_policy = "lru-per-layer";
+  uint32_t io_depth = 16;
+  bool no_prefetch = false;
+  bool no_direct_io = false;
+  bool resident_experts = false;
+  std::string watchdog;        // SOFT:HARD; handled in main() (re-executes under the watchdog)
+};
+void add_engine_options(CLI::App* sub, EngineCliOptions& o);
+// Throws UsageError for bad values. ctx 0: the session's default.
+SessionOptions session_options(const EngineCliOptions& e, const std::string& model, uint32_t ctx);
+// "expert cache ... hit rate ... read ... | peak RSS ... of budget ..." for summaries.
+std::string session_summary(const Session& s, uint64_t tokens_evaluated);
 
 struct RunOptions {
   std::string model;
   std::string tokens;          // comma-separated prompt ids, parsed by run_run
+  std::string prompt;          // -p text
+  std::string prompt_file;     // -f file
+  bool chat = false;           // render the text as a user turn
+  std::string think = "off";
   int64_t n_predict = 0;       // tokens to generate
   float temp = 0.0f;           // 0: greedy
   float top_p = 1.0f;
   uint64_t seed = 0;
-  uint32_t chunk = 64;
-  int threads = 0;             // 0: all cores
   uint64_t ctx = 0;            // 0: prompt + n
   bool ignore_eos = false;
   std::string dump_logits;     // file of f32 rows, plus <file>.json
   std::string trace_dir;       // <dir>/trace.jsonl
+  EngineCliOptions engine;
 };
 CLI::App* setup_run(CLI::App& app, RunOptions& o);
 // 0 on success, also when SIGTERM/SIGINT stopped generation early (the summary is printed).

@@ -8,8 +8,13 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli/cmd_chat.h"
+#include "cli/cmd_plan.h"
 #include "cli/cmd_run.h"
+#include "cli/cmd_tokenize.h"
+#include "cli/cmd_watchdog.h"
 #include "cli/commands.h"
+#include "runtime/watchdog.h"
 
 namespace {
 
@@ -97,6 +102,14 @@ int main(int argc, char** argv) {
   CLI::App* dump_tensor_cmd = sluice::cli::setup_dump_tensor(app, dump_tensor);
   sluice::cli::RunOptions run;
   CLI::App* run_cmd = sluice::cli::setup_run(app, run);
+  sluice::cli::ChatCommandOptions chat;
+  CLI::App* chat_cmd = sluice::cli::setup_chat(app, chat);
+  sluice::cli::TokenizeOptions tokenize;
+  CLI::App* tokenize_cmd = sluice::cli::setup_tokenize(app, tokenize);
+  sluice::cli::PlanCommandOptions plan;
+  CLI::App* plan_cmd = sluice::cli::setup_plan(app, plan);
+  sluice::cli::WatchdogCommandOptions watchdog;
+  CLI::App* watchdog_cmd = sluice::cli::setup_watchdog(app, watchdog);
 
   try {
     app.parse(argc, argv);
@@ -109,10 +122,22 @@ int main(int argc, char** argv) {
   }
 
   try {
+    // --watchdog SOFT:HARD: this same command line again, minus the flag, under `sluice watchdog`.
+    const std::string* watchdog_spec = run_cmd->parsed()    ? &run.engine.watchdog
+                                       : chat_cmd->parsed() ? &chat.engine.watchdog
+                                                            : nullptr;
+    if (watchdog_spec && !watchdog_spec->empty() && !sluice::under_watchdog()) {
+      const auto [soft, hard] = sluice::parse_watchdog_spec(*watchdog_spec);
+      return sluice::run_under_watchdog(std::vector<std::string>(argv, argv + argc), soft, hard);
+    }
     if (make_model_cmd->parsed()) return sluice::cli::run_make_model(make_model);
     if (inspect_cmd->parsed()) return sluice::cli::run_inspect(inspect);
     if (dump_tensor_cmd->parsed()) return sluice::cli::run_dump_tensor(dump_tensor);
     if (run_cmd->parsed()) return sluice::cli::run_run(run);
+    if (chat_cmd->parsed()) return sluice::cli::run_chat(chat);
+    if (tokenize_cmd->parsed()) return sluice::cli::run_tokenize(tokenize);
+    if (plan_cmd->parsed()) return sluice::cli::run_plan(plan);
+    if (watchdog_cmd->parsed()) return sluice::cli::run_watchdog(watchdog);
     std::fprintf(stderr, "sluice: error: no command given (run 'sluice --help')\n");
     return 2;
   } catch (const UsageError& e) {

@@ -26,6 +26,13 @@ class ExpertSource {
     (void)experts;
   }
   virtual ExpertWeights get(uint32_t layer, uint32_t expert) const = 0;
+  // A guess at the experts a later prepare() of `layer` will ask for (the next layer's router
+  // applied to the current hidden state). Sources may start reading them in the background; a
+  // wrong guess must cost only I/O, never change a result.
+  virtual void hint(uint32_t layer, std::span<const uint32_t> experts) const {
+    (void)layer;
+    (void)experts;
+  }
 };
 
 }  // namespace sluice

@@ -30,6 +30,10 @@ struct EngineOptions {
   // Routed experts come from here when set (a streaming store); otherwise from the model's
   // resident weights. Must outlive the Engine.
   const ExpertSource* experts = nullptr;
+  // With `experts` set: hint each layer's experts before computing its shared expert (so reads
+  // overlap it) and the next layer's predicted experts (its router on this layer's FFN input).
+  // Results are the same either way; only what is read, and when, changes.
+  bool prefetch = true;
   // Test hook: fill TokenTrace::ffn_inputs (copies; results are unchanged).
   bool trace_ffn_inputs = false;
 };

@@ -67,6 +67,9 @@ struct Engine::Impl {
   void indexer(Chunk& ch, const SequenceState& s, uint32_t L, const float* x, const float* qr,
                const std::vector<RopeAngles>& ang) const;
   void moe(Chunk& ch, uint32_t L, const float* x, float* out) const;
+  bool prefetching() const;
+  // Experts layer L's router picks for the chunk's tokens given FFN input x (ascending, distinct).
+  std::vector<uint32_t> predict_experts(uint32_t L, const Chunk& ch, const float* x) const;
 
   // Row g of the compressed stream of KV-source slot `sl` (committed or new in this chunk).
   const uint16_t* comp_kv_row(const SequenceState& s, const Chunk& ch, int sl, uint32_t g) const;

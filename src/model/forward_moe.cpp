@@ -23,6 +23,26 @@ inline float swiglu(float g, float u, float lim, float wk) {
 
 }  // namespace
 
+bool Engine::Impl::prefetching() const { return opt.experts != nullptr && opt.prefetch; }
+
+std::vector<uint32_t> Engine::Impl::predict_experts(uint32_t L, const Chunk& ch, const float* x) const {
+  const LayerWeights& w = m.layers[L];
+  const uint32_t n = ch.n, H = c.hidden_size, E = c.n_routed_experts;
+  std::vector<float> logits(n * (size_t)E);
+  lin(pool, w.gate_inp, x, H, n, logits.data(), E, /*round=*/false);
+  std::vector<uint8_t> want(E, 0);
+  for (uint32_t i = 0; i < n; ++i) {
+    const std::vector<float>& bias = ch.is_masked(i) ? w.exp_bias_vl : w.exp_bias;
+    const Routing rt = route(std::span<const float>(logits.data() + (size_t)i * E, E), bias,
+                             c.num_experts_per_tok, c.norm_topk_prob, c.routed_scaling_factor);
+    for (uint32_t e : rt.experts) want[e] = 1;
+  }
+  std::vector<uint32_t> out;
+  for (uint32_t e = 0; e < E; ++e)
+    if (want[e]) out.push_back(e);
+  return out;
+}
+
 void Engine::Impl::moe(Chunk& ch, uint32_t L, const float* x, float* out) const {
   const LayerWeights& w = m.layers[L];
   const uint32_t n = ch.n, H = c.hidden_size, E = c.n_routed_experts;
@@ -48,6 +68,16 @@ void Engine::Impl::moe(Chunk& ch, uint32_t L, const float* x, float* out) const 
     }
   }
 
+  // Start reading this layer's experts now, so the I/O overlaps the shared expert below, and
+  // guess the next layer's: its router applied to this layer's FFN input (the residual stream
+  // changes little from one layer to the next). Hints never change results, only what is read.
+  std::vector<uint32_t> used;
+  for (const auto& kv : by_expert) used.push_back(kv.first);
+  if (prefetching()) {
+    experts->hint(L, used);
+    if (L + 1 < c.num_hidden_layers) experts->hint(L + 1, predict_experts(L + 1, ch, x));
+  }
+
   // Shared expert (weight 1).
   const uint32_t Fs = (uint32_t)w.gate_sh.rows;
   std::vector<float> g(n * (size_t)Fs), u(n * (size_t)Fs), sh(n * (size_t)H);
@@ -58,8 +88,6 @@ void Engine::Impl::moe(Chunk& ch, uint32_t L, const float* x, float* out) const 
 
   // Routed experts.
   std::vector<float> routed(n * (size_t)H, 0.0f);
-  std::vector<uint32_t> used;
-  for (const auto& kv : by_expert) used.push_back(kv.first);
   experts->prepare(L, used);
   const ExpertLayout& lay = w.experts;
   const uint32_t F = (uint32_t)lay.gate.rows;

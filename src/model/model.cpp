@@ -32,7 +32,15 @@ namespace {
 
 class Loader {
  public:
-  explicit Loader(Model& m) : m_(m) {}
+  Loader(Model& m, const LoadOptions& o) : m_(m), progress_(o.progress) {
+    if (!progress_) return;
+    for (const gguf::TensorInfo& t : m_.file.tensors()) {
+      const bool engram = t.name.find(".engram_embd.") != std::string::npos;
+      const bool routed = t.name.find("_exps.") != std::string::npos;
+      if (!engram && (o.resident_experts || !routed)) total_ += t.nbytes;
+    }
+    progress_(0, total_);
+  }
 
   const gguf::TensorInfo& info(const std::string& name) const {
     const gguf::TensorInfo* t = m_.file.find_tensor(name);
@@ -47,8 +55,11 @@ class Loader {
     if (!p) throw Error("out of memory loading tensor " + t.name + " (" + std::to_string(t.nbytes) + " bytes)");
     m_.buffers.emplace_back(p);
     constexpr uint64_t kChunk = 64ull << 20;  // bounded single reads
-    for (uint64_t off = 0; off < t.nbytes; off += kChunk)
-      m_.file.read_bytes(t, off, p + off, std::min(kChunk, t.nbytes - off));
+    for (uint64_t off = 0; off < t.nbytes; off += kChunk) {
+      const uint64_t n = std::min(kChunk, t.nbytes - off);
+      m_.file.read_bytes(t, off, p + off, n);
+      advance(n);
+    }
     return p;
   }
 
@@ -77,11 +88,18 @@ class Loader {
     m_.file.read_bytes(t, 0, raw.data(), t.nbytes);
     std::vector<float> out(t.n_elements());
     tr.dequant(raw.data(), out.data(), (int64_t)out.size());
+    advance(t.nbytes);
     return out;
   }
 
  private:
+  void advance(uint64_t n) {
+    done_ += n;
+    if (progress_) progress_(std::min(done_, total_), total_);
+  }
   Model& m_;
+  const std::function<void(uint64_t, uint64_t)>& progress_;
+  uint64_t done_ = 0, total_ = 0;
 };
 
 void require(bool ok, const std::string& path, const std::string& what) {
@@ -113,7 +131,7 @@ std::unique_ptr<Model> load_model(const std::string& gguf_path, const LoadOption
   require(c.head_dim % 32 == 0 && c.index_head_dim % 32 == 0, p, "head_dim and index_head_dim must be multiples of 32");
   require(c.num_attention_heads % c.o_groups == 0, p, "num_attention_heads must be a multiple of o_groups");
 
-  Loader ld(m);
+  Loader ld(m, o);
   m.token_embd = ld.weight("token_embd.weight");
   m.output = ld.weight("output.weight");
   m.output_norm = ld.floats("output_norm.weight");

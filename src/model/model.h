@@ -4,6 +4,7 @@
 // float vectors.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -84,6 +85,8 @@ const ExpertSource& resident_expert_source(const Model& m);  // throws if expert
 struct LoadOptions {
   // false: routed expert tensors are not read (an ExpertSource must then be given to Engine).
   bool resident_experts = true;
+  // Called as resident bytes are read: (done, total). May be empty.
+  std::function<void(uint64_t done, uint64_t total)> progress;
 };
 
 // Weights loaded from a GGUF (resident, owned memory). Engram tables stay on disk.

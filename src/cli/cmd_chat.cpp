@@ -1,0 +1,103 @@
+#include "cli/cmd_chat.h"
+
+#include <csignal>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "cli/commands.h"
+#include "runtime/session.h"
+#include "text/chat.h"
+#include "text/dsml.h"
+#include "text/tokenizer.h"
+#include "util/error.h"
+
+namespace sluice::cli {
+
+CLI::App* setup_chat(CLI::App& app, ChatCommandOptions& o) {
+  CLI::App* sub = app.add_subcommand("chat", "Chat with the model on the terminal");
+  sub->footer(
+      "Each line on stdin is one user message; the reply streams to stdout. Commands: /reset\n"
+      "forgets the conversation, /exit (or end of input) quits. With --think on, the reasoning\n"
+      "streams to stderr. A summary per reply goes to stderr.");
+  sub->add_option("-m,--model", o.model, "deepseek41 GGUF file")->required();
+  sub->add_option("--system", o.system, "system prompt");
+  sub->add_option("--think", o.think, "thinking on or off (default off)")->check(CLI::IsMember({"on", "off"}));
+  sub->add_option("-n,--n-predict", o.n_predict, "tokens per reply at most (default 1024)");
+  sub->add_option("--temp", o.temp, "temperature; 0 = greedy (default 0)");
+  sub->add_option("--top-p", o.top_p, "nucleus mass in (0, 1] (default 1.0)");
+  sub->add_option("--seed", o.seed, "sampler seed (default 0)");
+  sub->add_option("-c,--ctx-size", o.ctx, "context positions (default min(model maximum, 4096))");
+  add_engine_options(sub, o.engine);
+  return sub;
+}
+
+int run_chat(const ChatCommandOptions& o) {
+  if (o.n_predict < 1) throw UsageError("-n must be at least 1");
+  SamplerOptions so{o.temp, o.top_p, o.seed};
+  try {
+    validate(so);
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+  Session session(session_options(o.engine, o.model, o.ctx));
+  const text::Tokenizer& tok = session.tokenizer();
+  const ModelConfig& c = session.config();
+  text::ChatOptions co;
+  co.thinking = o.think == "on";
+  co.reasoning_effort = co.thinking ? text::kEffortHigh : 0;
+
+  std::vector<text::ChatMessage> history;
+  if (!o.system.empty()) history.push_back({"system", o.system, "", {}, ""});
+  std::string line;
+  while (true) {
+    if (isatty(0)) std::fputs("> ", stdout), std::fflush(stdout);
+    if (!std::getline(std::cin, line) || line == "/exit") break;
+    if (line == "/reset") {
+      history.resize(o.system.empty() ? 0 : 1);
+      session.reset();
+      continue;
+    }
+    if (line.empty()) continue;
+    history.push_back({"user", line, "", {}, ""});
+    const std::vector<int32_t> ids = tok.encode(text::render_chat(history, co), false, true);
+    GenerateRequest req;
+    req.prompt.assign(ids.begin(), ids.end());
+    if (req.prompt.size() >= session.ctx()) {
+      std::fprintf(stderr, "sluice chat: the conversation (%zu tokens) no longer fits the context %u; /reset\n",
+                   req.prompt.size(), session.ctx());
+      history.pop_back();
+      continue;
+    }
+    req.max_tokens = (uint32_t)std::min<uint64_t>((uint64_t)o.n_predict, session.ctx() - req.prompt.size());
+    req.sampling = so;
+    text::OutputParser parser(co.thinking);
+    std::string reasoning, content;
+    auto show = [&](const text::OutputParser::Delta& d) {
+      if (!d.reasoning.empty()) std::fputs(d.reasoning.c_str(), stderr);
+      if (!d.content.empty()) std::fputs(d.content.c_str(), stdout);
+      for (const text::ToolCall& call : d.calls) std::printf("\n[tool call %s %s]\n", call.name.c_str(), call.arguments.c_str());
+      std::fflush(stdout);
+      reasoning += d.reasoning;
+      content += d.content;
+    };
+    const GenerateResult r = session.generate(req, {}, [&](uint32_t id) {
+      // Special tokens (think markers) must reach the parser, so they are decoded rendered.
+      if (id != c.eos_token_id) show(parser.push(std::string(tok.token_to_piece((int32_t)id, true))));
+      return true;
+    });
+    show(parser.finish());
+    std::printf("\n");
+    std::fflush(stdout);
+    history.push_back({"assistant", content, reasoning, {}, ""});
+    std::fprintf(stderr, "[%u prompt tokens (%u reused) in %.2f s, %zu generated in %.2f s, stop: %s | %s]\n",
+                 r.prompt_tokens, r.reused_tokens, r.prefill_s, r.tokens.size(), r.decode_s, r.finish.c_str(),
+                 session_summary(session, r.prompt_tokens - r.reused_tokens + r.decode_steps).c_str());
+  }
+  return 0;
+}
+
+}  // namespace sluice::cli

@@ -1,0 +1,69 @@
+// `sluice plan -m FILE --ctx N --mem-budget B [--chunk N] [--threads N] [--cache-policy P]
+//  [--allow-swap] [--json]`
+#include "cli/cmd_plan.h"
+
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "format/gguf.h"
+#include "model/schema.h"
+#include "runtime/admission.h"
+#include "runtime/store_plan.h"
+#include "util/error.h"
+
+namespace sluice::cli {
+
+CLI::App* setup_plan(CLI::App& app, PlanCommandOptions& o) {
+  CLI::App* sub = app.add_subcommand(
+      "plan", "Memory admission: the budget breakdown and expert-cache size for a model, without loading it");
+  sub->footer(
+      "Sizes accept K/M/G/T and KiB/MiB/GiB/TiB (binary) or KB/MB/GB/TB (decimal).\n"
+      "--mem-budget auto = min(0.85 x MemAvailable, MemAvailable - 10% of MemTotal, 0.85 x cgroup headroom).\n"
+      "Exit status: 0 when admitted; 1 when refused (the breakdown on stdout, one error line on stderr).");
+  sub->add_option("-m,--model", o.model, "GGUF model file (only its header is read)")->required();
+  sub->add_option("-c,--ctx", o.ctx, "context length (positions per sequence)")->capture_default_str();
+  sub->add_option("--mem-budget", o.mem_budget, "memory budget: BYTES (e.g. 116GiB) or auto")->capture_default_str();
+  sub->add_option("--chunk", o.chunk, "prefill chunk in tokens (default: the largest that fits)");
+  sub->add_option("-t,--threads", o.threads, "compute threads (default: all cores)");
+  sub->add_option("--cache-policy", o.cache_policy,
+                  "how the expert store shares slots: lru-per-layer (each layer its share) or lru-global")
+      ->check(CLI::IsMember({"lru-per-layer", "lru-global"}))
+      ->capture_default_str();
+  sub->add_flag("--allow-swap", o.allow_swap, "admit even when swap is active");
+  sub->add_flag("--json", o.json, "print one JSON object instead of the table");
+  return sub;
+}
+
+int run_plan(const PlanCommandOptions& o) {
+  PlanOptions po;
+  try {
+    po.budget = parse_budget(o.mem_budget);
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+  if (o.threads < 0) throw UsageError("--threads must not be negative");
+  po.ctx = o.ctx;
+  po.chunk = o.chunk;
+  po.threads = o.threads;
+  po.allow_swap = o.allow_swap;
+
+  // The same planning run/serve/chat do: the expert cache is the store's own figure.
+  StorePlanOptions spo;
+  spo.plan = po;
+  spo.store.policy = o.cache_policy == "lru-global" ? storage::EvictionKind::LruGlobal : storage::EvictionKind::LruPerLayer;
+  const gguf::File f = open_gguf(o.model);
+  Plan p = plan_for_file(f, spo);
+  const SchemaReport rep = validate_deepseek41(f);
+  if (!rep.errors.empty())
+    p.warnings.push_back("the file has " + std::to_string(rep.errors.size()) +
+                         " schema problem(s), first: " + rep.errors.front() + " (see sluice inspect)");
+  if (o.json) std::printf("%s\n", plan_to_json(p).dump(2).c_str());
+  else std::fputs(format_plan(p).c_str(), stdout);
+  std::fflush(stdout);
+  require_admitted(p);
+  return 0;
+}
+
+}  // namespace sluice::cli

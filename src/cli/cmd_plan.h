@@ -1,0 +1,26 @@
+// `sluice plan`: the memory admission breakdown for a model file, context and budget, computed
+// from the GGUF header alone (no payload is read). Declared here rather than in commands.h
+// (owned by the CLI); main.cpp registers it like the other subcommands.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+namespace sluice::cli {
+
+struct PlanCommandOptions {
+  std::string model;
+  uint32_t ctx = 4096;
+  std::string mem_budget = "auto";
+  uint32_t chunk = 0;  // 0: the largest that fits
+  int threads = 0;     // 0: all cores
+  std::string cache_policy = "lru-per-layer";  // or lru-global (the expert store's policies)
+  bool allow_swap = false;
+  bool json = false;
+};
+CLI::App* setup_plan(CLI::App& app, PlanCommandOptions& o);
+// 0 when admitted; prints the breakdown to stdout and throws Error (exit 1) when refused.
+int run_plan(const PlanCommandOptions& o);
+
+}  // namespace sluice::cli

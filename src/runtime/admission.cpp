@@ -1,0 +1,510 @@
+#include "runtime/admission.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "format/gguf.h"
+#include "util/error.h"
+
+namespace sluice {
+
+namespace {
+
+uint64_t align_up(uint64_t x, uint64_t a) { return a == 0 ? x : (x + a - 1) / a * a; }
+
+uint64_t sat_sub(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
+
+std::string num(uint64_t v) {  // 15360 -> "15,360"
+  std::string s = std::to_string(v), out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i && (s.size() - i) % 3 == 0) out += ',';
+    out += s[i];
+  }
+  return out;
+}
+
+std::string pct(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f%%", x * 100);
+  return buf;
+}
+
+ByteClass class_of_name(const std::string& name) {
+  if (name.find(".engram_embd.") != std::string::npos) return ByteClass::Engram;
+  if (name.find("_exps.") != std::string::npos) return ByteClass::RoutedExpert;
+  return ByteClass::Resident;
+}
+
+// Slices of one expert of a routed tensor [cols, rows, n_expert]: bytes / n_expert.
+void note_expert_slice(ModelFootprint& fp, const std::string& name, uint64_t bytes, uint64_t n_expert) {
+  if (n_expert == 0) return;
+  const uint64_t slice = bytes / n_expert;
+  if (name.find("ffn_gate_exps") != std::string::npos) fp.expert_gate_bytes = std::max(fp.expert_gate_bytes, slice);
+  else if (name.find("ffn_up_exps") != std::string::npos) fp.expert_up_bytes = std::max(fp.expert_up_bytes, slice);
+  else if (name.find("ffn_down_exps") != std::string::npos) fp.expert_down_bytes = std::max(fp.expert_down_bytes, slice);
+}
+
+void add_tensor(ModelFootprint& fp, const std::string& name, uint64_t bytes, uint64_t n_expert, uint64_t file_offset) {
+  switch (class_of_name(name)) {
+    case ByteClass::Engram: fp.engram_bytes += bytes; break;
+    case ByteClass::RoutedExpert: {
+      fp.routed_expert_bytes += bytes;
+      note_expert_slice(fp, name, bytes, n_expert);
+      const int part = name.find("ffn_gate_exps") != std::string::npos ? 0
+                       : name.find("ffn_up_exps") != std::string::npos ? 1
+                                                                        : 2;
+      if (n_expert) fp.routed_tensors.push_back({part, file_offset, bytes / n_expert, n_expert});
+      break;
+    }
+    case ByteClass::Resident:
+      fp.resident_bytes += bytes;
+      ++fp.resident_tensors;
+      break;
+  }
+}
+
+// Largest KV-source ratio divisor seen by any index-source layer: visible rows <= ctx / ratio.
+uint64_t max_visible_rows(const ModelConfig& c, const std::vector<LayerRole>& roles, uint32_t ctx) {
+  uint64_t rows = 0;
+  for (uint32_t L = 0; L < c.num_hidden_layers; ++L) {
+    const LayerRole& r = roles[L];
+    if (!r.is_index_source || r.kv_source < 0) continue;
+    const uint32_t ratio = std::max<uint32_t>(1, roles[(size_t)r.kv_source].ratio);
+    rows = std::max<uint64_t>(rows, ctx / ratio);
+  }
+  return rows;
+}
+
+}  // namespace
+
+uint64_t ModelFootprint::largest_expert_slice() const {
+  return std::max({expert_gate_bytes, expert_up_bytes, expert_down_bytes});
+}
+
+uint64_t ModelFootprint::slot_window_bytes(uint64_t io_align) const {
+  uint64_t part_max[3] = {0, 0, 0};
+  for (const RoutedTensor& t : routed_tensors) {
+    uint64_t w = 0;
+    // Windows repeat with the period of the offsets mod io_align; every expert is checked anyway
+    // (n_expert is small).
+    for (uint64_t e = 0; e < t.n_expert; ++e) {
+      const uint64_t begin = t.file_offset + e * t.slice, end = begin + t.slice;
+      w = std::max(w, align_up(end, io_align) - begin / io_align * io_align);
+    }
+    part_max[t.part] = std::max(part_max[t.part], w);
+  }
+  return part_max[0] + part_max[1] + part_max[2];
+}
+
+ModelFootprint footprint_from_specs(const ModelConfig& c, const std::vector<TensorSpec>& tensors) {
+  ModelFootprint fp;
+  fp.config = c;
+  fp.source = "config";
+  for (const TensorSpec& t : tensors) add_tensor(fp, t.name, t.nbytes(), c.n_routed_experts, 0);
+  return fp;
+}
+
+ModelFootprint footprint_from_gguf(const gguf::File& f) {
+  ModelFootprint fp;
+  fp.config = config_from_gguf(f);
+  fp.source = f.path();
+  fp.metadata_bytes = f.data_offset();
+  for (const gguf::TensorInfo& t : f.tensors()) {
+    // A routed tensor's last dimension is the expert count whatever the config says.
+    const uint64_t n_expert = t.n_dims >= 3 ? t.ne[2] : fp.config.n_routed_experts;
+    add_tensor(fp, t.name, t.nbytes, n_expert, t.file_offset);
+  }
+  return fp;
+}
+
+SequenceStateBytes sequence_state_bytes(const ModelConfig& c, uint32_t ctx) {
+  // Mirrors Engine::Impl::new_sequence: uint16 (BF16) rows, f32 carry, int64 Engram ids.
+  const std::vector<LayerRole> roles = layer_roles(c);
+  SequenceStateBytes b;
+  b.window = (uint64_t)c.num_hidden_layers * c.sliding_window * c.head_dim * 2;
+  for (uint32_t L : c.kv_source_layer_ids) {
+    const uint32_t ratio = std::max<uint32_t>(1, roles[L].ratio);
+    const uint64_t rows = ctx / ratio;
+    b.compressed_kv += rows * c.head_dim * 2;
+    b.index_keys += rows * c.index_head_dim * 2;
+    b.carry += 2ull * (ratio - 1) * c.head_dim * 4;
+  }
+  b.engram_history = (uint64_t)(c.engram_max_ngram_size > 0 ? c.engram_max_ngram_size - 1 : 0) * 8;
+  return b;
+}
+
+ScratchBytes scratch_bytes(const ModelConfig& c, uint32_t chunk, uint32_t ctx) {
+  const std::vector<LayerRole> roles = layer_roles(c);
+  const uint64_t n = chunk, H = c.hidden_size, hc = c.hc_mult, hd = c.head_dim;
+  const uint64_t qw = (uint64_t)c.num_attention_heads * hd;
+  const uint64_t nmix = (2 + hc) * hc;
+  const uint64_t F = c.moe_intermediate_size, Fs = F * std::max<uint32_t>(1, c.n_shared_experts);
+  const uint64_t iw = (uint64_t)c.index_n_heads * c.index_head_dim;
+  const uint64_t ecols = (uint64_t)c.engram_columns() * c.engram_head_dim;
+
+  // f32 values per token. Alive for the whole chunk: the two stream buffers, the collapsed
+  // input/output rows, the pre-weights and two sets of mixes. Then the widest sublayer.
+  const uint64_t persistent = 2 * hc * H + 2 * H + hc + 3 * nmix;
+  // Attention: q_a rows, q and o (heads x head_dim), the new KV row, the grouped output-a rows,
+  // indexer queries and weights, row pointers (8 B each), the quantized copy of the widest input.
+  const uint64_t attention = c.q_lora_rank + 2 * qw + hd + (uint64_t)c.o_groups * c.o_lora_rank + iw +
+                             c.index_n_heads + 2ull * (c.sliding_window + c.index_topk) + qw;
+  // MoE: router logits, shared gate/up/out, routed sum, one expert's gate/up/down rows (at most
+  // every token of the chunk), routing pairs, quantized input.
+  const uint64_t moe = c.n_routed_experts + 2 * Fs + H + H + 2 * F + H + 2ull * c.num_experts_per_tok + std::max(H, F);
+  // Engram: gathered rows decoded to f32, the key/value projection, quantized input.
+  const uint64_t engram = ecols + (hc + 1) * H + ecols;
+  ScratchBytes s;
+  s.activations = n * (persistent + std::max({attention, moe, engram})) * 4;
+
+  // The chunk's own rows until commit: window rows (BF16) of every layer, new compressed rows and
+  // index keys per KV source, top-k selections (int32) of index layers, candidate masks, Engram ids.
+  uint64_t rows = n * c.num_hidden_layers * hd * 2;
+  for (uint32_t L : c.kv_source_layer_ids) {
+    const uint32_t ratio = std::max<uint32_t>(1, roles[L].ratio);
+    rows += (n / ratio + 1) * (hd + c.index_head_dim) * 2 + 2ull * (ratio - 1) * hd * 4;
+  }
+  rows += n * c.index_source_layer_ids.size() * c.index_topk * 4;
+  const uint64_t vis = max_visible_rows(c, roles, ctx);
+  rows += n * (vis / std::max<uint32_t>(1, c.candidate_block_size) + 1);
+  rows += n * c.engram_layer_ids.size() * c.engram_columns() * 8;
+  s.chunk_rows = rows;
+
+  // The indexer scores every visible compressed row for each query; reserved in the batched
+  // form (all queries of the chunk at once) so a faster indexer needs no new admission.
+  s.indexer_scores = n * vis * 4;
+  s.logits = n * c.vocab_size * 4;
+  return s;
+}
+
+HostFacts read_host_facts() {
+  HostFacts h;
+  h.mem = read_meminfo();
+  h.swaps = read_swaps();
+  h.cgroup = read_cgroup_memory();
+  return h;
+}
+
+BudgetSpec parse_budget(std::string_view text) {
+  std::string t(text);
+  for (char& ch : t) ch = (char)std::tolower((unsigned char)ch);
+  if (t == "auto") return {};
+  return BudgetSpec{false, parse_bytes(text, "--mem-budget")};
+}
+
+uint64_t auto_budget(const HostFacts& host) {
+  const uint64_t avail = host.mem.available;
+  uint64_t b = percent_of(avail, kAutoBudgetPercent);
+  b = std::min(b, sat_sub(avail, percent_of(host.mem.total, kAutoBudgetReservePercent)));
+  if (host.cgroup.limited) b = std::min(b, percent_of(host.cgroup.headroom(), kAutoBudgetPercent));
+  return b;
+}
+
+namespace {
+
+struct Eval {
+  std::vector<PlanLine> mandatory;
+  uint64_t mandatory_bytes = 0, bounce = 0, slot_bytes = 0, slots = 0, cache_bytes = 0;
+  bool fits_mandatory = false;
+};
+
+// Everything for one chunk size.
+Eval evaluate(const ModelFootprint& fp, const PlanOptions& o, uint32_t chunk, int threads, uint64_t budget) {
+  const ModelConfig& c = fp.config;
+  Eval e;
+  auto add = [&](std::string name, uint64_t bytes, std::string detail) {
+    e.mandatory.push_back({std::move(name), bytes, std::move(detail)});
+    e.mandatory_bytes += bytes;
+  };
+  add("resident weights", fp.resident_bytes,
+      num(fp.resident_tensors) + " tensors: everything but routed experts (" + format_bytes(fp.routed_expert_bytes) +
+          ") and Engram tables (" + format_bytes(fp.engram_bytes) + ")");
+
+  const SequenceStateBytes st = sequence_state_bytes(c, o.ctx);
+  add("sequence state", st.total() * o.sequences,
+      std::to_string(o.sequences) + " x ctx " + num(o.ctx) + ": window rings " + format_bytes(st.window) +
+          ", compressed KV " + format_bytes(st.compressed_kv) + ", index keys " + format_bytes(st.index_keys) +
+          ", carry " + format_bytes(st.carry) + " (BF16 rows)");
+  add("state undo copy", st.window + st.compressed_kv + st.index_keys + st.carry,
+      "rows a multi-chunk eval saves to roll back (a prompt filling the context)");
+
+  const ScratchBytes sc = scratch_bytes(c, chunk, o.ctx);
+  add("scratch", sc.total(),
+      "chunk " + num(chunk) + ": activations " + format_bytes(sc.activations) + ", chunk rows " +
+          format_bytes(sc.chunk_rows) + ", indexer scores " + format_bytes(sc.indexer_scores) + ", logits " +
+          format_bytes(sc.logits));
+
+  const uint64_t per_thread =
+      o.thread_stack_bytes + (uint64_t)(c.sliding_window + c.index_topk + c.head_dim) * 4 + (64u << 10);
+  add("threads", per_thread * (uint64_t)threads,
+      std::to_string(threads) + " x (" + format_bytes(o.thread_stack_bytes) + " stack + per-thread scratch)");
+
+  const uint64_t n_tables = c.engram_layer_ids.size();
+  const uint64_t row_slot = align_up(c.engram_row_bytes(), 8) + 48;  // row + key/LRU links
+  const uint64_t cache_rows = o.engram_cache_rows * n_tables;
+  const uint64_t batch_rows = std::min<uint64_t>((uint64_t)chunk * c.engram_columns(), 4096);
+  const uint64_t engram_staging = n_tables ? cache_rows * row_slot + batch_rows * 2 * o.io_align : 0;
+  add("Engram staging", engram_staging,
+      n_tables ? num(cache_rows) + " cached rows + a read batch of " + num(batch_rows) +
+                     " rows (2 aligned pages each)"
+               : "no Engram layers");
+
+  const uint64_t tables = (uint64_t)c.engram_token_map.size() * 4 + c.engram_primes.size() * 8 +
+                          c.engram_multipliers.size() * 8;
+  add("runtime overhead", o.overhead_bytes + 2 * fp.metadata_bytes + tables,
+      format_bytes(o.overhead_bytes) + " allocator/binary/tokenizer slack + parsed metadata and tables");
+
+  const uint64_t total_experts = fp.total_experts();
+  e.slot_bytes = fp.slot_window_bytes(o.io_align) + o.slot_record_bytes;
+  const uint64_t avail = sat_sub(budget, e.mandatory_bytes);
+  if (o.store_bytes) {
+    // The store's figure: the largest slot count whose total fits (non-decreasing in slots).
+    e.fits_mandatory = budget >= e.mandatory_bytes && o.store_bytes(0) <= avail;
+    if (e.fits_mandatory) {
+      uint64_t lo = 0, hi = total_experts;
+      while (lo < hi) {
+        const uint64_t mid = lo + (hi - lo + 1) / 2;
+        if (o.store_bytes(mid) <= avail) lo = mid;
+        else hi = mid - 1;
+      }
+      e.slots = lo;
+      e.cache_bytes = o.store_bytes(lo);
+    }
+  } else {
+    e.bounce = (uint64_t)o.io_depth * (align_up(fp.largest_expert_slice(), o.io_align) + o.io_align);
+    e.fits_mandatory = budget >= e.mandatory_bytes + e.bounce;
+    if (e.fits_mandatory && e.slot_bytes > 0) {
+      e.slots = std::min(total_experts, (avail - e.bounce) / e.slot_bytes);
+      e.cache_bytes = e.slots * e.slot_bytes;
+    }
+  }
+  return e;
+}
+
+std::string swap_description(const HostFacts& host) {
+  std::string s;
+  for (const SwapArea& a : host.swaps)
+    s += (s.empty() ? "" : ", ") + a.name + " (" + format_bytes(a.size) + ", " + format_bytes(a.used) + " used)";
+  if (s.empty()) s = "SwapTotal " + format_bytes(host.mem.swap_total);
+  return s;
+}
+
+}  // namespace
+
+Plan make_plan(const ModelFootprint& fp, const PlanOptions& o, const HostFacts& host) {
+  const ModelConfig& c = fp.config;
+  if (o.ctx == 0) throw Error("--ctx must be at least 1");
+  if (o.ctx > c.max_position_embeddings)
+    throw Error("--ctx " + num(o.ctx) + " exceeds the model's max_position_embeddings " + num(c.max_position_embeddings));
+  if (o.sequences == 0) throw Error("sequences must be at least 1");
+  if (o.threads < 0) throw Error("--threads must not be negative");
+  if (o.io_align == 0 || (o.io_align & (o.io_align - 1)) != 0) throw Error("io_align must be a power of two");
+  if (c.num_experts_per_tok == 0 || c.n_routed_experts == 0) throw Error("model has no routed experts");
+
+  Plan p;
+  p.model = fp.source;
+  p.ctx = o.ctx;
+  p.sequences = o.sequences;
+  p.threads = o.threads > 0 ? o.threads : std::max(1, (int)std::thread::hardware_concurrency());
+  p.top_k = c.num_experts_per_tok;
+  p.n_expert = c.n_routed_experts;
+  p.total_experts = fp.total_experts();
+  p.expert_bytes = fp.expert_bytes();
+  p.chunk_auto = o.chunk == 0;
+  if (o.budget.is_auto) {
+    p.budget = auto_budget(host);
+    char frac_buf[16];
+    std::snprintf(frac_buf, sizeof frac_buf, "%.2f", (double)kAutoBudgetPercent / 100);
+    const std::string frac = frac_buf;
+    p.budget_source = "auto: min(" + frac + " x MemAvailable " + format_bytes(host.mem.available) +
+                      ", MemAvailable - " + std::to_string(kAutoBudgetReservePercent) + "% of MemTotal (" +
+                      format_bytes(host.mem.total) + ")" +
+                      (host.cgroup.limited ? ", " + frac + " x cgroup headroom " + format_bytes(host.cgroup.headroom())
+                                           : std::string()) +
+                      ")";
+  } else {
+    p.budget = o.budget.bytes;
+    p.budget_source = "--mem-budget " + format_bytes(o.budget.bytes);
+    if (host.mem.total && o.budget.bytes > host.mem.available)
+      p.warnings.push_back("the budget " + format_bytes(o.budget.bytes) + " is more than MemAvailable now (" +
+                           format_bytes(host.mem.available) + ")");
+  }
+  if (o.chunk > o.ctx) p.warnings.push_back("--chunk " + num(o.chunk) + " is larger than --ctx: using " + num(o.ctx));
+
+  p.cache_per_layer = o.cache_per_layer;
+  auto cap = [&](uint64_t slots) { return union_capacity(slots, c.num_hidden_layers, c.n_routed_experts, o.cache_per_layer); };
+  // Does a chunk fit: mandatory part within the budget, worst-case union within a layer's share?
+  auto fits = [&](uint32_t ch, Eval& e) {
+    e = evaluate(fp, o, ch, p.threads, p.budget);
+    return e.fits_mandatory && cap(e.slots) >= chunk_expert_union(ch, p.top_k, p.n_expert);
+  };
+  // The largest chunk in [1, top] that fits. Fitting is monotone (a bigger chunk needs more
+  // scratch, leaving fewer slots, and can route to more experts), so a binary search finds it.
+  auto largest_fitting = [&](uint32_t top) -> uint32_t {
+    Eval e;
+    if (fits(top, e)) return top;
+    if (!fits(1, e)) return 0;
+    uint32_t lo = 1, hi = top;  // fits(lo), !fits(hi)
+    while (hi - lo > 1) {
+      const uint32_t mid = lo + (hi - lo) / 2;
+      (fits(mid, e) ? lo : hi) = mid;
+    }
+    return lo;
+  };
+  Eval chosen;
+  bool found = false;
+  if (o.chunk > 0) {
+    p.chunk = std::min(o.chunk, o.ctx);
+    found = fits(p.chunk, chosen);
+  } else {
+    const uint32_t best = largest_fitting(std::max<uint32_t>(1, std::min(o.max_chunk, o.ctx)));
+    p.chunk = best ? best : 1;  // nothing fits: report on the smallest chunk
+    found = fits(p.chunk, chosen);
+  }
+  p.mandatory = std::move(chosen.mandatory);
+  p.mandatory_bytes = chosen.mandatory_bytes;
+  p.bounce_bytes = chosen.bounce;
+  p.store_figure = (bool)o.store_bytes;
+  p.slot_bytes = chosen.slot_bytes;
+  p.cache_slots = chosen.slots;
+  p.cache_bytes = chosen.cache_bytes;
+  p.chunk_union = chunk_expert_union(p.chunk, p.top_k, p.n_expert);
+  p.union_capacity = cap(p.cache_slots);
+  p.max_chunk_for_cache = p.union_capacity >= p.n_expert ? o.ctx : (uint32_t)(p.union_capacity / p.top_k);
+  p.unused_bytes = sat_sub(p.budget, p.planned_bytes());
+
+  const std::string reduce = "raise --mem-budget or lower --ctx, --chunk or --threads";
+  const std::string holds_per_layer =
+      o.cache_per_layer ? " (" + num(p.union_capacity) + " per layer under lru-per-layer)" : std::string();
+  if (!chosen.fits_mandatory) {
+    const uint64_t need = p.mandatory_bytes + p.bounce_bytes + (o.store_bytes ? o.store_bytes(0) : 0);
+    std::string parts;
+    for (const PlanLine& l : p.mandatory) parts += (parts.empty() ? "" : ", ") + l.name + " " + format_bytes(l.bytes);
+    if (p.bounce_bytes) parts += ", bounce buffers " + format_bytes(p.bounce_bytes);
+    p.refusals.push_back("the mandatory part needs " + format_bytes(need) + " but the budget is " +
+                         format_bytes(p.budget) + " (" + format_bytes(need - std::min(need, p.budget)) +
+                         " short): " + parts + "; " + reduce);
+  } else if (p.union_capacity < p.top_k) {
+    p.refusals.push_back("the expert cache left by the budget holds " + num(p.cache_slots) + " experts of " +
+                         format_bytes(p.slot_bytes) + holds_per_layer + " but one token needs top_k = " +
+                         std::to_string(p.top_k) + " experts of a layer; " + reduce);
+  } else if (!found) {
+    // What the automatic choice would admit (a smaller chunk also shrinks the scratch).
+    const uint32_t best = p.chunk > 1 ? largest_fitting(p.chunk - 1) : 0;
+    p.refusals.push_back("the expert cache holds " + num(p.cache_slots) + " experts" + holds_per_layer +
+                         " but a chunk of " + num(p.chunk) +
+                         " tokens can need min(" + num(p.chunk) + " x " + std::to_string(p.top_k) + ", " +
+                         num(p.n_expert) + ") = " + num(p.chunk_union) + " experts of one layer; " +
+                         (best ? "use --chunk " + num(best) + " (the largest that fits) or raise --mem-budget"
+                               : std::string("raise --mem-budget")));
+  }
+  p.swap_active = host.swap_active();
+  if (p.swap_active) {
+    p.swap_detail = swap_description(host);
+    if (o.allow_swap)
+      p.warnings.push_back("swap is active (" + p.swap_detail + "); allowed by --allow-swap");
+    else
+      p.refusals.push_back("swap is active (" + p.swap_detail +
+                           "): a process streaming experts must fail, not page; disable swap (swapoff -a) or "
+                           "pass --allow-swap");
+  }
+  p.admitted = p.refusals.empty();
+  return p;
+}
+
+std::string format_plan(const Plan& p) {
+  std::string out;
+  char buf[512];
+  auto row = [&](const std::string& name, uint64_t bytes, const std::string& detail) {
+    std::snprintf(buf, sizeof buf, "  %-18s %12s", name.c_str(), format_bytes(bytes).c_str());
+    out += buf;
+    out += detail.empty() ? "\n" : "  " + detail + "\n";
+  };
+  out += "sluice plan: " + p.model + "\n";
+  out += "  ctx " + num(p.ctx) + ", sequences " + std::to_string(p.sequences) + ", chunk " + num(p.chunk) +
+         (p.chunk_auto ? " (auto)" : "") + ", threads " + std::to_string(p.threads) + "\n";
+  row("budget", p.budget, p.budget_source);
+  for (const PlanLine& l : p.mandatory) row(l.name, l.bytes, l.detail);
+  row("mandatory total", p.mandatory_bytes, "");
+  const double frac = p.total_experts ? (double)p.cache_slots / (double)p.total_experts : 0;
+  if (p.store_figure) {
+    row("expert cache", p.cache_bytes,
+        num(p.cache_slots) + " expert slots (" + pct(frac) + " of " + num(p.total_experts) +
+            "), the expert store's own figure: slots, slot records, no separate bounce area (reads land in the slots)");
+  } else {
+    row("bounce buffers", p.bounce_bytes, "direct-I/O buffers: largest expert slice + one page each");
+    row("expert cache", p.cache_bytes,
+        num(p.cache_slots) + " slots x " + format_bytes(p.slot_bytes) + " (expert " + num(p.expert_bytes) +
+            " B in aligned windows + slot record) = " + pct(frac) + " of " + num(p.total_experts) + " routed experts");
+  }
+  row("unused", p.unused_bytes, p.cache_slots == p.total_experts && p.total_experts ? "every routed expert fits" : "");
+  out += "  chunk " + num(p.chunk) + " can need min(" + num(p.chunk) + " x " + std::to_string(p.top_k) + ", " +
+         num(p.n_expert) + ") = " + num(p.chunk_union) + " experts of one layer; one layer can hold " +
+         num(p.union_capacity) + (p.cache_per_layer ? " (lru-per-layer share)" : " (lru-global)") + ", " +
+         (p.union_capacity < p.top_k ? std::string("not one token's experts")
+                                     : "enough for chunks up to " + num(p.max_chunk_for_cache)) +
+         "\n";
+  out += std::string("  swap: ") + (p.swap_active ? "active: " + p.swap_detail : "off") + "\n";
+  for (const std::string& w : p.warnings) out += "  warning: " + w + "\n";
+  if (p.admitted) {
+    out += "verdict: admitted (" + format_bytes(p.planned_bytes()) + " of " + format_bytes(p.budget) + ")\n";
+  } else {
+    out += "verdict: refused\n";
+    for (const std::string& r : p.refusals) out += "  refused: " + r + "\n";
+  }
+  return out;
+}
+
+nlohmann::ordered_json plan_to_json(const Plan& p) {
+  nlohmann::ordered_json j;
+  j["model"] = p.model;
+  j["ctx"] = p.ctx;
+  j["sequences"] = p.sequences;
+  j["chunk"] = p.chunk;
+  j["chunk_auto"] = p.chunk_auto;
+  j["threads"] = p.threads;
+  j["budget"] = p.budget;
+  j["budget_source"] = p.budget_source;
+  nlohmann::ordered_json lines = nlohmann::ordered_json::array();
+  for (const PlanLine& l : p.mandatory) lines.push_back({{"name", l.name}, {"bytes", l.bytes}, {"detail", l.detail}});
+  j["mandatory"] = lines;
+  j["mandatory_bytes"] = p.mandatory_bytes;
+  j["bounce_bytes"] = p.bounce_bytes;
+  j["store_figure"] = p.store_figure;
+  j["expert_bytes"] = p.expert_bytes;
+  j["slot_bytes"] = p.slot_bytes;
+  j["cache_slots"] = p.cache_slots;
+  j["cache_bytes"] = p.cache_bytes;
+  j["total_experts"] = p.total_experts;
+  j["top_k"] = p.top_k;
+  j["n_expert"] = p.n_expert;
+  j["cache_policy"] = p.cache_per_layer ? "lru-per-layer" : "lru-global";
+  j["union_capacity"] = p.union_capacity;
+  j["chunk_union"] = p.chunk_union;
+  j["max_chunk_for_cache"] = p.max_chunk_for_cache;
+  j["unused_bytes"] = p.unused_bytes;
+  j["planned_bytes"] = p.planned_bytes();
+  j["swap_active"] = p.swap_active;
+  j["admitted"] = p.admitted;
+  j["refusals"] = p.refusals;
+  j["warnings"] = p.warnings;
+  return j;
+}
+
+std::string refusal_summary(const Plan& p) {
+  if (p.admitted) return "";
+  std::string s = "memory admission refused";
+  if (!p.refusals.empty()) s += ": " + p.refusals.front();
+  if (p.refusals.size() > 1) s += " (and " + std::to_string(p.refusals.size() - 1) + " more)";
+  return s;
+}
+
+void require_admitted(const Plan& p) {
+  if (!p.admitted) throw Error(refusal_summary(p));
+}
+
+}  // namespace sluice

@@ -1,0 +1,209 @@
+// Memory admission: the whole host-memory budget of an engine, computed from metadata and
+// options before any large allocation, and the verdict (admit, or refuse with a breakdown).
+//
+// The budget is split into a mandatory part and the routed-expert cache:
+//   resident weights   every tensor that is neither a routed expert nor an Engram table
+//   sequence state     window rings, compressed KV, index keys, compressor carry, Engram history,
+//                      exactly as Engine::new_sequence allocates them (BF16 rows), per sequence
+//   state undo copy    what a multi-chunk eval() saves to roll back (worst case: a prompt that
+//                      fills the context)
+//   scratch            one chunk's activations (chunk x widths), the chunk's new cache rows and
+//                      selections, indexer score rows (chunk x visible rows, f32), logits
+//                      (chunk x vocab x 4)
+//   threads            stack + per-thread scratch of every compute thread
+//   Engram staging     Engram row cache + the page-aligned read batch of one chunk
+//   runtime overhead   allocator slack, parsed metadata, tokenizer and config tables
+// then, from what is left,
+//   bounce buffers     io_depth direct-I/O buffers of the largest expert slice + one page
+//   expert cache       whole experts (gate+up+down slice of one expert in one layer, each
+//                      in the io_align-aligned file window a direct read of it covers, plus a
+//                      slot record), rounded down
+// and refuses when the mandatory part does not fit, when one layer's share of the cache cannot
+// hold one token's top_k experts, or (explicit --chunk) a chunk's worst-case union
+// min(chunk x top_k, n_expert), or when swap is active (unless allowed). With no --chunk, the
+// chunk is the largest (up to max_chunk and ctx) whose mandatory part and union fit.
+// The expert store (src/storage) can supply its own figure for bounce buffers + cache through
+// PlanOptions::store_bytes; otherwise the formulas above are used.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "model/config.h"
+#include "model/schema.h"
+#include "runtime/meminfo.h"
+
+namespace sluice {
+namespace gguf { class File; }
+
+// What admission needs to know about a model file (or a config without a file).
+struct ModelFootprint {
+  ModelConfig config;
+  uint64_t resident_bytes = 0;      // every tensor neither routed expert nor Engram table
+  uint64_t resident_tensors = 0;
+  uint64_t routed_expert_bytes = 0;
+  uint64_t engram_bytes = 0;
+  // One expert of one layer: its slice of ffn_{gate,up,down}_exps (largest over the layers).
+  uint64_t expert_gate_bytes = 0, expert_up_bytes = 0, expert_down_bytes = 0;
+  uint64_t metadata_bytes = 0;      // the GGUF header region (kept parsed in memory)
+  std::string source;               // file path, or "config" when built from a config
+  // Where each routed tensor's experts lie, for the direct-I/O windows a slot must hold.
+  struct RoutedTensor {
+    int part = 0;                   // 0 gate, 1 up, 2 down
+    uint64_t file_offset = 0;       // absolute; 0 from specs (tensors start on the GGUF alignment)
+    uint64_t slice = 0;             // bytes of one expert
+    uint64_t n_expert = 0;
+  };
+  std::vector<RoutedTensor> routed_tensors;
+
+  uint64_t expert_bytes() const { return expert_gate_bytes + expert_up_bytes + expert_down_bytes; }
+  uint64_t largest_expert_slice() const;
+  // One slot's bytes: per part, the largest io_align-aligned file window covering one expert's
+  // slice (what a direct read of it must land in), summed over gate, up and down.
+  uint64_t slot_window_bytes(uint64_t io_align) const;
+  uint64_t total_experts() const { return (uint64_t)config.num_hidden_layers * config.n_routed_experts; }
+};
+// From the schema's tensor list (no file): the byte classes of deepseek41_tensors(c).
+ModelFootprint footprint_from_specs(const ModelConfig& c, const std::vector<TensorSpec>& tensors);
+// From a GGUF's header only (config_from_gguf + tensor records; no payload is read). Tensors are
+// classed by name like the schema does (".engram_embd." Engram, "_exps." routed expert).
+ModelFootprint footprint_from_gguf(const gguf::File& f);
+
+// Per-sequence state, as the engine allocates it (src/model/forward.cpp, new_sequence).
+// sequence_state.h has no size function, so the same formulas live here; keep them in step.
+struct SequenceStateBytes {
+  uint64_t window = 0;          // n_layer x sliding_window x head_dim BF16
+  uint64_t compressed_kv = 0;   // per KV source: ctx/ratio rows x head_dim BF16
+  uint64_t index_keys = 0;      // per KV source: ctx/ratio rows x index_head_dim BF16
+  uint64_t carry = 0;           // per KV source: 2 x (ratio-1) x head_dim f32
+  uint64_t engram_history = 0;  // (max_ngram-1) int64
+  uint64_t total() const { return window + compressed_kv + index_keys + carry + engram_history; }
+};
+SequenceStateBytes sequence_state_bytes(const ModelConfig& c, uint32_t ctx);
+
+// One chunk's working set (see the file comment).
+struct ScratchBytes {
+  uint64_t activations = 0;     // f32 hidden streams and the widest sublayer's temporaries
+  uint64_t chunk_rows = 0;      // new window / compressed rows, selections, candidate masks, Engram ids
+  uint64_t indexer_scores = 0;  // chunk x visible compressed rows x 4 (the batched form)
+  uint64_t logits = 0;          // chunk x vocab x 4
+  uint64_t total() const { return activations + chunk_rows + indexer_scores + logits; }
+};
+ScratchBytes scratch_bytes(const ModelConfig& c, uint32_t chunk, uint32_t ctx);
+
+// The host facts admission looks at.
+struct HostFacts {
+  MemInfo mem;
+  std::vector<SwapArea> swaps;  // active swap areas
+  CgroupMemory cgroup;
+  bool swap_active() const { return !swaps.empty() || mem.swap_total > 0; }
+};
+HostFacts read_host_facts();
+
+// --mem-budget: "auto" or a byte size (parse_bytes).
+struct BudgetSpec {
+  bool is_auto = true;
+  uint64_t bytes = 0;
+};
+BudgetSpec parse_budget(std::string_view text);
+// auto = min(0.85 x MemAvailable, MemAvailable - 10% of MemTotal, 0.85 x cgroup headroom).
+// Why: MemAvailable counts reclaimable page cache, which the Engram and header reads themselves
+// need, and it is an estimate; other processes keep growing. 15% covers that slack, and keeping
+// 10% of MemTotal available stays clear of the default thresholds of earlyoom (acts below 10%
+// available) and similar OOM daemons, so admission never plans the host into them.
+constexpr uint64_t kAutoBudgetPercent = 85;
+constexpr uint64_t kAutoBudgetReservePercent = 10;
+// floor(x * pct / 100) without overflow.
+inline uint64_t percent_of(uint64_t x, uint64_t pct) { return x / 100 * pct + x % 100 * pct / 100; }
+uint64_t auto_budget(const HostFacts& host);
+
+struct PlanOptions {
+  uint32_t ctx = 4096;          // positions per sequence
+  uint32_t sequences = 1;       // sequences held at once (each with its own state)
+  uint32_t chunk = 0;           // prefill chunk; 0: the largest that fits (up to max_chunk)
+  uint32_t max_chunk = 256;     // the automatic chunk is at most this (and ctx)
+  int threads = 0;              // compute threads; 0: std::thread::hardware_concurrency()
+  BudgetSpec budget;
+  bool allow_swap = false;
+  // How the store shares its slots among layers. true (the store's default, lru-per-layer):
+  // each layer owns slots / n_layer of them, so one layer's union must fit that share; false
+  // (lru-global): any layer may use every slot.
+  bool cache_per_layer = true;
+  uint32_t io_depth = 8;        // expert reads in flight = bounce buffers
+  uint32_t io_align = 4096;     // direct-I/O alignment (slab and buffer padding)
+  uint64_t engram_cache_rows = 65536;  // per Engram table
+  uint64_t thread_stack_bytes = 8ull << 20;
+  uint64_t overhead_bytes = 256ull << 20;  // allocator slack, binary, libc, tokenizer
+  uint64_t slot_record_bytes = 256;         // per-slot table, index and LRU entries
+  // Hook for the expert store: its own bytes (cache of `slots` experts + bounce buffers +
+  // anything else it allocates) for a cache of `slots` experts. Must be non-decreasing in
+  // slots. When set, it replaces the bounce-buffer and expert-cache formulas.
+  std::function<uint64_t(uint64_t slots)> store_bytes;
+};
+
+struct PlanLine {
+  std::string name;
+  uint64_t bytes = 0;
+  std::string detail;
+};
+
+struct Plan {
+  std::string model;
+  uint32_t ctx = 0, sequences = 1, chunk = 0;
+  bool chunk_auto = true;
+  int threads = 1;
+  uint64_t budget = 0;
+  std::string budget_source;            // "--mem-budget 116GiB" / "auto: 0.85 x MemAvailable ..."
+  std::vector<PlanLine> mandatory;      // everything but the expert store
+  uint64_t mandatory_bytes = 0;
+  uint64_t bounce_bytes = 0;            // 0 when the store's figure is used (it includes them)
+  bool store_figure = false;            // bounce + cache come from PlanOptions::store_bytes
+  uint64_t expert_bytes = 0;            // gate + up + down of one expert in one layer
+  uint64_t slot_bytes = 0;              // aligned windows of gate, up and down + slot record
+  uint64_t cache_slots = 0;
+  uint64_t cache_bytes = 0;             // with the store's figure: everything the store needs
+  uint64_t total_experts = 0;
+  uint32_t top_k = 0, n_expert = 0;
+  bool cache_per_layer = true;
+  uint64_t union_capacity = 0;          // experts one layer can hold at once (see PlanOptions)
+  uint64_t chunk_union = 0;             // min(chunk x top_k, n_expert): worst-case experts of one layer
+  uint32_t max_chunk_for_cache = 0;     // the largest chunk whose worst-case union fits the cache
+  uint64_t unused_bytes = 0;
+  bool swap_active = false;
+  std::string swap_detail;
+  bool admitted = false;
+  std::vector<std::string> refusals;    // why not, each naming what to change
+  std::vector<std::string> warnings;
+
+  uint64_t planned_bytes() const { return mandatory_bytes + bounce_bytes + cache_bytes; }
+};
+
+// Experts one layer can hold at once in a cache of `slots`.
+inline uint64_t union_capacity(uint64_t slots, uint32_t n_layer, uint32_t n_expert, bool per_layer) {
+  const uint64_t c = per_layer ? (n_layer ? slots / n_layer : 0) : slots;
+  return c < n_expert ? c : n_expert;
+}
+
+// The worst-case number of distinct experts one layer of a chunk of n tokens can route to.
+inline uint64_t chunk_expert_union(uint64_t n, uint32_t top_k, uint32_t n_expert) {
+  const uint64_t u = n * top_k;
+  return u < n_expert ? u : n_expert;
+}
+
+// Computes the plan (never allocates model memory). Throws Error for invalid options (ctx 0,
+// ctx above the model's max_position_embeddings, ...); a budget that does not fit is not an
+// exception but a Plan with admitted == false.
+Plan make_plan(const ModelFootprint& fp, const PlanOptions& o, const HostFacts& host);
+
+// The breakdown as an aligned text table (one line per item, verdict last) and as JSON.
+std::string format_plan(const Plan& p);
+nlohmann::ordered_json plan_to_json(const Plan& p);
+// One line for an error message: the first refusal and what the mandatory part is made of.
+std::string refusal_summary(const Plan& p);
+// For run/serve: throws Error(refusal_summary) unless the plan was admitted.
+void require_admitted(const Plan& p);
+
+}  // namespace sluice

@@ -1,0 +1,202 @@
+#include "runtime/session.h"
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "format/gguf.h"
+#include "model/forward.h"
+#include "model/model.h"
+#include "model/streamed_experts.h"
+#include "runtime/meminfo.h"
+#include "runtime/store_plan.h"
+#include "text/tokenizer.h"
+#include "util/error.h"
+
+namespace sluice {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+struct Session::Impl {
+  SessionOptions opt;
+  Plan plan;
+  std::unique_ptr<text::Tokenizer> tokenizer;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<storage::ExpertStore> store;
+  std::unique_ptr<StreamedExperts> streamed;
+  std::unique_ptr<Engine> engine;
+  SequenceState state;
+  std::vector<uint32_t> history;  // tokens evaluated into `state`
+  std::vector<float> last_logits; // the row after history.back()
+  // Read by stats() from other threads while generate() runs.
+  std::atomic<uint64_t> requests{0}, prompt_tokens{0}, generated_tokens{0}, prefill_ns{0}, decode_ns{0};
+
+  // Evaluates tokens at the end of the sequence; keeps the last row of logits.
+  void eval(std::span<const uint32_t> toks, const EvalObserver* obs) {
+    const uint32_t V = model->config.vocab_size;
+    const uint32_t pos = state.position();
+    std::vector<float> logits(toks.size() * (size_t)V);
+    std::vector<TokenTrace> trace;
+    const bool tracing = obs && obs->want_trace;
+    engine->eval(state, toks, logits.data(), tracing ? &trace : nullptr);
+    history.insert(history.end(), toks.begin(), toks.end());
+    last_logits.assign(logits.end() - V, logits.end());
+    if (obs && obs->on_eval) obs->on_eval(pos, toks, logits.data(), tracing ? &trace : nullptr);
+  }
+  void forget() {
+    engine->reset(state);
+    history.clear();
+    last_logits.clear();
+  }
+};
+
+Session::Session(SessionOptions o) : impl_(std::make_unique<Impl>()) {
+  Impl& s = *impl_;
+  s.opt = std::move(o);
+  const SessionOptions& opt = s.opt;
+  if (opt.threads < 0) throw Error("threads must not be negative");
+  {
+    gguf::File header = gguf::File::open(opt.model_path);
+    const ModelConfig cfg = config_from_gguf(header);
+    s.tokenizer = std::make_unique<text::Tokenizer>(text::Tokenizer::from_gguf(header));
+    StorePlanOptions spo;
+    spo.plan.ctx = opt.ctx ? opt.ctx : std::min<uint32_t>(cfg.max_position_embeddings, 4096);
+    spo.plan.chunk = opt.chunk;
+    spo.plan.threads = opt.threads;
+    spo.plan.budget = opt.budget;
+    spo.plan.allow_swap = opt.allow_swap;
+    spo.store.policy = opt.policy;
+    spo.store.queue_depth = opt.io_depth;
+    spo.store.direct_io = opt.direct_io;
+    spo.stream_experts = opt.stream_experts;
+    s.plan = plan_for_file(header, spo);
+    require_admitted(s.plan);
+  }
+  LoadOptions lo;
+  lo.resident_experts = !opt.stream_experts;
+  if (opt.progress) lo.progress = [&](uint64_t done, uint64_t total) { opt.progress("loading weights", done, total); };
+  s.model = load_model(opt.model_path, lo);
+  if (s.model->config.vocab_size < (uint32_t)s.tokenizer->n_vocab())
+    throw Error(opt.model_path + ": the tokenizer has " + std::to_string(s.tokenizer->n_vocab()) +
+                " tokens but vocab_size is " + std::to_string(s.model->config.vocab_size));
+  EngineOptions eo;
+  eo.threads = s.plan.threads;
+  eo.ctx = s.plan.ctx;
+  eo.chunk = s.plan.chunk;
+  eo.prefetch = opt.prefetch;
+  if (opt.stream_experts) {
+    storage::StoreOptions so;
+    so.policy = opt.policy;
+    so.queue_depth = opt.io_depth;
+    so.direct_io = opt.direct_io;
+    s.store = open_expert_store(*s.model, store_options_for(s.plan, so));
+    s.streamed = std::make_unique<StreamedExperts>(*s.store);
+    eo.experts = s.streamed.get();
+  }
+  s.engine = std::make_unique<Engine>(*s.model, eo);
+  s.state = s.engine->new_sequence();
+}
+
+Session::~Session() {
+  if (impl_ && impl_->streamed) impl_->streamed->release();
+}
+
+const text::Tokenizer& Session::tokenizer() const { return *impl_->tokenizer; }
+const ModelConfig& Session::config() const { return impl_->model->config; }
+const Plan& Session::plan() const { return impl_->plan; }
+const SessionOptions& Session::options() const { return impl_->opt; }
+uint32_t Session::ctx() const { return impl_->plan.ctx; }
+
+std::string Session::model_id() const {
+  std::string name = std::filesystem::path(impl_->opt.model_path).filename().string();
+  if (name.size() > 5 && name.substr(name.size() - 5) == ".gguf") name.resize(name.size() - 5);
+  return name;
+}
+
+void Session::reset() { impl_->forget(); }
+
+GenerateResult Session::generate(const GenerateRequest& r, const std::function<bool(uint32_t, uint32_t)>& on_prefill,
+                                 const std::function<bool(uint32_t)>& on_token) {
+  using Clock = std::chrono::steady_clock;
+  Impl& s = *impl_;
+  const ModelConfig& c = s.model->config;
+  const uint32_t ctx = s.plan.ctx;
+  if (r.prompt.empty()) throw Error("the prompt is empty");
+  for (size_t i = 0; i < r.prompt.size(); ++i)
+    if (r.prompt[i] >= c.vocab_size)
+      throw Error("prompt token " + std::to_string(i) + " is " + std::to_string(r.prompt[i]) +
+                  ", not below the vocabulary size " + std::to_string(c.vocab_size));
+  if (r.prompt.size() > ctx)
+    throw Error("the prompt has " + std::to_string(r.prompt.size()) + " tokens but the context is " +
+                std::to_string(ctx));
+  validate(r.sampling);
+
+  GenerateResult res;
+  res.prompt_tokens = (uint32_t)r.prompt.size();
+  // Reuse the kept sequence when the prompt starts with everything it holds.
+  const bool extends = !s.history.empty() && s.history.size() <= r.prompt.size() &&
+                       std::equal(s.history.begin(), s.history.end(), r.prompt.begin());
+  if (!extends) s.forget();
+  res.reused_tokens = (uint32_t)s.history.size();
+  ++s.requests;
+  s.prompt_tokens += r.prompt.size();
+
+  const auto t_prefill = Clock::now();
+  const uint32_t total = (uint32_t)r.prompt.size();
+  bool cancelled = on_prefill && !on_prefill((uint32_t)s.history.size(), total);
+  while (!cancelled && s.history.size() < r.prompt.size()) {
+    const size_t n = std::min<size_t>(s.plan.chunk, r.prompt.size() - s.history.size());
+    s.eval(std::span<const uint32_t>(r.prompt.data() + s.history.size(), n), r.observer);
+    cancelled = on_prefill && !on_prefill((uint32_t)s.history.size(), total);
+  }
+  res.prompt_evaluated = (uint32_t)s.history.size();
+  res.prefill_s = seconds_since(t_prefill);
+  s.prefill_ns += (uint64_t)(res.prefill_s * 1e9);
+
+  const auto t_decode = Clock::now();
+  Sampler sampler(r.sampling);
+  const uint32_t V = c.vocab_size;
+  if (cancelled) res.finish = "cancelled";
+  while (!cancelled) {
+    if (res.tokens.size() >= r.max_tokens) { res.finish = "length"; break; }
+    const uint32_t next = sampler.sample(std::span<const float>(s.last_logits.data(), V));
+    res.tokens.push_back(next);
+    ++s.generated_tokens;
+    const bool keep_going = !on_token || on_token(next);
+    const bool is_stop = std::find(r.stop_tokens.begin(), r.stop_tokens.end(), next) != r.stop_tokens.end();
+    if ((!r.ignore_eos && next == c.eos_token_id) || is_stop) { res.finish = "stop"; break; }
+    if (!keep_going) { res.finish = "cancelled"; break; }
+    if (res.tokens.size() >= r.max_tokens) { res.finish = "length"; break; }
+    if (s.history.size() >= ctx) { res.finish = "context"; break; }
+    s.eval(std::span<const uint32_t>(&next, 1), r.observer);
+    ++res.decode_steps;
+  }
+  res.decode_s = seconds_since(t_decode);
+  s.decode_ns += (uint64_t)(res.decode_s * 1e9);
+  return res;
+}
+
+SessionStats Session::stats() const {
+  const Impl& s = *impl_;
+  SessionStats st;
+  st.streaming = s.store != nullptr;
+  if (s.store) st.store = s.store->stats();
+  st.budget_bytes = s.plan.budget;
+  st.planned_bytes = s.plan.planned_bytes();
+  st.rss_bytes = read_self_status().rss;
+  st.requests = s.requests;
+  st.prompt_tokens = s.prompt_tokens;
+  st.generated_tokens = s.generated_tokens;
+  st.prefill_s = (double)s.prefill_ns.load() / 1e9;
+  st.decode_s = (double)s.decode_ns.load() / 1e9;
+  return st;
+}
+
+}  // namespace sluice

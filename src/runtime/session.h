@@ -1,0 +1,117 @@
+// One loaded model ready to generate: admission, the resident weights, the expert store (or
+// resident experts), the tokenizer, one Engine and one sequence. The CLI (run, chat) and the
+// server share it, so every front end gets the same budget, the same numbers and the same stats.
+//
+// One generate() at a time (callers serialise; the server has one worker). The sequence is kept
+// between calls: a prompt that starts with everything evaluated so far (the previous prompt plus
+// what was generated and fed back) only evaluates its new tokens.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "runtime/admission.h"
+#include "runtime/sampler.h"
+#include "storage/eviction_policy.h"
+#include "storage/store_stats.h"
+
+namespace sluice {
+namespace text { class Tokenizer; }
+class Model;
+
+struct SessionOptions {
+  std::string model_path;
+  uint32_t ctx = 0;              // 0: min(max_position_embeddings, 4096)
+  uint32_t chunk = 0;            // 0: the largest the plan admits (up to PlanOptions::max_chunk)
+  int threads = 0;               // 0: all cores
+  BudgetSpec budget;             // --mem-budget (auto by default)
+  bool allow_swap = false;
+  // false: every routed expert is read into memory at load (only sensible for small models;
+  // admission then counts them as resident). true: the bounded SSD expert store.
+  bool stream_experts = true;
+  storage::EvictionKind policy = storage::EvictionKind::LruPerLayer;
+  uint32_t io_depth = 16;
+  bool prefetch = true;          // next-layer router hints
+  bool direct_io = true;
+  // Load progress: stage name and done/total bytes (total 0: unknown). May be empty.
+  std::function<void(const std::string& stage, uint64_t done, uint64_t total)> progress;
+};
+
+struct TokenTrace;
+
+// Sees every eval() of a generate(): the position of its first token, the tokens, their logits
+// (tokens.size() x vocab) and, when want_trace, their routing traces.
+struct EvalObserver {
+  bool want_trace = false;
+  std::function<void(uint32_t first_pos, std::span<const uint32_t> tokens, const float* logits,
+                     const std::vector<TokenTrace>* trace)> on_eval;
+};
+
+struct GenerateRequest {
+  std::vector<uint32_t> prompt;  // must not be empty
+  uint32_t max_tokens = 256;     // generated tokens at most (0: only prefill)
+  SamplerOptions sampling;
+  bool ignore_eos = false;
+  std::vector<uint32_t> stop_tokens;  // besides eos: generation ends after one of these
+  const EvalObserver* observer = nullptr;  // for dumps and traces; null: none
+};
+
+struct GenerateResult {
+  std::vector<uint32_t> tokens;  // generated, including a final eos/stop token
+  std::string finish;            // "stop" (eos or stop token), "length", "cancelled", "context"
+  uint32_t prompt_tokens = 0;
+  uint32_t reused_tokens = 0;    // prompt tokens whose state was already there
+  uint32_t prompt_evaluated = 0; // prompt tokens in the sequence after prefill (< prompt_tokens if cancelled)
+  uint32_t decode_steps = 0;     // generated tokens fed back and evaluated
+  double prefill_s = 0, decode_s = 0;
+};
+
+struct SessionStats {
+  storage::StoreStats store;     // all zero with resident experts
+  bool streaming = false;
+  uint64_t budget_bytes = 0;     // admitted budget
+  uint64_t planned_bytes = 0;    // what the plan accounts for
+  uint64_t rss_bytes = 0;        // this process, now (from /proc)
+  uint64_t requests = 0, prompt_tokens = 0, generated_tokens = 0;
+  double prefill_s = 0, decode_s = 0;
+};
+
+class Session {
+ public:
+  // Plans (refusing with Error and the plan's breakdown when it does not fit), then loads.
+  explicit Session(SessionOptions o);
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  const text::Tokenizer& tokenizer() const;
+  const ModelConfig& config() const;
+  const Plan& plan() const;
+  const SessionOptions& options() const;
+  uint32_t ctx() const;
+  std::string model_id() const;  // file name without directory and .gguf
+
+  // Callbacks may be empty. on_prefill(done, total) is called after each prefill chunk (and once
+  // at 0 before the first); returning false cancels. on_token(id) is called for each generated
+  // token as soon as it is sampled; returning false cancels (finish "cancelled"; the token is
+  // kept in the result). Throws Error for a bad request (empty prompt, id out of range, prompt
+  // longer than the context) before touching the sequence; an Error while evaluating (I/O)
+  // leaves the sequence as it was before the failing step.
+  GenerateResult generate(const GenerateRequest& r, const std::function<bool(uint32_t, uint32_t)>& on_prefill,
+                          const std::function<bool(uint32_t)>& on_token);
+  // Forget the kept sequence (the next prompt is evaluated from position 0).
+  void reset();
+  // Safe to call from any thread, also while generate() runs.
+  SessionStats stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace sluice

@@ -1,0 +1,46 @@
+#include "runtime/store_plan.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "format/gguf.h"
+#include "storage/expert_geometry.h"
+
+namespace sluice {
+
+Plan plan_for_file(const gguf::File& f, const StorePlanOptions& o) {
+  ModelFootprint fp = footprint_from_gguf(f);
+  PlanOptions po = o.plan;
+  po.cache_per_layer = o.store.policy == storage::EvictionKind::LruPerLayer;
+  po.io_depth = o.store.queue_depth;
+  if (!o.stream_experts) {
+    // Every expert is read at load: it is resident memory, and there is no store to size.
+    fp.resident_bytes += fp.routed_expert_bytes;
+    po.store_bytes = [](uint64_t) { return uint64_t{0}; };
+    Plan p = make_plan(fp, po, read_host_facts());
+    p.warnings.push_back("routed experts are loaded whole (no expert store): " +
+                         format_bytes(fp.routed_expert_bytes) + " counted in resident weights");
+    return p;
+  }
+  const storage::ExpertGeometry g =
+      storage::expert_geometry(f, fp.config.num_hidden_layers, fp.config.n_routed_experts);
+  // The store's figure for a cache of `slots` experts (max_slots 0 means "no cap", so an empty
+  // cache is asked for with a zero byte budget instead).
+  po.store_bytes = [g, base = o.store](uint64_t slots) {
+    storage::StoreOptions so = base;
+    so.max_slots = (uint32_t)std::min<uint64_t>(slots, std::numeric_limits<uint32_t>::max());
+    so.cache_bytes = slots == 0 ? 0 : std::numeric_limits<uint64_t>::max();
+    return storage::bytes_needed(g, so).total;
+  };
+  return make_plan(fp, po, read_host_facts());
+}
+
+storage::StoreOptions store_options_for(const Plan& p, storage::StoreOptions base) {
+  base.max_slots = (uint32_t)std::min<uint64_t>(p.cache_slots, std::numeric_limits<uint32_t>::max());
+  base.cache_bytes = std::numeric_limits<uint64_t>::max();
+  const uint64_t share = p.union_capacity * p.slot_bytes;
+  base.prefetch_budget_bytes = std::min(share, p.cache_slots * p.slot_bytes / 4);
+  return base;
+}
+
+}  // namespace sluice

@@ -1,0 +1,27 @@
+// Admission for a model file served through the expert store: the plan's expert-cache figure is
+// the store's own bytes_needed() (slots, aligned windows, metadata), so what `sluice plan` prints
+// is exactly what `run`/`serve` allocate. Used by the plan command and by Session.
+#pragma once
+#include <cstdint>
+
+#include "runtime/admission.h"
+#include "storage/expert_store.h"
+
+namespace sluice {
+namespace gguf { class File; }
+
+struct StorePlanOptions {
+  PlanOptions plan;                 // ctx, chunk, threads, budget, swap; store_bytes is set here
+  storage::StoreOptions store;      // policy, queue depth, direct I/O (cache size is planned)
+  bool stream_experts = true;       // false: routed experts resident, counted as resident weights
+};
+
+// The plan for `f` (header only; no payload is read). With stream_experts, cache_slots is what
+// the store may hold. Throws Error for invalid options or a file whose experts do not match.
+Plan plan_for_file(const gguf::File& f, const StorePlanOptions& o);
+
+// Store options for an admitted plan: max_slots = cache_slots, prefetch budget sized from the
+// cache (at most a layer's share, at most a quarter of the cache).
+storage::StoreOptions store_options_for(const Plan& p, storage::StoreOptions base);
+
+}  // namespace sluice

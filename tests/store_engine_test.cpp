@@ -1,0 +1,293 @@
+// The forward pass through the SSD expert store (issue 4 acceptance): logits bit-identical to
+// resident experts for a cache holding every expert and for the minimum admissible cache, with
+// per-layer and global LRU, with and without prefetch, for prefill chunks and decode; read
+// faults in the middle of a token leave the sequence unchanged; the Session keeps and reuses
+// its sequence exactly.
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/forward.h"
+#include "model/model.h"
+#include "model/streamed_experts.h"
+#include "runtime/sampler.h"
+#include "runtime/session.h"
+#include "storage/expert_store.h"
+#include "util/error.h"
+
+namespace sluice {
+namespace {
+
+namespace fs = std::filesystem;
+using storage::EvictionKind;
+using storage::StoreOptions;
+
+class StoreEngine : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("sluice-store-engine-" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    path_ = (dir_ / "tiny.gguf").string();
+    const std::string cmd = std::string(SLUICE_BINARY) + " make-model --preset tiny -o " + path_ + " > /dev/null";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    model_ = load_model(path_).release();
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  static const Model& m() { return *model_; }
+  static const ModelConfig& c() { return model_->config; }
+
+  static std::vector<uint32_t> prompt() {
+    std::vector<uint32_t> p;
+    for (uint32_t i = 0; i < 20; ++i) p.push_back((i * 7919u + 11) % c().vocab_size);
+    return p;
+  }
+
+  static uint64_t slot_bytes() {
+    StoreOptions probe;
+    probe.max_slots = 1;
+    return storage::bytes_needed(storage::expert_geometry(m().file, c().num_hidden_layers, c().n_routed_experts), probe)
+        .slot_bytes;
+  }
+
+  // Prompt in chunks of `chunk`, then `gen` greedy decode steps; every row of logits.
+  static std::vector<float> run(const ExpertSource* src, uint32_t chunk, bool prefetch, uint32_t gen = 6) {
+    EngineOptions eo;
+    eo.ctx = 64;
+    eo.chunk = chunk;
+    eo.experts = src;
+    eo.prefetch = prefetch;
+    eo.threads = 2;
+    Engine eng(m(), eo);
+    SequenceState s = eng.new_sequence();
+    const uint32_t V = c().vocab_size;
+    const std::vector<uint32_t> p = prompt();
+    std::vector<float> all(p.size() * (size_t)V);
+    eng.eval(s, p, all.data());
+    for (uint32_t g = 0; g < gen; ++g) {
+      const uint32_t next = argmax_lowest(std::span<const float>(all.data() + all.size() - V, V));
+      std::vector<float> row(V);
+      eng.eval(s, std::span<const uint32_t>(&next, 1), row.data());
+      all.insert(all.end(), row.begin(), row.end());
+    }
+    return all;
+  }
+
+  static fs::path dir_;
+  static std::string path_;
+  static Model* model_;
+};
+
+fs::path StoreEngine::dir_;
+std::string StoreEngine::path_;
+Model* StoreEngine::model_ = nullptr;
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST_F(StoreEngine, LogitsAreBitIdenticalForEveryCacheSizePolicyPrefetchAndChunk) {
+  const uint32_t E = c().n_routed_experts, K = c().num_experts_per_tok, NL = c().num_hidden_layers;
+  const std::vector<float> want = run(nullptr, 1, false);
+  const uint64_t sb = slot_bytes();
+  int configs = 0;
+  for (const uint32_t chunk : {1u, 3u, 5u}) {
+    for (const EvictionKind policy : {EvictionKind::LruPerLayer, EvictionKind::LruGlobal}) {
+      // The minimum admissible cache holds one layer's worst-case union of a chunk.
+      const uint32_t union_max = std::min(chunk * K, E);
+      const uint32_t min_slots = policy == EvictionKind::LruPerLayer ? union_max * NL : union_max;
+      for (const uint32_t slots : {min_slots, E * NL}) {
+        for (const bool prefetch : {false, true}) {
+          SCOPED_TRACE("chunk " + std::to_string(chunk) + " policy " + std::string(storage::eviction_name(policy)) +
+                       " slots " + std::to_string(slots) + " prefetch " + std::to_string(prefetch));
+          StoreOptions o;
+          o.policy = policy;
+          o.cache_bytes = UINT64_MAX;
+          o.max_slots = slots;
+          o.prefetch_budget_bytes = prefetch ? sb * union_max : 0;
+          std::unique_ptr<storage::ExpertStore> store = open_expert_store(m(), o);
+          ASSERT_EQ(store->budget().slots, slots);
+          StreamedExperts src(*store);
+          const std::vector<float> got = run(&src, chunk, prefetch);
+          src.release();
+          EXPECT_TRUE(same_bits(want, got));
+          const storage::LayerStats t = store->stats().total();
+          EXPECT_GT(t.requests, 0u);
+          if (prefetch) {
+            EXPECT_GT(t.prefetch_issued, 0u) << "hints were ignored";
+          } else {
+            EXPECT_EQ(t.prefetch_issued, 0u);
+          }
+          if (slots == min_slots && slots < E * NL) {
+            EXPECT_GT(t.evictions, 0u) << "the small cache never evicted";
+          }
+          if (slots == E * NL) {
+            EXPECT_EQ(t.evictions, 0u);
+          }
+          ++configs;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(configs, 24);
+}
+
+TEST_F(StoreEngine, ComparisonDetectsADifferentExpert) {
+  // The comparison above can fail: an ExpertSource that hands out a neighbour's weights for one
+  // expert changes the logits.
+  struct Swapped final : ExpertSource {
+    const ExpertSource& base;
+    uint32_t n;
+    Swapped(const ExpertSource& b, uint32_t experts) : base(b), n(experts) {}
+    ExpertWeights get(uint32_t layer, uint32_t e) const override { return base.get(layer, e == 0 ? 1 % n : e); }
+  };
+  const Swapped bad(resident_expert_source(m()), c().n_routed_experts);
+  EXPECT_FALSE(same_bits(run(nullptr, 1, false), run(&bad, 1, false)));
+}
+
+TEST_F(StoreEngine, ReadFaultDuringATokenNamesTheExpertAndLeavesTheSequenceUnchanged) {
+  std::atomic<bool> armed{false};
+  std::atomic<int> faults{0};
+  StoreOptions o;
+  o.policy = EvictionKind::LruGlobal;
+  o.cache_bytes = UINT64_MAX;
+  o.max_slots = c().num_experts_per_tok;  // every decode step reads
+  o.fault_injector = [&](const storage::ReadAttempt& a) {
+    if (!armed.load()) return storage::ReadFault::ok();
+    ++faults;
+    // EIO on every attempt (the store retries one EIO): a hard error.
+    (void)a;
+    return storage::ReadFault::fail(EIO);
+  };
+  std::unique_ptr<storage::ExpertStore> store = open_expert_store(m(), o);
+  StreamedExperts src(*store);
+  EngineOptions eo;
+  eo.ctx = 64;
+  eo.chunk = 1;
+  eo.experts = &src;
+  Engine eng(m(), eo);
+  SequenceState s = eng.new_sequence();
+  const uint32_t V = c().vocab_size;
+  const std::vector<uint32_t> p = prompt();
+  std::vector<float> logits(p.size() * (size_t)V);
+  eng.eval(s, p, logits.data());
+  const SequenceState before = s;
+  const uint32_t next = 5;
+  armed = true;
+  std::string err;
+  try {
+    eng.eval(s, std::span<const uint32_t>(&next, 1), logits.data());
+  } catch (const Error& e) {
+    err = e.what();
+  }
+  armed = false;
+  ASSERT_FALSE(err.empty()) << "the injected fault was not reported";
+  EXPECT_GT(faults.load(), 0);
+  EXPECT_NE(err.find("_exps.weight"), std::string::npos) << err;
+  EXPECT_NE(err.find("expert"), std::string::npos) << err;
+  EXPECT_NE(err.find("offset"), std::string::npos) << err;
+  EXPECT_EQ(s.position(), before.position());
+  // The next request works and gives what an undisturbed run gives.
+  std::vector<float> after(V), clean(V);
+  eng.eval(s, std::span<const uint32_t>(&next, 1), after.data());
+  {
+    EngineOptions ro;
+    ro.ctx = 64;
+    ro.chunk = 1;
+    Engine ref(m(), ro);
+    SequenceState r = ref.new_sequence();
+    ref.eval(r, p, nullptr);
+    ref.eval(r, std::span<const uint32_t>(&next, 1), clean.data());
+  }
+  EXPECT_TRUE(same_bits(after, clean));
+  src.release();
+}
+
+SessionOptions session_opts(const std::string& path, bool stream) {
+  SessionOptions so;
+  so.model_path = path;
+  so.ctx = 96;
+  so.threads = 2;
+  so.stream_experts = stream;
+  so.budget = BudgetSpec{false, 2ull << 30};
+  so.allow_swap = true;  // the test host's swap is not what is tested here
+  return so;
+}
+
+TEST_F(StoreEngine, SessionStreamsLikeResidentAndReusesItsSequence) {
+  GenerateRequest r;
+  r.prompt = prompt();
+  r.max_tokens = 8;
+  r.ignore_eos = true;
+  Session resident(session_opts(path_, false));
+  Session streamed(session_opts(path_, true));
+  EXPECT_FALSE(resident.stats().streaming);
+  EXPECT_TRUE(streamed.stats().streaming);
+  const GenerateResult a = resident.generate(r, {}, {});
+  const GenerateResult b = streamed.generate(r, {}, {});
+  ASSERT_EQ(a.tokens.size(), 8u);
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(b.reused_tokens, 0u);
+  EXPECT_GT(streamed.stats().store.total().requests, 0u);
+
+  // The next prompt extends what was evaluated (prompt + fed-back tokens): only the rest is new,
+  // and the continuation equals a fresh session's.
+  GenerateRequest r2 = r;
+  r2.prompt.insert(r2.prompt.end(), b.tokens.begin(), b.tokens.end());
+  r2.prompt.push_back(7);
+  r2.max_tokens = 4;
+  const GenerateResult c2 = streamed.generate(r2, {}, {});
+  EXPECT_EQ(c2.reused_tokens, r.prompt.size() + b.decode_steps);
+  Session fresh(session_opts(path_, true));
+  const GenerateResult d2 = fresh.generate(r2, {}, {});
+  EXPECT_EQ(d2.reused_tokens, 0u);
+  EXPECT_EQ(c2.tokens, d2.tokens);
+
+  // A prompt that does not extend it starts over.
+  GenerateRequest r3 = r;
+  r3.prompt[0] = (r3.prompt[0] + 1) % c().vocab_size;
+  EXPECT_EQ(streamed.generate(r3, {}, {}).reused_tokens, 0u);
+
+  // Cancelling from the token callback stops at once and keeps the session usable.
+  int seen = 0;
+  const GenerateResult e = streamed.generate(r, {}, [&](uint32_t) { return ++seen < 3; });
+  EXPECT_EQ(e.finish, "cancelled");
+  EXPECT_EQ(e.tokens.size(), 3u);
+  EXPECT_EQ(streamed.generate(r, {}, {}).tokens, a.tokens);
+
+  // Bad requests are refused before anything is evaluated.
+  GenerateRequest bad = r;
+  bad.prompt = {c().vocab_size};
+  EXPECT_THROW(streamed.generate(bad, {}, {}), Error);
+  bad.prompt.assign(200, 1);
+  EXPECT_THROW(streamed.generate(bad, {}, {}), Error);
+  bad.prompt.clear();
+  EXPECT_THROW(streamed.generate(bad, {}, {}), Error);
+}
+
+TEST_F(StoreEngine, SessionRefusesABudgetTooSmallWithTheBreakdown) {
+  SessionOptions so = session_opts(path_, true);
+  so.budget = BudgetSpec{false, 64ull << 20};
+  try {
+    Session s(so);
+    FAIL() << "a 64 MiB budget was admitted";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("budget"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("resident weights"), std::string::npos) << msg;
+  }
+}
+
+}  // namespace
+}  // namespace sluice
