@@ -28,6 +28,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "raw_direct_reads.h"
 #include "format/gguf.h"
 #include "storage/expert_store.h"
 #include "util/error.h"
@@ -48,9 +49,7 @@ struct Args {
   std::string policy = "global";
 };
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+using bench::now_s;
 
 void write_model(const Args& a) {
   gguf::Writer w;
@@ -96,57 +95,14 @@ struct Result {
 
 // (a) Random 1 MiB O_DIRECT reads over [begin, end) at queue depth qd.
 Result raw_reads(const Args& a, uint64_t begin, uint64_t end, uint64_t seed) {
-  constexpr uint32_t kBlock = 1u << 20;
-  const int fd = ::open(a.file.c_str(), O_RDONLY | O_DIRECT);
-  if (fd < 0) throw Error("raw: O_DIRECT open of " + a.file + " failed: " + std::strerror(errno));
-  io_uring ring;
-  if (io_uring_queue_init(a.queue_depth, &ring, 0) < 0) throw Error("raw: io_uring unavailable");
-  void* mem = nullptr;
-  if (::posix_memalign(&mem, 4096, (size_t)kBlock * a.queue_depth) != 0) throw Error("raw: out of memory");
-  auto* bufs = static_cast<uint8_t*>(mem);
-  const uint64_t first = (begin + 4095) / 4096 * 4096, blocks = (end - first) / kBlock;
-  std::mt19937_64 rng(seed);
-  std::vector<double> started(a.queue_depth);
-  storage::LatencyStats lat;
-  auto submit = [&](uint32_t slot) {
-    io_uring_sqe* sqe = io_uring_get_sqe(&ring);
-    const uint64_t off = first + (rng() % blocks) * kBlock;
-    io_uring_prep_read(sqe, fd, bufs + (size_t)slot * kBlock, kBlock, off);
-    io_uring_sqe_set_data64(sqe, slot);
-    started[slot] = now_s();
-  };
-  const double t0 = now_s();
-  for (uint32_t s = 0; s < a.queue_depth; ++s) submit(s);
-  io_uring_submit(&ring);
-  uint64_t done = 0, bytes = 0;
-  uint32_t in_flight = a.queue_depth;
-  while (in_flight > 0) {
-    io_uring_cqe* cqe;
-    if (io_uring_wait_cqe(&ring, &cqe) < 0) continue;
-    const uint32_t slot = (uint32_t)io_uring_cqe_get_data64(cqe);
-    if (cqe->res < 0) throw Error(std::string("raw: read failed: ") + std::strerror(-cqe->res));
-    bytes += (uint64_t)cqe->res;
-    io_uring_cqe_seen(&ring, cqe);
-    lat.add((uint64_t)((now_s() - started[slot]) * 1e9));
-    ++done;
-    --in_flight;
-    if (now_s() - t0 < a.seconds) {
-      submit(slot);
-      io_uring_submit(&ring);
-      ++in_flight;
-    }
-  }
-  const double dt = now_s() - t0;
-  io_uring_queue_exit(&ring);
-  std::free(mem);
-  ::close(fd);
+  const bench::RawResult raw = bench::raw_direct_reads(a.file, begin, end, a.queue_depth, a.seconds, seed);
   Result r;
-  r.bytes = bytes;
-  r.gbps = (double)bytes / dt / 1e9;
-  r.iops = (double)done / dt;
-  r.lat_mean_us = lat.mean_us();
-  r.lat_p50_us = lat.quantile_us(0.5);
-  r.lat_p99_us = lat.quantile_us(0.99);
+  r.bytes = raw.bytes;
+  r.gbps = raw.gbps;
+  r.iops = raw.iops;
+  r.lat_mean_us = raw.lat_mean_us;
+  r.lat_p50_us = raw.lat_p50_us;
+  r.lat_p99_us = raw.lat_p99_us;
   return r;
 }
 
