@@ -26,6 +26,8 @@
 
 #include "format/gguf.h"
 #include "model/config.h"
+#include "text/tokenizer.h"
+#include "text/utf8.h"
 
 namespace fs = std::filesystem;
 
@@ -430,4 +432,73 @@ TEST_F(RunCli, SignalFinishesTheTokenPrintsTheSummaryAndExitsZero) {
     EXPECT_EQ(meta.at("rows").get<size_t>(), kPromptLen + ids.size() - 1);
     EXPECT_EQ(fs::file_size(dump), meta.at("rows").get<size_t>() * cfg_.vocab_size * sizeof(float));
   }
+}
+
+// Text prompts: -p is the tokenizer's encoding of the text (BOS added), and the streamed text is
+// the decoding of the ids --tokens would print for that prompt.
+TEST_F(RunCli, TextPromptStreamsTheDecodedGeneration) {
+  const sluice::text::Tokenizer tok = sluice::text::Tokenizer::from_gguf(sluice::gguf::File::open(model_));
+  const std::string text = "hello world, the quick brown fox";
+  const std::vector<int32_t> enc = tok.encode(text, true, false);
+  std::string ids;
+  for (int32_t id : enc) {
+    if (!ids.empty()) ids += ',';
+    ids += std::to_string(id);
+  }
+  const std::vector<uint32_t> gen = run_ok("--tokens " + ids + " -n 10 --ignore-eos -t 1");
+  ASSERT_EQ(gen.size(), 10u);
+  const CmdResult r = run("-p " + q(text) + " -n 10 --ignore-eos -t 1");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  std::vector<int32_t> shown;
+  for (uint32_t id : gen)
+    if (tok.type((int32_t)id) != sluice::text::TokenType::Control) shown.push_back((int32_t)id);
+  EXPECT_EQ(r.out, sluice::text::utf8_sanitize(tok.decode(shown, false)) + "\n");
+  EXPECT_EQ(r.err_lines(), 1u) << r.err;
+  // -f reads the same prompt from a file.
+  const std::string file = path("prompt.txt");
+  std::ofstream(file) << text;
+  const CmdResult f = run("-f " + q(file) + " -n 10 --ignore-eos -t 1");
+  EXPECT_EQ(f.out, r.out);
+  // A prompt is required, and only one kind.
+  expect_error("-n 2", 2, "prompt");
+  expect_error("-p x --tokens 1 -n 2", 2, "excludes");
+}
+
+// Experts streamed through the store (any policy, queue depth, prefetch, I/O mode) or loaded
+// whole: the same ids.
+TEST_F(RunCli, EveryExpertSourceGivesTheSameIds) {
+  const std::string base = "--tokens " + kPrompt + " -n 8 --ignore-eos -t 2 ";
+  const std::vector<uint32_t> want = run_ok(base + "--resident-experts");
+  ASSERT_EQ(want.size(), 8u);
+  for (const char* extra : {"", "--cache-policy lru-global", "--no-prefetch --io-depth 1", "--no-direct-io --chunk 3"})
+    EXPECT_EQ(run_ok(base + extra), want) << extra;
+}
+
+// --watchdog re-executes the same command under the watchdog: same output, no extra lines.
+TEST_F(RunCli, WatchdogFlagRunsTheSameCommandUnderTheWatchdog) {
+  const std::string base = "--tokens " + kPrompt + " -n 6 --ignore-eos -t 1";
+  EXPECT_EQ(run_ok(base + " --watchdog 8GiB:16GiB"), run_ok(base));
+  expect_error(base + " --watchdog nonsense", 1, "watchdog");
+  // A budget that cannot hold the resident part is refused before loading, with the breakdown.
+  expect_error(base + " --mem-budget 8MiB", 1, "memory admission refused");
+}
+
+// `sluice chat`: one reply per input line, and the second turn evaluates only its new tokens
+// (thinking off: the rendering of turn 2 extends turn 1's prompt + reply).
+TEST_F(RunCli, ChatRepliesPerLineAndReusesTheConversation) {
+  const std::string in = path("chat_in.txt");
+  std::ofstream(in) << "hello there\nand again\n/exit\nnever read\n";
+  const CmdResult r = sluice("chat -m " + q(model_) + " -n 5 -t 1 --allow-swap < " + q(in));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 2) << r.out;  // two replies, then /exit
+  std::vector<unsigned> reused;
+  for (size_t at = r.err.find(" reused)"); at != std::string::npos; at = r.err.find(" reused)", at + 1)) {
+    const size_t open = r.err.rfind('(', at);
+    reused.push_back((unsigned)std::stoul(r.err.substr(open + 1, at - open - 1)));
+  }
+  ASSERT_EQ(reused.size(), 2u) << r.err;
+  EXPECT_EQ(reused[0], 0u);
+  EXPECT_GT(reused[1], 10u) << r.err;
+  const CmdResult bad = sluice("chat -m " + q(model_) + " --think maybe < " + q(in));
+  EXPECT_EQ(bad.rc, 2) << bad.err;
 }
