@@ -304,6 +304,23 @@ std::string session_summary(const Session& s, uint64_t tokens_evaluated) {
   return buf;
 }
 
+std::string expert_stats_table(const SessionStats& st) {
+  if (!st.streaming) return "expert store: not used (--resident-experts)\n";
+  std::string out = st.store.summary();
+  out += "  layer  requests      hits    misses   joined  prefetch     wasted   MiB read   stall ms  p99 us\n";
+  for (size_t L = 0; L < st.store.layers.size(); ++L) {
+    const storage::LayerStats& l = st.store.layers[L];
+    char line[256];
+    std::snprintf(line, sizeof line, "  %5zu %9llu %9llu %9llu %8llu %9llu %10llu %10.1f %10.1f %7.0f\n", L,
+                  (unsigned long long)l.requests, (unsigned long long)l.hits, (unsigned long long)l.misses,
+                  (unsigned long long)l.joined, (unsigned long long)l.prefetch_issued,
+                  (unsigned long long)l.prefetch_wasted, (double)(l.bytes_demand + l.bytes_prefetch) / (1 << 20),
+                  (double)l.stall_ns / 1e6, l.latency.quantile_us(0.99));
+    out += line;
+  }
+  return out;
+}
+
 CLI::App* setup_run(CLI::App& app, RunOptions& o) {
   CLI::App* sub = app.add_subcommand("run", "Run the CPU forward pass on a prompt and generate");
   sub->footer(
@@ -347,6 +364,7 @@ CLI::App* setup_run(CLI::App& app, RunOptions& o) {
   sub->add_flag("--ignore-eos", o.ignore_eos, "keep generating after eos_token_id");
   sub->add_option("--dump-logits", o.dump_logits, "write every evaluated position's logits to this file");
   sub->add_option("--trace", o.trace_dir, "write per-position routing to DIR/trace.jsonl");
+  sub->add_flag("--expert-stats", o.expert_stats, "after the summary, print the expert store's statistics per layer");
   add_engine_options(sub, o.engine);
   return sub;
 }
@@ -497,6 +515,7 @@ int run_run(const RunOptions& o) {
                res.tokens.size(), (unsigned long long)decode_evals, res.decode_s,
                rate((double)decode_evals, res.decode_s).c_str(), stop.c_str(), load_s, session.plan().threads,
                (unsigned long long)ctx, session.plan().chunk, store_line.c_str());
+  if (o.expert_stats) std::fputs(expert_stats_table(session.stats()).c_str(), stderr);
   return 0;
 }
 

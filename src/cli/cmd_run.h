@@ -30,6 +30,8 @@ void add_engine_options(CLI::App* sub, EngineCliOptions& o);
 SessionOptions session_options(const EngineCliOptions& e, const std::string& model, uint32_t ctx);
 // "expert cache ... hit rate ... read ... | peak RSS ... of budget ..." for summaries.
 std::string session_summary(const Session& s, uint64_t tokens_evaluated);
+// The store's summary and one line of counters per layer (for --expert-stats and chat).
+std::string expert_stats_table(const SessionStats& st);
 
 struct RunOptions {
   std::string model;
@@ -46,6 +48,7 @@ struct RunOptions {
   bool ignore_eos = false;
   std::string dump_logits;     // file of f32 rows, plus <file>.json
   std::string trace_dir;       // <dir>/trace.jsonl
+  bool expert_stats = false;   // per-layer store statistics after the summary
   EngineCliOptions engine;
 };
 CLI::App* setup_run(CLI::App& app, RunOptions& o);
