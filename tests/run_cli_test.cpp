@@ -104,7 +104,8 @@ class RunCli : public ::testing::Test {
     r.err = slurp(err);
     return r;
   }
-  CmdResult run(const std::string& args) const { return sluice("run -m " + q(model_) + " " + args); }
+  // --allow-swap: the verdict must not depend on whether the test machine has swap.
+  CmdResult run(const std::string& args) const { return sluice("run -m " + q(model_) + " --allow-swap " + args); }
 
   // A successful run: exit 0, one line of ids on stdout, one summary line on stderr.
   std::vector<uint32_t> run_ok(const std::string& args) const {
@@ -406,7 +407,7 @@ TEST_F(RunCli, SignalFinishesTheTokenPrintsTheSummaryAndExitsZero) {
   for (const int sig : {SIGTERM, SIGINT}) {
     SCOPED_TRACE(sig == SIGTERM ? "SIGTERM" : "SIGINT");
     const std::string out = path("sig_out.txt"), err = path("sig_err.txt"), dump = path("sig_logits.f32");
-    const pid_t pid = spawn({"run", "-m", model_, "--tokens", kPrompt, "-n", "4000", "--ignore-eos", "-t", "1",
+    const pid_t pid = spawn({"run", "-m", model_, "--allow-swap", "--tokens", kPrompt, "-n", "4000", "--ignore-eos", "-t", "1",
                              "--dump-logits", dump}, out, err);
     ASSERT_GT(pid, 0);
     // Wait until generation has started (ids are printed as they come), then signal.

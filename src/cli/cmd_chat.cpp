@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include "cli/commands.h"
-#include "runtime/prompt_cache.h"
 #include "runtime/session.h"
 #include "text/chat.h"
 #include "text/dsml.h"
@@ -51,7 +50,6 @@ int run_chat(const ChatCommandOptions& o) {
   co.thinking = o.think == "on";
   co.reasoning_effort = co.thinking ? text::kEffortHigh : 0;
 
-  PromptCache prompt_cache;  // keeps the model's own tokens for the turns it generated
   std::vector<text::ChatMessage> history;
   if (!o.system.empty()) history.push_back({"system", o.system, "", {}, ""});
   std::string line;
@@ -61,14 +59,15 @@ int run_chat(const ChatCommandOptions& o) {
     if (line == "/reset") {
       history.resize(o.system.empty() ? 0 : 1);
       session.reset();
-      prompt_cache.clear();
       continue;
     }
     if (line.empty()) continue;
     history.push_back({"user", line, "", {}, ""});
     const std::string rendered = text::render_chat(history, co);
     GenerateRequest req;
-    req.prompt = prompt_cache.tokens_for(tok, rendered, /*add_bos=*/false);  // the rendering has BOS
+    // The session keeps the model's own tokens for the turns it generated (see tokenize_prompt).
+    req.prompt = session.tokenize_prompt(rendered, /*add_bos=*/false);  // the rendering has BOS
+    req.prompt_text = rendered;
     if (req.prompt.size() >= session.ctx()) {
       std::fprintf(stderr, "sluice chat: the conversation (%zu tokens) no longer fits the context %u; /reset\n",
                    req.prompt.size(), session.ctx());
@@ -96,7 +95,6 @@ int run_chat(const ChatCommandOptions& o) {
     std::printf("\n");
     std::fflush(stdout);
     history.push_back({"assistant", content, reasoning, {}, ""});
-    prompt_cache.remember(tok, rendered, req.prompt, r.tokens);
     std::fprintf(stderr, "[%u prompt tokens (%u reused) in %.2f s, %zu generated in %.2f s, stop: %s | %s]\n",
                  r.prompt_tokens, r.reused_tokens, r.prefill_s, r.tokens.size(), r.decode_s, r.finish.c_str(),
                  session_summary(session, r.prompt_tokens - r.reused_tokens + r.decode_steps).c_str());

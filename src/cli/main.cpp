@@ -11,6 +11,7 @@
 #include "cli/cmd_chat.h"
 #include "cli/cmd_plan.h"
 #include "cli/cmd_run.h"
+#include "cli/cmd_serve.h"
 #include "cli/cmd_tokenize.h"
 #include "cli/cmd_watchdog.h"
 #include "cli/commands.h"
@@ -102,6 +103,8 @@ int main(int argc, char** argv) {
   CLI::App* dump_tensor_cmd = sluice::cli::setup_dump_tensor(app, dump_tensor);
   sluice::cli::RunOptions run;
   CLI::App* run_cmd = sluice::cli::setup_run(app, run);
+  sluice::cli::ServeOptions serve;
+  CLI::App* serve_cmd = sluice::cli::setup_serve(app, serve);
   sluice::cli::ChatCommandOptions chat;
   CLI::App* chat_cmd = sluice::cli::setup_chat(app, chat);
   sluice::cli::TokenizeOptions tokenize;
@@ -123,9 +126,10 @@ int main(int argc, char** argv) {
 
   try {
     // --watchdog SOFT:HARD: this same command line again, minus the flag, under `sluice watchdog`.
-    const std::string* watchdog_spec = run_cmd->parsed()    ? &run.engine.watchdog
-                                       : chat_cmd->parsed() ? &chat.engine.watchdog
-                                                            : nullptr;
+    const std::string* watchdog_spec = run_cmd->parsed()     ? &run.engine.watchdog
+                                       : chat_cmd->parsed()  ? &chat.engine.watchdog
+                                       : serve_cmd->parsed() ? &serve.engine.watchdog
+                                                             : nullptr;
     if (watchdog_spec && !watchdog_spec->empty() && !sluice::under_watchdog()) {
       const auto [soft, hard] = sluice::parse_watchdog_spec(*watchdog_spec);
       return sluice::run_under_watchdog(std::vector<std::string>(argv, argv + argc), soft, hard);
@@ -134,6 +138,7 @@ int main(int argc, char** argv) {
     if (inspect_cmd->parsed()) return sluice::cli::run_inspect(inspect);
     if (dump_tensor_cmd->parsed()) return sluice::cli::run_dump_tensor(dump_tensor);
     if (run_cmd->parsed()) return sluice::cli::run_run(run);
+    if (serve_cmd->parsed()) return sluice::cli::run_serve(serve);
     if (chat_cmd->parsed()) return sluice::cli::run_chat(chat);
     if (tokenize_cmd->parsed()) return sluice::cli::run_tokenize(tokenize);
     if (plan_cmd->parsed()) return sluice::cli::run_plan(plan);

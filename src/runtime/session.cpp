@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <mutex>
 #include <thread>
 
 #include "format/gguf.h"
@@ -10,6 +11,7 @@
 #include "model/model.h"
 #include "model/streamed_experts.h"
 #include "runtime/meminfo.h"
+#include "runtime/prompt_cache.h"
 #include "runtime/store_plan.h"
 #include "text/tokenizer.h"
 #include "util/error.h"
@@ -35,6 +37,8 @@ struct Session::Impl {
   SequenceState state;
   std::vector<uint32_t> history;  // tokens evaluated into `state`
   std::vector<float> last_logits; // the row after history.back()
+  mutable std::mutex prompt_mu;   // prompt_cache is read by handler threads
+  PromptCache prompt_cache;
   // Read by stats() from other threads while generate() runs.
   std::atomic<uint64_t> requests{0}, prompt_tokens{0}, generated_tokens{0}, prefill_ns{0}, decode_ns{0};
 
@@ -120,7 +124,16 @@ std::string Session::model_id() const {
   return name;
 }
 
-void Session::reset() { impl_->forget(); }
+void Session::reset() {
+  impl_->forget();
+  const std::lock_guard<std::mutex> lock(impl_->prompt_mu);
+  impl_->prompt_cache.clear();
+}
+
+std::vector<uint32_t> Session::tokenize_prompt(std::string_view text, bool add_bos) const {
+  const std::lock_guard<std::mutex> lock(impl_->prompt_mu);
+  return impl_->prompt_cache.tokens_for(*impl_->tokenizer, text, add_bos);
+}
 
 GenerateResult Session::generate(const GenerateRequest& r, const std::function<bool(uint32_t, uint32_t)>& on_prefill,
                                  const std::function<bool(uint32_t)>& on_token) {
@@ -179,6 +192,10 @@ GenerateResult Session::generate(const GenerateRequest& r, const std::function<b
     ++res.decode_steps;
   }
   res.decode_s = seconds_since(t_decode);
+  if (!r.prompt_text.empty()) {
+    const std::lock_guard<std::mutex> lock(s.prompt_mu);
+    s.prompt_cache.remember(*s.tokenizer, r.prompt_text, r.prompt, res.tokens);
+  }
   s.decode_ns += (uint64_t)(res.decode_s * 1e9);
   return res;
 }

@@ -12,6 +12,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "model/config.h"
@@ -59,6 +60,10 @@ struct GenerateRequest {
   bool ignore_eos = false;
   std::vector<uint32_t> stop_tokens;  // besides eos: generation ends after one of these
   const EvalObserver* observer = nullptr;  // for dumps and traces; null: none
+  // The text `prompt` encodes, when it came from tokenize_prompt(). After the request the
+  // session remembers it with the generated tokens, so a later prompt text that extends it is
+  // tokenized as exactly those tokens + the rest (see runtime/prompt_cache.h).
+  std::string prompt_text;
 };
 
 struct GenerateResult {
@@ -95,6 +100,11 @@ class Session {
   const SessionOptions& options() const;
   uint32_t ctx() const;
   std::string model_id() const;  // file name without directory and .gguf
+
+  // Tokens for a rendered prompt text (special tokens parsed). When the text extends the last
+  // remembered prompt + generation, those exact tokens are reused, so generate() can keep its
+  // sequence. Safe from any thread.
+  std::vector<uint32_t> tokenize_prompt(std::string_view text, bool add_bos) const;
 
   // Callbacks may be empty. on_prefill(done, total) is called after each prefill chunk (and once
   // at 0 before the first); returning false cancels. on_token(id) is called for each generated

@@ -1,0 +1,122 @@
+// `sluice serve -m FILE [--host 127.0.0.1] [--port 8080] ...`
+#include "cli/cmd_serve.h"
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <cerrno>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <memory>
+#include <thread>
+
+#include "runtime/admission.h"
+#include "runtime/meminfo.h"
+#include "runtime/session.h"
+#include "server/server.h"
+#include "util/error.h"
+
+namespace sluice::cli {
+
+CLI::App* setup_serve(CLI::App& app, ServeOptions& o) {
+  CLI::App* cmd = app.add_subcommand("serve", "OpenAI- and Anthropic-compatible HTTP server");
+  cmd->add_option("-m,--model", o.model, "GGUF model file")->required();
+  cmd->add_option("-c,--ctx-size", o.ctx, "context size in tokens (0: the default, min(trained, 4096))");
+  cmd->add_option("--host", o.host, "address to bind (default 127.0.0.1: this machine only)");
+  cmd->add_option("--port", o.port, "port to listen on (0: any free port; the bound port is printed)");
+  cmd->add_option("--queue", o.queue, "requests that may wait behind the running one; more get 503 + Retry-After")
+      ->check(CLI::Range(size_t{0}, size_t{1024}));
+  cmd->add_option("--max-body", o.max_body, "largest request body (e.g. 8MiB); larger get 413");
+  cmd->add_option("--max-tokens-limit", o.max_tokens_limit, "largest max_tokens a request may ask for (also the default)")
+      ->check(CLI::Range(1u, 1u << 24));
+  cmd->add_option("--api-key", o.api_key, "require this key (Authorization: Bearer KEY or x-api-key: KEY)");
+  cmd->add_option("-a,--alias", o.alias, "model id reported by the API (default: the file name without .gguf)");
+  cmd->add_option("--sse-ping-interval", o.ping_interval_s, "seconds between SSE keep-alives while waiting or prefilling")
+      ->check(CLI::Range(0.05, 3600.0));
+  cmd->add_option("--temp", o.temp, "temperature for requests that do not set one")->check(CLI::Range(0.0f, 100.0f));
+  cmd->add_option("--top-p", o.top_p, "top_p for requests that do not set one")->check(CLI::Range(0.0f, 1.0f));
+  add_engine_options(cmd, o.engine);
+  return cmd;
+}
+
+namespace {
+
+// SIGINT/SIGTERM are blocked in every thread and taken by one waiting thread, which stops the
+// server from ordinary code (stop() takes locks, so it cannot run in a signal handler).
+class SignalStopper {
+ public:
+  explicit SignalStopper(server::Server& s) : server_(s) {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGINT);
+    sigaddset(&set_, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set_, &old_);
+    thread_ = std::thread([this] {
+      while (!done_) {
+        const timespec ts{0, 200 * 1000 * 1000};
+        const int sig = sigtimedwait(&set_, nullptr, &ts);
+        if (sig == SIGINT || sig == SIGTERM) {
+          std::fprintf(stderr, "sluice serve: %s, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+          server_.stop();
+          return;
+        }
+      }
+    });
+  }
+  ~SignalStopper() {
+    done_ = true;
+    thread_.join();
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  SignalStopper(const SignalStopper&) = delete;
+  SignalStopper& operator=(const SignalStopper&) = delete;
+
+ private:
+  server::Server& server_;
+  sigset_t set_{}, old_{};
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
+
+}  // namespace
+
+int run_serve(const ServeOptions& o) {
+  server::ServerOptions so;
+  so.host = o.host;
+  so.port = o.port;
+  so.queue_depth = o.queue;
+  so.max_body_bytes = parse_bytes(o.max_body, "--max-body");
+  so.max_tokens_limit = o.max_tokens_limit;
+  so.api_key = o.api_key;
+  so.alias = o.alias;
+  so.ping_interval_ms = (int)(o.ping_interval_s * 1000);
+  so.temp = o.temp;
+  so.top_p = o.top_p;
+
+  SessionOptions sess = session_options(o.engine, o.model, o.ctx);
+  if (!std::filesystem::exists(o.model)) throw Error("cannot open " + o.model + ": no such file");
+
+  const std::string model_id = !o.alias.empty() ? o.alias : std::filesystem::path(o.model).stem().string();
+  auto factory = [sess] {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto s = std::make_unique<Session>(sess);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "sluice serve: model %s loaded in %.1f s, ctx %u, ready\n", s->model_id().c_str(), secs,
+                 s->ctx());
+    return s;
+  };
+  server::Server srv(so, factory, model_id);
+  SignalStopper stopper(srv);
+  const uint16_t port = srv.listen();
+  const bool v6 = o.host.find(':') != std::string::npos;
+  std::fprintf(stderr, "sluice serve: listening on http://%s%s%s:%u\n", v6 ? "[" : "", o.host.c_str(), v6 ? "]" : "",
+               (unsigned)port);
+  std::fflush(stderr);
+  srv.serve();
+  std::fprintf(stderr, "sluice serve: stopped\n");
+  return 0;
+}
+
+}  // namespace sluice::cli

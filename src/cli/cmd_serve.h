@@ -1,0 +1,32 @@
+// `sluice serve`: the OpenAI- and Anthropic-compatible HTTP server (src/server). Registered in
+// main.cpp like the other subcommands: setup_serve on the app, then run_serve when parsed.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "cli/cmd_run.h"
+
+namespace sluice::cli {
+
+struct ServeOptions {
+  std::string model;
+  uint32_t ctx = 0;                  // 0: the Session's default
+  std::string host = "127.0.0.1";
+  uint16_t port = 8080;              // 0: any free port (printed)
+  size_t queue = 4;
+  std::string max_body = "8MiB";
+  uint32_t max_tokens_limit = 4096;
+  std::string api_key;
+  std::string alias;
+  double ping_interval_s = 5.0;
+  float temp = 1.0f;
+  float top_p = 0.95f;
+  EngineCliOptions engine;           // -t, --mem-budget, --allow-swap, store options, --watchdog
+};
+CLI::App* setup_serve(CLI::App& app, ServeOptions& o);
+// Serves until SIGINT/SIGTERM (exit 0) or until the model fails to load (throws Error).
+int run_serve(const ServeOptions& o);
+
+}  // namespace sluice::cli

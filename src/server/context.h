@@ -1,0 +1,36 @@
+// What every endpoint needs: the options, the worker that owns the model, the counters.
+#pragma once
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "server/metrics.h"
+#include "server/worker.h"
+
+namespace sluice::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 8080;
+  size_t queue_depth = 4;             // requests that may wait behind the running one
+  size_t max_body_bytes = 8u << 20;
+  size_t max_connections = 64;
+  uint32_t max_tokens_limit = 4096;   // largest max_tokens a request may ask for (and the default)
+  std::string api_key;                // "": no authentication
+  std::string alias;                  // model id reported by the API ("": the file name)
+  int ping_interval_ms = 5000;        // SSE keep-alive while a request waits or prefills
+  int retry_after_s = 2;              // Retry-After of a 503 for a full queue
+  float temp = 1.0f;                  // defaults for requests that do not say
+  float top_p = 0.95f;
+};
+
+struct ServerContext {
+  const ServerOptions& opts;
+  Worker& worker;
+  HttpCounters& counters;
+  std::string model_id;               // alias, or the model file name without .gguf
+  std::atomic<uint64_t> next_id{1};
+};
+
+}  // namespace sluice::server

@@ -1,0 +1,240 @@
+#include "server/generation.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cmath>
+#include <random>
+
+#include "runtime/sampler.h"
+#include "server/api_error.h"
+#include "util/error.h"
+
+namespace sluice::server {
+
+using nlohmann::json;
+
+const Session& ready_session(ServerContext& ctx) {
+  switch (ctx.worker.state()) {
+    case Worker::State::Ready: return *ctx.worker.session();
+    case Worker::State::Loading: {
+      ApiError e(503, "unavailable_error", "Loading model");
+      e.retry_after = 5;
+      throw e;
+    }
+    default: throw ApiError(503, "unavailable_error", "the model is not available: " + ctx.worker.load_error());
+  }
+}
+
+json parse_body(const std::string& body) {
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::exception& e) {
+    throw bad_request(std::string("malformed JSON in the request body: ") + e.what());
+  }
+  if (!j.is_object()) throw bad_request("the request body must be a JSON object");
+  return j;
+}
+
+std::optional<int64_t> get_int(const json& j, const char* key) {
+  const auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return std::nullopt;
+  if (it->is_number_integer()) return it->get<int64_t>();
+  if (it->is_number_float()) {
+    const double d = it->get<double>();
+    if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e15) return (int64_t)d;
+  }
+  throw bad_request(std::string("'") + key + "' must be an integer");
+}
+
+std::optional<double> get_number(const json& j, const char* key) {
+  const auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number()) throw bad_request(std::string("'") + key + "' must be a number");
+  return it->get<double>();
+}
+
+std::optional<bool> get_bool(const json& j, const char* key) {
+  const auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return std::nullopt;
+  if (!it->is_boolean()) throw bad_request(std::string("'") + key + "' must be true or false");
+  return it->get<bool>();
+}
+
+std::optional<std::string> get_string(const json& j, const char* key) {
+  const auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return std::nullopt;
+  if (!it->is_string()) throw bad_request(std::string("'") + key + "' must be a string");
+  return it->get<std::string>();
+}
+
+GenerateRequest make_request(ServerContext& ctx, std::vector<uint32_t> prompt, std::optional<int64_t> max_tokens,
+                             const SamplingFields& sampling, std::vector<uint32_t> stop_tokens) {
+  const Session& s = ready_session(ctx);
+  const uint32_t n_ctx = s.ctx();
+  if (prompt.empty()) throw bad_request("the prompt is empty");
+  if (prompt.size() >= n_ctx)
+    throw bad_request("the prompt has " + std::to_string(prompt.size()) + " tokens but the context holds " +
+                      std::to_string(n_ctx) + " (start the server with a larger -c, or shorten the prompt)");
+  const uint32_t limit = ctx.opts.max_tokens_limit;
+  if (max_tokens) {
+    if (*max_tokens < 1) throw bad_request("max_tokens must be at least 1");
+    if (*max_tokens > (int64_t)limit)
+      throw bad_request("max_tokens " + std::to_string(*max_tokens) + " exceeds the server's limit of " +
+                        std::to_string(limit) + " (--max-tokens-limit)");
+  }
+  GenerateRequest r;
+  const uint32_t room = n_ctx - (uint32_t)prompt.size();
+  r.max_tokens = std::min<uint32_t>(max_tokens ? (uint32_t)*max_tokens : limit, room);
+  r.prompt = std::move(prompt);
+  r.stop_tokens = std::move(stop_tokens);
+  r.sampling.temp = (float)sampling.temperature.value_or(ctx.opts.temp);
+  r.sampling.top_p = (float)sampling.top_p.value_or(ctx.opts.top_p);
+  if (sampling.seed) {
+    r.sampling.seed = (uint64_t)*sampling.seed;
+  } else {
+    static thread_local std::mt19937_64 seeder{std::random_device{}()};
+    r.sampling.seed = seeder();
+  }
+  if (r.sampling.top_p <= 0.0f) r.sampling.top_p = 1e-6f;  // OpenAI allows 0: as good as greedy
+  try {
+    validate(r.sampling);
+  } catch (const Error& e) {
+    throw bad_request(e.what());
+  }
+  return r;
+}
+
+std::shared_ptr<Job> submit(ServerContext& ctx, GenerateRequest r) {
+  auto job = std::make_shared<Job>(std::move(r));
+  if (!ctx.worker.submit(job)) {
+    ready_session(ctx);  // 503 "loading" rather than "full" while the model loads
+    ApiError e(503, "unavailable_error",
+               "the server is busy: " + std::to_string(ctx.opts.queue_depth) +
+                   " requests are already waiting (--queue); retry later");
+    e.retry_after = ctx.opts.retry_after_s;
+    throw e;
+  }
+  return job;
+}
+
+DriveOutcome drive(ServerContext& ctx, Job& job, Connection& conn, TextMode mode, const DriveHooks& hooks) {
+  const Session& s = *ctx.worker.session();
+  const text::Tokenizer& tok = s.tokenizer();
+  text::StreamDecoder dec(tok, /*render_special=*/true);
+  text::OutputParser parser(mode == TextMode::Thinking);
+  const bool raw = mode == TextMode::Raw;
+  DriveOutcome out;
+  const auto ping = std::chrono::milliseconds(std::max(50, ctx.opts.ping_interval_ms));
+  auto last_write = std::chrono::steady_clock::now();
+  std::vector<JobEvent> events;
+
+  auto hidden = [&](uint32_t id) {
+    if ((int32_t)id == tok.eos() || (int32_t)id == tok.bos()) return true;
+    for (uint32_t t : job.request.stop_tokens)
+      if (t == id) return true;
+    return false;
+  };
+  auto emit = [&](const text::OutputParser::Delta& d) {
+    if (d.empty()) return true;
+    if (!d.calls.empty()) out.had_calls = true;
+    last_write = std::chrono::steady_clock::now();
+    return !hooks.delta || hooks.delta(d);
+  };
+
+  auto raw_delta = [](const std::string& text) {
+    text::OutputParser::Delta d;
+    d.content = text;
+    return d;
+  };
+  bool gone = false;
+  while (!gone) {
+    events.clear();
+    job.wait(events, std::min(ping, std::chrono::milliseconds(200)));
+    for (JobEvent& e : events) {
+      switch (e.kind) {
+        case JobEvent::Kind::Started: break;
+        case JobEvent::Kind::Prefill:
+          if (hooks.prefill) {
+            last_write = std::chrono::steady_clock::now();
+            if (!hooks.prefill(e.a, e.b)) gone = true;
+          }
+          break;
+        case JobEvent::Kind::Token:
+          if (!gone && !hidden(e.a)) {
+            const std::string text = dec.push((int32_t)e.a);
+            if (!emit(raw ? raw_delta(text) : parser.push(text))) gone = true;
+          }
+          break;
+        case JobEvent::Kind::Done: {
+          out.result = std::move(e.result);
+          if (!gone) {
+            const std::string tail = dec.finish();
+            gone = raw ? !emit(raw_delta(tail)) : (!emit(parser.push(tail)) || !emit(parser.finish()));
+          }
+          if (out.result.finish == "cancelled" || gone) {
+            out.client_gone = true;
+            return out;
+          }
+          out.ok = true;
+          return out;
+        }
+        case JobEvent::Kind::Failed:
+          out.status = e.status;
+          out.error = e.error;
+          return out;
+      }
+    }
+    if (!gone && conn.peer_gone()) gone = true;
+    if (!gone && hooks.keepalive && std::chrono::steady_clock::now() - last_write >= ping) {
+      last_write = std::chrono::steady_clock::now();
+      if (!hooks.keepalive()) gone = true;
+    }
+  }
+  job.cancel(1);
+  out.client_gone = true;
+  return out;
+}
+
+std::string finish_reason(const DriveOutcome& o) {
+  if (o.result.finish == "context" || o.result.finish == "length") return "length";
+  return o.result.finish.empty() ? "stop" : o.result.finish;
+}
+
+std::string new_id(ServerContext& ctx, const char* prefix) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%s%llx%08llx", prefix, (unsigned long long)ctx.next_id.fetch_add(1),
+                (unsigned long long)(rng() & 0xffffffffu));
+  return buf;
+}
+
+}  // namespace sluice::server
+
+namespace sluice::server {
+
+std::vector<uint32_t> to_ids(const std::vector<int32_t>& v) { return std::vector<uint32_t>(v.begin(), v.end()); }
+
+std::vector<uint32_t> encode_chat(const Session& s, const std::vector<text::ChatMessage>& messages,
+                                  const text::ChatOptions& options, std::string* text_out) {
+  std::string prompt;
+  try {
+    prompt = text::render_chat(messages, options);
+  } catch (const Error& e) {
+    throw bad_request(e.what());
+  }
+  // The BOS is part of the rendered text. The session reuses the model's own tokens for a
+  // conversation that extends the previous request (tokenize_prompt), so it keeps its state.
+  std::vector<uint32_t> ids = s.tokenize_prompt(prompt, /*add_bos=*/false);
+  if (text_out) *text_out = std::move(prompt);
+  return ids;
+}
+
+std::vector<uint32_t> chat_stop_tokens(const text::Tokenizer& tok) {
+  std::vector<uint32_t> stops;
+  if (auto id = tok.find("<｜User｜>")) stops.push_back((uint32_t)*id);
+  return stops;
+}
+
+}  // namespace sluice::server

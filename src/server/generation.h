@@ -1,0 +1,94 @@
+// The part of a completion request every API shares: turning request fields into a
+// GenerateRequest with the server's bounds, putting it in the queue, and following the job from
+// the handler thread — token ids to UTF-8-safe text (StreamDecoder) to reasoning / content /
+// tool-call deltas (OutputParser) — while watching the client and keeping the stream alive.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/session.h"
+#include "server/context.h"
+#include "server/http.h"
+#include "text/chat.h"
+#include "text/dsml.h"
+#include "text/tokenizer.h"
+
+namespace sluice::server {
+
+// The loaded session, or ApiError 503 ("loading" / "failed to load").
+const Session& ready_session(ServerContext& ctx);
+
+// Parses a JSON request body; ApiError 400 when it is not a JSON object.
+nlohmann::json parse_body(const std::string& body);
+
+// Optional typed fields; ApiError 400 naming the field on a wrong type or value.
+std::optional<int64_t> get_int(const nlohmann::json& j, const char* key);
+std::optional<double> get_number(const nlohmann::json& j, const char* key);
+std::optional<bool> get_bool(const nlohmann::json& j, const char* key);
+std::optional<std::string> get_string(const nlohmann::json& j, const char* key);
+
+struct SamplingFields {
+  std::optional<double> temperature, top_p;
+  std::optional<int64_t> seed;
+};
+
+// Checks the prompt against the context and max_tokens against --max-tokens-limit (ApiError
+// 400 with the numbers), fills in defaults, and caps generation at the end of the context.
+GenerateRequest make_request(ServerContext& ctx, std::vector<uint32_t> prompt, std::optional<int64_t> max_tokens,
+                             const SamplingFields& sampling, std::vector<uint32_t> stop_tokens);
+
+// Queues the request; ApiError 503 with Retry-After when the queue is full.
+std::shared_ptr<Job> submit(ServerContext& ctx, GenerateRequest r);
+
+struct DriveHooks {
+  // Called when nothing was written for the ping interval (waiting or prefilling); streams
+  // write a keep-alive. Return false when the write failed.
+  std::function<bool()> keepalive;
+  std::function<bool(uint32_t done, uint32_t total)> prefill;
+  std::function<bool(const text::OutputParser::Delta&)> delta;
+};
+
+struct DriveOutcome {
+  bool ok = false;           // false: failed (status, error) or the client left
+  bool client_gone = false;
+  int status = 500;
+  std::string error;
+  GenerateResult result;
+  bool had_calls = false;    // some delta carried tool calls
+};
+
+enum class TextMode {
+  Raw,       // completions: all text is content, no tool-call parsing
+  Chat,      // chat without thinking: content and DSML tool calls
+  Thinking,  // chat with thinking: reasoning up to </think>, then as Chat
+};
+
+// Follows the job to its end. Stop tokens and eos never reach the text. When the client
+// disconnects (or a hook reports a failed write) the job is cancelled and this returns at once.
+DriveOutcome drive(ServerContext& ctx, Job& job, Connection& conn, TextMode mode, const DriveHooks& hooks);
+
+// "length" for the length and context limits, else the Session's finish.
+std::string finish_reason(const DriveOutcome& o);
+
+// A fresh id with a prefix: "chatcmpl-1a2b", "msg_...".
+std::string new_id(ServerContext& ctx, const char* prefix);
+
+}  // namespace sluice::server
+
+namespace sluice::server {
+
+// Renders a chat with text::render_chat (ApiError 400 on what it rejects) and tokenizes it
+// with Session::tokenize_prompt; the rendered text goes to *text_out (for prompt_text).
+std::vector<uint32_t> encode_chat(const Session& s, const std::vector<text::ChatMessage>& messages,
+                                  const text::ChatOptions& options, std::string* text_out = nullptr);
+// Tokens that end a chat turn besides eos: the model opening a new user turn.
+std::vector<uint32_t> chat_stop_tokens(const text::Tokenizer& tok);
+std::vector<uint32_t> to_ids(const std::vector<int32_t>& v);
+
+}  // namespace sluice::server

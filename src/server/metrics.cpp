@@ -1,0 +1,129 @@
+#include "server/metrics.h"
+
+#include <cstdio>
+
+namespace sluice::server {
+
+void HttpCounters::count(const std::string& endpoint, int status) {
+  std::lock_guard lk(mu_);
+  requests_[{endpoint, status}]++;
+}
+
+void HttpCounters::reject(const std::string& reason) {
+  std::lock_guard lk(mu_);
+  rejections_[reason]++;
+}
+
+std::map<std::pair<std::string, int>, uint64_t> HttpCounters::requests() const {
+  std::lock_guard lk(mu_);
+  return requests_;
+}
+
+std::map<std::string, uint64_t> HttpCounters::rejections() const {
+  std::lock_guard lk(mu_);
+  return rejections_;
+}
+
+namespace {
+
+class Writer {
+ public:
+  void family(const char* name, const char* type, const char* help) {
+    out += "# HELP ";
+    out += name;
+    out += ' ';
+    out += help;
+    out += "\n# TYPE ";
+    out += name;
+    out += ' ';
+    out += type;
+    out += '\n';
+  }
+  void sample(const std::string& name, const std::string& labels, double v) {
+    char num[64];
+    std::snprintf(num, sizeof num, "%.17g", v);
+    out += name;
+    if (!labels.empty()) out += "{" + labels + "}";
+    out += ' ';
+    out += num;
+    out += '\n';
+  }
+  void one(const char* name, const char* type, const char* help, double v) {
+    family(name, type, help);
+    sample(name, "", v);
+  }
+  std::string out;
+};
+
+// Label values escape backslash, double quote and newline.
+std::string label(const std::string& v) {
+  std::string s;
+  for (char c : v) {
+    if (c == '\\' || c == '"') s += '\\', s += c;
+    else if (c == '\n') s += "\\n";
+    else s += c;
+  }
+  return s;
+}
+
+}  // namespace
+
+std::string render_metrics(const MetricsInput& in) {
+  Writer w;
+  w.one("sluice_model_loaded", "gauge", "1 when the model is loaded and requests are served.", in.loaded ? 1 : 0);
+  if (in.http) {
+    w.family("sluice_http_requests_total", "counter", "HTTP requests answered, by endpoint and status code.");
+    for (const auto& [k, v] : in.http->requests())
+      w.sample("sluice_http_requests_total", "endpoint=\"" + label(k.first) + "\",code=\"" + std::to_string(k.second) + "\"", (double)v);
+    w.family("sluice_requests_rejected_total", "counter", "Requests refused before generation, by reason.");
+    for (const char* r : {"queue_full", "too_large", "bad_request", "unauthorized", "not_ready"}) {
+      const auto rej = in.http->rejections();
+      const auto it = rej.find(r);
+      w.sample("sluice_requests_rejected_total", std::string("reason=\"") + r + "\"", it == rej.end() ? 0.0 : (double)it->second);
+    }
+  }
+  if (in.worker) {
+    w.one("sluice_requests_completed_total", "counter", "Generations that ran to a stop, length or context limit.",
+          (double)in.worker->completed.load());
+    w.family("sluice_requests_cancelled_total", "counter", "Generations cancelled, by reason.");
+    w.sample("sluice_requests_cancelled_total", "reason=\"disconnect\"", (double)in.worker->cancelled_disconnect.load());
+    w.sample("sluice_requests_cancelled_total", "reason=\"shutdown\"", (double)in.worker->cancelled_shutdown.load());
+    w.one("sluice_requests_failed_total", "counter", "Generations that ended with an error.", (double)in.worker->failed.load());
+    w.one("sluice_prompt_tokens_cached_total", "counter",
+          "Prompt tokens whose state was reused from the previous request (not evaluated again).",
+          (double)in.worker->reused_tokens.load());
+  }
+  w.one("sluice_requests_processing", "gauge", "Generations running now (0 or 1).", in.busy ? 1 : 0);
+  w.one("sluice_requests_waiting", "gauge", "Requests waiting in the queue.", (double)in.waiting);
+  w.one("sluice_queue_capacity", "gauge", "Requests that may wait behind the running one (--queue).", (double)in.queue_depth);
+
+  const SessionStats& s = in.session;
+  w.one("sluice_generate_calls_total", "counter", "Generations the engine started.", (double)s.requests);
+  w.one("sluice_prompt_tokens_total", "counter", "Prompt tokens evaluated (prefill).", (double)s.prompt_tokens);
+  w.one("sluice_prompt_seconds_total", "counter", "Seconds spent in prefill.", s.prefill_s);
+  w.one("sluice_tokens_predicted_total", "counter", "Tokens generated.", (double)s.generated_tokens);
+  w.one("sluice_tokens_predicted_seconds_total", "counter", "Seconds spent generating tokens.", s.decode_s);
+
+  const storage::LayerStats t = s.store.total();
+  w.one("sluice_expert_streaming", "gauge", "1 when routed experts are streamed from disk, 0 when resident.", s.streaming ? 1 : 0);
+  w.one("sluice_expert_cache_requests_total", "counter", "Expert lookups in the expert cache.", (double)t.requests);
+  w.one("sluice_expert_cache_hits_total", "counter", "Expert lookups served from memory.", (double)t.hits);
+  w.one("sluice_expert_cache_misses_total", "counter", "Expert lookups that needed a read.", (double)t.misses);
+  w.family("sluice_expert_bytes_read_total", "counter", "Bytes of experts read from disk, by cause.");
+  w.sample("sluice_expert_bytes_read_total", "kind=\"demand\"", (double)t.bytes_demand);
+  w.sample("sluice_expert_bytes_read_total", "kind=\"prefetch\"", (double)t.bytes_prefetch);
+  w.one("sluice_expert_read_errors_total", "counter", "Expert loads that failed after retries.", (double)t.read_errors);
+  w.one("sluice_expert_evictions_total", "counter", "Experts evicted from the cache.", (double)t.evictions);
+  w.one("sluice_expert_stall_seconds_total", "counter", "Seconds generation waited for expert reads.", (double)t.stall_ns / 1e9);
+  w.one("sluice_expert_cache_slots", "gauge", "Expert cache slots.", (double)s.store.slots);
+  w.one("sluice_expert_cache_slots_used", "gauge", "Expert cache slots holding an expert.", (double)s.store.slots_used);
+  w.one("sluice_expert_cache_bytes", "gauge", "Bytes of the expert cache (slots x slot size).",
+        (double)s.store.slots * (double)s.store.slot_bytes);
+
+  w.one("sluice_memory_rss_bytes", "gauge", "Resident memory of the server process now.", (double)in.rss_bytes);
+  w.one("sluice_memory_budget_bytes", "gauge", "Memory budget admitted at load (--mem-budget).", (double)s.budget_bytes);
+  w.one("sluice_memory_planned_bytes", "gauge", "Memory the load plan accounts for.", (double)s.planned_bytes);
+  return w.out;
+}
+
+}  // namespace sluice::server

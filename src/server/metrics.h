@@ -1,0 +1,43 @@
+// /metrics in the Prometheus text exposition format (version 0.0.4): HELP and TYPE lines, then
+// samples. Counters end in _total. Names follow llama.cpp's where the meaning matches, under the
+// sluice_ prefix, plus the expert-store and memory numbers an SSD engine needs.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "runtime/session.h"
+#include "server/worker.h"
+
+namespace sluice::server {
+
+// Counters of the HTTP side (the worker and the Session keep the generation ones).
+class HttpCounters {
+ public:
+  void count(const std::string& endpoint, int status);
+  void reject(const std::string& reason);  // queue_full, too_large, bad_request, unauthorized
+  std::map<std::pair<std::string, int>, uint64_t> requests() const;
+  std::map<std::string, uint64_t> rejections() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::pair<std::string, int>, uint64_t> requests_;
+  std::map<std::string, uint64_t> rejections_;
+};
+
+struct MetricsInput {
+  const HttpCounters* http = nullptr;
+  const WorkerCounters* worker = nullptr;
+  bool loaded = false;
+  bool busy = false;
+  size_t waiting = 0;
+  size_t queue_depth = 0;
+  SessionStats session;   // zero before the model is loaded
+  uint64_t rss_bytes = 0; // now, read by the caller
+};
+
+std::string render_metrics(const MetricsInput& in);
+
+}  // namespace sluice::server

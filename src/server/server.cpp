@@ -1,0 +1,236 @@
+#include "server/server.h"
+
+#include <exception>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/meminfo.h"
+#include "server/anthropic_api.h"
+#include "server/api_error.h"
+#include "server/generation.h"
+#include "server/openai_api.h"
+#include "text/tokenizer.h"
+#include "text/utf8.h"
+#include "util/error.h"
+
+namespace sluice::server {
+
+using nlohmann::json;
+
+namespace {
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+bool is_anthropic(const std::string& path) { return path.rfind("/v1/messages", 0) == 0; }
+
+// Known paths keep the metric label set bounded; everything else is "other".
+std::string endpoint_label(const std::string& path) {
+  static const char* const known[] = {"/health", "/v1/health", "/metrics", "/tokenize", "/detokenize", "/v1/models",
+                                      "/models", "/v1/chat/completions", "/chat/completions", "/v1/completions",
+                                      "/completions", "/v1/messages", "/v1/messages/count_tokens"};
+  for (const char* k : known)
+    if (path == k) return k;
+  return "other";
+}
+
+void require_method(const HttpRequest& req, const char* method) {
+  if (req.method != method)
+    throw ApiError(405, "invalid_request_error", req.path + " accepts " + method + ", not " + req.method);
+}
+
+int handle_health(ServerContext& ctx, Connection& conn) {
+  switch (ctx.worker.state()) {
+    case Worker::State::Ready: send_response(conn, 200, "application/json", R"({"status":"ok"})"); return 200;
+    case Worker::State::Loading:
+      send_response(conn, 503, "application/json",
+                    dump(json{{"error", {{"code", 503}, {"message", "Loading model"}, {"type", "unavailable_error"}}}}),
+                    {"Retry-After: 5"});
+      return 503;
+    default:
+      send_response(conn, 500, "application/json",
+                    dump(json{{"error", {{"code", 500}, {"message", "the model failed to load: " + ctx.worker.load_error()},
+                                         {"type", "server_error"}}}}));
+      return 500;
+  }
+}
+
+int handle_metrics(ServerContext& ctx, Connection& conn) {
+  MetricsInput in;
+  in.http = &ctx.counters;
+  in.worker = &ctx.worker.counters();
+  in.loaded = ctx.worker.state() == Worker::State::Ready;
+  in.busy = ctx.worker.busy();
+  in.waiting = ctx.worker.waiting();
+  in.queue_depth = ctx.opts.queue_depth;
+  in.session = ctx.worker.stats();
+  try {
+    in.rss_bytes = read_self_status().rss;
+  } catch (const Error&) {
+    in.rss_bytes = 0;
+  }
+  send_response(conn, 200, "text/plain; version=0.0.4; charset=utf-8", render_metrics(in));
+  return 200;
+}
+
+// llama.cpp's /tokenize: {"content", "add_special" (false), "parse_special" (true), "with_pieces"}.
+int handle_tokenize(ServerContext& ctx, const HttpRequest& req, Connection& conn) {
+  const json body = parse_body(req.body);
+  const text::Tokenizer& tok = ready_session(ctx).tokenizer();
+  const auto content = get_string(body, "content");
+  if (!content) throw bad_request("'content' (a string) is required");
+  const bool add_special = get_bool(body, "add_special").value_or(false);
+  const bool parse_special = get_bool(body, "parse_special").value_or(true);
+  const bool with_pieces = get_bool(body, "with_pieces").value_or(false);
+  const std::vector<int32_t> ids = tok.encode(*content, add_special, parse_special);
+  json tokens = json::array();
+  for (int32_t id : ids) {
+    if (!with_pieces) {
+      tokens.push_back(id);
+      continue;
+    }
+    const std::string_view piece = tok.token_to_piece(id);
+    json p;
+    if (text::utf8_valid(piece)) {
+      p = std::string(piece);
+    } else {
+      p = json::array();
+      for (unsigned char c : piece) p.push_back(c);
+    }
+    tokens.push_back({{"id", id}, {"piece", p}});
+  }
+  send_response(conn, 200, "application/json", dump(json{{"tokens", tokens}}));
+  return 200;
+}
+
+int handle_detokenize(ServerContext& ctx, const HttpRequest& req, Connection& conn) {
+  const json body = parse_body(req.body);
+  const text::Tokenizer& tok = ready_session(ctx).tokenizer();
+  if (!body.contains("tokens") || !body["tokens"].is_array()) throw bad_request("'tokens' (an array of ids) is required");
+  std::vector<int32_t> ids;
+  for (const json& t : body["tokens"]) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= tok.n_vocab())
+      throw bad_request("'tokens' must hold ids in [0, " + std::to_string(tok.n_vocab()) + ")");
+    ids.push_back(t.get<int32_t>());
+  }
+  send_response(conn, 200, "application/json", dump(json{{"content", text::utf8_sanitize(tok.decode(ids))}}));
+  return 200;
+}
+
+}  // namespace
+
+Server::Server(ServerOptions opts, Worker::Factory factory, std::string model_id)
+    : opts_(std::move(opts)), factory_(std::move(factory)), model_id_(std::move(model_id)) {
+  HttpLimits limits;
+  limits.max_body_bytes = opts_.max_body_bytes;
+  limits.max_connections = opts_.max_connections;
+  http_ = std::make_unique<HttpServer>(
+      limits, [this](const HttpRequest& r, Connection& c) { handle(r, c); },
+      [this](int status) {
+        counters_.count("transport", status);
+        counters_.reject(status == 413 || status == 431 ? "too_large" : status == 503 ? "queue_full" : "bad_request");
+      });
+}
+
+Server::~Server() {
+  if (worker_) worker_->stop();
+}
+
+uint16_t Server::listen() {
+  const uint16_t port = http_->listen(opts_.host, opts_.port);
+  worker_ = std::make_unique<Worker>(std::move(factory_), opts_.queue_depth, [this](Worker::State s) {
+    if (s == Worker::State::Failed) http_->stop();
+  });
+  ctx_.reset(new ServerContext{opts_, *worker_, counters_, model_id_});
+  return port;
+}
+
+void Server::serve() {
+  http_->serve();
+  const bool failed = worker_->state() == Worker::State::Failed;
+  const std::string error = worker_->load_error();
+  worker_->stop();
+  if (failed) throw Error(error);
+}
+
+void Server::stop() { http_->stop(); }
+
+void Server::handle(const HttpRequest& req, Connection& conn) {
+  int status = 500;
+  try {
+    status = route(req, conn);
+  } catch (const ApiError& e) {
+    status = e.status;
+    if (status == 400) counters_.reject("bad_request");
+    if (status == 401) counters_.reject("unauthorized");
+    if (status == 503) counters_.reject(worker_->state() == Worker::State::Ready ? "queue_full" : "not_ready");
+    if (conn.responded) {
+      conn.keep_alive = false;
+    } else {
+      std::vector<std::string> headers;
+      if (e.retry_after > 0) headers.push_back("Retry-After: " + std::to_string(e.retry_after));
+      if (status == 401) headers.push_back("WWW-Authenticate: Bearer");
+      const json body = is_anthropic(req.path) ? anthropic_error_body(status, e.what())
+                                               : openai_error_body(status, e.type, e.what());
+      send_response(conn, status, "application/json", dump(body), headers);
+    }
+  } catch (const std::exception& e) {
+    status = 500;
+    if (conn.responded) {
+      conn.keep_alive = false;
+    } else {
+      const json body = is_anthropic(req.path) ? anthropic_error_body(500, e.what())
+                                               : openai_error_body(500, "server_error", e.what());
+      send_response(conn, 500, "application/json", dump(body));
+    }
+  }
+  counters_.count(endpoint_label(req.path), status);
+}
+
+int Server::route(const HttpRequest& req, Connection& conn) {
+  ServerContext& ctx = *ctx_;
+  const std::string& p = req.path;
+  if (p == "/health" || p == "/v1/health") {
+    require_method(req, "GET");
+    return handle_health(ctx, conn);
+  }
+  if (!opts_.api_key.empty()) {
+    const std::string auth = req.header("authorization");
+    const bool ok = auth == "Bearer " + opts_.api_key || req.header("x-api-key") == opts_.api_key;
+    if (!ok) throw ApiError(401, "authentication_error", "invalid or missing API key");
+  }
+  if (p == "/metrics") {
+    require_method(req, "GET");
+    return handle_metrics(ctx, conn);
+  }
+  if (p == "/v1/models" || p == "/models") {
+    require_method(req, "GET");
+    return handle_models(ctx, req, conn);
+  }
+  if (p == "/v1/chat/completions" || p == "/chat/completions") {
+    require_method(req, "POST");
+    return handle_chat_completions(ctx, req, conn);
+  }
+  if (p == "/v1/completions" || p == "/completions") {
+    require_method(req, "POST");
+    return handle_completions(ctx, req, conn);
+  }
+  if (p == "/v1/messages") {
+    require_method(req, "POST");
+    return handle_messages(ctx, req, conn);
+  }
+  if (p == "/v1/messages/count_tokens") {
+    require_method(req, "POST");
+    return handle_count_tokens(ctx, req, conn);
+  }
+  if (p == "/tokenize") {
+    require_method(req, "POST");
+    return handle_tokenize(ctx, req, conn);
+  }
+  if (p == "/detokenize") {
+    require_method(req, "POST");
+    return handle_detokenize(ctx, req, conn);
+  }
+  throw ApiError(404, "not_found_error", "no endpoint " + req.method + " " + p);
+}
+
+}  // namespace sluice::server

@@ -1,0 +1,118 @@
+// The one thread that owns the Session, and the bounded queue in front of it. HTTP handler
+// threads submit Jobs and read the Job's events (prefill progress, token ids, the result); the
+// worker never touches a socket, so a slow or vanished client cannot stall generation for the
+// others. A handler cancels by setting Job::cancelled: the worker's callbacks return false at
+// the next prefill chunk or token, and a job still in the queue is dropped unrun.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/session.h"
+
+namespace sluice::server {
+
+struct JobEvent {
+  enum class Kind { Started, Prefill, Token, Done, Failed };
+  static JobEvent make(Kind k, uint32_t a = 0, uint32_t b = 0) {
+    JobEvent e;
+    e.kind = k;
+    e.a = a;
+    e.b = b;
+    return e;
+  }
+  Kind kind = Kind::Done;
+  uint32_t a = 0, b = 0;       // Prefill: done, total; Token: id
+  GenerateResult result;       // Done
+  int status = 500;            // Failed: HTTP status (400: the request, 500: the engine, 503: shutdown)
+  std::string error;           // Failed
+};
+
+class Job {
+ public:
+  explicit Job(GenerateRequest r) : request(std::move(r)) {}
+  const GenerateRequest request;
+  std::atomic<bool> cancelled{false};
+  std::atomic<int> cancel_reason{0};  // 0 none, 1 client disconnected, 2 shutdown
+
+  void cancel(int reason) {
+    int none = 0;
+    cancel_reason.compare_exchange_strong(none, reason);
+    cancelled = true;
+  }
+  void push(JobEvent e);
+  // Moves every pending event into `out`; waits up to `timeout` when there is none.
+  void wait(std::vector<JobEvent>& out, std::chrono::milliseconds timeout);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<JobEvent> events_;
+};
+
+// Counters the worker keeps besides the Session's own (read by /metrics).
+struct WorkerCounters {
+  std::atomic<uint64_t> completed{0}, cancelled_disconnect{0}, cancelled_shutdown{0}, failed{0};
+  std::atomic<uint64_t> reused_tokens{0};
+};
+
+class Worker {
+ public:
+  enum class State { Loading, Ready, Failed, Stopped };
+  using Factory = std::function<std::unique_ptr<Session>()>;
+
+  // Starts the thread, which builds the Session with `factory` (loading can take minutes; the
+  // server answers /health with 503 meanwhile). queue_depth: jobs that may wait behind the
+  // running one. on_state is called from the worker thread on every state change.
+  Worker(Factory factory, size_t queue_depth, std::function<void(State)> on_state = {});
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  State state() const { return state_.load(); }
+  std::string load_error() const;
+  // Null unless Ready. Its const accessors (tokenizer, config, ctx, model_id) are safe from any
+  // thread; generate() belongs to the worker.
+  const Session* session() const { return state_ == State::Ready ? session_.get() : nullptr; }
+
+  // false when the queue is full (or the worker is not Ready).
+  bool submit(std::shared_ptr<Job> job);
+  size_t waiting() const;
+  bool busy() const { return running_.load(); }
+  // The Session's stats as of the end of the last job (or a moment during the running one).
+  SessionStats stats() const;
+  const WorkerCounters& counters() const { return counters_; }
+
+  // Cancels the running job, fails the queued ones with 503 and joins the thread.
+  void stop();
+
+ private:
+  void run(Factory factory);
+  void set_state(State s);
+
+  size_t depth_;
+  std::function<void(State)> on_state_;
+  std::atomic<State> state_{State::Loading};
+  std::atomic<bool> running_{false};
+  std::unique_ptr<Session> session_;
+  WorkerCounters counters_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  std::shared_ptr<Job> current_;
+  bool stop_ = false;
+  std::string load_error_;
+  SessionStats stats_;
+  std::thread thread_;
+};
+
+}  // namespace sluice::server

@@ -1,0 +1,551 @@
+// `sluice serve` over raw HTTP: the server runs as a child process on the tiny model and an
+// ephemeral port; requests are written by hand so the tests see the exact bytes (SSE framing,
+// status lines, headers). The real-client tests (OpenAI / Anthropic SDKs) are in tests/clients.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+struct Response {
+  int status = 0;
+  std::map<std::string, std::string> headers;  // lower-case names
+  std::string body;
+};
+
+int connect_to(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons((uint16_t)port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, (sockaddr*)&a, sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+void send_all(int fd, const std::string& s) {
+  size_t off = 0;
+  while (off < s.size()) {
+    const ssize_t n = ::send(fd, s.data() + off, s.size() - off, MSG_NOSIGNAL);
+    if (n <= 0) return;
+    off += (size_t)n;
+  }
+}
+
+std::string request_text(const std::string& method, const std::string& path, const std::string& body,
+                         const std::string& extra_headers = "") {
+  return method + " " + path + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\n" +
+         extra_headers + "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+}
+
+// Reads until EOF (requests say Connection: close) or the timeout.
+std::string read_all(int fd, double timeout_s = 60) {
+  std::string out;
+  const auto end = Clock::now() + std::chrono::duration<double>(timeout_s);
+  char buf[16384];
+  while (Clock::now() < end) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    out.append(buf, (size_t)n);
+  }
+  return out;
+}
+
+Response parse_response(const std::string& raw) {
+  Response r;
+  const size_t end = raw.find("\r\n\r\n");
+  if (end == std::string::npos) return r;
+  std::sscanf(raw.c_str(), "HTTP/1.1 %d", &r.status);
+  size_t pos = raw.find("\r\n") + 2;
+  while (pos < end) {
+    const size_t e = raw.find("\r\n", pos);
+    const std::string line = raw.substr(pos, e - pos);
+    const size_t colon = line.find(':');
+    std::string name = line.substr(0, colon);
+    for (char& c : name) c = (char)std::tolower((unsigned char)c);
+    r.headers[name] = line.substr(colon + 2);
+    pos = e + 2;
+  }
+  r.body = raw.substr(end + 4);
+  return r;
+}
+
+class Server {
+ public:
+  // Starts `sluice serve` on the tiny model with extra flags; waits for /health 200.
+  explicit Server(const std::vector<std::string>& flags) {
+    dir_ = std::filesystem::temp_directory_path() / ("sluice_server_test_" + std::to_string(::getpid()) + "_" +
+                                                     std::to_string(counter_++));
+    std::filesystem::create_directories(dir_);
+    model_ = (dir_ / "tiny.gguf").string();
+    const std::string make = std::string(SLUICE_BINARY) + " make-model --preset tiny -o " + model_ + " >/dev/null";
+    if (std::system(make.c_str()) != 0) throw std::runtime_error("make-model failed");
+    int pipefd[2];
+    if (::pipe(pipefd) != 0) throw std::runtime_error("pipe");
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::dup2(pipefd[1], 2);
+      ::close(pipefd[0]);
+      ::close(pipefd[1]);
+      std::vector<std::string> args = {SLUICE_BINARY, "serve", "-m", model_, "--port", "0", "--allow-swap"};
+      args.insert(args.end(), flags.begin(), flags.end());
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      _exit(127);
+    }
+    ::close(pipefd[1]);
+    err_fd_ = pipefd[0];
+    // The bound port comes on stderr.
+    const std::string marker = "listening on http://127.0.0.1:";
+    const auto deadline = Clock::now() + std::chrono::seconds(60);
+    auto bound = [&] { return log_.find(marker) != std::string::npos && log_.find('\n', log_.find(marker)) != std::string::npos; };
+    while (Clock::now() < deadline && !bound()) {
+      pollfd p{err_fd_, POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      char buf[4096];
+      const ssize_t n = ::read(err_fd_, buf, sizeof buf);
+      if (n <= 0) break;
+      log_.append(buf, (size_t)n);
+    }
+    if (!bound()) throw std::runtime_error("server did not start: " + log_);
+    port_ = std::stoi(log_.substr(log_.find(marker) + marker.size()));
+    while (Clock::now() < deadline && get("/health").status != 200) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ~Server() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGTERM);
+      int st = 0;
+      ::waitpid(pid_, &st, 0);
+    }
+    if (err_fd_ >= 0) ::close(err_fd_);
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  // SIGTERM, then the exit status (expected 0).
+  int stop() {
+    ::kill(pid_, SIGTERM);
+    int st = 0;
+    ::waitpid(pid_, &st, 0);
+    pid_ = -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  }
+  int port() const { return port_; }
+  pid_t pid() const { return pid_; }
+
+  Response roundtrip(const std::string& raw, double timeout_s = 60) const {
+    const int fd = connect_to(port_);
+    if (fd < 0) return {};
+    send_all(fd, raw);
+    const std::string r = read_all(fd, timeout_s);
+    ::close(fd);
+    return parse_response(r);
+  }
+  Response get(const std::string& path) const { return roundtrip(request_text("GET", path, "")); }
+  Response post(const std::string& path, const json& body, const std::string& headers = "") const {
+    return roundtrip(request_text("POST", path, body.dump(), headers));
+  }
+  // Opens a streaming request and returns the socket without reading.
+  int open_stream(const std::string& path, const json& body) const {
+    const int fd = connect_to(port_);
+    send_all(fd, request_text("POST", path, body.dump()));
+    return fd;
+  }
+
+ private:
+  static inline int counter_ = 0;
+  std::filesystem::path dir_;
+  std::string model_, log_;
+  pid_t pid_ = -1;
+  int err_fd_ = -1;
+  int port_ = 0;
+};
+
+bool metric_name_ok(const std::string& n) {
+  if (n.empty() || std::isdigit((unsigned char)n[0])) return false;
+  for (char c : n)
+    if (!std::isalnum((unsigned char)c) && c != '_' && c != ':') return false;
+  return true;
+}
+
+// A small Prometheus text-format parser: returns "name{labels}" -> value; fails the test on a
+// line that is not a comment or a well-formed sample, or on a sample without a TYPE. (No
+// std::regex: GCC 12 warns inside <regex> under the sanitizer build's -Werror.)
+std::map<std::string, double> parse_prometheus(const std::string& text) {
+  std::map<std::string, double> out;
+  std::map<std::string, std::string> types;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t e = text.find('\n', pos);
+    if (e == std::string::npos) e = text.size();
+    const std::string line = text.substr(pos, e - pos);
+    pos = e + 1;
+    if (line.empty()) continue;
+    if (line[0] == '#') {
+      if (line.rfind("# TYPE ", 0) == 0) {
+        const size_t sp = line.find(' ', 7);
+        const std::string name = line.substr(7, sp - 7), type = sp == std::string::npos ? "" : line.substr(sp + 1);
+        EXPECT_TRUE(metric_name_ok(name)) << line;
+        EXPECT_TRUE(type == "counter" || type == "gauge" || type == "histogram" || type == "summary" || type == "untyped")
+            << line;
+        types[name] = type;
+      }
+      continue;
+    }
+    size_t i = 0;
+    while (i < line.size() && line[i] != '{' && line[i] != ' ') ++i;
+    const std::string name = line.substr(0, i);
+    std::string labels;
+    if (i < line.size() && line[i] == '{') {
+      // name="value" pairs; values escape \\, \" and \n.
+      const size_t start = i++;
+      bool ok = true;
+      while (ok && i < line.size() && line[i] != '}') {
+        size_t k = i;
+        while (k < line.size() && (std::isalnum((unsigned char)line[k]) || line[k] == '_')) ++k;
+        ok = k > i && k + 1 < line.size() && line[k] == '=' && line[k + 1] == '"';
+        i = k + 2;
+        while (ok && i < line.size() && line[i] != '"') i += line[i] == '\\' ? 2 : 1;
+        ok = ok && i < line.size();
+        ++i;
+        if (ok && i < line.size() && line[i] == ',') ++i;
+      }
+      if (!ok || i >= line.size()) {
+        ADD_FAILURE() << "malformed labels: " << line;
+        continue;
+      }
+      labels = line.substr(start, i + 1 - start);
+      ++i;
+    }
+    if (!metric_name_ok(name) || i >= line.size() || line[i] != ' ') {
+      ADD_FAILURE() << "malformed sample line: " << line;
+      continue;
+    }
+    const std::string value = line.substr(i + 1);
+    EXPECT_TRUE(types.count(name)) << "sample before its TYPE: " << line;
+    if (types[name] == "counter") {
+      EXPECT_TRUE(name.ends_with("_total")) << line;
+    }
+    size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(value, &used);
+    } catch (const std::exception&) {
+    }
+    EXPECT_EQ(used, value.size()) << "bad value: " << line;
+    out[name + labels] = v;
+  }
+  return out;
+}
+
+struct SseEvent {
+  std::string name;   // "" for unnamed
+  std::string data;
+  bool comment = false;
+};
+
+// Splits an event-stream body into events; fails on framing errors (a line that is not
+// "event:", "data:" or a comment; an event block not ended by a blank line).
+std::vector<SseEvent> parse_sse(const std::string& body) {
+  std::vector<SseEvent> out;
+  size_t pos = 0;
+  while (pos < body.size()) {
+    const size_t end = body.find("\n\n", pos);
+    if (end == std::string::npos) {
+      ADD_FAILURE() << "unterminated SSE event: " << body.substr(pos);
+      break;
+    }
+    const std::string block = body.substr(pos, end - pos);
+    pos = end + 2;
+    SseEvent ev;
+    size_t lp = 0;
+    while (lp <= block.size()) {
+      size_t le = block.find('\n', lp);
+      if (le == std::string::npos) le = block.size();
+      const std::string line = block.substr(lp, le - lp);
+      lp = le + 1;
+      if (line.rfind(": ", 0) == 0) ev.comment = true;
+      else if (line.rfind("event: ", 0) == 0) ev.name = line.substr(7);
+      else if (line.rfind("data: ", 0) == 0) ev.data = line.substr(6);
+      else ADD_FAILURE() << "bad SSE line: " << line;
+    }
+    if (ev.comment) {
+      EXPECT_TRUE(ev.data.empty() && ev.name.empty()) << "comment mixed into an event: " << block;
+    }
+    out.push_back(std::move(ev));
+  }
+  return out;
+}
+
+const json kChat = {{"messages", json::array({{{"role", "user"}, {"content", "Hello there"}}})}, {"max_tokens", 6},
+                    {"temperature", 0}};
+
+class ServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    server_ = new Server({"--queue", "1", "--max-body", "65536", "--max-tokens-limit", "4000",
+                          "--sse-ping-interval", "0.2"});
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  static std::map<std::string, double> metrics() {
+    const Response r = server_->get("/metrics");
+    EXPECT_EQ(r.status, 200);
+    return parse_prometheus(r.body);
+  }
+  // Polls /metrics until `key` reaches `value` (or 10 s).
+  static bool wait_metric(const std::string& key, double value) {
+    const auto end = Clock::now() + std::chrono::seconds(10);
+    while (Clock::now() < end) {
+      if (metrics()[key] >= value) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+  static inline Server* server_ = nullptr;
+};
+
+TEST_F(ServerTest, HealthModelsTokenize) {
+  Response h = server_->get("/health");
+  EXPECT_EQ(h.status, 200);
+  EXPECT_EQ(json::parse(h.body), json({{"status", "ok"}}));
+  Response m = server_->get("/v1/models");
+  ASSERT_EQ(m.status, 200);
+  const json mj = json::parse(m.body);
+  EXPECT_EQ(mj["object"], "list");
+  EXPECT_EQ(mj["data"][0]["id"], "tiny");
+  Response t = server_->post("/tokenize", {{"content", "hello <｜User｜>"}, {"with_pieces", true}});
+  ASSERT_EQ(t.status, 200);
+  const json tj = json::parse(t.body);
+  ASSERT_FALSE(tj["tokens"].empty());
+  std::string joined;
+  for (const auto& p : tj["tokens"]) joined += p["piece"].get<std::string>();
+  EXPECT_EQ(joined, "hello <｜User｜>");
+  EXPECT_EQ(tj["tokens"].back()["piece"], "<｜User｜>") << "control tokens match as one token";
+}
+
+TEST_F(ServerTest, OpenAiStreamFraming) {
+  json body = kChat;
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  const Response r = server_->post("/v1/chat/completions", body);
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(r.headers.at("content-type"), "text/event-stream");
+  EXPECT_EQ(r.headers.count("content-length"), 0u);
+  const auto events = parse_sse(r.body);
+  ASSERT_GE(events.size(), 4u);
+  EXPECT_TRUE(events[0].comment) << "a comment goes out before anything else";
+  EXPECT_TRUE(r.body.ends_with("data: [DONE]\n\n"));
+  std::vector<json> chunks;
+  for (const auto& e : events) {
+    if (e.comment) continue;
+    EXPECT_TRUE(e.name.empty());
+    if (e.data == "[DONE]") continue;
+    chunks.push_back(json::parse(e.data));
+  }
+  ASSERT_GE(chunks.size(), 3u);
+  EXPECT_EQ(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+  for (const auto& c : chunks) {
+    EXPECT_EQ(c["object"], "chat.completion.chunk");
+    EXPECT_EQ(c["id"], chunks[0]["id"]);
+  }
+  const json& usage = chunks.back();
+  EXPECT_TRUE(usage["choices"].is_array() && usage["choices"].empty());
+  const json& fin = chunks[chunks.size() - 2];
+  EXPECT_TRUE(fin["choices"][0]["finish_reason"] == "length" || fin["choices"][0]["finish_reason"] == "stop");
+  EXPECT_EQ(usage["usage"]["completion_tokens"].get<int>() + usage["usage"]["prompt_tokens"].get<int>(),
+            usage["usage"]["total_tokens"].get<int>());
+  EXPECT_LE(usage["usage"]["completion_tokens"].get<int>(), 6);
+}
+
+TEST_F(ServerTest, AnthropicStreamFraming) {
+  const json body = {{"model", "tiny"}, {"max_tokens", 6}, {"stream", true}, {"thinking", {{"type", "enabled"}}},
+                     {"messages", json::array({{{"role", "user"}, {"content", "Hi"}}})}};
+  const Response r = server_->post("/v1/messages", body);
+  ASSERT_EQ(r.status, 200);
+  const auto events = parse_sse(r.body);
+  std::vector<std::string> names;
+  for (const auto& e : events) {
+    ASSERT_FALSE(e.comment);
+    ASSERT_FALSE(e.name.empty()) << "every Anthropic event is named";
+    const json d = json::parse(e.data);
+    EXPECT_EQ(d["type"], e.name) << "event name and data type agree";
+    names.push_back(e.name);
+  }
+  ASSERT_GE(names.size(), 4u);
+  EXPECT_EQ(names.front(), "message_start");
+  EXPECT_EQ(names[names.size() - 2], "message_delta");
+  EXPECT_EQ(names.back(), "message_stop");
+  int open = 0;
+  for (const auto& n : names) {
+    if (n == "content_block_start") {
+      EXPECT_EQ(open++, 0);
+    } else if (n == "content_block_delta") {
+      EXPECT_EQ(open, 1);
+    } else if (n == "content_block_stop") {
+      EXPECT_EQ(--open, 0);
+    }
+  }
+  EXPECT_EQ(open, 0);
+}
+
+TEST_F(ServerTest, MalformedRequestsGetJsonErrors) {
+  Response r = server_->roundtrip(request_text("POST", "/v1/chat/completions", "{\"messages\": [oops"));
+  ASSERT_EQ(r.status, 400);
+  json j = json::parse(r.body);
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(j["error"]["code"], 400);
+  EXPECT_NE(j["error"]["message"].get<std::string>().find("malformed JSON"), std::string::npos);
+
+  r = server_->post("/v1/chat/completions", {{"messages", "not an array"}});
+  EXPECT_EQ(r.status, 400);
+  json too_many = kChat;
+  too_many["max_tokens"] = 5000;
+  r = server_->post("/v1/chat/completions", too_many);
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(r.body.find("--max-tokens-limit"), std::string::npos);
+  r = server_->post("/v1/messages", {{"messages", json::array({{{"role", "user"}, {"content", "x"}}})}});
+  ASSERT_EQ(r.status, 400);
+  j = json::parse(r.body);
+  EXPECT_EQ(j["type"], "error");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  // Bad request line and unknown path.
+  r = server_->roundtrip("NONSENSE\r\n\r\n");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(server_->get("/nowhere").status, 404);
+  // Too large: refused from the Content-Length alone, body never read.
+  r = server_->roundtrip("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n");
+  EXPECT_EQ(r.status, 413);
+  EXPECT_NE(json::parse(r.body)["error"]["message"].get<std::string>().find("--max-body"), std::string::npos);
+  // Still serving.
+  EXPECT_EQ(server_->post("/v1/chat/completions", kChat).status, 200);
+}
+
+TEST_F(ServerTest, MetricsParseAndCount) {
+  const auto before = metrics();
+  ASSERT_EQ(server_->post("/v1/chat/completions", kChat).status, 200);
+  const auto after = metrics();
+  for (const char* k : {"sluice_prompt_tokens_total", "sluice_tokens_predicted_total", "sluice_expert_cache_hits_total",
+                        "sluice_expert_cache_misses_total", "sluice_memory_rss_bytes", "sluice_memory_budget_bytes",
+                        "sluice_prompt_seconds_total", "sluice_requests_waiting"})
+    EXPECT_TRUE(after.count(k)) << k;
+  const std::string key = "sluice_http_requests_total{endpoint=\"/v1/chat/completions\",code=\"200\"}";
+  EXPECT_EQ(after.at(key), (before.count(key) ? before.at(key) : 0) + 1);
+  EXPECT_GT(after.at("sluice_tokens_predicted_total"), before.at("sluice_tokens_predicted_total"));
+  EXPECT_GT(after.at("sluice_memory_rss_bytes"), 0);
+}
+
+TEST_F(ServerTest, PrefixReuseShowsInUsageAndMetrics) {
+  std::vector<int> prompt;
+  for (int i = 0; i < 40; ++i) prompt.push_back(10 + i * 7 % 400);
+  const json first = {{"prompt", prompt}, {"max_tokens", 1}, {"temperature", 0}};
+  Response r = server_->post("/v1/completions", first);
+  ASSERT_EQ(r.status, 200);
+  const double cached_before = metrics()["sluice_prompt_tokens_cached_total"];
+  // The kept sequence is exactly the previous prompt (the one sampled token was not evaluated),
+  // so a prompt that extends it evaluates only its new tokens.
+  std::vector<int> longer = prompt;
+  for (int i = 0; i < 10; ++i) longer.push_back(300 + i);
+  r = server_->post("/v1/completions", {{"prompt", longer}, {"max_tokens", 1}, {"temperature", 0}});
+  ASSERT_EQ(r.status, 200);
+  const json j = json::parse(r.body);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 50);
+  EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"], 40);
+  EXPECT_EQ(j["timings"]["prompt_n"], 10);
+  EXPECT_EQ(metrics()["sluice_prompt_tokens_cached_total"], cached_before + 40);
+}
+
+// One running, one waiting (--queue 1), the third gets 503 + Retry-After; closing the sockets
+// cancels both generations at the next token.
+TEST_F(ServerTest, FullQueueGets503AndDisconnectCancels) {
+  const std::string cancelled = "sluice_requests_cancelled_total{reason=\"disconnect\"}";
+  const double cancelled_before = metrics()[cancelled];
+  const json long_gen = {{"prompt", "tell me everything"}, {"max_tokens", 4000}, {"ignore_eos", true}, {"stream", true}};
+  const int a = server_->open_stream("/v1/completions", long_gen);
+  ASSERT_TRUE(wait_metric("sluice_requests_processing", 1));
+  const int b = server_->open_stream("/v1/completions", long_gen);
+  ASSERT_TRUE(wait_metric("sluice_requests_waiting", 1));
+  const Response c = server_->post("/v1/completions", long_gen);
+  EXPECT_EQ(c.status, 503);
+  ASSERT_TRUE(c.headers.count("retry-after"));
+  EXPECT_GE(std::stoi(c.headers.at("retry-after")), 1);
+  EXPECT_EQ(json::parse(c.body)["error"]["code"], 503);
+  // The running stream is producing tokens; drop both clients.
+  char buf[4096];
+  ASSERT_GT(::recv(a, buf, sizeof buf, 0), 0);
+  ::close(a);
+  ::close(b);
+  EXPECT_TRUE(wait_metric(cancelled, cancelled_before + 1));
+  const auto end = Clock::now() + std::chrono::seconds(10);
+  while (Clock::now() < end && (metrics()["sluice_requests_processing"] != 0 || metrics()["sluice_requests_waiting"] != 0))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const auto m = metrics();
+  EXPECT_EQ(m.at("sluice_requests_processing"), 0);
+  EXPECT_EQ(m.at("sluice_requests_waiting"), 0);
+  EXPECT_LT(m.at("sluice_tokens_predicted_total"), 4000) << "the generation ran on after the client left";
+  EXPECT_EQ(server_->post("/v1/chat/completions", kChat).status, 200);
+}
+
+// A long prompt: the status line and a first SSE comment arrive at once, before the prefill.
+TEST_F(ServerTest, FirstByteBeforeLongPrefill) {
+  std::vector<int> prompt;
+  for (int i = 0; i < 3000; ++i) prompt.push_back(3 + (i * 31) % 500);
+  const auto t0 = Clock::now();
+  const int fd = server_->open_stream("/v1/completions", {{"prompt", prompt}, {"max_tokens", 1}, {"stream", true}});
+  std::string got;
+  char buf[4096];
+  while (got.find("\r\n\r\n: ") == std::string::npos) {
+    pollfd p{fd, POLLIN, 0};
+    ASSERT_GT(::poll(&p, 1, 5000), 0);
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    ASSERT_GT(n, 0);
+    got.append(buf, (size_t)n);
+  }
+  const double first = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_LT(first, 1.0);
+  EXPECT_EQ(got.find("data: "), std::string::npos) << "no data yet: the prompt is still being evaluated";
+  // Leave: the prefill is cancelled at its next chunk, and the server goes on serving.
+  ::close(fd);
+  EXPECT_EQ(server_->post("/v1/chat/completions", kChat).status, 200);
+}
+
+TEST(ServerAuth, ApiKeyRequiredExceptHealth) {
+  Server s({"--api-key", "sekrit"});
+  EXPECT_EQ(s.get("/health").status, 200);
+  const Response r = s.post("/v1/chat/completions", kChat);
+  EXPECT_EQ(r.status, 401);
+  EXPECT_EQ(json::parse(r.body)["error"]["type"], "authentication_error");
+  EXPECT_EQ(s.post("/v1/chat/completions", kChat, "Authorization: Bearer sekrit\r\n").status, 200);
+  EXPECT_EQ(s.post("/v1/chat/completions", kChat, "x-api-key: sekrit\r\n").status, 200);
+  EXPECT_EQ(s.stop(), 0) << "SIGTERM ends the server cleanly";
+}
+
+}  // namespace
