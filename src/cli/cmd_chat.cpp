@@ -44,6 +44,7 @@ int run_chat(const ChatCommandOptions& o) {
     throw UsageError(e.what());
   }
   Session session(session_options(o.engine, o.model, o.ctx));
+  maybe_print_plan(o.engine, session);
   const text::Tokenizer& tok = session.tokenizer();
   const ModelConfig& c = session.config();
   text::ChatOptions co;

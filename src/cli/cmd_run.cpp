@@ -245,6 +245,7 @@ void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
   sub->add_flag("--no-direct-io", o.no_direct_io, "buffered expert reads (drops the pages after reading)");
   sub->add_flag("--resident-experts", o.resident_experts,
                 "read every routed expert into memory at load instead of streaming them (small models)");
+  sub->add_flag("--print-plan", o.print_plan, "print the memory plan's breakdown on stderr (default: when it is a terminal)");
   sub->add_option("--watchdog", o.watchdog,
                   "SOFT:HARD byte sizes: run under a memory watchdog (SIGTERM at SOFT, kill at HARD)");
 }
@@ -280,6 +281,10 @@ SessionOptions session_options(const EngineCliOptions& e, const std::string& mod
     };
   }
   return so;
+}
+
+void maybe_print_plan(const EngineCliOptions& e, const Session& s) {
+  if (e.print_plan || isatty(2)) std::fputs(format_plan(s.plan()).c_str(), stderr);
 }
 
 std::string session_summary(const Session& s, uint64_t tokens_evaluated) {
@@ -442,6 +447,7 @@ int run_run(const RunOptions& o) {
   const uint64_t ctx = o.ctx != 0 ? o.ctx : std::max<uint64_t>(1, prompt_n + n_predict);
 
   Session session(session_options(o.engine, o.model, (uint32_t)ctx));
+  maybe_print_plan(o.engine, session);
   const uint32_t V = session.config().vocab_size;
   const double load_s = seconds_since(t_load);
 

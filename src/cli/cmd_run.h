@@ -24,10 +24,13 @@ struct EngineCliOptions {
   bool no_direct_io = false;
   bool resident_experts = false;
   std::string watchdog;        // SOFT:HARD; handled in main() (re-executes under the watchdog)
+  bool print_plan = false;     // the admission breakdown on stderr (always when stderr is a terminal)
 };
 void add_engine_options(CLI::App* sub, EngineCliOptions& o);
 // Throws UsageError for bad values. ctx 0: the session's default.
 SessionOptions session_options(const EngineCliOptions& e, const std::string& model, uint32_t ctx);
+// The plan's breakdown on stderr when asked (--print-plan) or when stderr is a terminal.
+void maybe_print_plan(const EngineCliOptions& e, const Session& s);
 // "expert cache ... hit rate ... read ... | peak RSS ... of budget ..." for summaries.
 std::string session_summary(const Session& s, uint64_t tokens_evaluated);
 // The store's summary and one line of counters per layer (for --expert-stats and chat).

@@ -102,6 +102,7 @@ int run_serve(const ServeOptions& o) {
   auto factory = [sess] {
     const auto t0 = std::chrono::steady_clock::now();
     auto s = std::make_unique<Session>(sess);
+    std::fputs(format_plan(s->plan()).c_str(), stderr);  // the server log records what was admitted
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::fprintf(stderr, "sluice serve: model %s loaded in %.1f s, ctx %u, ready\n", s->model_id().c_str(), secs,
                  s->ctx());

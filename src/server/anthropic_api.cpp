@@ -4,6 +4,7 @@
 
 #include "server/api_error.h"
 #include "server/generation.h"
+#include "server/stop_strings.h"
 #include "server/sse.h"
 #include "text/chat.h"
 
@@ -124,8 +125,11 @@ Converted convert(const json& body) {
   return out;
 }
 
+json stop_sequence(const DriveOutcome& o) { return o.stop_string.empty() ? json(nullptr) : json(o.stop_string); }
+
 std::string stop_reason(const DriveOutcome& o) {
   if (o.had_calls) return "tool_use";
+  if (!o.stop_string.empty()) return "stop_sequence";
   return finish_reason(o) == "length" ? "max_tokens" : "end_turn";
 }
 
@@ -167,6 +171,7 @@ int handle_messages(ServerContext& ctx, const HttpRequest& req, Connection& conn
   sf.temperature = get_number(body, "temperature");
   sf.top_p = get_number(body, "top_p");
   const bool stream = get_bool(body, "stream").value_or(false);
+  const std::vector<std::string> stops = parse_stop_strings(body, "stop_sequences");
   std::string prompt_text;
   std::vector<uint32_t> prompt = encode_chat(s, c.messages, c.options, &prompt_text);
   const uint32_t n_prompt = (uint32_t)prompt.size();
@@ -232,6 +237,7 @@ int handle_messages(ServerContext& ctx, const HttpRequest& req, Connection& conn
       }
       return conn.write(out);
     };
+    h.stops = stops;
     const DriveOutcome o = drive(ctx, *job, conn, mode, h);
     if (o.client_gone) return 499;
     if (!o.ok) {
@@ -241,7 +247,7 @@ int handle_messages(ServerContext& ctx, const HttpRequest& req, Connection& conn
     std::string out;
     close_block(out);
     out += sse_event("message_delta", {{"type", "message_delta"},
-                                       {"delta", {{"stop_reason", stop_reason(o)}, {"stop_sequence", nullptr}}},
+                                       {"delta", {{"stop_reason", stop_reason(o)}, {"stop_sequence", stop_sequence(o)}}},
                                        {"usage", {{"output_tokens", o.result.tokens.size()}}}});
     out += sse_event("message_stop", {{"type", "message_stop"}});
     conn.write(out);
@@ -265,6 +271,7 @@ int handle_messages(ServerContext& ctx, const HttpRequest& req, Connection& conn
       content.push_back({{"type", "tool_use"}, {"id", new_id(ctx, "toolu_")}, {"name", call.name}, {"input", tool_input(call.arguments)}});
     return true;
   };
+  h.stops = stops;
   const DriveOutcome o = drive(ctx, *job, conn, mode, h);
   if (o.client_gone) {
     conn.keep_alive = false;
@@ -277,7 +284,7 @@ int handle_messages(ServerContext& ctx, const HttpRequest& req, Connection& conn
                      {"content", content},
                      {"model", ctx.model_id},
                      {"stop_reason", stop_reason(o)},
-                     {"stop_sequence", nullptr},
+                     {"stop_sequence", stop_sequence(o)},
                      {"usage", usage_json(o.result, true)}};
   send_response(conn, 200, "application/json", dump(resp));
   return 200;

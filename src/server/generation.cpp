@@ -8,6 +8,7 @@
 
 #include "runtime/sampler.h"
 #include "server/api_error.h"
+#include "server/stop_strings.h"
 #include "util/error.h"
 
 namespace sluice::server {
@@ -136,7 +137,12 @@ DriveOutcome drive(ServerContext& ctx, Job& job, Connection& conn, TextMode mode
       if (t == id) return true;
     return false;
   };
-  auto emit = [&](const text::OutputParser::Delta& d) {
+  StopMatcher stopper(hooks.stops);
+  auto emit = [&](text::OutputParser::Delta d) {
+    if (stopper.active() && !d.content.empty()) {
+      d.content = stopper.push(d.content);
+      if (stopper.hit()) job.cancel(3);  // the worker stops at the next token
+    }
     if (d.empty()) return true;
     if (!d.calls.empty()) out.had_calls = true;
     last_write = std::chrono::steady_clock::now();
@@ -162,16 +168,27 @@ DriveOutcome drive(ServerContext& ctx, Job& job, Connection& conn, TextMode mode
           }
           break;
         case JobEvent::Kind::Token:
-          if (!gone && !hidden(e.a)) {
+          if (!gone && !hidden(e.a) && !stopper.hit()) {
             const std::string text = dec.push((int32_t)e.a);
             if (!emit(raw ? raw_delta(text) : parser.push(text))) gone = true;
           }
           break;
         case JobEvent::Kind::Done: {
           out.result = std::move(e.result);
-          if (!gone) {
+          if (!gone && !stopper.hit()) {
             const std::string tail = dec.finish();
             gone = raw ? !emit(raw_delta(tail)) : (!emit(parser.push(tail)) || !emit(parser.finish()));
+            // Text held back as a possible stop-string start goes out now.
+            if (!gone && !stopper.hit() && hooks.delta) {
+              const text::OutputParser::Delta rest = raw_delta(stopper.finish());
+              if (!rest.empty()) gone = !hooks.delta(rest);
+            }
+          }
+          if (!gone && stopper.hit()) {
+            out.ok = true;
+            out.result.finish = "stop";
+            out.stop_string = stopper.matched();
+            return out;
           }
           if (out.result.finish == "cancelled" || gone) {
             out.client_gone = true;

@@ -52,6 +52,7 @@ struct DriveHooks {
   std::function<bool()> keepalive;
   std::function<bool(uint32_t done, uint32_t total)> prefill;
   std::function<bool(const text::OutputParser::Delta&)> delta;
+  std::vector<std::string> stops;  // stop strings matched in the content (server/stop_strings.h)
 };
 
 struct DriveOutcome {
@@ -61,6 +62,7 @@ struct DriveOutcome {
   std::string error;
   GenerateResult result;
   bool had_calls = false;    // some delta carried tool calls
+  std::string stop_string;   // the stop string that ended generation, if one did
 };
 
 enum class TextMode {

@@ -5,6 +5,7 @@
 
 #include "server/api_error.h"
 #include "server/generation.h"
+#include "server/stop_strings.h"
 #include "server/sse.h"
 #include "text/chat.h"
 
@@ -198,6 +199,7 @@ int handle_chat_completions(ServerContext& ctx, const HttpRequest& req, Connecti
   const text::ChatOptions opts = convert_options(body);
   if (auto n = get_int(body, "n"); n && *n != 1) throw bad_request("only n = 1 is supported");
   const bool stream = stream_requested(body);
+  const std::vector<std::string> stops = parse_stop_strings(body, "stop");
   std::string prompt_text;
   std::vector<uint32_t> prompt = encode_chat(s, messages, opts, &prompt_text);
   GenerateRequest gr = make_request(ctx, std::move(prompt), max_tokens_field(body), sampling_fields(body),
@@ -238,6 +240,7 @@ int handle_chat_completions(ServerContext& ctx, const HttpRequest& req, Connecti
       }
       return conn.write(out);
     };
+    h.stops = stops;
     const DriveOutcome o = drive(ctx, *job, conn, mode, h);
     if (o.client_gone) return 499;
     if (!o.ok) {
@@ -267,6 +270,7 @@ int handle_chat_completions(ServerContext& ctx, const HttpRequest& req, Connecti
     calls.insert(calls.end(), d.calls.begin(), d.calls.end());
     return true;
   };
+  h.stops = stops;
   const DriveOutcome o = drive(ctx, *job, conn, mode, h);
   if (o.client_gone) {
     conn.keep_alive = false;
@@ -322,6 +326,7 @@ int handle_completions(ServerContext& ctx, const HttpRequest& req, Connection& c
   if (get_bool(body, "echo").value_or(false)) throw bad_request("'echo' is not supported");
   if (auto n = get_int(body, "n"); n && *n != 1) throw bad_request("only n = 1 is supported");
   const bool stream = stream_requested(body);
+  const std::vector<std::string> stops = parse_stop_strings(body, "stop");
   GenerateRequest gr = make_request(ctx, std::move(ids), max_tokens_field(body), sampling_fields(body), {});
   gr.ignore_eos = get_bool(body, "ignore_eos").value_or(false);
   auto job = submit(ctx, std::move(gr));
@@ -342,6 +347,7 @@ int handle_completions(ServerContext& ctx, const HttpRequest& req, Connection& c
     Streamer st{ctx, conn};
     DriveHooks h = st.hooks();
     h.delta = [&](const text::OutputParser::Delta& d) { return conn.write(sse_data(chunk(d.content, nullptr))); };
+    h.stops = stops;
     const DriveOutcome o = drive(ctx, *job, conn, TextMode::Raw, h);
     if (o.client_gone) return 499;
     if (!o.ok) {
@@ -366,6 +372,7 @@ int handle_completions(ServerContext& ctx, const HttpRequest& req, Connection& c
     text += d.content;
     return true;
   };
+  h.stops = stops;
   const DriveOutcome o = drive(ctx, *job, conn, TextMode::Raw, h);
   if (o.client_gone) {
     conn.keep_alive = false;

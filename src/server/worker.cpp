@@ -151,6 +151,7 @@ void Worker::run(Factory factory) {
       done.kind = JobEvent::Kind::Done;
       if (done.result.finish == "cancelled") {
         if (job->cancel_reason == 2) counters_.cancelled_shutdown++;
+        else if (job->cancel_reason == 3) counters_.completed++;  // a stop string ended it
         else counters_.cancelled_disconnect++;
       } else {
         counters_.completed++;

@@ -41,7 +41,7 @@ class Job {
   explicit Job(GenerateRequest r) : request(std::move(r)) {}
   const GenerateRequest request;
   std::atomic<bool> cancelled{false};
-  std::atomic<int> cancel_reason{0};  // 0 none, 1 client disconnected, 2 shutdown
+  std::atomic<int> cancel_reason{0};  // 0 none, 1 client disconnected, 2 shutdown, 3 stop string
 
   void cancel(int reason) {
     int none = 0;

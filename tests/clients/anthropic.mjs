@@ -79,4 +79,18 @@ await test("a bad request is an Anthropic error (400)", async () => {
   );
 });
 
+await test("stop_sequences: stop_reason stop_sequence names the one that matched", async () => {
+  const base = { model: "tiny", max_tokens: 24, temperature: 0, messages: [{ role: "user", content: "Tell a story." }] };
+  const full = await client.messages.create(base);
+  const text = full.content.filter((b) => b.type === "text").map((b) => b.text).join("");
+  const chars = Array.from(text);
+  const stop = chars.slice(2).find((c) => c.trim() !== "" && c !== "\uFFFD");
+  assert.ok(stop, `no usable character in ${JSON.stringify(text)}`);
+  const r = await client.messages.create({ ...base, stop_sequences: [stop] });
+  const got = r.content.filter((b) => b.type === "text").map((b) => b.text).join("");
+  assert.equal(got, text.slice(0, text.indexOf(stop)));
+  assert.equal(r.stop_reason, "stop_sequence");
+  assert.equal(r.stop_sequence, stop);
+});
+
 done();

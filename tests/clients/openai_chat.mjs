@@ -111,4 +111,35 @@ await test("a bad request surfaces as APIError 400 with a message", async () => 
   );
 });
 
+// A stop string taken from the greedy text itself: the text ends right before its first
+// occurrence, streaming and not, and finish_reason is "stop".
+function pickStop(text) {
+  const chars = Array.from(text);
+  for (let i = 2; i < chars.length; i++) if (chars[i].trim() !== "" && chars[i] !== "\uFFFD") return chars[i];
+  return null;
+}
+
+await test("completions: stop strings end the text before them, streaming or not", async () => {
+  const base = { model: "tiny", prompt: "Once upon a time", max_tokens: 24, temperature: 0, ignore_eos: true };
+  const full = await client.completions.create(base);
+  const text = full.choices[0].text;
+  const stop = pickStop(text);
+  assert.ok(stop, `no usable character in ${JSON.stringify(text)}`);
+  const want = text.slice(0, text.indexOf(stop));
+  const cut = await client.completions.create({ ...base, stop: [stop, "never-appears-here"] });
+  assert.equal(cut.choices[0].text, want);
+  assert.equal(cut.choices[0].finish_reason, "stop");
+  const stream = await client.completions.create({ ...base, stop, stream: true });
+  let streamed = "";
+  let finish = null;
+  for await (const c of stream) {
+    streamed += c.choices[0]?.text ?? "";
+    finish = c.choices[0]?.finish_reason ?? finish;
+  }
+  assert.equal(streamed, want);
+  assert.equal(finish, "stop");
+  await assert.rejects(client.completions.create({ ...base, stop: [""] }),
+    (e) => e instanceof OpenAI.APIError && e.status === 400 && /stop/.test(e.message));
+});
+
 done();
