@@ -2,15 +2,11 @@
 #include <gtest/gtest.h>
 
 #include <sys/mman.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
@@ -27,50 +23,19 @@
 #include "runtime/meminfo.h"
 #include "util/error.h"
 
+#include "test_util.h"
+
 namespace fs = std::filesystem;
 using namespace sluice;
+using sluice::test::CmdResult;
+using sluice::test::q;
+using sluice::test::run_sluice;
+using sluice::test::TempDir;
 
 namespace {
 
 constexpr uint64_t GiB = 1ull << 30, MiB = 1ull << 20;
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("sluice_admission_test_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
-
-std::string slurp(const std::string& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
-
-struct CmdResult {
-  int rc = -1;
-  std::string out, err;
-};
-
-CmdResult run_sluice(const TempDir& dir, const std::string& args) {
-  const std::string out = dir / "stdout.txt", err = dir / "stderr.txt";
-  const std::string cmd = std::string("'") + SLUICE_BINARY + "' " + args + " >'" + out + "' 2>'" + err + "'";
-  const int st = std::system(cmd.c_str());
-  CmdResult r;
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
-}
-
-std::string q(const std::string& s) { return "'" + s + "'"; }
+constexpr const char* kTmpPrefix = "sluice_admission_test";
 
 // A host with plenty of memory and no swap, so plans do not depend on the test machine.
 HostFacts quiet_host() {
@@ -248,7 +213,7 @@ TEST(AdmissionSequenceState, PublishedSizesMatchTheSpec) {
 }
 
 TEST(AdmissionSequenceState, MatchesWhatTheEngineAllocates) {
-  TempDir dir;
+  TempDir dir(kTmpPrefix);
   const ModelConfig c = tiny_config();
   const std::string path = dir / "tiny.gguf";
   generate_model(c, synthetic_vocab(c.vocab_size), path, GenerateOptions{3, false});
@@ -508,7 +473,7 @@ TEST(AdmissionPlan, RejectsInvalidOptions) {
 }
 
 TEST(AdmissionPlan, FileFootprintEqualsTheSchemaFootprint) {
-  TempDir dir;
+  TempDir dir(kTmpPrefix);
   const ModelConfig c = tiny_config();
   const std::string path = dir / "tiny.gguf";
   generate_model(c, synthetic_vocab(c.vocab_size), path, GenerateOptions{1, true});
@@ -529,7 +494,7 @@ TEST(AdmissionPlan, FileFootprintEqualsTheSchemaFootprint) {
 }
 
 TEST(AdmissionCli, PlanOnThePublishedSparseFile) {
-  TempDir dir;
+  TempDir dir(kTmpPrefix);
   const std::string model = dir / "published.gguf";
   CmdResult r = run_sluice(dir, "make-model --preset published --sparse -o " + q(model));
   ASSERT_EQ(r.rc, 0) << r.err;

@@ -3,17 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -24,52 +19,18 @@
 #include "model/config.h"
 #include "model/schema.h"
 
+#include "test_util.h"
+
 namespace fs = std::filesystem;
+using sluice::test::CmdResult;
+using sluice::test::q;
+using sluice::test::run_sluice;
+using sluice::test::slurp;
+using sluice::test::TempDir;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() /
-           ("sluice_cli_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
-
-std::string slurp(const std::string& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
-
-struct CmdResult {
-  int rc = -1;
-  std::string out, err;
-  size_t err_lines() const { return (size_t)std::count(err.begin(), err.end(), '\n'); }
-};
-
-// Runs `sluice ARGS` (ARGS already shell-quoted where needed), capturing stdout and stderr.
-CmdResult run_sluice(const TempDir& dir, const std::string& args) {
-  const std::string out = dir / "stdout.txt", err = dir / "stderr.txt";
-  const std::string cmd = std::string("'") + SLUICE_BINARY + "' " + args + " >'" + out + "' 2>'" + err + "'";
-  const int st = std::system(cmd.c_str());
-  CmdResult r;
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  fs::remove(out);
-  fs::remove(err);
-  return r;
-}
-
-std::string q(const std::string& s) { return "'" + s + "'"; }
+constexpr const char* kTmpPrefix = "sluice_cli_test";
 
 std::string lower(std::string s) {
   for (char& ch : s) ch = (char)std::tolower((unsigned char)ch);
@@ -102,7 +63,7 @@ std::string source_dir() { return std::string(SLUICE_TEST_DATA) + "/../.."; }
 }  // namespace
 
 TEST(CliBasics, VersionAndHelp) {
-  TempDir dir;
+  TempDir dir(kTmpPrefix);
   CmdResult r = run_sluice(dir, "--version");
   EXPECT_EQ(r.rc, 0);
   EXPECT_NE(r.out.find(SLUICE_VERSION), std::string::npos) << r.out;
@@ -116,7 +77,7 @@ TEST(CliBasics, VersionAndHelp) {
 }
 
 TEST(CliBasics, UsageErrorsExitTwoWithAHint) {
-  TempDir dir;
+  TempDir dir(kTmpPrefix);
   CmdResult r = run_sluice(dir, "");
   EXPECT_EQ(r.rc, 2);
   expect_one_error_line(r, "no command");
@@ -158,7 +119,7 @@ TEST(CliBasics, UsageErrorsExitTwoWithAHint) {
 }
 
 TEST(CliBasics, MissingFilesExitOneNamingTheFile) {
-  TempDir dir;
+  TempDir dir(kTmpPrefix);
   const std::string missing = dir / "no-such-model.gguf";
   for (const std::string& args : {"inspect " + q(missing), "inspect --json " + q(missing),
                                   "dump-tensor " + q(missing) + " token_embd.weight " + q(dir / "o.f32"),
@@ -175,7 +136,7 @@ TEST(CliBasics, MissingFilesExitOneNamingTheFile) {
 }
 
 TEST(CliMakeModel, PublishedSparseHasThePublishedLayout) {
-  TempDir dir;
+  TempDir dir(kTmpPrefix);
   const std::string model = dir / "published.gguf";
   CmdResult r = run_sluice(dir, "make-model --preset published --sparse -o " + q(model));
   ASSERT_EQ(r.rc, 0) << r.err;
@@ -217,7 +178,7 @@ TEST(CliMakeModel, PublishedSparseHasThePublishedLayout) {
 }
 
 TEST(CliMakeModel, TinyGeneratesInspectsAndDumps) {
-  TempDir dir;
+  TempDir dir(kTmpPrefix);
   const std::string model = dir / "tiny.gguf";
   CmdResult r = run_sluice(dir, "make-model --preset tiny --seed 11 -o " + q(model));
   ASSERT_EQ(r.rc, 0) << r.err;
@@ -277,7 +238,7 @@ TEST(CliMakeModel, TinyGeneratesInspectsAndDumps) {
 }
 
 TEST(CliMakeModel, SeedDeterminesPayload) {
-  TempDir dir;
+  TempDir dir(kTmpPrefix);
   const std::string a = dir / "a.gguf", b = dir / "b.gguf", other = dir / "c.gguf";
   ASSERT_EQ(run_sluice(dir, "make-model --preset tiny --seed 5 -o " + q(a)).rc, 0);
   ASSERT_EQ(run_sluice(dir, "make-model --preset tiny --seed 5 -o " + q(b)).rc, 0);
@@ -291,7 +252,7 @@ TEST(CliMakeModel, SeedDeterminesPayload) {
 }
 
 TEST(CliMakeModel, VocabularyOptions) {
-  TempDir dir;
+  TempDir dir(kTmpPrefix);
   // The tiny config has 512 tokens; DeepSeek's vocabulary has 129,280.
   const std::string vocab = std::string(SLUICE_DATA_DIR) + "/deepseek-v3-vocab.gguf";
   CmdResult r = run_sluice(dir, "make-model --preset tiny --vocab " + q(vocab) + " -o " + q(dir / "m.gguf"));
@@ -323,7 +284,7 @@ TEST(CliMakeModel, VocabularyOptions) {
 }
 
 TEST(CliMakeModel, BadConfigIsOneErrorLine) {
-  TempDir dir;
+  TempDir dir(kTmpPrefix);
   std::ofstream(dir / "broken.json") << "{ \"hidden_size\": ";
   CmdResult r = run_sluice(dir, "make-model --config " + q(dir / "broken.json") + " -o " + q(dir / "m.gguf"));
   EXPECT_EQ(r.rc, 1);
@@ -337,7 +298,7 @@ TEST(CliMakeModel, BadConfigIsOneErrorLine) {
 }
 
 TEST(CliMakeModel, TinyAltConfigGeneratesAndValidates) {
-  TempDir dir;
+  TempDir dir(kTmpPrefix);
   const std::string config = source_dir() + "/configs/tiny-alt.json";
   ASSERT_TRUE(fs::exists(config)) << config << " is missing";
   const std::string model = dir / "alt.gguf";
@@ -355,7 +316,7 @@ TEST(CliMakeModel, TinyAltConfigGeneratesAndValidates) {
 }
 
 TEST(CliInspect, NonDeepseekGgufIsReportedNotRejected) {
-  TempDir dir;
+  TempDir dir(kTmpPrefix);
   // DeepSeek's vocabulary file is a valid GGUF of another architecture.
   const std::string vocab = std::string(SLUICE_DATA_DIR) + "/deepseek-v3-vocab.gguf";
   const nlohmann::json j = inspect_json(dir, vocab);
@@ -372,7 +333,7 @@ TEST(CliInspect, NonDeepseekGgufIsReportedNotRejected) {
 
 // Every malformed file of the GGUF corpus fails with exactly one error line; valid_* files parse.
 TEST(CliInspect, MalformedCorpusFailsWithOneErrorLine) {
-  TempDir dir;
+  TempDir dir(kTmpPrefix);
   const std::string corpus = std::string(SLUICE_TEST_DATA) + "/gguf_corpus";
   std::ifstream manifest(corpus + "/MANIFEST.txt");
   ASSERT_TRUE(manifest) << corpus << "/MANIFEST.txt is missing";

@@ -7,7 +7,6 @@
 #include <iterator>
 #include <set>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "format/gguf.h"
@@ -18,25 +17,15 @@
 #include "model/vocab.h"
 #include "util/error.h"
 
+#include "test_util.h"
+
 namespace fs = std::filesystem;
 using namespace sluice;
+using sluice::test::TempDir;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() /
-           ("sluice_generate_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+constexpr const char* kTmpPrefix = "sluice_generate_test";
 
 std::string real_vocab_path() { return std::string(SLUICE_DATA_DIR) + "/deepseek-v3-vocab.gguf"; }
 
@@ -110,7 +99,7 @@ TEST(GenerateVocab, LoadsDeepSeekVocabulary) {
 
 TEST(GenerateVocab, LoadRejectsMissingFileAndKeys) {
   EXPECT_THROW(load_vocab_gguf("/nonexistent/vocab.gguf"), Error);
-  TempDir tmp;
+  TempDir tmp(kTmpPrefix);
   const std::string p = (tmp.path / "novocab.gguf").string();
   gguf::Writer w;
   w.add("general.architecture", gguf::Value::str("x"));
@@ -248,7 +237,7 @@ TEST(GenerateModel, PublishedLayoutHasThePublishedSize) {
 }
 
 TEST(GenerateModel, TinyFileMatchesSchema) {
-  TempDir tmp;
+  TempDir tmp(kTmpPrefix);
   const std::string p = (tmp.path / "tiny.gguf").string();
   const ModelConfig c = tiny_config();
   const GenerateResult r = generate_model(c, synthetic_vocab(c.vocab_size), p, GenerateOptions{5, false});
@@ -291,7 +280,7 @@ TEST(GenerateModel, TinyFileMatchesSchema) {
 }
 
 TEST(GenerateModel, SparseWritesHolesWithTheSameHeader) {
-  TempDir tmp;
+  TempDir tmp(kTmpPrefix);
   const ModelConfig c = tiny_config();
   const Vocab v = synthetic_vocab(c.vocab_size);
   const std::string dense = (tmp.path / "dense.gguf").string(), sparse = (tmp.path / "sparse.gguf").string();
@@ -308,7 +297,7 @@ TEST(GenerateModel, SparseWritesHolesWithTheSameHeader) {
 }
 
 TEST(GenerateModel, FailedWriteLeavesNoFile) {
-  TempDir tmp;
+  TempDir tmp(kTmpPrefix);
   // Q4_0 can be sized but has no random-block generator: the write fails part-way through.
   ModelConfig c = tiny_config();
   c.types.attn = GgmlType::Q4_0;

@@ -14,7 +14,6 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -24,10 +23,13 @@
 #include "format/gguf.h"
 #include "runtime/admission.h"
 
+#include "test_util.h"
+
 namespace sluice {
 namespace {
 
 namespace fs = std::filesystem;
+using test::slurp;
 
 #if defined(__SANITIZE_ADDRESS__)
 constexpr bool kSanitized = true;  // shadow memory and the quarantine make RSS meaningless
@@ -41,13 +43,6 @@ struct Peak {
   uint64_t rusage_max = 0;   // ru_maxrss at exit
   std::string out, err;
 };
-
-std::string slurp(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 // Runs SLUICE_BINARY args..., sampling /proc/PID/status every 2 ms until it exits.
 Peak run_measured(const std::vector<std::string>& args, const fs::path& dir) {

@@ -15,7 +15,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <set>
 #include <sstream>
 #include <string>
@@ -29,22 +28,15 @@
 #include "text/tokenizer.h"
 #include "text/utf8.h"
 
+#include "test_util.h"
+
 namespace fs = std::filesystem;
+using sluice::test::CmdResult;
+using sluice::test::q;
+using sluice::test::run_sluice;
+using sluice::test::slurp;
 
 namespace {
-
-std::string slurp(const std::string& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
-
-std::string q(const std::string& s) { return "'" + s + "'"; }
-
-struct CmdResult {
-  int rc = -1;
-  std::string out, err;
-  size_t err_lines() const { return (size_t)std::count(err.begin(), err.end(), '\n'); }
-};
 
 std::vector<uint32_t> parse_ids(const std::string& line) {
   std::istringstream in(line);
@@ -94,16 +86,8 @@ class RunCli : public ::testing::Test {
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
 
   // Runs `sluice ARGS` (already shell-quoted where needed), capturing stdout and stderr.
-  CmdResult sluice(const std::string& args) const {
-    const std::string out = path("stdout.txt"), err = path("stderr.txt");
-    const std::string cmd = q(SLUICE_BINARY) + " " + args + " >" + q(out) + " 2>" + q(err);
-    const int st = std::system(cmd.c_str());
-    CmdResult r;
-    r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    r.out = slurp(out);
-    r.err = slurp(err);
-    return r;
-  }
+  // dir_ is a per-test folder under the suite's root_ (one model for the whole suite), not a TempDir.
+  CmdResult sluice(const std::string& args) const { return run_sluice(dir_, args); }
   // --allow-swap: the verdict must not depend on whether the test machine has swap.
   CmdResult run(const std::string& args) const { return sluice("run -m " + q(model_) + " --allow-swap " + args); }
 

@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <random>
 #include <sstream>
 #include <string>
@@ -23,18 +22,17 @@
 #include "text/utf8.h"
 #include "util/error.h"
 
+#include "test_util.h"
+
 namespace fs = std::filesystem;
 using sluice::Error;
 using sluice::text::StreamDecoder;
 using sluice::text::Tokenizer;
 using sluice::text::VocabData;
+using sluice::test::slurp;
+using sluice::test::TempDir;
 
 namespace {
-
-std::string slurp(const std::string& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
 
 const std::string kVocabPath = std::string(SLUICE_DATA_DIR) + "/deepseek-v3-vocab.gguf";
 
@@ -368,21 +366,7 @@ TEST(TokenizerValidate, RejectsBrokenVocabularies) {
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() /
-           ("sluice_tok_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& n) const { return (path / n).string(); }
-};
+constexpr const char* kTmpPrefix = "sluice_tok_test";
 
 void write_vocab_gguf(const std::string& path, const std::string& model, const std::string& pre,
                       bool with_types = true, size_t drop_types = 0) {
@@ -415,7 +399,7 @@ std::string error_of(const std::string& path) {
 }  // namespace
 
 TEST(TokenizerGguf, SyntheticVocabularyFromMakeModel) {
-  TempDir dir;
+  TempDir dir(kTmpPrefix);
   write_vocab_gguf(dir / "v.gguf", "gpt2", "joyai-llm");
   const Tokenizer tok = Tokenizer::from_gguf(sluice::gguf::File::open(dir / "v.gguf"));
   EXPECT_EQ(tok.n_vocab(), 300);
@@ -429,7 +413,7 @@ TEST(TokenizerGguf, SyntheticVocabularyFromMakeModel) {
 }
 
 TEST(TokenizerGguf, RejectsWrongKeys) {
-  TempDir dir;
+  TempDir dir(kTmpPrefix);
   write_vocab_gguf(dir / "llama.gguf", "llama", "joyai-llm");
   EXPECT_NE(error_of(dir / "llama.gguf").find("tokenizer.ggml.model"), std::string::npos);
   write_vocab_gguf(dir / "pre.gguf", "gpt2", "qwen2");
@@ -459,7 +443,7 @@ TEST(TokenizerPerf, HundredKilobytesWellUnderASecond) {
 // The tokenize command, run in-process with stdout captured in a file.
 namespace {
 std::string run_tokenize_cmd(const std::vector<std::string>& args, int* rc) {
-  TempDir dir;
+  TempDir dir(kTmpPrefix);
   CLI::App app;
   sluice::cli::TokenizeOptions o;
   CLI::App* cmd = sluice::cli::setup_tokenize(app, o);

@@ -30,10 +30,14 @@
 #include "runtime/watchdog.h"
 #include "util/error.h"
 
+#include "test_util.h"
+
 extern char** environ;
 
 namespace fs = std::filesystem;
 using namespace sluice;
+using sluice::test::slurp;
+using sluice::test::TempDir;
 
 namespace {
 
@@ -130,25 +134,7 @@ std::string self_exe() {
   return n > 0 ? std::string(buf, (size_t)n) : std::string();
 }
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("sluice_watchdog_test_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
-
-std::string slurp(const std::string& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
+constexpr const char* kTmpPrefix = "sluice_watchdog_test";
 
 // Polls for a file for up to 15 s (a loaded machine can be slow to start a process).
 bool wait_for_file(const std::string& p) {
@@ -235,6 +221,13 @@ std::vector<std::string> split_lines(const std::string& s) {
 // ~200 MiB/s, reaching soft in well under a second and hard about half a second later.
 constexpr uint64_t kSoft = 96 * MiB, kHard = 224 * MiB;
 
+// Linux carries a process's peak RSS across fork + exec (exec folds the old address space's
+// high-water mark into the new program's ru_maxrss), so the kernel's figure for a child is at
+// least this test process's own peak at the fork. When every test runs in one process (not
+// under ctest, which runs each alone) earlier tests may have grown it past the limits; then the
+// kernel figure says nothing about the child and only the watchdog's sampled peaks are checked.
+bool kernel_peak_is_the_childs() { return read_self_status().hwm < kSoft / 2; }
+
 WatchdogOptions grow_limits(const std::string& mode) {
   WatchdogOptions o;
   o.soft = kSoft;
@@ -286,7 +279,9 @@ TEST(Watchdog, RunawayChildGetsSigtermThenSigkillBeforeHard) {
   EXPECT_NE(r.kill_reason.find("hard limit"), std::string::npos) << r.kill_reason;
   // The kernel's own peak RSS of the child: killed before it reached the hard limit.
   EXPECT_GT(r.child_maxrss, kSoft);
-  EXPECT_LT(r.child_maxrss, kHard);
+  if (kernel_peak_is_the_childs()) {
+    EXPECT_LT(r.child_maxrss, kHard);
+  }
   EXPECT_LT(r.peak_group_rss, kHard);
   EXPECT_GE(r.peak_group_rss, kSoft);
   const size_t term = find_line(log, "soft limit", "SIGTERM"), kill = find_line(log, "hard limit", "SIGKILL");
@@ -304,7 +299,10 @@ TEST(Watchdog, ChildHonouringSigtermExitsWithItsOwnStatus) {
   EXPECT_TRUE(r.exited);
   EXPECT_TRUE(r.sent_term);
   EXPECT_FALSE(r.sent_kill);
-  EXPECT_LT(r.child_maxrss, kHard);
+  if (kernel_peak_is_the_childs()) {
+    EXPECT_LT(r.child_maxrss, kHard);
+  }
+  EXPECT_LT(r.peak_group_rss, kHard);
   EXPECT_NE(find_line(log, "soft limit", "SIGTERM"), SIZE_MAX) << ::testing::PrintToString(log);
   EXPECT_EQ(find_line(log, "SIGKILL", ""), SIZE_MAX) << ::testing::PrintToString(log);
 }
@@ -375,7 +373,7 @@ TEST(Watchdog, WellBehavedChildKeepsItsStatusSilently) {
 }
 
 TEST(Watchdog, KillsWhatTheCommandLeftInItsGroup) {
-  TempDir dir;
+  TempDir dir(kTmpPrefix);
   const std::string file = dir / "grandchild.pid";
   // High limits: a forked child counts its shared pages again in the group sum (RSS, not PSS),
   // and a sanitizer build starts at tens of MiB.
@@ -397,7 +395,7 @@ TEST(Watchdog, KillsWhatTheCommandLeftInItsGroup) {
 }
 
 TEST(Watchdog, RunUnderWatchdogReexecutesWithoutTheFlag) {
-  TempDir dir;
+  TempDir dir(kTmpPrefix);
   const std::string file = dir / "report.txt";
   ASSERT_EQ(::setenv(kHogEnv, "report", 1), 0);
   ASSERT_EQ(::setenv(kFileEnv, file.c_str(), 1), 0);
@@ -417,7 +415,7 @@ TEST(Watchdog, RunUnderWatchdogReexecutesWithoutTheFlag) {
 }
 
 TEST(WatchdogCli, RunawayIsKilledBeforeHardWithOneLinePerAction) {
-  TempDir dir;
+  TempDir dir(kTmpPrefix);
   const Spawned s = spawn_sluice(dir, {"watchdog", "--soft", "96MiB", "--hard", "224MiB", "--interval-ms", "20", "--",
                                        self_exe()},
                                  {std::string(kHogEnv) + "=grow-ignore"});
@@ -426,7 +424,9 @@ TEST(WatchdogCli, RunawayIsKilledBeforeHardWithOneLinePerAction) {
   const std::string err = slurp(s.err_path);
   EXPECT_EQ(exit_code(f.status), 137) << err;
   // The kernel's peak over the watchdog and everything it reaped (the child): below hard.
-  EXPECT_LT(f.maxrss, kHard) << err;
+  if (kernel_peak_is_the_childs()) {
+    EXPECT_LT(f.maxrss, kHard) << err;
+  }
   EXPECT_GT(f.maxrss, kSoft) << err;
   const std::vector<std::string> lines = split_lines(err);
   const size_t term = find_line(lines, "soft limit", "SIGTERM"), kill = find_line(lines, "hard limit", "SIGKILL");
@@ -439,7 +439,7 @@ TEST(WatchdogCli, RunawayIsKilledBeforeHardWithOneLinePerAction) {
 }
 
 TEST(WatchdogCli, WellBehavedCommandKeepsItsStatusAndArguments) {
-  TempDir dir;
+  TempDir dir(kTmpPrefix);
   // Options of the command after -- belong to it, not to sluice.
   const Spawned s = spawn_sluice(dir, {"watchdog", "--soft", "1G", "--hard", "2G", "--", "sh", "-c", "exit 4"}, {});
   ASSERT_GT(s.pid, 0);
@@ -451,7 +451,7 @@ TEST(WatchdogCli, WellBehavedCommandKeepsItsStatusAndArguments) {
 TEST(WatchdogCli, ForwardsSignalsToTheGroup) {
   for (const auto& [sig, code, name] : {std::tuple{SIGINT, 21, "SIGINT"}, std::tuple{SIGTERM, 22, "SIGTERM"},
                                         std::tuple{SIGHUP, 23, "SIGHUP"}}) {
-    TempDir dir;
+    TempDir dir(kTmpPrefix);
     const std::string ready = dir / "ready";
     const Spawned s = spawn_sluice(dir, {"watchdog", "--soft", "1G", "--hard", "2G", "--", self_exe()},
                                    {std::string(kHogEnv) + "=wait", std::string(kFileEnv) + "=" + ready});
@@ -466,7 +466,7 @@ TEST(WatchdogCli, ForwardsSignalsToTheGroup) {
 }
 
 TEST(WatchdogCli, UsageErrors) {
-  TempDir dir;
+  TempDir dir(kTmpPrefix);
   for (const std::vector<std::string>& args :
        {std::vector<std::string>{"watchdog", "--soft", "2G", "--hard", "1G", "--", "true"},
         std::vector<std::string>{"watchdog", "--", "true"},

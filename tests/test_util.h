@@ -1,0 +1,87 @@
+// Helpers for tests that work in a temporary directory or run the `sluice` binary.
+// They live in one place because each test file used to carry its own copy, and the copies
+// drifted apart (one quoted paths differently, one cleaned up its capture files, one did not).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <system_error>
+
+namespace sluice::test {
+
+// A fresh directory for one test, removed when it goes out of scope. The name carries the pid
+// and the running test's name so parallel test processes and successive tests never share one.
+struct TempDir {
+  std::filesystem::path path;
+
+  explicit TempDir(const std::string& prefix) {
+    const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path = std::filesystem::temp_directory_path() /
+           (prefix + "_" + std::to_string(::getpid()) + "_" + (info ? info->name() : "no_test"));
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  // Owning a directory on disk: a copy would remove it twice.
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+// The whole file as bytes; empty when it cannot be read.
+inline std::string slurp(const std::string& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+// Single-quotes s for /bin/sh. A quote inside s closes the quoting, adds an escaped quote and
+// reopens it ('\''), so any path survives the shell unchanged.
+inline std::string q(const std::string& s) {
+  std::string r = "'";
+  for (const char c : s) {
+    if (c == '\'')
+      r += "'\\''";
+    else
+      r += c;
+  }
+  return r + "'";
+}
+
+struct CmdResult {
+  int rc = -1;  // exit code, or -1 when the process did not exit normally (killed by a signal)
+  std::string out, err;
+  size_t err_lines() const { return (size_t)std::count(err.begin(), err.end(), '\n'); }
+};
+
+// Runs `sluice ARGS` (ARGS already shell-quoted where needed) with stdout and stderr captured to
+// files in dir. The capture files are removed afterwards so dir holds only what the command wrote.
+inline CmdResult run_sluice(const std::filesystem::path& dir, const std::string& args) {
+  const std::string out = (dir / "stdout.txt").string(), err = (dir / "stderr.txt").string();
+  const std::string cmd = q(SLUICE_BINARY) + " " + args + " >" + q(out) + " 2>" + q(err);
+  const int st = std::system(cmd.c_str());
+  CmdResult r;
+  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.out = slurp(out);
+  r.err = slurp(err);
+  std::error_code ec;
+  std::filesystem::remove(out, ec);
+  std::filesystem::remove(err, ec);
+  return r;
+}
+
+inline CmdResult run_sluice(const TempDir& dir, const std::string& args) { return run_sluice(dir.path, args); }
+
+}  // namespace sluice::test
