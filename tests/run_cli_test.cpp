@@ -487,3 +487,37 @@ TEST_F(RunCli, ChatRepliesPerLineAndReusesTheConversation) {
   const CmdResult bad = sluice("chat -m " + q(model_) + " --think maybe < " + q(in));
   EXPECT_EQ(bad.rc, 2) << bad.err;
 }
+
+// chat honours SIGTERM like run (what the watchdog's soft limit sends): it exits 0, also while
+// it waits for the next line.
+TEST_F(RunCli, ChatExitsCleanlyOnSigterm) {
+  int in[2];
+  ASSERT_EQ(::pipe(in), 0);
+  const std::string out = path("chat_sig_out.txt"), err = path("chat_sig_err.txt");
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(in[0], 0);
+    ::close(in[1]);
+    const int fo = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int fe = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fo, 1);
+    ::dup2(fe, 2);
+    ::execl(SLUICE_BINARY, SLUICE_BINARY, "chat", "-m", model_.c_str(), "-n", "3", "-t", "1", "--allow-swap",
+            (char*)nullptr);
+    ::_exit(127);
+  }
+  ASSERT_GT(pid, 0);
+  ::close(in[0]);
+  ASSERT_EQ(::write(in[1], "hi\n", 3), 3);
+  // The first reply ends with a newline; then chat waits on stdin, which stays open.
+  const auto t0 = std::chrono::steady_clock::now();
+  while (slurp(out).find('\n') == std::string::npos && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_NE(slurp(out).find('\n'), std::string::npos) << slurp(err);
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  int st = 0;
+  ASSERT_EQ(::waitpid(pid, &st, 0), pid);
+  ::close(in[1]);
+  ASSERT_TRUE(WIFEXITED(st)) << "killed by signal " << (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+  EXPECT_EQ(WEXITSTATUS(st), 0) << slurp(err);
+}

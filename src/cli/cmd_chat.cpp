@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "cli/commands.h"
+#include "cli/stop_signals.h"
 #include "runtime/session.h"
 #include "text/chat.h"
 #include "text/dsml.h"
@@ -36,6 +37,7 @@ CLI::App* setup_chat(CLI::App& app, ChatCommandOptions& o) {
 }
 
 int run_chat(const ChatCommandOptions& o) {
+  const StopSignals stop_signals;  // SIGTERM/SIGINT: finish the current token, then exit 0
   if (o.n_predict < 1) throw UsageError("-n must be at least 1");
   SamplerOptions so{o.temp, o.top_p, o.seed};
   try {
@@ -56,7 +58,7 @@ int run_chat(const ChatCommandOptions& o) {
   std::string line;
   while (true) {
     if (isatty(0)) std::fputs("> ", stdout), std::fflush(stdout);
-    if (!std::getline(std::cin, line) || line == "/exit") break;
+    if (StopSignals::raised() || !std::getline(std::cin, line) || line == "/exit") break;
     if (line == "/reset") {
       history.resize(o.system.empty() ? 0 : 1);
       session.reset();
@@ -90,7 +92,7 @@ int run_chat(const ChatCommandOptions& o) {
     const GenerateResult r = session.generate(req, {}, [&](uint32_t id) {
       // Special tokens (think markers) must reach the parser, so they are decoded rendered.
       if (id != c.eos_token_id) show(parser.push(std::string(tok.token_to_piece((int32_t)id, true))));
-      return true;
+      return StopSignals::raised() == 0;
     });
     show(parser.finish());
     std::printf("\n");

@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/stop_signals.h"
 #include "model/config.h"
 #include "model/forward.h"
 #include "model/model.h"
@@ -37,39 +38,6 @@ namespace sluice::cli {
 namespace {
 
 static_assert(std::endian::native == std::endian::little, "--dump-logits writes host floats as little-endian");
-static_assert(std::atomic<int>::is_always_lock_free, "the signal handler needs a lock-free flag");
-
-// The signal that asked us to stop (0: none). Set by the handler, read between tokens.
-std::atomic<int> g_stop_signal{0};
-
-extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig, std::memory_order_relaxed); }
-
-// SIGTERM/SIGINT set the flag for the duration of a run. SA_RESETHAND: a second signal takes the
-// default action, so a stuck run can still be killed by repeating it.
-class StopSignals {
- public:
-  StopSignals() {
-    g_stop_signal.store(0);
-    struct sigaction sa {};
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESETHAND;
-    sigaction(SIGTERM, &sa, &old_term_);
-    sigaction(SIGINT, &sa, &old_int_);
-  }
-  ~StopSignals() {
-    sigaction(SIGTERM, &old_term_, nullptr);
-    sigaction(SIGINT, &old_int_, nullptr);
-  }
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
-  static int raised() { return g_stop_signal.load(std::memory_order_relaxed); }
-
- private:
-  struct sigaction old_term_ {}, old_int_ {};
-};
-
-const char* signal_name(int sig) { return sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "signal"; }
 
 // "1,2,3" (spaces around items allowed). Ids are checked against the vocabulary later.
 std::vector<uint64_t> parse_token_list(const std::string& s) {
