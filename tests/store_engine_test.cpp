@@ -291,3 +291,46 @@ TEST_F(StoreEngine, SessionRefusesABudgetTooSmallWithTheBreakdown) {
 
 }  // namespace
 }  // namespace sluice
+
+namespace sluice {
+namespace {
+
+// Prefill chunks before the last skip the output head; a prefill cancelled midway leaves a
+// sequence without a last row of logits, and the next request (equal to it, or extending it)
+// still gives what a fresh session gives.
+TEST_F(StoreEngine, CancelledPrefillIsReusedOrRestartedExactly) {
+  SessionOptions so = session_opts(path_, true);
+  so.chunk = 4;
+  GenerateRequest r;
+  r.prompt = prompt();
+  r.max_tokens = 5;
+  r.ignore_eos = true;
+  GenerateRequest head = r;
+  head.prompt.resize(8);
+
+  Session fresh(so);
+  const std::vector<uint32_t> want_full = fresh.generate(r, {}, {}).tokens;
+  Session fresh_head(so);
+  const std::vector<uint32_t> want_head = fresh_head.generate(head, {}, {}).tokens;
+  ASSERT_EQ(want_full.size(), 5u);
+
+  Session s(so);
+  // Stop after the second chunk: 8 prompt tokens evaluated, no logits row computed.
+  const GenerateResult c = s.generate(r, [](uint32_t done, uint32_t) { return done < 8; }, {});
+  EXPECT_EQ(c.finish, "cancelled");
+  EXPECT_EQ(c.prompt_evaluated, 8u);
+  EXPECT_TRUE(c.tokens.empty());
+  // The same 8 tokens: the row is missing, so the session starts over (nothing reused).
+  const GenerateResult h = s.generate(head, {}, {});
+  EXPECT_EQ(h.reused_tokens, 0u);
+  EXPECT_EQ(h.tokens, want_head);
+  // Cancel again at 8, then the whole prompt extends the 8 evaluated tokens.
+  s.reset();
+  s.generate(r, [](uint32_t done, uint32_t) { return done < 8; }, {});
+  const GenerateResult f = s.generate(r, {}, {});
+  EXPECT_EQ(f.reused_tokens, 8u);
+  EXPECT_EQ(f.tokens, want_full);
+}
+
+}  // namespace
+}  // namespace sluice

@@ -42,17 +42,21 @@ struct Session::Impl {
   // Read by stats() from other threads while generate() runs.
   std::atomic<uint64_t> requests{0}, prompt_tokens{0}, generated_tokens{0}, prefill_ns{0}, decode_ns{0};
 
-  // Evaluates tokens at the end of the sequence; keeps the last row of logits.
-  void eval(std::span<const uint32_t> toks, const EvalObserver* obs) {
+  // Evaluates tokens at the end of the sequence. With want_logits (or an observer that sees
+  // them) the output head runs and the last row is kept; otherwise it is skipped, which saves
+  // chunk x vocab x hidden work per prefill chunk that no one reads.
+  void eval(std::span<const uint32_t> toks, const EvalObserver* obs, bool want_logits) {
     const uint32_t V = model->config.vocab_size;
     const uint32_t pos = state.position();
-    std::vector<float> logits(toks.size() * (size_t)V);
+    const bool observed = obs && obs->on_eval;
+    std::vector<float> logits(want_logits || observed ? toks.size() * (size_t)V : 0);
     std::vector<TokenTrace> trace;
     const bool tracing = obs && obs->want_trace;
-    engine->eval(state, toks, logits.data(), tracing ? &trace : nullptr);
+    engine->eval(state, toks, logits.empty() ? nullptr : logits.data(), tracing ? &trace : nullptr);
     history.insert(history.end(), toks.begin(), toks.end());
-    last_logits.assign(logits.end() - V, logits.end());
-    if (obs && obs->on_eval) obs->on_eval(pos, toks, logits.data(), tracing ? &trace : nullptr);
+    if (logits.empty()) last_logits.clear();
+    else last_logits.assign(logits.end() - V, logits.end());
+    if (observed) obs->on_eval(pos, toks, logits.data(), tracing ? &trace : nullptr);
   }
   void forget() {
     engine->reset(state);
@@ -156,7 +160,10 @@ GenerateResult Session::generate(const GenerateRequest& r, const std::function<b
   // Reuse the kept sequence when the prompt starts with everything it holds.
   const bool extends = !s.history.empty() && s.history.size() <= r.prompt.size() &&
                        std::equal(s.history.begin(), s.history.end(), r.prompt.begin());
-  if (!extends) s.forget();
+  // A prompt equal to the kept sequence needs its last row of logits, which a cancelled prefill
+  // may not have computed: then start over.
+  const bool need_row = s.history.size() == r.prompt.size() && s.last_logits.empty();
+  if (!extends || need_row) s.forget();
   res.reused_tokens = (uint32_t)s.history.size();
   ++s.requests;
   s.prompt_tokens += r.prompt.size();
@@ -166,7 +173,8 @@ GenerateResult Session::generate(const GenerateRequest& r, const std::function<b
   bool cancelled = on_prefill && !on_prefill((uint32_t)s.history.size(), total);
   while (!cancelled && s.history.size() < r.prompt.size()) {
     const size_t n = std::min<size_t>(s.plan.chunk, r.prompt.size() - s.history.size());
-    s.eval(std::span<const uint32_t>(r.prompt.data() + s.history.size(), n), r.observer);
+    const bool last_piece = s.history.size() + n == r.prompt.size();
+    s.eval(std::span<const uint32_t>(r.prompt.data() + s.history.size(), n), r.observer, last_piece);
     cancelled = on_prefill && !on_prefill((uint32_t)s.history.size(), total);
   }
   res.prompt_evaluated = (uint32_t)s.history.size();
@@ -188,7 +196,7 @@ GenerateResult Session::generate(const GenerateRequest& r, const std::function<b
     if (!keep_going) { res.finish = "cancelled"; break; }
     if (res.tokens.size() >= r.max_tokens) { res.finish = "length"; break; }
     if (s.history.size() >= ctx) { res.finish = "context"; break; }
-    s.eval(std::span<const uint32_t>(&next, 1), r.observer);
+    s.eval(std::span<const uint32_t>(&next, 1), r.observer, true);
     ++res.decode_steps;
   }
   res.decode_s = seconds_since(t_decode);
