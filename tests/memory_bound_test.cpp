@@ -22,6 +22,7 @@
 
 #include "format/gguf.h"
 #include "runtime/admission.h"
+#include "runtime/meminfo.h"
 
 #include "test_util.h"
 
@@ -124,7 +125,12 @@ TEST(MemoryBound, PeakRssStaysWithinTheBudgetWhenExpertsAreSeveralTimesIt) {
   EXPECT_NE(p.err.find("expert cache"), std::string::npos) << p.err;
   EXPECT_GT(p.proc_hwm, 0u);
   EXPECT_LE(p.proc_hwm, budget) << "VmHWM " << p.proc_hwm << "\n" << p.err;
-  EXPECT_LE(p.rusage_max, budget) << "ru_maxrss " << p.rusage_max << "\n" << p.err;
+  // ru_maxrss also carries this test process's own peak across fork + exec (Linux), so it only
+  // speaks for the child while this process is small (always so under ctest); VmHWM, read from
+  // the child's /proc, is its own address space's peak either way.
+  if (read_self_status().hwm < budget / 2) {
+    EXPECT_LE(p.rusage_max, budget) << "ru_maxrss " << p.rusage_max << "\n" << p.err;
+  }
 
   // The same measurement sees expert memory: loading every expert needs more than the budget
   // (and admission refuses that budget for it).
