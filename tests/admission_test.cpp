@@ -157,17 +157,42 @@ TEST(AdmissionMeminfo, LiveReadersSeeThisProcess) {
   EXPECT_GT(self.rss, 0u);
   EXPECT_GE(self.hwm, self.rss);
 
-  // The group sum includes us: touching 64 MiB shows up in it.
-  const GroupMemory before = process_group_memory(::getpgrp());
-  EXPECT_GE(before.processes, 1);
-  const size_t n = 64 * MiB;
-  void* mem = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  ASSERT_NE(mem, MAP_FAILED);
-  std::memset(mem, 1, n);
-  const GroupMemory after = process_group_memory(::getpgrp());
-  const ProcMemory self_after = read_self_status();
-  ::munmap(mem, n);
-  EXPECT_GE(after.rss, self_after.rss / 2);  // the group holds at least most of us
+  // The group sum includes us.
+  const GroupMemory ours = process_group_memory(::getpgrp());
+  EXPECT_GE(ours.processes, 1);
+  EXPECT_GE(ours.rss, self.rss / 2);
+
+  // Touching 64 MiB shows up in a group's sum. Measured on a child in a group of its own: the
+  // test's own group may hold other test processes (ctest -j) that come and go meanwhile.
+  int ready[2], go[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(go), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    char c = 0;
+    ::setpgid(0, 0);
+    if (::write(ready[1], "r", 1) != 1 || ::read(go[0], &c, 1) != 1) ::_exit(1);
+    const size_t n = 64 * MiB;
+    void* mem = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) ::_exit(2);
+    std::memset(mem, 1, n);
+    if (::write(ready[1], "t", 1) != 1 || ::read(go[0], &c, 1) != 1) ::_exit(3);
+    ::_exit(0);
+  }
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  const GroupMemory before = process_group_memory(child);
+  ASSERT_EQ(::write(go[1], "g", 1), 1);
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  const GroupMemory after = process_group_memory(child);
+  ASSERT_EQ(::write(go[1], "g", 1), 1);
+  int st = 0;
+  ASSERT_EQ(::waitpid(child, &st, 0), child);
+  for (int fd : {ready[0], ready[1], go[0], go[1]}) ::close(fd);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st;
+  EXPECT_EQ(before.processes, 1);
+  EXPECT_EQ(after.processes, 1);
   EXPECT_GE(after.rss + 8 * MiB, before.rss + 48 * MiB) << "before " << before.rss << " after " << after.rss;
   EXPECT_THROW(process_group_memory(::getpgrp(), "/no/such/proc"), Error);
 }
