@@ -39,12 +39,7 @@ CLI::App* setup_chat(CLI::App& app, ChatCommandOptions& o) {
 int run_chat(const ChatCommandOptions& o) {
   const StopSignals stop_signals;  // SIGTERM/SIGINT: finish the current token, then exit 0
   if (o.n_predict < 1) throw UsageError("-n must be at least 1");
-  SamplerOptions so{o.temp, o.top_p, o.seed};
-  try {
-    validate(so);
-  } catch (const Error& e) {
-    throw UsageError(e.what());
-  }
+  const SamplerOptions so = sampler_options(o.temp, o.top_p, o.seed);
   Session session(session_options(o.engine, o.model, o.ctx));
   maybe_print_plan(o.engine, session);
   const text::Tokenizer& tok = session.tokenizer();

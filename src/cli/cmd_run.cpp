@@ -251,6 +251,16 @@ SessionOptions session_options(const EngineCliOptions& e, const std::string& mod
   return so;
 }
 
+SamplerOptions sampler_options(float temp, float top_p, uint64_t seed) {
+  const SamplerOptions so{temp, top_p, seed};
+  try {
+    validate(so);
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+  return so;
+}
+
 void maybe_print_plan(const EngineCliOptions& e, const Session& s) {
   if (e.print_plan || isatty(2)) std::fputs(format_plan(s.plan()).c_str(), stderr);
 }
@@ -351,12 +361,7 @@ int run_run(const RunOptions& o) {
     throw UsageError("give a prompt: -p TEXT, -f FILE or --tokens IDS");
   if (o.chat && !o.tokens.empty()) throw UsageError("--chat needs a text prompt (-p or -f), not --tokens");
   const bool text_mode = o.tokens.empty();
-  SamplerOptions so{o.temp, o.top_p, o.seed};
-  try {
-    validate(so);
-  } catch (const Error& e) {
-    throw UsageError(e.what());
-  }
+  const SamplerOptions so = sampler_options(o.temp, o.top_p, o.seed);
   // Usage checks that do not need the model come before it is opened.
   session_options(o.engine, o.model, 0);
 

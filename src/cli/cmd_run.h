@@ -29,6 +29,8 @@ struct EngineCliOptions {
 void add_engine_options(CLI::App* sub, EngineCliOptions& o);
 // Throws UsageError for bad values. ctx 0: the session's default.
 SessionOptions session_options(const EngineCliOptions& e, const std::string& model, uint32_t ctx);
+// --temp/--top-p/--seed checked (UsageError naming the bad one).
+SamplerOptions sampler_options(float temp, float top_p, uint64_t seed);
 // The plan's breakdown on stderr when asked (--print-plan) or when stderr is a terminal.
 void maybe_print_plan(const EngineCliOptions& e, const Session& s);
 // "expert cache ... hit rate ... read ... | peak RSS ... of budget ..." for summaries.
