@@ -6,7 +6,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <cctype>
 #include <cerrno>
+#include <cstdlib>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -16,6 +18,7 @@
 #include "runtime/admission.h"
 #include "runtime/meminfo.h"
 #include "runtime/session.h"
+#include "server/auth.h"
 #include "server/server.h"
 #include "util/error.h"
 
@@ -32,7 +35,16 @@ CLI::App* setup_serve(CLI::App& app, ServeOptions& o) {
   cmd->add_option("--max-body", o.max_body, "largest request body (e.g. 8MiB); larger get 413");
   cmd->add_option("--max-tokens-limit", o.max_tokens_limit, "largest max_tokens a request may ask for (also the default)")
       ->check(CLI::Range(1u, 1u << 24));
-  cmd->add_option("--api-key", o.api_key, "require this key (Authorization: Bearer KEY or x-api-key: KEY)");
+  auto* key = cmd->add_option("--api-key", o.api_key,
+                               "require this key (Authorization: Bearer KEY or x-api-key: KEY); visible in ps, "
+                               "prefer --api-key-file or SLUICE_API_KEY");
+  cmd->add_option("--api-key-file", o.api_key_file, "require the key on the first line of this file")->excludes(key);
+  cmd->add_option("--max-connections", o.max_connections, "open connections at once (slow senders are dropped first)")
+      ->check(CLI::Range(size_t{4}, size_t{4096}));
+  cmd->add_option("--request-timeout", o.request_timeout_s, "seconds a request's headers and body may take to arrive (408)")
+      ->check(CLI::Range(0.1, 3600.0));
+  cmd->add_option("--idle-timeout", o.idle_timeout_s, "seconds a keep-alive connection waits for its next request")
+      ->check(CLI::Range(0.1, 3600.0));
   cmd->add_option("-a,--alias", o.alias, "model id reported by the API (default: the file name without .gguf)");
   cmd->add_option("--sse-ping-interval", o.ping_interval_s, "seconds between SSE keep-alives while waiting or prefilling")
       ->check(CLI::Range(0.05, 3600.0));
@@ -80,6 +92,21 @@ class SignalStopper {
   std::thread thread_;
 };
 
+// --api-key, else --api-key-file, else SLUICE_API_KEY (set but empty is refused: a key that
+// was meant to be there must not silently turn authentication off).
+std::string api_key(const ServeOptions& o) {
+  if (!o.api_key.empty()) return o.api_key;
+  if (!o.api_key_file.empty()) return server::read_api_key_file(o.api_key_file);
+  if (const char* env = std::getenv("SLUICE_API_KEY")) {
+    std::string k = env;
+    while (!k.empty() && std::isspace((unsigned char)k.back())) k.pop_back();
+    while (!k.empty() && std::isspace((unsigned char)k.front())) k.erase(0, 1);
+    if (k.empty()) throw Error("SLUICE_API_KEY is set but empty; unset it to serve without a key");
+    return k;
+  }
+  return "";
+}
+
 }  // namespace
 
 int run_serve(const ServeOptions& o) {
@@ -89,7 +116,10 @@ int run_serve(const ServeOptions& o) {
   so.queue_depth = o.queue;
   so.max_body_bytes = parse_bytes(o.max_body, "--max-body");
   so.max_tokens_limit = o.max_tokens_limit;
-  so.api_key = o.api_key;
+  so.api_key = api_key(o);
+  so.max_connections = o.max_connections;
+  so.request_timeout_ms = (int)(o.request_timeout_s * 1000);
+  so.idle_timeout_ms = (int)(o.idle_timeout_s * 1000);
   so.alias = o.alias;
   so.ping_interval_ms = (int)(o.ping_interval_s * 1000);
   so.temp = o.temp;

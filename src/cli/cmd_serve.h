@@ -19,6 +19,10 @@ struct ServeOptions {
   std::string max_body = "8MiB";
   uint32_t max_tokens_limit = 4096;
   std::string api_key;
+  std::string api_key_file;          // first line is the key (keeps it out of `ps`)
+  size_t max_connections = 64;
+  double request_timeout_s = 30;
+  double idle_timeout_s = 30;
   std::string alias;
   double ping_interval_s = 5.0;
   float temp = 1.0f;

@@ -15,18 +15,13 @@
 #include <chrono>
 #include <cstring>
 #include <thread>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
 #include "util/error.h"
 
 namespace sluice::server {
-
-std::string HttpRequest::header(std::string_view name) const {
-  for (const auto& [k, v] : headers)
-    if (k == name) return v;
-  return "";
-}
 
 const char* status_text(int status) {
   switch (status) {
@@ -105,6 +100,8 @@ void send_stream_head(Connection& c, int status, std::string_view content_type) 
 
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
 std::string json_error(int status, const std::string& message) {
   nlohmann::json j = {{"error",
                        {{"message", message},
@@ -113,50 +110,51 @@ std::string json_error(int status, const std::string& message) {
   return j.dump();
 }
 
-
-std::string lower(std::string s) {
-  for (char& ch : s) ch = (char)std::tolower((unsigned char)ch);
-  return s;
-}
-
-std::string trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
-  return std::string(s);
-}
-
-// Reads more bytes into buf. false on EOF, timeout or error.
-bool read_more(int fd, std::string& buf) {
-  char tmp[16 * 1024];
-  while (true) {
-    const ssize_t n = ::recv(fd, tmp, sizeof tmp, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    buf.append(tmp, (size_t)n);
-    return true;
-  }
-}
-
-void set_timeouts(int fd, int seconds) {
-  timeval tv{seconds, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+void set_socket_options(int fd) {
   // A client that stops reading a stream makes writes fail after this long, which cancels its
-  // generation instead of blocking the handler forever.
+  // generation instead of blocking the handler forever. (Reads wait with poll and a deadline.)
   timeval wtv{60, 0};
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &wtv, sizeof wtv);
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
+std::string peer_address(const sockaddr_storage& ss) {
+  char text[INET6_ADDRSTRLEN] = "?";
+  if (ss.ss_family == AF_INET) {
+    ::inet_ntop(AF_INET, &((const sockaddr_in*)&ss)->sin_addr, text, sizeof text);
+  } else if (ss.ss_family == AF_INET6) {
+    ::inet_ntop(AF_INET6, &((const sockaddr_in6*)&ss)->sin6_addr, text, sizeof text);
+  }
+  return text;
+}
+
+// Reads and discards what the peer still sends; false once it has closed (or failed).
+bool discard_input(int fd) {
+  char tmp[16 * 1024];
+  while (true) {
+    const ssize_t n = ::recv(fd, tmp, sizeof tmp, MSG_DONTWAIT);
+    if (n > 0) continue;
+    if (n < 0 && errno == EINTR) continue;
+    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+  }
+}
+
+// A connection refused at accept: how long its input is drained before the close, and how many
+// such connections may linger at once (beyond: the oldest is closed).
+constexpr auto kLinger = std::chrono::seconds(1);
+constexpr size_t kMaxLingering = 128;
+
 }  // namespace
 
 HttpServer::HttpServer(HttpLimits limits, Handler handler, std::function<void(int)> on_reject)
-    : limits_(limits), handler_(std::move(handler)), on_reject_(std::move(on_reject)) {
+    : limits_(std::move(limits)), handler_(std::move(handler)), on_reject_(std::move(on_reject)) {
   if (::pipe(wake_) != 0) throw Error(std::string("pipe: ") + std::strerror(errno));
 }
 
 HttpServer::~HttpServer() {
   if (listen_fd_ >= 0) ::close(listen_fd_);
+  for (const Lingering& l : lingering_) ::close(l.fd);
   ::close(wake_[0]);
   ::close(wake_[1]);
 }
@@ -192,35 +190,116 @@ uint16_t HttpServer::listen(const std::string& host, uint16_t port) {
   return ntohs(((sockaddr_in*)&ss)->sin_port);
 }
 
+int HttpServer::pick_victim(const std::string* only_client) {
+  std::map<std::string, size_t> reading;  // per address: its connections that are not Active
+  for (const auto& [fd, s] : open_)
+    if (!s.evicted && s.phase != Slot::Phase::Active) reading[s.client]++;
+  int best = -1;
+  std::tuple<size_t, bool, int64_t> best_key{};
+  for (const auto& [fd, s] : open_) {
+    if (s.evicted || s.phase == Slot::Phase::Active) continue;
+    if (only_client && s.client != *only_client) continue;
+    // Most reading connections first, then idle keep-alives (nothing owed), then the oldest.
+    const std::tuple<size_t, bool, int64_t> key{reading[s.client], s.phase == Slot::Phase::Idle,
+                                                -(int64_t)s.since.time_since_epoch().count()};
+    if (best < 0 || key > best_key) {
+      best = fd;
+      best_key = key;
+    }
+  }
+  return best;
+}
+
+void HttpServer::evict(int fd) {
+  open_.at(fd).evicted = true;
+  // The thread's pending read returns at once (end of input); it sees the flag and answers.
+  ::shutdown(fd, SHUT_RD);
+}
+
+void HttpServer::refuse_at_accept(int fd) {
+  if (on_reject_) on_reject_(503);
+  std::string r = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nServer: sluice\r\n"
+                  "Retry-After: 1\r\nConnection: close\r\n";
+  const std::string body = json_error(503, "too many open connections (" + std::to_string(limits_.max_connections) +
+                                               ", all busy with requests)");
+  r += "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  // Small enough for an empty socket buffer: one non-blocking send, never stalls the accept loop.
+  [[maybe_unused]] const ssize_t n = ::send(fd, r.data(), r.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  ::shutdown(fd, SHUT_WR);
+  if (lingering_.size() >= kMaxLingering) {
+    ::close(lingering_.front().fd);
+    lingering_.erase(lingering_.begin());
+  }
+  lingering_.push_back({fd, Clock::now() + kLinger});
+}
+
+void HttpServer::drain_lingering(bool all_expired) {
+  const auto now = Clock::now();
+  std::erase_if(lingering_, [&](const Lingering& l) {
+    if (all_expired || now >= l.until || !discard_input(l.fd)) {
+      ::close(l.fd);
+      return true;
+    }
+    return false;
+  });
+}
+
 void HttpServer::serve() {
+  std::vector<pollfd> fds;
   while (!stopping_) {
-    pollfd p[2] = {{listen_fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
-    if (::poll(p, 2, -1) < 0) {
+    fds.assign({{listen_fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}});
+    int timeout = -1;
+    for (const Lingering& l : lingering_) {
+      fds.push_back({l.fd, POLLIN, 0});
+      const auto ms = std::chrono::ceil<std::chrono::milliseconds>(l.until - Clock::now()).count();
+      timeout = std::max(0, timeout < 0 ? (int)ms : std::min(timeout, (int)ms));
+    }
+    if (::poll(fds.data(), fds.size(), timeout) < 0) {
       if (errno == EINTR) continue;
       break;
     }
-    if (stopping_ || (p[1].revents & POLLIN)) break;
-    if (!(p[0].revents & POLLIN)) continue;
-    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (stopping_ || (fds[1].revents & POLLIN)) break;
+    if (!lingering_.empty()) drain_lingering(false);
+    if (!(fds[0].revents & POLLIN)) continue;
+    sockaddr_storage peer{};
+    socklen_t peer_len = sizeof peer;
+    const int fd = ::accept4(listen_fd_, (sockaddr*)&peer, &peer_len, SOCK_CLOEXEC);
     if (fd < 0) continue;
-    set_timeouts(fd, limits_.idle_timeout_s);
+    set_socket_options(fd);
+    const std::string client = peer_address(peer);
     std::unique_lock lk(mu_);
-    if (open_.size() >= limits_.max_connections) {
+    size_t live = 0, client_reading = 0;
+    for (const auto& [f, s] : open_) {
+      if (s.evicted) continue;
+      ++live;
+      if (s.client == client && s.phase != Slot::Phase::Active) ++client_reading;
+    }
+    // Evicted connections still hold a thread until their answer is out; bound those too.
+    const bool too_many_threads = open_.size() >= 2 * limits_.max_connections;
+    if (!too_many_threads && client_reading >= limits_.max_reading_per_client) {
+      if (const int v = pick_victim(&client); v >= 0) {
+        evict(v);
+        --live;
+      }
+    }
+    if (!too_many_threads && live >= limits_.max_connections) {
+      if (const int v = pick_victim(nullptr); v >= 0) {
+        evict(v);
+        --live;
+      }
+    }
+    if (too_many_threads || live >= limits_.max_connections) {
       lk.unlock();
-      Connection c(fd);
-      c.keep_alive = false;
-      if (on_reject_) on_reject_(503);
-      send_response(c, 503, "application/json", json_error(503, "too many open connections"),
-                    {"Retry-After: 1"});
-      ::close(fd);
+      refuse_at_accept(fd);
       continue;
     }
-    open_.insert(fd);
+    open_[fd] = Slot{client, Slot::Phase::Fresh, Clock::now(), false, false};
     lk.unlock();
     std::thread([this, fd] { run_connection(fd); }).detach();
   }
+  drain_lingering(true);
   std::unique_lock lk(mu_);
-  for (int fd : open_) ::shutdown(fd, SHUT_RDWR);
+  for (const auto& [fd, s] : open_) ::shutdown(fd, SHUT_RDWR);
   cv_.wait(lk, [&] { return open_.empty(); });
 }
 
@@ -229,106 +308,142 @@ void HttpServer::stop() {
   const char b = 1;
   [[maybe_unused]] ssize_t n = ::write(wake_[1], &b, 1);
   std::lock_guard lk(mu_);
-  for (int fd : open_) ::shutdown(fd, SHUT_RDWR);
+  for (const auto& [fd, s] : open_) ::shutdown(fd, SHUT_RDWR);
 }
 
 void HttpServer::reject(Connection& c, int status, const std::string& message) {
   if (on_reject_) on_reject_(status);
   c.keep_alive = false;
-  send_response(c, status, "application/json", json_error(status, message));
+  send_response(c, status, "application/json", json_error(status, message),
+                status == 503 ? std::vector<std::string>{"Retry-After: 1"} : std::vector<std::string>{});
+}
+
+void HttpServer::set_phase(int fd, Slot::Phase phase) {
+  std::lock_guard lk(mu_);
+  Slot& s = open_.at(fd);
+  if (s.phase == Slot::Phase::Active && !s.reserved) --active_unreserved_;
+  s.phase = phase;
+  s.since = Clock::now();
+}
+
+bool HttpServer::evicted(int fd) {
+  std::lock_guard lk(mu_);
+  return open_.at(fd).evicted;
+}
+
+HttpServer::Read HttpServer::read_some(int fd, std::string& buf, Clock::time_point deadline, bool* got_lf) {
+  char tmp[16 * 1024];
+  while (true) {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return Read::Timeout;
+    pollfd p{fd, POLLIN, 0};
+    const int pr = ::poll(&p, 1, (int)std::min<long long>(left, 1 << 30));
+    if (pr < 0 && errno == EINTR) continue;
+    if (pr == 0) return Read::Timeout;
+    const ssize_t n = ::recv(fd, tmp, sizeof tmp, MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+    if (n <= 0) return Read::Closed;
+    if (got_lf) *got_lf = std::memchr(tmp, '\n', (size_t)n) != nullptr;
+    buf.append(tmp, (size_t)n);
+    return Read::Ok;
+  }
+}
+
+bool HttpServer::read_request(int fd, Connection& conn, std::string& buf, bool first, HeadParse& hp) {
+  using std::chrono::milliseconds;
+  // A new connection must deliver its first request within the request timeout from accept; a
+  // kept-alive one may wait idle, and its request timeout starts with the request's first byte.
+  Clock::time_point deadline =
+      Clock::now() + milliseconds(first || !buf.empty() ? limits_.request_timeout_ms : limits_.idle_timeout_ms);
+  bool started = first || !buf.empty();
+  if (!buf.empty() && !first) set_phase(fd, Slot::Phase::Reading);
+  // Why the read ended, answered once: evicted (503 unless idle), timeout (408 unless idle), closed.
+  auto ended = [&](Read why) {
+    if (evicted(fd)) {
+      if (started)
+        reject(conn, 503, "connection dropped: the server is at its limit of " +
+                              std::to_string(limits_.max_connections) +
+                              " connections and this one was the oldest still sending its request");
+    } else if (why == Read::Timeout && started) {
+      reject(conn, 408, "the request did not arrive within " + std::to_string(limits_.request_timeout_ms) +
+                            " ms (--request-timeout)");
+    }
+    return false;
+  };
+  hp = buf.empty() ? HeadParse{} : parse_request_head(buf, limits_.max_header_bytes, limits_.max_body_bytes);
+  while (hp.state == HeadParse::State::Incomplete) {
+    bool got_lf = false;
+    const Read r = read_some(fd, buf, deadline, &got_lf);
+    if (r != Read::Ok) return ended(r);
+    if (!started) {
+      started = true;
+      deadline = Clock::now() + milliseconds(limits_.request_timeout_ms);
+      set_phase(fd, Slot::Phase::Reading);
+    }
+    // The head can only have ended, or become invalid, where a line ended.
+    if (got_lf || buf.size() > limits_.max_header_bytes)
+      hp = parse_request_head(buf, limits_.max_header_bytes, limits_.max_body_bytes);
+  }
+  if (hp.state == HeadParse::State::Failed) {
+    reject(conn, hp.status, hp.message);
+    return false;
+  }
+  const size_t total = hp.head_bytes + hp.content_length;
+  if (total > buf.size() && hp.expect_continue) conn.write("HTTP/1.1 100 Continue\r\n\r\n");
+  while (buf.size() < total)
+    if (const Read r = read_some(fd, buf, deadline, nullptr); r != Read::Ok) return ended(r);
+  return true;
 }
 
 void HttpServer::run_connection(int fd) {
   Connection conn(fd);
   std::string buf;
-  while (!stopping_ && !conn.broken()) {
-    // Header block.
-    size_t end;
-    while ((end = buf.find("\r\n\r\n")) == std::string::npos) {
-      if (buf.size() > limits_.max_header_bytes) {
-        reject(conn, 431, "request headers larger than " +
-                                             std::to_string(limits_.max_header_bytes) + " bytes");
-        goto done;
-      }
-      if (!read_more(fd, buf)) goto done;
-    }
-    if (end > limits_.max_header_bytes) {
-      reject(conn, 431, "request headers too large");
-      goto done;
-    }
+  for (bool first = true; !stopping_ && !conn.broken(); first = false) {
+    HeadParse hp;
+    if (!read_request(fd, conn, buf, first, hp)) break;
+    HttpRequest& req = hp.request;
+    req.body = buf.substr(hp.head_bytes, hp.content_length);
+    buf.erase(0, hp.head_bytes + hp.content_length);
+    conn.keep_alive = hp.keep_alive;
+    const bool reserved = std::find(limits_.reserved_paths.begin(), limits_.reserved_paths.end(), req.path) !=
+                          limits_.reserved_paths.end();
+    bool full = false, was_evicted = false;
     {
-      HttpRequest req;
-      const std::string_view head(buf.data(), end);
-      const size_t line_end = head.find("\r\n");
-      const std::string_view line = head.substr(0, line_end);
-      const size_t s1 = line.find(' '), s2 = line.rfind(' ');
-      if (s1 == std::string_view::npos || s2 == s1) {
-        reject(conn, 400, "malformed request line");
-        goto done;
+      std::lock_guard lk(mu_);
+      Slot& s = open_.at(fd);
+      // Evicted after its last read: the request is whole, but its slot is gone.
+      was_evicted = s.evicted;
+      full = s.evicted || (!reserved && active_unreserved_ + limits_.reserved_connections >= limits_.max_connections);
+      if (!full) {
+        s.phase = Slot::Phase::Active;
+        s.reserved = reserved;
+        s.since = Clock::now();
+        if (!reserved) ++active_unreserved_;
       }
-      req.method = std::string(line.substr(0, s1));
-      req.target = std::string(line.substr(s1 + 1, s2 - s1 - 1));
-      const std::string_view version = line.substr(s2 + 1);
-      if (version != "HTTP/1.1" && version != "HTTP/1.0") {
-        reject(conn, 505, "only HTTP/1.0 and HTTP/1.1 are supported");
-        goto done;
-      }
-      const size_t q = req.target.find('?');
-      req.path = req.target.substr(0, q);
-      if (q != std::string::npos) req.query = req.target.substr(q + 1);
-      size_t pos = line_end == std::string_view::npos ? head.size() : line_end + 2;
-      while (pos < head.size()) {
-        size_t e = head.find("\r\n", pos);
-        if (e == std::string_view::npos) e = head.size();
-        const std::string_view h = head.substr(pos, e - pos);
-        const size_t colon = h.find(':');
-        if (colon == std::string_view::npos || colon == 0) {
-          reject(conn, 400, "malformed header line");
-          goto done;
-        }
-        req.headers.emplace_back(lower(std::string(h.substr(0, colon))), trim(h.substr(colon + 1)));
-        pos = e + 2;
-      }
-      const std::string connection = lower(req.header("connection"));
-      conn.keep_alive = version == "HTTP/1.1" ? connection != "close" : connection == "keep-alive";
-      if (!req.header("transfer-encoding").empty()) {
-        reject(conn, 411, "chunked request bodies are not supported; send Content-Length");
-        goto done;
-      }
-      size_t length = 0;
-      const std::string cl = req.header("content-length");
-      if (!cl.empty()) {
-        if (cl.size() > 18 || !std::all_of(cl.begin(), cl.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
-          reject(conn, 400, "malformed Content-Length");
-          goto done;
-        }
-        length = std::stoull(cl);
-      }
-      if (length > limits_.max_body_bytes) {
-        reject(conn, 413, "request body of " + std::to_string(length) + " bytes exceeds the limit of " +
-                                             std::to_string(limits_.max_body_bytes) + " bytes (--max-body)");
-        goto done;
-      }
-      buf.erase(0, end + 4);
-      if (length > buf.size() && lower(req.header("expect")) == "100-continue")
-        conn.write("HTTP/1.1 100 Continue\r\n\r\n");
-      while (buf.size() < length)
-        if (!read_more(fd, buf)) goto done;
-      req.body = buf.substr(0, length);
-      buf.erase(0, length);
-      conn.responded = false;
-      handler_(req, conn);
-      if (!conn.keep_alive) break;
     }
+    if (was_evicted) {
+      reject(conn, 503, "connection dropped: the server is at its limit of " + std::to_string(limits_.max_connections) +
+                            " connections and this one was the oldest still sending its request");
+      break;
+    }
+    if (full) {
+      reject(conn, 503, "too many requests in progress (" + std::to_string(active_unreserved_) +
+                            " connections busy; " + std::to_string(limits_.reserved_connections) +
+                            " are kept for /health and /metrics)");
+      break;
+    }
+    conn.responded = false;
+    handler_(req, conn);
+    set_phase(fd, Slot::Phase::Idle);
+    if (!conn.keep_alive) break;
   }
-done:
   ::shutdown(fd, SHUT_WR);
   // Drain what the client still sends (an unread body after a 413) for up to a second before
   // close: closing with unread data sends a reset that can destroy the response before it is read.
   {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    const auto deadline = Clock::now() + std::chrono::seconds(1);
     size_t drained = 0;
-    while (std::chrono::steady_clock::now() < deadline && drained < 4 * limits_.max_body_bytes + (1u << 20)) {
+    while (Clock::now() < deadline && drained < 4 * limits_.max_body_bytes + (1u << 20)) {
       pollfd p{fd, POLLIN, 0};
       if (::poll(&p, 1, 100) <= 0) continue;
       char tmp[16 * 1024];
@@ -338,7 +453,9 @@ done:
     }
   }
   std::lock_guard lk(mu_);
-  open_.erase(fd);
+  const auto it = open_.find(fd);
+  if (it->second.phase == Slot::Phase::Active && !it->second.reserved) --active_unreserved_;
+  open_.erase(it);
   ::close(fd);
   cv_.notify_all();
 }

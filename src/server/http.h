@@ -5,35 +5,38 @@
 // client is still there (poll for hang-up) — the hook cancellation on disconnect needs.
 #pragma once
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <mutex>
-#include <set>
+#include <map>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "server/http_parse.h"
+
 namespace sluice::server {
 
-struct HttpRequest {
-  std::string method;   // "GET", "POST", ...
-  std::string target;   // as sent: path plus query
-  std::string path;     // without the query string
-  std::string query;
-  std::vector<std::pair<std::string, std::string>> headers;  // names lower-cased
-  std::string body;
-  // The first header with this (lower-case) name, or "".
-  std::string header(std::string_view name) const;
-};
-
+// Connection slots. A connection is "reading" while it waits for or receives a request and
+// "active" while its handler runs. Reading connections are the cheap ones to drop, so when the
+// slots are full a new connection takes the place of a reading one (idle keep-alive first, then
+// the oldest, from the client address holding the most), and one address may hold only
+// max_reading_per_client of them: slow senders cannot lock other clients out. Every request
+// must arrive whole within request_timeout_ms. Requests for reserved_paths (/health, /metrics)
+// keep reserved_connections slots that other active requests cannot take.
 struct HttpLimits {
   size_t max_header_bytes = 64 * 1024;
   size_t max_body_bytes = 8u << 20;
-  size_t max_connections = 64;     // beyond: 503 at once, then close
-  int idle_timeout_s = 30;         // keep-alive wait for the next request / slow body reads
+  size_t max_connections = 64;       // open at once; beyond: a reading one is dropped, or 503
+  size_t max_reading_per_client = 16;
+  size_t reserved_connections = 4;
+  std::vector<std::string> reserved_paths;
+  int request_timeout_ms = 30000;    // head and body of one request, from its first byte (408)
+  int idle_timeout_ms = 30000;       // keep-alive wait for the next request (then closed quietly)
 };
 
 // One client connection, handed to the handler for one request. Writes are blocking and never
@@ -67,7 +70,7 @@ using Handler = std::function<void(const HttpRequest&, Connection&)>;
 class HttpServer {
  public:
   // on_reject (may be empty) hears the status of every request the transport refused itself
-  // (413, 431, 400, 411, 503 for too many connections).
+  // (400, 408, 411, 413, 431, 505; 503 for too many connections).
   HttpServer(HttpLimits limits, Handler handler, std::function<void(int status)> on_reject = {});
   ~HttpServer();
   HttpServer(const HttpServer&) = delete;
@@ -82,8 +85,33 @@ class HttpServer {
   void stop();
 
  private:
+  // What the accept loop knows of each open connection (guarded by mu_).
+  struct Slot {
+    enum class Phase { Fresh, Idle, Reading, Active };
+    std::string client;              // peer address
+    Phase phase = Phase::Fresh;      // Fresh: no request yet; Idle: between keep-alive requests
+    std::chrono::steady_clock::time_point since;  // when the phase began
+    bool reserved = false;           // Active on a reserved path
+    bool evicted = false;            // dropped for a newer connection; its thread answers 503
+  };
+  enum class Read { Ok, Closed, Timeout };
+
   void run_connection(int fd);
+  // Reads the next request into buf (head and body); false when the connection is to end (the
+  // answer, if one was owed, has been sent).
+  bool read_request(int fd, Connection& conn, std::string& buf, bool first, HeadParse& hp);
+  Read read_some(int fd, std::string& buf, std::chrono::steady_clock::time_point deadline, bool* got_lf);
+  void set_phase(int fd, Slot::Phase phase);
+  bool evicted(int fd);
+  // Under mu_: the reading connection to drop for a new one (only_client: among that address's),
+  // or -1.
+  int pick_victim(const std::string* only_client);
+  void evict(int fd);
   void reject(Connection& c, int status, const std::string& message);
+  // Accept loop: 503 for a connection that gets no slot, then its fd lingers (input drained)
+  // so the close does not reset the connection before the client read the answer.
+  void refuse_at_accept(int fd);
+  void drain_lingering(bool all_expired);
 
   HttpLimits limits_;
   Handler handler_;
@@ -93,7 +121,13 @@ class HttpServer {
   std::atomic<bool> stopping_{false};
   std::mutex mu_;
   std::condition_variable cv_;
-  std::set<int> open_;      // connection fds with a live thread
+  std::map<int, Slot> open_;  // connection fds with a live thread
+  size_t active_unreserved_ = 0;  // Active slots not on a reserved path
+  struct Lingering {
+    int fd;
+    std::chrono::steady_clock::time_point until;
+  };
+  std::vector<Lingering> lingering_;  // accept-loop thread only
 };
 
 }  // namespace sluice::server

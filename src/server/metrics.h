@@ -17,7 +17,7 @@ namespace sluice::server {
 class HttpCounters {
  public:
   void count(const std::string& endpoint, int status);
-  void reject(const std::string& reason);  // queue_full, too_large, bad_request, unauthorized
+  void reject(const std::string& reason);  // queue_full, too_large, bad_request, unauthorized, not_ready, timeout, connections
   std::map<std::pair<std::string, int>, uint64_t> requests() const;
   std::map<std::string, uint64_t> rejections() const;
 

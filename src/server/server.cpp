@@ -1,5 +1,6 @@
 #include "server/server.h"
 
+#include <algorithm>
 #include <exception>
 
 #include <nlohmann/json.hpp>
@@ -7,6 +8,7 @@
 #include "runtime/meminfo.h"
 #include "server/anthropic_api.h"
 #include "server/api_error.h"
+#include "server/auth.h"
 #include "server/generation.h"
 #include "server/openai_api.h"
 #include "text/tokenizer.h"
@@ -123,11 +125,20 @@ Server::Server(ServerOptions opts, Worker::Factory factory, std::string model_id
   HttpLimits limits;
   limits.max_body_bytes = opts_.max_body_bytes;
   limits.max_connections = opts_.max_connections;
+  // One address may hold a quarter of the slots with requests still arriving (slow senders).
+  limits.max_reading_per_client = std::max<size_t>(1, opts_.max_connections / 4);
+  limits.reserved_connections = std::min<size_t>(4, opts_.max_connections / 4);
+  limits.reserved_paths = {"/health", "/v1/health", "/metrics"};
+  limits.request_timeout_ms = opts_.request_timeout_ms;
+  limits.idle_timeout_ms = opts_.idle_timeout_ms;
   http_ = std::make_unique<HttpServer>(
       limits, [this](const HttpRequest& r, Connection& c) { handle(r, c); },
       [this](int status) {
         counters_.count("transport", status);
-        counters_.reject(status == 413 || status == 431 ? "too_large" : status == 503 ? "queue_full" : "bad_request");
+        counters_.reject(status == 413 || status == 431 ? "too_large"
+                         : status == 503              ? "connections"
+                         : status == 408              ? "timeout"
+                                                      : "bad_request");
       });
 }
 
@@ -194,9 +205,7 @@ int Server::route(const HttpRequest& req, Connection& conn) {
     return handle_health(ctx, conn);
   }
   if (!opts_.api_key.empty()) {
-    const std::string auth = req.header("authorization");
-    const bool ok = auth == "Bearer " + opts_.api_key || req.header("x-api-key") == opts_.api_key;
-    if (!ok) throw ApiError(401, "authentication_error", "invalid or missing API key");
+    if (!has_api_key(req, opts_.api_key)) throw ApiError(401, "authentication_error", "invalid or missing API key");
   }
   if (p == "/metrics") {
     require_method(req, "GET");

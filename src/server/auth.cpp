@@ -1,0 +1,60 @@
+#include "server/auth.h"
+
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+#include "util/error.h"
+
+namespace sluice::server {
+
+namespace {
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && std::isspace((unsigned char)s.front())) s.remove_prefix(1);
+  while (!s.empty() && std::isspace((unsigned char)s.back())) s.remove_suffix(1);
+  return s;
+}
+
+}  // namespace
+
+bool same_secret(std::string_view a, std::string_view b) {
+  const size_t n = a.size() > b.size() ? a.size() : b.size();
+  // volatile: keeps the compiler from turning the loop into an early-exit comparison.
+  volatile unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? (unsigned char)a[i] : 0, y = i < b.size() ? (unsigned char)b[i] : 0;
+    diff = diff | (unsigned char)(x ^ y);
+  }
+  return diff == 0;
+}
+
+bool has_api_key(const HttpRequest& req, std::string_view key) {
+  bool ok = false;
+  // Both headers are checked whatever the first says, so the time does not tell which one failed.
+  const std::string auth = req.header("authorization");
+  const std::string_view a = trim(auth);
+  const size_t sp = a.find_first_of(" \t");
+  if (sp != std::string_view::npos) {
+    std::string scheme(a.substr(0, sp));
+    for (char& c : scheme) c = (char)std::tolower((unsigned char)c);
+    ok = same_secret(trim(a.substr(sp)), key) && scheme == "bearer";
+  }
+  const std::string x = req.header("x-api-key");
+  const bool x_ok = same_secret(trim(x), key) && !x.empty();
+  return ok || x_ok;
+}
+
+std::string read_api_key_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("--api-key-file " + path + ": cannot read it: " + std::strerror(errno));
+  std::string line;
+  std::getline(in, line);
+  if (in.bad()) throw Error("--api-key-file " + path + ": cannot read it: " + std::strerror(errno));
+  const std::string key(trim(line));
+  if (key.empty()) throw Error("--api-key-file " + path + ": the first line is empty (it must hold the key)");
+  return key;
+}
+
+}  // namespace sluice::server

@@ -1,0 +1,23 @@
+// API-key checks for `sluice serve --api-key / --api-key-file / SLUICE_API_KEY`: which headers
+// carry the key, and a comparison whose time does not depend on where a guess goes wrong.
+#pragma once
+#include <string>
+#include <string_view>
+
+#include "server/http_parse.h"
+
+namespace sluice::server {
+
+// True when a == b. The time taken depends on the lengths only, not on the bytes, so a client
+// cannot find the key one byte at a time by timing the 401s.
+bool same_secret(std::string_view a, std::string_view b);
+
+// True when the request carries the key as `Authorization: Bearer KEY` (scheme name in any case,
+// RFC 9110 §11.1) or as Anthropic's `x-api-key: KEY`.
+bool has_api_key(const HttpRequest& req, std::string_view key);
+
+// The key from a file: its first line without surrounding whitespace. Throws Error naming the
+// file when it cannot be read or that line is empty.
+std::string read_api_key_file(const std::string& path);
+
+}  // namespace sluice::server

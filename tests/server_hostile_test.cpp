@@ -1,0 +1,216 @@
+// `sluice serve` against hostile clients over raw sockets: request smuggling shapes (each must
+// get a 400 and a closed connection), slow senders holding every slot, the API key's sources
+// and headers, and the abuse test (slowloris + large /tokenize + streaming chats at once).
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "server_harness.h"
+#include "test_util.h"
+
+namespace sluice::test {
+namespace {
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitized = true;  // shadow memory, the quarantine and 10x slower code
+#else
+constexpr bool kSanitized = false;
+#endif
+
+const json kChat = {{"messages", json::array({{{"role", "user"}, {"content", "Hello there"}}})}, {"max_tokens", 4},
+                    {"temperature", 0}};
+
+struct Exchange {
+  Response response;
+  bool closed = false;  // the server closed the connection (EOF) within the timeout
+};
+
+// Sends raw bytes on a keep-alive connection and reads until the server closes it or `timeout_s`.
+Exchange exchange(int port, const std::string& raw, double timeout_s = 5) {
+  Exchange x;
+  const int fd = connect_to(port);
+  if (fd < 0) return x;
+  send_all(fd, raw);
+  std::string got;
+  const auto end = Clock::now() + std::chrono::duration<double>(timeout_s);
+  char buf[16384];
+  while (Clock::now() < end) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 50) <= 0) continue;
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) {
+      x.closed = true;
+      break;
+    }
+    got.append(buf, (size_t)n);
+  }
+  ::close(fd);
+  x.response = parse_response(got);
+  return x;
+}
+
+class ServerStrictHttp : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { server_ = new Server({"--request-timeout", "3"}); }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  // Every case targets GET /health, which answers 200 to anything it accepts: a lenient parser
+  // shows as a 200 on a connection kept open.
+  static void expect_refused(const std::string& headers, const std::string& says) {
+    const Exchange x = exchange(server_->port(), "GET /health HTTP/1.1\r\n" + headers);
+    EXPECT_EQ(x.response.status, 400) << x.response.body;
+    EXPECT_TRUE(x.closed) << "the connection must be closed after a malformed head";
+    EXPECT_NE(x.response.body.find(says), std::string::npos) << x.response.body;
+    EXPECT_EQ(server_->get("/health").status, 200) << "still serving";
+  }
+  static inline Server* server_ = nullptr;
+};
+
+TEST_F(ServerStrictHttp, DuplicateContentLength) {
+  expect_refused("Host: x\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n", "more than one Content-Length");
+}
+TEST_F(ServerStrictHttp, TransferEncodingWithContentLength) {
+  expect_refused("Host: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 0\r\n\r\n", "both Transfer-Encoding");
+}
+TEST_F(ServerStrictHttp, ObsFold) { expect_refused("Host: x\r\nX-A: b\r\n folded: yes\r\n\r\n", "line folding"); }
+TEST_F(ServerStrictHttp, BareLfLineEnds) { expect_refused("Host: x\nX-A: b\r\n\r\n", "bare LF"); }
+TEST_F(ServerStrictHttp, BareLfHead) {
+  const Exchange x = exchange(server_->port(), "GET /health HTTP/1.1\nHost: x\n\n");
+  EXPECT_EQ(x.response.status, 400);
+  EXPECT_TRUE(x.closed);
+}
+TEST_F(ServerStrictHttp, WhitespaceBeforeColon) {
+  expect_refused("Host : x\r\n\r\n", "whitespace between a header name and its colon");
+}
+TEST_F(ServerStrictHttp, ContentLengthEmpty) { expect_refused("Host: x\r\nContent-Length:\r\n\r\n", "malformed Content-Length"); }
+TEST_F(ServerStrictHttp, ContentLengthSign) { expect_refused("Host: x\r\nContent-Length: +0\r\n\r\n", "malformed Content-Length"); }
+TEST_F(ServerStrictHttp, ContentLengthNegative) { expect_refused("Host: x\r\nContent-Length: -1\r\n\r\n", "malformed Content-Length"); }
+TEST_F(ServerStrictHttp, ContentLengthNotDigits) { expect_refused("Host: x\r\nContent-Length: 0x0\r\n\r\n", "malformed Content-Length"); }
+TEST_F(ServerStrictHttp, ContentLengthList) { expect_refused("Host: x\r\nContent-Length: 0, 0\r\n\r\n", "malformed Content-Length"); }
+TEST_F(ServerStrictHttp, ContentLengthOverflow) {
+  expect_refused("Host: x\r\nContent-Length: 18446744073709551616\r\n\r\n", "malformed Content-Length");
+}
+TEST_F(ServerStrictHttp, DuplicateHost) { expect_refused("Host: x\r\nHost: y\r\n\r\n", "more than one Host"); }
+
+// Slow senders: each connection sends a header line every 0.3 s and never finishes. With the
+// old per-read timeout they held every slot and /health got 503; now the request deadline ends
+// them and new clients take the place of the oldest.
+TEST(ServerSlowloris, HealthAnswersWhileSlowClientsHoldEverySlot) {
+  Server s({"--max-connections", "16", "--request-timeout", "1.5"});
+  std::atomic<bool> stop{false};
+  std::atomic<int> answered_408{0}, answered_503{0};
+  std::vector<std::thread> slow;
+  for (int i = 0; i < 16; ++i) {
+    slow.emplace_back([&] {
+      const int fd = connect_to(s.port());
+      send_all(fd, "GET /health HTTP/1.1\r\n");
+      std::string got;
+      while (!stop) {
+        pollfd p{fd, POLLIN, 0};
+        if (::poll(&p, 1, 300) > 0) {
+          char buf[4096];
+          const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+          if (n <= 0) break;
+          got.append(buf, (size_t)n);
+          continue;
+        }
+        send_all(fd, "X-Slow: a\r\n");
+      }
+      const int st = parse_response(got).status;
+      if (st == 408) ++answered_408;
+      if (st == 503) ++answered_503;
+      ::close(fd);
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // every slot taken
+  for (int i = 0; i < 6; ++i) {
+    const auto t0 = Clock::now();
+    const Response h = s.roundtrip(request_text("GET", "/health", ""), 5);
+    const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+    EXPECT_EQ(h.status, 200) << "health check " << i;
+    EXPECT_LT(took, 1.0) << "health check " << i;
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // past every slow request's deadline
+  stop = true;
+  for (auto& t : slow) t.join();
+  EXPECT_EQ(answered_408 + answered_503, 16) << "each slow client got an answer: 408 (deadline) or 503 (dropped)";
+  EXPECT_GT(answered_408, 0);
+}
+
+// --- API key -------------------------------------------------------------------------------
+
+void expect_key_required(const Server& s, const std::string& good_header) {
+  EXPECT_EQ(s.get("/health").status, 200) << "/health is open";
+  for (const char* path : {"/metrics", "/v1/models"}) {
+    EXPECT_EQ(s.get(path).status, 401) << path;
+    EXPECT_EQ(s.roundtrip(request_text("GET", path, "", good_header)).status, 200) << path;
+  }
+  const json tok = {{"content", "hi"}};
+  EXPECT_EQ(s.post("/tokenize", tok).status, 401);
+  EXPECT_EQ(s.post("/tokenize", tok, good_header).status, 200);
+  EXPECT_EQ(s.post("/v1/chat/completions", kChat).status, 401);
+  EXPECT_EQ(s.post("/v1/chat/completions", kChat, good_header).status, 200);
+}
+
+TEST(ServerApiKey, FromAFile) {
+  TempDir dir("sluice_api_key");
+  { std::ofstream(dir / "key") << "  file-key-123  \nsecond line ignored\n"; }
+  Server s({"--api-key-file", dir / "key"});
+  expect_key_required(s, "Authorization: Bearer file-key-123\r\n");
+  EXPECT_EQ(s.post("/v1/chat/completions", kChat, "Authorization: Bearer second line ignored\r\n").status, 401);
+}
+
+TEST(ServerApiKey, FromTheEnvironment) {
+  ::setenv("SLUICE_API_KEY", "env-key-456", 1);
+  Server s({});
+  ::unsetenv("SLUICE_API_KEY");
+  expect_key_required(s, "x-api-key: env-key-456\r\n");
+}
+
+TEST(ServerApiKey, BearerSchemeInAnyCaseAndWrongKeys) {
+  Server s({"--api-key", "sekrit"});
+  EXPECT_EQ(s.get("/v1/models").status, 401);
+  for (const char* h : {"Authorization: bearer sekrit\r\n", "Authorization: BEARER  sekrit\r\n", "X-Api-Key: sekrit\r\n"})
+    EXPECT_EQ(s.roundtrip(request_text("GET", "/v1/models", "", h)).status, 200) << h;
+  for (const char* h : {"Authorization: Bearer sekri\r\n", "Authorization: Bearer sekrit2\r\n",
+                        "Authorization: Basic sekrit\r\n", "Authorization: sekrit\r\n", "x-api-key: SEKRIT\r\n"})
+    EXPECT_EQ(s.roundtrip(request_text("GET", "/v1/models", "", h)).status, 401) << h;
+}
+
+TEST(ServerApiKey, UnusableKeySourcesAreRefusedAtStart) {
+  TempDir dir("sluice_api_key_bad");
+  { std::ofstream(dir / "empty") << "   \n"; }
+  // The key is read before the model is looked at, so a missing model does not hide the error.
+  CmdResult r = run_sluice(dir, "serve -m " + q(dir / "none.gguf") + " --api-key-file " + q(dir / "empty"));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("--api-key-file " + dir / "empty" + ": the first line is empty"), std::string::npos) << r.err;
+  r = run_sluice(dir, "serve -m " + q(dir / "none.gguf") + " --api-key-file " + q(dir / "missing"));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("cannot read it"), std::string::npos) << r.err;
+  r = run_sluice(dir, "serve -m " + q(dir / "none.gguf") + " --api-key k --api-key-file " + q(dir / "empty"));
+  EXPECT_NE(r.rc, 0) << "--api-key and --api-key-file exclude each other";
+  ::setenv("SLUICE_API_KEY", " ", 1);
+  r = run_sluice(dir, "serve -m " + q(dir / "none.gguf"));
+  ::unsetenv("SLUICE_API_KEY");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("SLUICE_API_KEY is set but empty"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace sluice::test
