@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
@@ -210,6 +211,138 @@ TEST(ServerApiKey, UnusableKeySourcesAreRefusedAtStart) {
   ::unsetenv("SLUICE_API_KEY");
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.err.find("SLUICE_API_KEY is set but empty"), std::string::npos) << r.err;
+}
+
+
+// --- The abuse test ------------------------------------------------------------------------
+
+uint64_t rss_of(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  return 0;
+}
+
+// 64 slowloris connections (reconnecting when dropped), 8 /tokenize requests of the largest
+// allowed body and 20 streaming chats, all at once. Throughout, /health answers 200 within 1 s;
+// every chat completes or gets a 503 that arrives whole; afterwards the server's RSS is back
+// within 10% of what it was before.
+TEST(ServerAbuse, SlowlorisLargeTokenizeAndStreamsAtOnce) {
+  if (kSanitized)
+    GTEST_SKIP() << "runs in the optimized build only: ~90 clients on two cores are too slow under AddressSanitizer, "
+                    "whose shadow memory also makes the RSS check meaningless";
+  constexpr size_t kMaxBody = 1 << 20;
+  Server s({"--request-timeout", "2", "--idle-timeout", "2", "--max-body", "1MiB", "--queue", "4",
+            "--sse-ping-interval", "0.2", "--max-tokens-limit", "64"});
+  // A /tokenize body of exactly --max-body bytes.
+  std::string content;
+  while (content.size() < kMaxBody) content += "Hello, world: 12345 tokens of text. ";
+  std::string tokenize_body;
+  {
+    const size_t overhead = json{{"content", ""}}.dump().size();
+    content.resize(kMaxBody - overhead);
+    tokenize_body = json{{"content", content}}.dump();
+    ASSERT_EQ(tokenize_body.size(), kMaxBody);
+  }
+  json chat = kChat;
+  chat["max_tokens"] = 16;
+  chat["stream"] = true;
+  // Warm-up: one of each, so the baseline holds what a served request leaves behind (arenas).
+  const int warm_tokenize = s.roundtrip(request_text("POST", "/tokenize", tokenize_body), 120).status;
+  ASSERT_NE(warm_tokenize, 0) << "the warm-up /tokenize got no answer";
+  ASSERT_EQ(s.post("/v1/chat/completions", chat).status, 200);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const uint64_t rss_before = rss_of(s.pid());
+  ASSERT_GT(rss_before, 0u);
+
+  std::atomic<bool> stop_slow{false}, stop_health{false};
+  std::mutex mu;
+  std::vector<double> health_s;
+  std::vector<int> health_status;
+  std::thread health([&] {
+    while (!stop_health) {
+      const auto t0 = Clock::now();
+      const int st = s.roundtrip(request_text("GET", "/health", ""), 5).status;
+      const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+      {
+        std::lock_guard lk(mu);
+        health_s.push_back(took);
+        health_status.push_back(st);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  std::vector<std::thread> slow;
+  std::atomic<int> slow_connections{0};
+  for (int i = 0; i < 64; ++i) {
+    slow.emplace_back([&] {
+      while (!stop_slow) {
+        const int fd = connect_to(s.port());
+        if (fd < 0) break;
+        ++slow_connections;
+        send_all(fd, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n");
+        while (!stop_slow) {
+          pollfd p{fd, POLLIN, 0};
+          if (::poll(&p, 1, 300) > 0) {
+            char buf[4096];
+            if (::recv(fd, buf, sizeof buf, 0) <= 0) break;  // answered (408 / 503) and closed
+            continue;
+          }
+          send_all(fd, "X-Slow: a\r\n");
+        }
+        ::close(fd);
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+
+  std::vector<int> tokenize_status(8), chat_status(20);
+  std::vector<std::string> chat_body(20);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 8; ++i)
+    clients.emplace_back([&, i] { tokenize_status[i] = s.roundtrip(request_text("POST", "/tokenize", tokenize_body), 120).status; });
+  for (int i = 0; i < 20; ++i)
+    clients.emplace_back([&, i] {
+      const Response r = s.roundtrip(request_text("POST", "/v1/chat/completions", chat.dump()), 120);
+      chat_status[i] = r.status;
+      chat_body[i] = r.body;
+    });
+  for (auto& t : clients) t.join();
+  stop_slow = true;
+  for (auto& t : slow) t.join();
+  stop_health = true;
+  health.join();
+
+  int completed = 0;
+  for (int i = 0; i < 20; ++i) {
+    if (chat_status[i] == 200) {
+      ++completed;
+      EXPECT_TRUE(chat_body[i].ends_with("data: [DONE]\n\n")) << "chat " << i << " did not complete: " << chat_body[i];
+    } else {
+      EXPECT_EQ(chat_status[i], 503) << "chat " << i << " got neither a stream nor a 503: " << chat_body[i];
+      EXPECT_TRUE(json::accept(chat_body[i])) << "chat " << i << ": the 503's body did not arrive whole: " << chat_body[i];
+    }
+  }
+  EXPECT_GE(completed, 1);
+  for (int i = 0; i < 8; ++i) EXPECT_NE(tokenize_status[i], 0) << "/tokenize " << i << " got no answer";
+  ASSERT_GE(health_s.size(), 5u);
+  for (size_t i = 0; i < health_s.size(); ++i) {
+    EXPECT_EQ(health_status[i], 200) << "/health check " << i;
+    EXPECT_LT(health_s[i], 1.0) << "/health check " << i;
+  }
+  EXPECT_GT(slow_connections.load(), 64) << "the slow clients were dropped and came back";
+
+  // The slow connections' requests end with their deadline; then the RSS is back.
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  const uint64_t rss_after = rss_of(s.pid());
+  std::printf("abuse: %d/20 chats completed, tokenize %d..., health max %.3f s over %zu checks, %d slow connections, "
+              "RSS %.1f -> %.1f MiB\n",
+              completed, tokenize_status[0], *std::max_element(health_s.begin(), health_s.end()), health_s.size(),
+              slow_connections.load(), rss_before / 1048576.0, rss_after / 1048576.0);
+  EXPECT_LE((double)rss_after, 1.10 * (double)rss_before) << "RSS before " << rss_before << ", after " << rss_after;
+  EXPECT_EQ(s.get("/health").status, 200);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // `sluice serve -m FILE [--host 127.0.0.1] [--port 8080] ...`
 #include "cli/cmd_serve.h"
 
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 
@@ -110,6 +111,12 @@ std::string api_key(const ServeOptions& o) {
 }  // namespace
 
 int run_serve(const ServeOptions& o) {
+  // Request buffers (bodies up to --max-body, JSON, token lists) are large and short-lived. By
+  // default glibc raises its mmap threshold to the largest block freed, after which such buffers
+  // come from the heaps and their pages stay with the process: eight 1 MiB /tokenize requests
+  // took the RSS from 47 to 134 MiB for good. A fixed threshold keeps them mmapped, so freeing
+  // one returns it to the system.
+  mallopt(M_MMAP_THRESHOLD, 256 * 1024);
   server::ServerOptions so;
   so.host = o.host;
   so.port = o.port;

@@ -144,6 +144,8 @@ bool discard_input(int fd) {
 // such connections may linger at once (beyond: the oldest is closed).
 constexpr auto kLinger = std::chrono::seconds(1);
 constexpr size_t kMaxLingering = 128;
+// A reading connection is dropped for a new one only after it has sent nothing for this long.
+constexpr auto kMinQuietToEvict = std::chrono::milliseconds(100);
 
 }  // namespace
 
@@ -194,14 +196,20 @@ int HttpServer::pick_victim(const std::string* only_client) {
   std::map<std::string, size_t> reading;  // per address: its connections that are not Active
   for (const auto& [fd, s] : open_)
     if (!s.evicted && s.phase != Slot::Phase::Active) reading[s.client]++;
+  const auto now = Clock::now();
   int best = -1;
   std::tuple<size_t, bool, int64_t> best_key{};
   for (const auto& [fd, s] : open_) {
     if (s.evicted || s.phase == Slot::Phase::Active) continue;
     if (only_client && s.client != *only_client) continue;
-    // Most reading connections first, then idle keep-alives (nothing owed), then the oldest.
+    // A connection that received bytes a moment ago (or was just accepted and not yet read) is
+    // making progress; dropping it would punish a client for our own scheduling.
+    const auto quiet = now - s.last_progress;
+    if (s.phase != Slot::Phase::Idle && quiet < kMinQuietToEvict) continue;
+    // The address holding most reading connections first, then idle keep-alives (nothing is
+    // owed to them), then the one that has sent nothing for longest.
     const std::tuple<size_t, bool, int64_t> key{reading[s.client], s.phase == Slot::Phase::Idle,
-                                                -(int64_t)s.since.time_since_epoch().count()};
+                                                (int64_t)std::chrono::duration_cast<std::chrono::microseconds>(quiet).count()};
     if (best < 0 || key > best_key) {
       best = fd;
       best_key = key;
@@ -276,6 +284,8 @@ void HttpServer::serve() {
     }
     // Evicted connections still hold a thread until their answer is out; bound those too.
     const bool too_many_threads = open_.size() >= 2 * limits_.max_connections;
+    // Over its share, an address loses its own quietest connection; with none quiet enough the
+    // new one still comes in if the server has room (the share bounds what slow senders hold).
     if (!too_many_threads && client_reading >= limits_.max_reading_per_client) {
       if (const int v = pick_victim(&client); v >= 0) {
         evict(v);
@@ -293,7 +303,8 @@ void HttpServer::serve() {
       refuse_at_accept(fd);
       continue;
     }
-    open_[fd] = Slot{client, Slot::Phase::Fresh, Clock::now(), false, false};
+    const auto now = Clock::now();
+    open_[fd] = Slot{client, Slot::Phase::Fresh, now, now, false, false};
     lk.unlock();
     std::thread([this, fd] { run_connection(fd); }).detach();
   }
@@ -323,7 +334,7 @@ void HttpServer::set_phase(int fd, Slot::Phase phase) {
   Slot& s = open_.at(fd);
   if (s.phase == Slot::Phase::Active && !s.reserved) --active_unreserved_;
   s.phase = phase;
-  s.since = Clock::now();
+  s.since = s.last_progress = Clock::now();
 }
 
 bool HttpServer::evicted(int fd) {
@@ -345,6 +356,10 @@ HttpServer::Read HttpServer::read_some(int fd, std::string& buf, Clock::time_poi
     if (n <= 0) return Read::Closed;
     if (got_lf) *got_lf = std::memchr(tmp, '\n', (size_t)n) != nullptr;
     buf.append(tmp, (size_t)n);
+    {
+      std::lock_guard lk(mu_);
+      open_.at(fd).last_progress = Clock::now();
+    }
     return Read::Ok;
   }
 }
@@ -363,7 +378,7 @@ bool HttpServer::read_request(int fd, Connection& conn, std::string& buf, bool f
       if (started)
         reject(conn, 503, "connection dropped: the server is at its limit of " +
                               std::to_string(limits_.max_connections) +
-                              " connections and this one was the oldest still sending its request");
+                              " connections and this one was the slowest still sending its request");
     } else if (why == Read::Timeout && started) {
       reject(conn, 408, "the request did not arrive within " + std::to_string(limits_.request_timeout_ms) +
                             " ms (--request-timeout)");
@@ -423,7 +438,7 @@ void HttpServer::run_connection(int fd) {
     }
     if (was_evicted) {
       reject(conn, 503, "connection dropped: the server is at its limit of " + std::to_string(limits_.max_connections) +
-                            " connections and this one was the oldest still sending its request");
+                            " connections and this one was the slowest still sending its request");
       break;
     }
     if (full) {

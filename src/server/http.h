@@ -24,8 +24,8 @@ namespace sluice::server {
 // Connection slots. A connection is "reading" while it waits for or receives a request and
 // "active" while its handler runs. Reading connections are the cheap ones to drop, so when the
 // slots are full a new connection takes the place of a reading one (idle keep-alive first, then
-// the oldest, from the client address holding the most), and one address may hold only
-// max_reading_per_client of them: slow senders cannot lock other clients out. Every request
+// the one quiet for longest, from the client address holding the most), and an address over
+// max_reading_per_client loses its own quietest one: slow senders cannot lock others out. Every request
 // must arrive whole within request_timeout_ms. Requests for reserved_paths (/health, /metrics)
 // keep reserved_connections slots that other active requests cannot take.
 struct HttpLimits {
@@ -90,7 +90,8 @@ class HttpServer {
     enum class Phase { Fresh, Idle, Reading, Active };
     std::string client;              // peer address
     Phase phase = Phase::Fresh;      // Fresh: no request yet; Idle: between keep-alive requests
-    std::chrono::steady_clock::time_point since;  // when the phase began
+    std::chrono::steady_clock::time_point since;          // when the phase began
+    std::chrono::steady_clock::time_point last_progress;  // accept, or the last bytes received
     bool reserved = false;           // Active on a reserved path
     bool evicted = false;            // dropped for a newer connection; its thread answers 503
   };
