@@ -1,5 +1,5 @@
 // parse_request_head on byte buffers: what it accepts, what it refuses (RFC 9112 framing) and
-// that a refusal names the cause. The same rules over a real socket: server_hostile_test.cpp.
+// that a refusal names the cause. The same rules over a real socket: server_transport_test.cpp.
 #include <gtest/gtest.h>
 
 #include <string>
