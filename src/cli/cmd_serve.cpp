@@ -38,6 +38,9 @@ CLI::App* setup_serve(CLI::App& app, ServeOptions& o) {
       ->check(CLI::Range(0.05, 3600.0));
   cmd->add_option("--temp", o.temp, "temperature for requests that do not set one")->check(CLI::Range(0.0f, 100.0f));
   cmd->add_option("--top-p", o.top_p, "top_p for requests that do not set one")->check(CLI::Range(0.0f, 1.0f));
+  cmd->add_option("--max-json-depth", o.max_json_depth,
+                  "deepest JSON nesting a request may carry (also inside tool-call argument strings); deeper get 400")
+      ->check(CLI::Range(size_t{2}, size_t{1000}));
   add_engine_options(cmd, o.engine);
   return cmd;
 }
@@ -94,6 +97,7 @@ int run_serve(const ServeOptions& o) {
   so.ping_interval_ms = (int)(o.ping_interval_s * 1000);
   so.temp = o.temp;
   so.top_p = o.top_p;
+  so.max_json_depth = o.max_json_depth;
 
   SessionOptions sess = session_options(o.engine, o.model, o.ctx);
   if (!std::filesystem::exists(o.model)) throw Error("cannot open " + o.model + ": no such file");

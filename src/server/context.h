@@ -23,6 +23,9 @@ struct ServerOptions {
   int retry_after_s = 2;              // Retry-After of a 503 for a full queue
   float temp = 1.0f;                  // defaults for requests that do not say
   float top_p = 0.95f;
+  uint32_t top_k = 0;
+  float min_p = 0.0f;
+  size_t max_json_depth = 128;        // deepest nesting a request body (or JSON in its strings) may have
 };
 
 struct ServerContext {

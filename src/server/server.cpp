@@ -74,7 +74,7 @@ int handle_metrics(ServerContext& ctx, Connection& conn) {
 
 // llama.cpp's /tokenize: {"content", "add_special" (false), "parse_special" (true), "with_pieces"}.
 int handle_tokenize(ServerContext& ctx, const HttpRequest& req, Connection& conn) {
-  const json body = parse_body(req.body);
+  const json body = parse_body(req.body, ctx.opts.max_json_depth);
   const text::Tokenizer& tok = ready_session(ctx).tokenizer();
   const auto content = get_string(body, "content");
   if (!content) throw bad_request("'content' (a string) is required");
@@ -103,7 +103,7 @@ int handle_tokenize(ServerContext& ctx, const HttpRequest& req, Connection& conn
 }
 
 int handle_detokenize(ServerContext& ctx, const HttpRequest& req, Connection& conn) {
-  const json body = parse_body(req.body);
+  const json body = parse_body(req.body, ctx.opts.max_json_depth);
   const text::Tokenizer& tok = ready_session(ctx).tokenizer();
   if (!body.contains("tokens") || !body["tokens"].is_array()) throw bad_request("'tokens' (an array of ids) is required");
   std::vector<int32_t> ids;
