@@ -148,6 +148,12 @@ DriveOutcome drive(ServerContext& ctx, Job& job, Connection& conn, TextMode mode
             out.stop_string = stopper.matched();
             return out;
           }
+          if (!gone && out.result.finish == "cancelled" && job.cancel_reason == 2) {
+            // Shutdown, not the client: the handler ends the stream with an error event.
+            out.status = 503;
+            out.error = "the server is shutting down";
+            return out;
+          }
           if (out.result.finish == "cancelled" || gone) {
             out.client_gone = true;
             return out;

@@ -49,9 +49,11 @@ json tool_call_json(const text::ToolCall& c, size_t index, ServerContext& ctx) {
           {"function", {{"name", c.name}, {"arguments", c.arguments}}}};
 }
 
-// Writes an error into a stream that has already started (status line already sent).
+// Writes an error into a stream that has already started (status line already sent), then
+// [DONE]: clients that read to [DONE] stop there rather than on the closed connection.
 void stream_error(Connection& conn, const DriveOutcome& o) {
-  conn.write(sse_data(openai_error_body(o.status, o.status == 400 ? "invalid_request_error" : "server_error", o.error)));
+  const char* type = o.status == 400 ? "invalid_request_error" : o.status == 503 ? "unavailable_error" : "server_error";
+  conn.write(sse_data(openai_error_body(o.status, type, o.error)) + sse_done());
 }
 
 // Common shape of both endpoints' streams.

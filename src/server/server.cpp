@@ -1,5 +1,6 @@
 #include "server/server.h"
 
+#include <chrono>
 #include <exception>
 
 #include <nlohmann/json.hpp>
@@ -152,9 +153,34 @@ void Server::serve() {
   if (failed) throw Error(error);
 }
 
-void Server::stop() { http_->stop(); }
+namespace {
+constexpr auto kShutdownGrace = std::chrono::seconds(2);
+}
+
+void Server::stop() {
+  if (worker_) worker_->shutdown();
+  {
+    std::unique_lock lk(active_mu_);
+    active_cv_.wait_for(lk, kShutdownGrace, [&] { return active_ == 0; });
+  }
+  http_->stop();
+}
 
 void Server::handle(const HttpRequest& req, Connection& conn) {
+  {
+    std::lock_guard lk(active_mu_);
+    ++active_;
+  }
+  struct Leave {
+    Server& s;
+    ~Leave() {
+      {
+        std::lock_guard lk(s.active_mu_);
+        --s.active_;
+      }
+      s.active_cv_.notify_all();
+    }
+  } leave{*this};
   int status = 500;
   try {
     status = route(req, conn);
