@@ -31,6 +31,7 @@
 #include "runtime/sampler.h"
 #include "runtime/session.h"
 #include "text/chat.h"
+#include "text/output_text.h"
 #include "text/tokenizer.h"
 #include "util/error.h"
 
@@ -443,8 +444,8 @@ int run_run(const RunOptions& o) {
   req.observer = (dump || trace) ? &obs : nullptr;
 
   IdPrinter out_ids;
-  std::unique_ptr<text::StreamDecoder> decoder;
-  if (text_mode) decoder = std::make_unique<text::StreamDecoder>(*tok, /*render_special=*/false);
+  std::unique_ptr<text::OutputDecoder> decoder;
+  if (text_mode) decoder = std::make_unique<text::OutputDecoder>(*tok, text::OutputMode::Plain);
   const bool show_prefill = isatty(2) && prompt_n > 2ull * session.plan().chunk;
   std::string stop_note;
   const auto on_prefill = [&](uint32_t done, uint32_t total) {

@@ -9,6 +9,7 @@
 #include "runtime/sampler.h"
 #include "server/api_error.h"
 #include "server/stop_strings.h"
+#include "text/output_text.h"
 #include "util/error.h"
 
 namespace sluice::server {
@@ -81,9 +82,9 @@ std::shared_ptr<Job> submit(ServerContext& ctx, GenerateRequest r) {
 DriveOutcome drive(ServerContext& ctx, Job& job, Connection& conn, TextMode mode, const DriveHooks& hooks) {
   const Session& s = *ctx.worker.session();
   const text::Tokenizer& tok = s.tokenizer();
-  text::StreamDecoder dec(tok, /*render_special=*/true);
-  text::OutputParser parser(mode == TextMode::Thinking);
   const bool raw = mode == TextMode::Raw;
+  text::OutputDecoder dec(tok, raw ? text::OutputMode::Plain : text::OutputMode::Chat);
+  text::OutputParser parser(mode == TextMode::Thinking);
   DriveOutcome out;
   const auto ping = std::chrono::milliseconds(std::max(50, ctx.opts.ping_interval_ms));
   auto last_write = std::chrono::steady_clock::now();
