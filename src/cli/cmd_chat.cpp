@@ -30,7 +30,8 @@ CLI::App* setup_chat(CLI::App& app, ChatCommandOptions& o) {
   sub->add_option("--think", o.think, "thinking on or off (default off)")->check(CLI::IsMember({"on", "off"}));
   sub->add_option("-n,--n-predict", o.n_predict, "tokens per reply at most (default 1024)");
   sub->add_option("--temp", o.temp, "temperature; 0 = greedy (default 0)");
-  sub->add_option("--top-p", o.top_p, "nucleus mass in (0, 1] (default 1.0)");
+  sub->add_option("--top-p", o.top_p, "nucleus mass in [0, 1] (default 1.0)");
+  add_topk_minp_options(sub, o.top_k, o.min_p);
   sub->add_option("--seed", o.seed, "sampler seed (default 0)");
   sub->add_option("-c,--ctx-size", o.ctx, "context positions (default min(model maximum, 4096))");
   add_engine_options(sub, o.engine);
@@ -40,7 +41,7 @@ CLI::App* setup_chat(CLI::App& app, ChatCommandOptions& o) {
 int run_chat(const ChatCommandOptions& o) {
   const StopSignals stop_signals;  // SIGTERM/SIGINT: finish the current token, then exit 0
   if (o.n_predict < 1) throw UsageError("-n must be at least 1");
-  const SamplerOptions so = sampler_options(o.temp, o.top_p, o.seed);
+  const SamplerOptions so = sampler_options(o.temp, o.top_p, o.seed, o.top_k, o.min_p);
   Session session(session_options(o.engine, o.model, o.ctx));
   maybe_print_plan(o.engine, session);
   const text::Tokenizer& tok = session.tokenizer();
