@@ -5,6 +5,7 @@
 #include "server/api_error.h"
 #include "server/generation.h"
 #include "server/stop_strings.h"
+#include "server/token_endpoints.h"
 #include "server/sse.h"
 #include "text/chat.h"
 #include "text/json_text.h"
@@ -59,6 +60,7 @@ json tool_input(const std::string& arguments) {
 }  // namespace
 
 int handle_count_tokens(ServerContext& ctx, const HttpRequest& req, Connection& conn) {
+  const TokenRequestSlot slot(ctx);  // tokenizes in this thread, outside the worker's queue
   const json body = parse_body(req.body, ctx.opts.max_json_depth);
   const ChatRequest c = anthropic_request(body, /*count_only=*/true);
   const Session& s = ready_session(ctx);

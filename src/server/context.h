@@ -26,6 +26,7 @@ struct ServerOptions {
   uint32_t top_k = 0;
   float min_p = 0.0f;
   size_t max_json_depth = 128;        // deepest nesting a request body (or JSON in its strings) may have
+  int max_token_requests = 2;         // /tokenize, /detokenize, count_tokens running at once
 };
 
 struct ServerContext {
@@ -34,6 +35,7 @@ struct ServerContext {
   HttpCounters& counters;
   std::string model_id;               // alias, or the model file name without .gguf
   std::atomic<uint64_t> next_id{1};
+  std::atomic<int> token_requests{0};  // running /tokenize, /detokenize, count_tokens (TokenRequestSlot)
 };
 
 }  // namespace sluice::server
