@@ -171,12 +171,16 @@ void Worker::run(Factory factory) {
       done = failed(500, e.what());
       counters_.failed++;
     }
-    job->push(std::move(done));
     SessionStats st = session_->stats();
-    std::lock_guard lk(mu_);
-    stats_ = std::move(st);
-    current_.reset();
-    running_ = false;
+    {
+      std::lock_guard lk(mu_);
+      stats_ = std::move(st);
+      current_.reset();
+      running_ = false;
+    }
+    // Only now: a client that sends its next request on this answer finds the worker idle
+    // (with --queue 0 it would otherwise be refused).
+    job->push(std::move(done));
   }
   set_state(State::Stopped);
   std::lock_guard lk(mu_);
