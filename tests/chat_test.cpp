@@ -437,3 +437,20 @@ TEST(DsmlJson, PythonLayoutAndMemberSplit) {
   EXPECT_FALSE(sluice::text::split_json_object("{\"a\":1", m));
   EXPECT_TRUE(m.empty());
 }
+
+// The guard the server runs before parsing (json_nesting_depth) and the writer's own bound.
+TEST(JsonText, NestingDepthScanAndWriterBound) {
+  using sluice::text::json_nesting_depth;
+  EXPECT_EQ(json_nesting_depth("{}", 10), 1u);
+  EXPECT_EQ(json_nesting_depth(R"({"a":[1,{"b":[]}]})", 10), 4u);
+  EXPECT_EQ(json_nesting_depth(R"({"a":"[[[[{{{{"})", 10), 1u) << "brackets in strings do not count";
+  EXPECT_EQ(json_nesting_depth(R"({"a":"\"[[[["})", 10), 1u) << "an escaped quote does not end the string";
+  EXPECT_EQ(json_nesting_depth("[]]]][", 10), 1u) << "stray closers do not go below zero";
+  EXPECT_EQ(json_nesting_depth(std::string(100000, '['), 64), 65u) << "stops once past the limit";
+  const std::string deep = std::string(2000, '[') + std::string(2000, ']');
+  const auto j = nlohmann::ordered_json::parse(deep);
+  EXPECT_THROW(sluice::text::py_json(j), Error);
+  ChatOptions o;
+  o.tools = {"{\"name\": \"f\", \"parameters\": " + deep + "}"};
+  EXPECT_THROW(render_chat({ChatMessage{"user", "x", "", {}, ""}}, o), Error) << "a 400 in the server, not a crash";
+}

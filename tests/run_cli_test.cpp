@@ -333,8 +333,10 @@ TEST_F(RunCli, BadArgumentsGiveOneErrorLine) {
   expect_error("--tokens 99999999999999999999999 -n 2", 2, "--tokens");
   expect_error("--tokens 1,512 -n 2", 1, "512");  // vocab_size 512
   expect_error("--tokens 1,2 -n 2 --temp -1", 2, "temperature");
-  expect_error("--tokens 1,2 -n 2 --temp 1 --top-p 0", 2, "top-p");
-  expect_error("--tokens 1,2 -n 2 --temp 1 --top-p 1.5", 2, "top-p");
+  // top_p 0 is valid (only the most likely token; the server's range, docs/server.md).
+  expect_error("--tokens 1,2 -n 2 --temp 1 --top-p -0.5", 2, "top_p");
+  expect_error("--tokens 1,2 -n 2 --temp 1 --top-p 1.5", 2, "top_p");
+  expect_error("--tokens 1,2 -n 2 --temp 1 --min-p 2", 2, "min_p");
   expect_error("--tokens 1,2,3 -n 3 -c 5", 2, "-c 5");
   expect_error("--tokens 1,2 -n 5000", 1, "max_position_embeddings");
   expect_error("--tokens 1,2 -n 2 -c 5000", 1, "max_position_embeddings");

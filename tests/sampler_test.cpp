@@ -168,7 +168,15 @@ TEST(SamplerSettings, RejectsBadSettings) {
   EXPECT_THROW(sluice::validate(SamplerOptions{-0.5f, 1.0f, 0}), sluice::Error);
   EXPECT_THROW(sluice::validate(SamplerOptions{kNaN, 1.0f, 0}), sluice::Error);
   EXPECT_THROW(sluice::validate(SamplerOptions{kInf, 1.0f, 0}), sluice::Error);
-  EXPECT_THROW(sluice::validate(SamplerOptions{1.0f, 0.0f, 0}), sluice::Error);
+  EXPECT_THROW(sluice::validate(SamplerOptions{1.0f, -0.01f, 0}), sluice::Error);
+  EXPECT_THROW(sluice::validate(SamplerOptions{101.0f, 1.0f, 0}), sluice::Error);
+  EXPECT_THROW(sluice::validate(SamplerOptions{1.0f, 1.0f, 0, 0, 1.5f}), sluice::Error);
+  EXPECT_THROW(sluice::validate(SamplerOptions{1.0f, 1.0f, 0, (1u << 30) + 1}), sluice::Error);
+  sluice::SamplingRequest bad_n;
+  bad_n.max_tokens = 0;
+  EXPECT_THROW(sluice::check_sampling(bad_n), sluice::Error);
+  // top_p 0 is allowed (OpenAI's range is [0, 1]): only the most likely token is kept.
+  EXPECT_NO_THROW(sluice::validate(SamplerOptions{1.0f, 0.0f, 0}));
   EXPECT_THROW(sluice::validate(SamplerOptions{1.0f, 1.01f, 0}), sluice::Error);
   EXPECT_THROW(sluice::validate(SamplerOptions{1.0f, kNaN, 0}), sluice::Error);
   EXPECT_NO_THROW(sluice::validate(SamplerOptions{0.0f, 1.0f, 0}));
@@ -178,4 +186,17 @@ TEST(SamplerSettings, RejectsBadSettings) {
   Sampler s(SamplerOptions{1.0f, 1.0f, 0});
   EXPECT_THROW(s.sample(std::vector<float>{0.0f, kNaN}), sluice::Error);
   EXPECT_THROW(s.sample(std::vector<float>{-kInf, -kInf}), sluice::Error);
+}
+
+TEST(SamplerTopKMinP, CutsOnAHandMadeDistribution) {
+  const std::vector<float> row = log_probs({0.1, 0.4, 0.2, 0.3});
+  // Order by probability: 1 (0.4), 3 (0.3), 2 (0.2), 0 (0.1).
+  EXPECT_EQ(ids_of(sluice::nucleus(row, 1.0f, 1.0f, 2)), (std::vector<uint32_t>{1, 3}));
+  EXPECT_EQ(ids_of(sluice::nucleus(row, 1.0f, 0.0f)), (std::vector<uint32_t>{1}));
+  // min_p 0.45: keep p >= 0.18.
+  EXPECT_EQ(ids_of(sluice::nucleus(row, 1.0f, 1.0f, 0, 0.45f)), (std::vector<uint32_t>{1, 3, 2}));
+  EXPECT_EQ(ids_of(sluice::nucleus(row, 1.0f, 1.0f, 0, 1.0f)), (std::vector<uint32_t>{1}));
+  // top_k 1 at any temperature is greedy.
+  Sampler k1(SamplerOptions{2.0f, 1.0f, 7, 1});
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(k1.sample(row), 1u);
 }

@@ -105,7 +105,11 @@ class Server {
                                                      std::to_string(counter_++));
     std::filesystem::create_directories(dir_);
     model_ = (dir_ / "tiny.gguf").string();
-    const std::string make = std::string(SLUICE_BINARY) + " make-model --preset tiny -o " + model_ + " >/dev/null";
+    // SLUICE_SERVER_BINARY runs these tests against another build (e.g. an older one, to see a
+    // regression test fail there).
+    const char* other = std::getenv("SLUICE_SERVER_BINARY");
+    const std::string binary = other && *other ? other : SLUICE_BINARY;
+    const std::string make = binary + " make-model --preset tiny -o " + model_ + " >/dev/null";
     if (std::system(make.c_str()) != 0) throw std::runtime_error("make-model failed");
     int pipefd[2];
     if (::pipe(pipefd) != 0) throw std::runtime_error("pipe");
@@ -114,7 +118,7 @@ class Server {
       ::dup2(pipefd[1], 2);
       ::close(pipefd[0]);
       ::close(pipefd[1]);
-      std::vector<std::string> args = {SLUICE_BINARY, "serve", "-m", model_, "--port", "0", "--allow-swap"};
+      std::vector<std::string> args = {binary, "serve", "-m", model_, "--port", "0", "--allow-swap"};
       args.insert(args.end(), flags.begin(), flags.end());
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());

@@ -13,6 +13,7 @@
 #include "runtime/session.h"
 #include "text/chat.h"
 #include "text/dsml.h"
+#include "text/output_text.h"
 #include "text/tokenizer.h"
 #include "util/error.h"
 
@@ -29,7 +30,8 @@ CLI::App* setup_chat(CLI::App& app, ChatCommandOptions& o) {
   sub->add_option("--think", o.think, "thinking on or off (default off)")->check(CLI::IsMember({"on", "off"}));
   sub->add_option("-n,--n-predict", o.n_predict, "tokens per reply at most (default 1024)");
   sub->add_option("--temp", o.temp, "temperature; 0 = greedy (default 0)");
-  sub->add_option("--top-p", o.top_p, "nucleus mass in (0, 1] (default 1.0)");
+  sub->add_option("--top-p", o.top_p, "nucleus mass in [0, 1] (default 1.0)");
+  add_topk_minp_options(sub, o.top_k, o.min_p);
   sub->add_option("--seed", o.seed, "sampler seed (default 0)");
   sub->add_option("-c,--ctx-size", o.ctx, "context positions (default min(model maximum, 4096))");
   add_engine_options(sub, o.engine);
@@ -39,7 +41,7 @@ CLI::App* setup_chat(CLI::App& app, ChatCommandOptions& o) {
 int run_chat(const ChatCommandOptions& o) {
   const StopSignals stop_signals;  // SIGTERM/SIGINT: finish the current token, then exit 0
   if (o.n_predict < 1) throw UsageError("-n must be at least 1");
-  const SamplerOptions so = sampler_options(o.temp, o.top_p, o.seed);
+  const SamplerOptions so = sampler_options(o.temp, o.top_p, o.seed, o.top_k, o.min_p);
   Session session(session_options(o.engine, o.model, o.ctx));
   maybe_print_plan(o.engine, session);
   const text::Tokenizer& tok = session.tokenizer();
@@ -75,24 +77,28 @@ int run_chat(const ChatCommandOptions& o) {
     req.max_tokens = (uint32_t)std::min<uint64_t>((uint64_t)o.n_predict, session.ctx() - req.prompt.size());
     req.sampling = so;
     text::OutputParser parser(co.thinking);
-    std::string reasoning, content;
+    text::OutputDecoder decoder(tok, text::OutputMode::Chat);  // the output rule of run and serve
     auto show = [&](const text::OutputParser::Delta& d) {
       if (!d.reasoning.empty()) std::fputs(d.reasoning.c_str(), stderr);
       if (!d.content.empty()) std::fputs(d.content.c_str(), stdout);
       for (const text::ToolCall& call : d.calls) std::printf("\n[tool call %s %s]\n", call.name.c_str(), call.arguments.c_str());
       std::fflush(stdout);
-      reasoning += d.reasoning;
-      content += d.content;
     };
     const GenerateResult r = session.generate(req, {}, [&](uint32_t id) {
-      // Special tokens (think markers) must reach the parser, so they are decoded rendered.
-      if (id != c.eos_token_id) show(parser.push(std::string(tok.token_to_piece((int32_t)id, true))));
+      if (id != c.eos_token_id) show(parser.push(decoder.push((int32_t)id)));
       return StopSignals::raised() == 0;
     });
+    show(parser.push(decoder.finish()));
     show(parser.finish());
     std::printf("\n");
     std::fflush(stdout);
-    history.push_back({"assistant", content, reasoning, {}, ""});
+    // The history keeps what the model generated, hidden tokens included, so the next turn's
+    // rendering extends the kept tokens exactly (tokenize_prompt reuses them).
+    std::vector<int32_t> said;
+    for (uint32_t id : r.tokens)
+      if (id != c.eos_token_id) said.push_back((int32_t)id);
+    const text::ParsedOutput turn = text::parse_output(tok.decode(said, /*render_special=*/true), co.thinking);
+    history.push_back({"assistant", turn.content, turn.reasoning, {}, ""});
     std::fprintf(stderr, "[%u prompt tokens (%u reused) in %.2f s, %zu generated in %.2f s, stop: %s | %s]\n",
                  r.prompt_tokens, r.reused_tokens, r.prefill_s, r.tokens.size(), r.decode_s, r.finish.c_str(),
                  session_summary(session, r.prompt_tokens - r.reused_tokens + r.decode_steps).c_str());

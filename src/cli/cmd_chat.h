@@ -21,6 +21,8 @@ struct ChatCommandOptions {
   float temp = 0.0f;
   float top_p = 1.0f;
   uint64_t seed = 0;
+  int64_t top_k = 0;
+  float min_p = 0.0f;
   uint32_t ctx = 0;           // 0: min(max_position_embeddings, 4096)
   EngineCliOptions engine;
 };

@@ -31,6 +31,7 @@
 #include "runtime/sampler.h"
 #include "runtime/session.h"
 #include "text/chat.h"
+#include "text/output_text.h"
 #include "text/tokenizer.h"
 #include "util/error.h"
 
@@ -251,14 +252,23 @@ SessionOptions session_options(const EngineCliOptions& e, const std::string& mod
   return so;
 }
 
-SamplerOptions sampler_options(float temp, float top_p, uint64_t seed) {
-  const SamplerOptions so{temp, top_p, seed};
+SamplerOptions sampler_options(float temp, float top_p, uint64_t seed, int64_t top_k, float min_p) {
+  SamplingRequest r;
+  r.temperature = temp;
+  r.top_p = top_p;
+  r.top_k = top_k;
+  r.min_p = min_p;
   try {
-    validate(so);
+    check_sampling(r);
   } catch (const Error& e) {
     throw UsageError(e.what());
   }
-  return so;
+  return SamplerOptions{temp, top_p, seed, (uint32_t)top_k, min_p};
+}
+
+void add_topk_minp_options(CLI::App* sub, int64_t& top_k, float& min_p) {
+  sub->add_option("--top-k", top_k, "keep at most the K most likely tokens; 0 = off (default 0)");
+  sub->add_option("--min-p", min_p, "drop tokens less likely than P times the most likely one, in [0, 1] (default 0)");
 }
 
 void maybe_print_plan(const EngineCliOptions& e, const Session& s) {
@@ -341,7 +351,8 @@ CLI::App* setup_run(CLI::App& app, RunOptions& o) {
       ->check(CLI::IsMember({"on", "off"}));
   sub->add_option("-n,--n-predict", o.n_predict, "tokens to generate")->required();
   sub->add_option("--temp", o.temp, "temperature; 0 = greedy (default 0)");
-  sub->add_option("--top-p", o.top_p, "nucleus mass in (0, 1] (default 1.0)");
+  sub->add_option("--top-p", o.top_p, "nucleus mass in [0, 1] (default 1.0)");
+  add_topk_minp_options(sub, o.top_k, o.min_p);
   sub->add_option("--seed", o.seed, "sampler seed (default 0)");
   sub->add_option("-c,--ctx-size", o.ctx, "context positions; 0 = prompt + n (default 0)");
   sub->add_flag("--ignore-eos", o.ignore_eos, "keep generating after eos_token_id");
@@ -361,7 +372,7 @@ int run_run(const RunOptions& o) {
     throw UsageError("give a prompt: -p TEXT, -f FILE or --tokens IDS");
   if (o.chat && !o.tokens.empty()) throw UsageError("--chat needs a text prompt (-p or -f), not --tokens");
   const bool text_mode = o.tokens.empty();
-  const SamplerOptions so = sampler_options(o.temp, o.top_p, o.seed);
+  const SamplerOptions so = sampler_options(o.temp, o.top_p, o.seed, o.top_k, o.min_p);
   // Usage checks that do not need the model come before it is opened.
   session_options(o.engine, o.model, 0);
 
@@ -443,8 +454,8 @@ int run_run(const RunOptions& o) {
   req.observer = (dump || trace) ? &obs : nullptr;
 
   IdPrinter out_ids;
-  std::unique_ptr<text::StreamDecoder> decoder;
-  if (text_mode) decoder = std::make_unique<text::StreamDecoder>(*tok, /*render_special=*/false);
+  std::unique_ptr<text::OutputDecoder> decoder;
+  if (text_mode) decoder = std::make_unique<text::OutputDecoder>(*tok, text::OutputMode::Plain);
   const bool show_prefill = isatty(2) && prompt_n > 2ull * session.plan().chunk;
   std::string stop_note;
   const auto on_prefill = [&](uint32_t done, uint32_t total) {

@@ -29,8 +29,11 @@ struct EngineCliOptions {
 void add_engine_options(CLI::App* sub, EngineCliOptions& o);
 // Throws UsageError for bad values. ctx 0: the session's default.
 SessionOptions session_options(const EngineCliOptions& e, const std::string& model, uint32_t ctx);
-// --temp/--top-p/--seed checked (UsageError naming the bad one).
-SamplerOptions sampler_options(float temp, float top_p, uint64_t seed);
+// --temp/--top-p/--top-k/--min-p checked by sluice::check_sampling, the check the server's APIs
+// use too (UsageError with its message).
+SamplerOptions sampler_options(float temp, float top_p, uint64_t seed, int64_t top_k = 0, float min_p = 0.0f);
+// Adds --top-k and --min-p (run, chat, serve).
+void add_topk_minp_options(CLI::App* sub, int64_t& top_k, float& min_p);
 // The plan's breakdown on stderr when asked (--print-plan) or when stderr is a terminal.
 void maybe_print_plan(const EngineCliOptions& e, const Session& s);
 // "expert cache ... hit rate ... read ... | peak RSS ... of budget ..." for summaries.
@@ -49,6 +52,8 @@ struct RunOptions {
   float temp = 0.0f;           // 0: greedy
   float top_p = 1.0f;
   uint64_t seed = 0;
+  int64_t top_k = 0;           // 0: off
+  float min_p = 0.0f;          // 0: off
   uint64_t ctx = 0;            // 0: prompt + n
   bool ignore_eos = false;
   std::string dump_logits;     // file of f32 rows, plus <file>.json

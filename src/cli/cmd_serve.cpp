@@ -49,8 +49,12 @@ CLI::App* setup_serve(CLI::App& app, ServeOptions& o) {
   cmd->add_option("-a,--alias", o.alias, "model id reported by the API (default: the file name without .gguf)");
   cmd->add_option("--sse-ping-interval", o.ping_interval_s, "seconds between SSE keep-alives while waiting or prefilling")
       ->check(CLI::Range(0.05, 3600.0));
-  cmd->add_option("--temp", o.temp, "temperature for requests that do not set one")->check(CLI::Range(0.0f, 100.0f));
-  cmd->add_option("--top-p", o.top_p, "top_p for requests that do not set one")->check(CLI::Range(0.0f, 1.0f));
+  cmd->add_option("--temp", o.temp, "temperature for requests that do not set one");
+  cmd->add_option("--top-p", o.top_p, "top_p for requests that do not set one");
+  add_topk_minp_options(cmd, o.top_k, o.min_p);
+  cmd->add_option("--max-json-depth", o.max_json_depth,
+                  "deepest JSON nesting a request may carry (also inside tool-call argument strings); deeper get 400")
+      ->check(CLI::Range(size_t{2}, size_t{1000}));
   add_engine_options(cmd, o.engine);
   return cmd;
 }
@@ -129,8 +133,13 @@ int run_serve(const ServeOptions& o) {
   so.idle_timeout_ms = (int)(o.idle_timeout_s * 1000);
   so.alias = o.alias;
   so.ping_interval_ms = (int)(o.ping_interval_s * 1000);
-  so.temp = o.temp;
-  so.top_p = o.top_p;
+  // The defaults pass the check every request's values pass (UsageError otherwise).
+  const SamplerOptions defaults = sampler_options(o.temp, o.top_p, 0, o.top_k, o.min_p);
+  so.temp = defaults.temp;
+  so.top_p = defaults.top_p;
+  so.top_k = defaults.top_k;
+  so.min_p = defaults.min_p;
+  so.max_json_depth = o.max_json_depth;
 
   SessionOptions sess = session_options(o.engine, o.model, o.ctx);
   if (!std::filesystem::exists(o.model)) throw Error("cannot open " + o.model + ": no such file");

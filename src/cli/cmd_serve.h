@@ -27,6 +27,9 @@ struct ServeOptions {
   double ping_interval_s = 5.0;
   float temp = 1.0f;
   float top_p = 0.95f;
+  int64_t top_k = 0;
+  float min_p = 0.0f;
+  size_t max_json_depth = 128;
   EngineCliOptions engine;           // -t, --mem-budget, --allow-swap, store options, --watchdog
 };
 CLI::App* setup_serve(CLI::App& app, ServeOptions& o);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <string>
 
@@ -9,11 +10,39 @@
 
 namespace sluice {
 
+namespace {
+
+// "1.5", "0.95", "nan": short enough to read in an error message.
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+void in_unit(const std::optional<double>& v, const char* name) {
+  if (v && !(*v >= 0 && *v <= 1)) throw Error(std::string(name) + " must be in [0, 1] (got " + num(*v) + ")");
+}
+
+}  // namespace
+
+void check_sampling(const SamplingRequest& r) {
+  if (r.temperature && !(*r.temperature >= 0 && *r.temperature <= kMaxTemperature))
+    throw Error("temperature must be in [0, " + num(kMaxTemperature) + "] (got " + num(*r.temperature) + ")");
+  in_unit(r.top_p, "top_p");
+  in_unit(r.min_p, "min_p");
+  if (r.top_k && (*r.top_k < 0 || *r.top_k > kMaxTopK))
+    throw Error("top_k must be an integer in [0, " + std::to_string(kMaxTopK) + "] (got " + std::to_string(*r.top_k) + ")");
+  if (r.max_tokens && *r.max_tokens < 1)
+    throw Error("max_tokens must be at least 1 (got " + std::to_string(*r.max_tokens) + ")");
+}
+
 void validate(const SamplerOptions& o) {
-  if (!std::isfinite(o.temp) || o.temp < 0)
-    throw Error("temperature must be a finite number >= 0 (got " + std::to_string(o.temp) + ")");
-  if (!(o.top_p > 0 && o.top_p <= 1))
-    throw Error("top-p must be in (0, 1] (got " + std::to_string(o.top_p) + ")");
+  SamplingRequest r;
+  r.temperature = o.temp;
+  r.top_p = o.top_p;
+  r.min_p = o.min_p;
+  r.top_k = o.top_k;
+  check_sampling(r);
 }
 
 uint32_t argmax_lowest(std::span<const float> logits) {
@@ -28,8 +57,9 @@ uint32_t argmax_lowest(std::span<const float> logits) {
   return best;
 }
 
-std::vector<TokenProb> nucleus(std::span<const float> logits, float temp, float top_p) {
-  validate(SamplerOptions{temp, top_p, 0});
+std::vector<TokenProb> nucleus(std::span<const float> logits, float temp, float top_p, uint32_t top_k,
+                               float min_p) {
+  validate(SamplerOptions{temp, top_p, 0, top_k, min_p});
   if (temp == 0) throw Error("sampler: nucleus needs a temperature > 0");
   double mx = -std::numeric_limits<double>::infinity();
   for (size_t i = 0; i < logits.size(); ++i) {
@@ -52,6 +82,7 @@ std::vector<TokenProb> nucleus(std::span<const float> logits, float temp, float 
   std::sort(v.begin(), v.end(), [](const TokenProb& a, const TokenProb& b) {
     return a.p != b.p ? a.p > b.p : a.id < b.id;
   });
+  if (top_k > 0 && v.size() > top_k) v.resize(top_k);
   double cum = 0;
   for (size_t k = 0; k < v.size(); ++k) {
     cum += v[k].p;
@@ -60,6 +91,11 @@ std::vector<TokenProb> nucleus(std::span<const float> logits, float temp, float 
       break;
     }
   }
+  // The first token always stays (p >= min_p * p for min_p <= 1).
+  const double floor_p = (double)min_p * v.front().p;
+  size_t keep = 1;
+  while (keep < v.size() && v[keep].p >= floor_p) ++keep;
+  v.resize(keep);
   return v;
 }
 
@@ -71,7 +107,7 @@ Sampler::Sampler(const SamplerOptions& o) : opt_(o), rng_(o.seed) { validate(o);
 
 uint32_t Sampler::sample(std::span<const float> logits) {
   if (opt_.temp == 0) return argmax_lowest(logits);
-  const std::vector<TokenProb> keep = nucleus(logits, opt_.temp, opt_.top_p);
+  const std::vector<TokenProb> keep = nucleus(logits, opt_.temp, opt_.top_p, opt_.top_k, opt_.min_p);
   double mass = 0;
   for (const TokenProb& t : keep) mass += t.p;
   // Inverse CDF over the kept tokens in nucleus order (renormalised by their mass).

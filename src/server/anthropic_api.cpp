@@ -5,8 +5,10 @@
 #include "server/api_error.h"
 #include "server/generation.h"
 #include "server/stop_strings.h"
+#include "server/token_endpoints.h"
 #include "server/sse.h"
 #include "text/chat.h"
+#include "text/json_text.h"
 
 namespace sluice::server {
 
@@ -26,105 +28,6 @@ namespace {
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-// Text of a string or of an array of blocks where only text blocks are allowed.
-std::string text_of(const json& c, const std::string& where) {
-  if (c.is_string()) return c.get<std::string>();
-  if (!c.is_array()) throw bad_request(where + " must be a string or an array of content blocks");
-  std::string s;
-  for (const json& b : c) {
-    if (!b.is_object() || b.value("type", "") != "text" || !b.contains("text") || !b["text"].is_string())
-      throw bad_request(where + ": only text blocks are supported here");
-    if (!s.empty()) s += "\n\n";
-    s += b["text"].get<std::string>();
-  }
-  return s;
-}
-
-struct Converted {
-  std::vector<text::ChatMessage> messages;
-  text::ChatOptions options;
-};
-
-Converted convert(const json& body) {
-  Converted out;
-  if (body.contains("system") && !body["system"].is_null()) {
-    text::ChatMessage sys;
-    sys.role = "system";
-    sys.content = text_of(body["system"], "'system'");
-    out.messages.push_back(std::move(sys));
-  }
-  const auto it = body.find("messages");
-  if (it == body.end() || !it->is_array() || it->empty()) throw bad_request("'messages' must be a non-empty array");
-  for (size_t i = 0; i < it->size(); ++i) {
-    const json& m = (*it)[i];
-    const std::string where = "messages[" + std::to_string(i) + "]";
-    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
-      throw bad_request(where + " must be an object with a 'role'");
-    const std::string role = m["role"];
-    if (role != "user" && role != "assistant") throw bad_request(where + ": role must be 'user' or 'assistant'");
-    if (!m.contains("content")) throw bad_request(where + ": 'content' is required");
-    const json& c = m["content"];
-    if (c.is_string()) {
-      out.messages.push_back(text::ChatMessage{role, c.get<std::string>(), "", {}, ""});
-      continue;
-    }
-    if (!c.is_array()) throw bad_request(where + ": 'content' must be a string or an array of blocks");
-    // A user turn may mix tool results and text: results become tool messages (in order),
-    // text becomes a user message after them — the renderer joins them into one user turn.
-    text::ChatMessage msg{role, "", "", {}, ""};
-    std::vector<text::ChatMessage> results;
-    for (size_t k = 0; k < c.size(); ++k) {
-      const json& b = c[k];
-      const std::string bw = where + ".content[" + std::to_string(k) + "]";
-      if (!b.is_object() || !b.contains("type") || !b["type"].is_string()) throw bad_request(bw + " needs a 'type'");
-      const std::string type = b["type"];
-      if (type == "text") {
-        if (!b.contains("text") || !b["text"].is_string()) throw bad_request(bw + ": 'text' must be a string");
-        if (!msg.content.empty()) msg.content += "\n\n";
-        msg.content += b["text"].get<std::string>();
-      } else if (type == "thinking" && role == "assistant") {
-        msg.reasoning += b.value("thinking", "");
-      } else if (type == "redacted_thinking" && role == "assistant") {
-        // Nothing to replay.
-      } else if (type == "tool_use" && role == "assistant") {
-        if (!b.contains("name") || !b["name"].is_string()) throw bad_request(bw + ": tool_use needs a 'name'");
-        const json input = b.value("input", json::object());
-        msg.tool_calls.push_back(text::ToolCall{b.value("id", ""), b["name"], input.dump()});
-      } else if (type == "tool_result" && role == "user") {
-        text::ChatMessage r{"tool", "", "", {}, b.value("tool_use_id", "")};
-        if (b.contains("content") && !b["content"].is_null()) r.content = text_of(b["content"], bw + ".content");
-        if (b.value("is_error", false)) r.content = "Error: " + r.content;
-        results.push_back(std::move(r));
-      } else {
-        throw bad_request(bw + ": content blocks of type '" + type + "' are not supported in " + role + " turns");
-      }
-    }
-    for (auto& r : results) out.messages.push_back(std::move(r));
-    if (role == "assistant" || !msg.content.empty() || results.empty()) out.messages.push_back(std::move(msg));
-  }
-  // Anthropic's default is no extended thinking.
-  out.options.thinking = false;
-  out.options.reasoning_effort = 0;
-  if (body.contains("thinking") && body["thinking"].is_object() && body["thinking"].value("type", "") == "enabled") {
-    out.options.thinking = true;
-    out.options.reasoning_effort = text::kEffortHigh;
-  }
-  if (body.contains("tools") && !body["tools"].is_null()) {
-    if (!body["tools"].is_array()) throw bad_request("'tools' must be an array");
-    for (const json& t : body["tools"]) {
-      if (!t.is_object() || !t.contains("name") || !t["name"].is_string()) throw bad_request("each tool needs a 'name'");
-      // Server tools (web search, ...) carry a 'type' and no schema; there is nothing to run them.
-      json fn = {{"name", t["name"]}};
-      if (t.contains("description")) fn["description"] = t["description"];
-      fn["parameters"] = t.value("input_schema", json{{"type", "object"}});
-      out.options.tools.push_back(json{{"type", "function"}, {"function", fn}}.dump());
-    }
-  }
-  if (body.contains("tool_choice") && body["tool_choice"].is_object() && body["tool_choice"].value("type", "") == "none")
-    out.options.tools.clear();
-  return out;
-}
-
 json stop_sequence(const DriveOutcome& o) { return o.stop_string.empty() ? json(nullptr) : json(o.stop_string); }
 
 std::string stop_reason(const DriveOutcome& o) {
@@ -141,7 +44,11 @@ json usage_json(const GenerateResult& r, bool final) {
   return u;
 }
 
+// The model's arguments as an object. They are generated text: nesting deeper than the writer's
+// bound stays a string, since dumping the value would recurse once per level.
 json tool_input(const std::string& arguments) {
+  if (text::json_nesting_depth(arguments, text::kMaxJsonWriteDepth) > text::kMaxJsonWriteDepth)
+    return json{{"arguments", arguments}};
   try {
     json j = json::parse(arguments);
     if (j.is_object()) return j;
@@ -153,29 +60,25 @@ json tool_input(const std::string& arguments) {
 }  // namespace
 
 int handle_count_tokens(ServerContext& ctx, const HttpRequest& req, Connection& conn) {
-  const json body = parse_body(req.body);
+  const TokenRequestSlot slot(ctx);  // tokenizes in this thread, outside the worker's queue
+  const json body = parse_body(req.body, ctx.opts.max_json_depth);
+  const ChatRequest c = anthropic_request(body, /*count_only=*/true);
   const Session& s = ready_session(ctx);
-  const Converted c = convert(body);
   const size_t n = encode_chat(s, c.messages, c.options).size();
   send_response(conn, 200, "application/json", dump(json{{"input_tokens", n}}));
   return 200;
 }
 
 int handle_messages(ServerContext& ctx, const HttpRequest& req, Connection& conn) {
-  const json body = parse_body(req.body);
+  const json body = parse_body(req.body, ctx.opts.max_json_depth);
+  const ChatRequest c = anthropic_request(body, /*count_only=*/false);
   const Session& s = ready_session(ctx);
-  const Converted c = convert(body);
-  const auto max_tokens = get_int(body, "max_tokens");
-  if (!max_tokens) throw bad_request("'max_tokens' is required");
-  SamplingFields sf;
-  sf.temperature = get_number(body, "temperature");
-  sf.top_p = get_number(body, "top_p");
-  const bool stream = get_bool(body, "stream").value_or(false);
-  const std::vector<std::string> stops = parse_stop_strings(body, "stop_sequences");
+  const bool stream = c.stream;
+  const std::vector<std::string>& stops = c.stops;
   std::string prompt_text;
   std::vector<uint32_t> prompt = encode_chat(s, c.messages, c.options, &prompt_text);
   const uint32_t n_prompt = (uint32_t)prompt.size();
-  GenerateRequest gr = make_request(ctx, std::move(prompt), max_tokens, sf, chat_stop_tokens(s.tokenizer()));
+  GenerateRequest gr = make_request(ctx, std::move(prompt), c.max_tokens, c.sampling, chat_stop_tokens(s.tokenizer()));
   gr.prompt_text = std::move(prompt_text);
   const TextMode mode = c.options.thinking ? TextMode::Thinking : TextMode::Chat;
   auto job = submit(ctx, std::move(gr));

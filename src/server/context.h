@@ -25,6 +25,10 @@ struct ServerOptions {
   int retry_after_s = 2;              // Retry-After of a 503 for a full queue
   float temp = 1.0f;                  // defaults for requests that do not say
   float top_p = 0.95f;
+  uint32_t top_k = 0;
+  float min_p = 0.0f;
+  size_t max_json_depth = 128;        // deepest nesting a request body (or JSON in its strings) may have
+  int max_token_requests = 2;         // /tokenize, /detokenize, count_tokens running at once
 };
 
 struct ServerContext {
@@ -33,6 +37,7 @@ struct ServerContext {
   HttpCounters& counters;
   std::string model_id;               // alias, or the model file name without .gguf
   std::atomic<uint64_t> next_id{1};
+  std::atomic<int> token_requests{0};  // running /tokenize, /detokenize, count_tokens (TokenRequestSlot)
 };
 
 }  // namespace sluice::server

@@ -9,6 +9,7 @@
 #include "runtime/sampler.h"
 #include "server/api_error.h"
 #include "server/stop_strings.h"
+#include "text/output_text.h"
 #include "util/error.h"
 
 namespace sluice::server {
@@ -27,49 +28,6 @@ const Session& ready_session(ServerContext& ctx) {
   }
 }
 
-json parse_body(const std::string& body) {
-  json j;
-  try {
-    j = json::parse(body);
-  } catch (const json::exception& e) {
-    throw bad_request(std::string("malformed JSON in the request body: ") + e.what());
-  }
-  if (!j.is_object()) throw bad_request("the request body must be a JSON object");
-  return j;
-}
-
-std::optional<int64_t> get_int(const json& j, const char* key) {
-  const auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return std::nullopt;
-  if (it->is_number_integer()) return it->get<int64_t>();
-  if (it->is_number_float()) {
-    const double d = it->get<double>();
-    if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e15) return (int64_t)d;
-  }
-  throw bad_request(std::string("'") + key + "' must be an integer");
-}
-
-std::optional<double> get_number(const json& j, const char* key) {
-  const auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return std::nullopt;
-  if (!it->is_number()) throw bad_request(std::string("'") + key + "' must be a number");
-  return it->get<double>();
-}
-
-std::optional<bool> get_bool(const json& j, const char* key) {
-  const auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return std::nullopt;
-  if (!it->is_boolean()) throw bad_request(std::string("'") + key + "' must be true or false");
-  return it->get<bool>();
-}
-
-std::optional<std::string> get_string(const json& j, const char* key) {
-  const auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return std::nullopt;
-  if (!it->is_string()) throw bad_request(std::string("'") + key + "' must be a string");
-  return it->get<std::string>();
-}
-
 GenerateRequest make_request(ServerContext& ctx, std::vector<uint32_t> prompt, std::optional<int64_t> max_tokens,
                              const SamplingFields& sampling, std::vector<uint32_t> stop_tokens) {
   const Session& s = ready_session(ctx);
@@ -80,7 +38,7 @@ GenerateRequest make_request(ServerContext& ctx, std::vector<uint32_t> prompt, s
                       std::to_string(n_ctx) + " (start the server with a larger -c, or shorten the prompt)");
   const uint32_t limit = ctx.opts.max_tokens_limit;
   if (max_tokens) {
-    if (*max_tokens < 1) throw bad_request("max_tokens must be at least 1");
+    // The range (>= 1) was checked with the other sampling fields (sampling_fields).
     if (*max_tokens > (int64_t)limit)
       throw bad_request("max_tokens " + std::to_string(*max_tokens) + " exceeds the server's limit of " +
                         std::to_string(limit) + " (--max-tokens-limit)");
@@ -92,13 +50,14 @@ GenerateRequest make_request(ServerContext& ctx, std::vector<uint32_t> prompt, s
   r.stop_tokens = std::move(stop_tokens);
   r.sampling.temp = (float)sampling.temperature.value_or(ctx.opts.temp);
   r.sampling.top_p = (float)sampling.top_p.value_or(ctx.opts.top_p);
+  r.sampling.top_k = (uint32_t)sampling.top_k.value_or(ctx.opts.top_k);
+  r.sampling.min_p = (float)sampling.min_p.value_or(ctx.opts.min_p);
   if (sampling.seed) {
-    r.sampling.seed = (uint64_t)*sampling.seed;
+    r.sampling.seed = *sampling.seed;
   } else {
     static thread_local std::mt19937_64 seeder{std::random_device{}()};
     r.sampling.seed = seeder();
   }
-  if (r.sampling.top_p <= 0.0f) r.sampling.top_p = 1e-6f;  // OpenAI allows 0: as good as greedy
   try {
     validate(r.sampling);
   } catch (const Error& e) {
@@ -123,9 +82,9 @@ std::shared_ptr<Job> submit(ServerContext& ctx, GenerateRequest r) {
 DriveOutcome drive(ServerContext& ctx, Job& job, Connection& conn, TextMode mode, const DriveHooks& hooks) {
   const Session& s = *ctx.worker.session();
   const text::Tokenizer& tok = s.tokenizer();
-  text::StreamDecoder dec(tok, /*render_special=*/true);
-  text::OutputParser parser(mode == TextMode::Thinking);
   const bool raw = mode == TextMode::Raw;
+  text::OutputDecoder dec(tok, raw ? text::OutputMode::Plain : text::OutputMode::Chat);
+  text::OutputParser parser(mode == TextMode::Thinking);
   DriveOutcome out;
   const auto ping = std::chrono::milliseconds(std::max(50, ctx.opts.ping_interval_ms));
   auto last_write = std::chrono::steady_clock::now();
@@ -188,6 +147,12 @@ DriveOutcome drive(ServerContext& ctx, Job& job, Connection& conn, TextMode mode
             out.ok = true;
             out.result.finish = "stop";
             out.stop_string = stopper.matched();
+            return out;
+          }
+          if (!gone && out.result.finish == "cancelled" && job.cancel_reason == 2) {
+            // Shutdown, not the client: the handler ends the stream with an error event.
+            out.status = 503;
+            out.error = "the server is shutting down";
             return out;
           }
           if (out.result.finish == "cancelled" || gone) {

@@ -13,7 +13,9 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/session.h"
+#include "server/chat_request.h"
 #include "server/context.h"
+#include "server/request_json.h"
 #include "server/http.h"
 #include "text/chat.h"
 #include "text/dsml.h"
@@ -23,20 +25,6 @@ namespace sluice::server {
 
 // The loaded session, or ApiError 503 ("loading" / "failed to load").
 const Session& ready_session(ServerContext& ctx);
-
-// Parses a JSON request body; ApiError 400 when it is not a JSON object.
-nlohmann::json parse_body(const std::string& body);
-
-// Optional typed fields; ApiError 400 naming the field on a wrong type or value.
-std::optional<int64_t> get_int(const nlohmann::json& j, const char* key);
-std::optional<double> get_number(const nlohmann::json& j, const char* key);
-std::optional<bool> get_bool(const nlohmann::json& j, const char* key);
-std::optional<std::string> get_string(const nlohmann::json& j, const char* key);
-
-struct SamplingFields {
-  std::optional<double> temperature, top_p;
-  std::optional<int64_t> seed;
-};
 
 // Checks the prompt against the context and max_tokens against --max-tokens-limit (ApiError
 // 400 with the numbers), fills in defaults, and caps generation at the end of the context.

@@ -21,120 +21,6 @@ namespace {
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-// A message's content: a string, null, or an array of {"type":"text","text":...} parts.
-std::string content_text(const json& c, const std::string& where) {
-  if (c.is_null()) return "";
-  if (c.is_string()) return c.get<std::string>();
-  if (c.is_array()) {
-    std::string s;
-    for (const json& part : c) {
-      if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
-        throw bad_request(where + ": each content part must be an object with a 'type'");
-      const std::string type = part["type"];
-      if (type != "text")
-        throw bad_request(where + ": content parts of type '" + type + "' are not supported (text only)");
-      if (!part.contains("text") || !part["text"].is_string()) throw bad_request(where + ": a text part needs 'text'");
-      s += part["text"].get<std::string>();
-    }
-    return s;
-  }
-  throw bad_request(where + ": 'content' must be a string or an array of parts");
-}
-
-std::vector<text::ChatMessage> convert_messages(const json& body) {
-  const auto it = body.find("messages");
-  if (it == body.end() || !it->is_array() || it->empty()) throw bad_request("'messages' must be a non-empty array");
-  std::vector<text::ChatMessage> out;
-  for (size_t i = 0; i < it->size(); ++i) {
-    const json& m = (*it)[i];
-    const std::string where = "messages[" + std::to_string(i) + "]";
-    if (!m.is_object()) throw bad_request(where + " must be an object");
-    text::ChatMessage cm;
-    if (!m.contains("role") || !m["role"].is_string()) throw bad_request(where + ": 'role' must be a string");
-    cm.role = m["role"];
-    if (cm.role != "system" && cm.role != "developer" && cm.role != "user" && cm.role != "assistant" &&
-        cm.role != "tool" && cm.role != "function")
-      throw bad_request(where + ": unknown role '" + cm.role + "'");
-    cm.content = content_text(m.value("content", json()), where);
-    // Reasoning of earlier turns comes back under either name (DeepSeek's and vLLM's).
-    for (const char* key : {"reasoning_content", "reasoning"})
-      if (m.contains(key) && m[key].is_string() && cm.reasoning.empty()) cm.reasoning = m[key];
-    if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
-      if (!m["tool_calls"].is_array()) throw bad_request(where + ": 'tool_calls' must be an array");
-      for (const json& tc : m["tool_calls"]) {
-        if (!tc.is_object() || !tc.contains("function") || !tc["function"].is_object())
-          throw bad_request(where + ": each tool call needs a 'function' object");
-        const json& f = tc["function"];
-        text::ToolCall call;
-        call.id = tc.value("id", "");
-        if (!f.contains("name") || !f["name"].is_string()) throw bad_request(where + ": a tool call needs a function name");
-        call.name = f["name"];
-        const json args = f.value("arguments", json("{}"));
-        call.arguments = args.is_string() ? args.get<std::string>() : args.dump();
-        cm.tool_calls.push_back(std::move(call));
-      }
-    }
-    if (m.contains("tool_call_id") && m["tool_call_id"].is_string()) cm.tool_call_id = m["tool_call_id"];
-    out.push_back(std::move(cm));
-  }
-  return out;
-}
-
-text::ChatOptions convert_options(const json& body) {
-  text::ChatOptions o;
-  if (auto effort = get_string(body, "reasoning_effort")) {
-    const auto b = text::parse_reasoning_effort(*effort);
-    if (!b) throw bad_request("unknown reasoning_effort '" + *effort + "' (max, xhigh, high, medium, low, minimal, none)");
-    o.reasoning_effort = *b;
-    o.thinking = *b > 0;
-  }
-  // DeepSeek's API: "thinking": {"type": "enabled"|"disabled"}; llama.cpp's chat_template_kwargs.
-  if (body.contains("thinking")) {
-    const json& t = body["thinking"];
-    if (t.is_boolean()) o.thinking = t.get<bool>();
-    else if (t.is_object() && t.contains("type") && t["type"].is_string()) o.thinking = t["type"] != "disabled";
-    else if (!t.is_null()) throw bad_request("'thinking' must be {\"type\": \"enabled\"|\"disabled\"}");
-  }
-  if (body.contains("chat_template_kwargs") && body["chat_template_kwargs"].is_object()) {
-    const json& k = body["chat_template_kwargs"];
-    for (const char* key : {"thinking", "enable_thinking"})
-      if (k.contains(key) && k[key].is_boolean()) o.thinking = k[key].get<bool>();
-  }
-  if (o.thinking && o.reasoning_effort == 0) o.reasoning_effort = text::kEffortHigh;
-  if (!o.thinking) o.reasoning_effort = 0;
-  if (body.contains("tools") && !body["tools"].is_null()) {
-    if (!body["tools"].is_array()) throw bad_request("'tools' must be an array");
-    for (const json& t : body["tools"]) {
-      if (!t.is_object()) throw bad_request("each tool must be an object");
-      o.tools.push_back(t.dump());
-    }
-  }
-  if (body.contains("tool_choice") && body["tool_choice"].is_string() && body["tool_choice"] == "none") o.tools.clear();
-  if (body.contains("response_format") && body["response_format"].is_object()) {
-    const json& rf = body["response_format"];
-    const std::string type = rf.value("type", "text");
-    if (type == "json_schema" && rf.contains("json_schema") && rf["json_schema"].is_object())
-      o.response_format = rf["json_schema"].value("schema", json::object()).dump();
-    else if (type == "json_object")
-      o.response_format = json{{"type", "object"}}.dump();
-  }
-  return o;
-}
-
-SamplingFields sampling_fields(const json& body) {
-  SamplingFields s;
-  s.temperature = get_number(body, "temperature");
-  s.top_p = get_number(body, "top_p");
-  s.seed = get_int(body, "seed");
-  return s;
-}
-
-std::optional<int64_t> max_tokens_field(const json& body) {
-  if (auto v = get_int(body, "max_completion_tokens")) return v;
-  if (auto v = get_int(body, "max_tokens")) return v;
-  return get_int(body, "n_predict");
-}
-
 json usage_json(const GenerateResult& r) {
   const uint64_t gen = r.tokens.size();
   return {{"prompt_tokens", r.prompt_tokens},
@@ -163,16 +49,11 @@ json tool_call_json(const text::ToolCall& c, size_t index, ServerContext& ctx) {
           {"function", {{"name", c.name}, {"arguments", c.arguments}}}};
 }
 
-bool stream_requested(const json& body) { return get_bool(body, "stream").value_or(false); }
-
-bool include_usage(const json& body) {
-  const auto it = body.find("stream_options");
-  return it != body.end() && it->is_object() && it->value("include_usage", false) == true;
-}
-
-// Writes an error into a stream that has already started (status line already sent).
+// Writes an error into a stream that has already started (status line already sent), then
+// [DONE]: clients that read to [DONE] stop there rather than on the closed connection.
 void stream_error(Connection& conn, const DriveOutcome& o) {
-  conn.write(sse_data(openai_error_body(o.status, o.status == 400 ? "invalid_request_error" : "server_error", o.error)));
+  const char* type = o.status == 400 ? "invalid_request_error" : o.status == 503 ? "unavailable_error" : "server_error";
+  conn.write(sse_data(openai_error_body(o.status, type, o.error)) + sse_done());
 }
 
 // Common shape of both endpoints' streams.
@@ -193,21 +74,18 @@ struct Streamer {
 }  // namespace
 
 int handle_chat_completions(ServerContext& ctx, const HttpRequest& req, Connection& conn) {
-  const json body = parse_body(req.body);
+  const json body = parse_body(req.body, ctx.opts.max_json_depth);
+  const ChatRequest cr = openai_chat_request(body, ctx.opts.max_json_depth);
   const Session& s = ready_session(ctx);
-  const auto messages = convert_messages(body);
-  const text::ChatOptions opts = convert_options(body);
-  if (auto n = get_int(body, "n"); n && *n != 1) throw bad_request("only n = 1 is supported");
-  const bool stream = stream_requested(body);
-  const std::vector<std::string> stops = parse_stop_strings(body, "stop");
+  const bool stream = cr.stream;
+  const std::vector<std::string>& stops = cr.stops;
   std::string prompt_text;
-  std::vector<uint32_t> prompt = encode_chat(s, messages, opts, &prompt_text);
-  GenerateRequest gr = make_request(ctx, std::move(prompt), max_tokens_field(body), sampling_fields(body),
-                                    chat_stop_tokens(s.tokenizer()));
+  std::vector<uint32_t> prompt = encode_chat(s, cr.messages, cr.options, &prompt_text);
+  GenerateRequest gr = make_request(ctx, std::move(prompt), cr.max_tokens, cr.sampling, chat_stop_tokens(s.tokenizer()));
   gr.prompt_text = std::move(prompt_text);
-  gr.ignore_eos = get_bool(body, "ignore_eos").value_or(false);
+  gr.ignore_eos = cr.ignore_eos;
   if (gr.ignore_eos) gr.stop_tokens.clear();
-  const TextMode mode = opts.thinking ? TextMode::Thinking : TextMode::Chat;
+  const TextMode mode = cr.options.thinking ? TextMode::Thinking : TextMode::Chat;
   auto job = submit(ctx, std::move(gr));
 
   const std::string id = new_id(ctx, "chatcmpl-");
@@ -250,7 +128,7 @@ int handle_chat_completions(ServerContext& ctx, const HttpRequest& req, Connecti
     json last = chunk(json::object(), o.had_calls ? "tool_calls" : finish_reason(o));
     last["timings"] = timings_json(o.result);
     std::string out = sse_data(last);
-    if (include_usage(body)) {
+    if (cr.include_usage) {
       json u = chunk(json::object(), nullptr);
       u["choices"] = json::array();
       u["usage"] = usage_json(o.result);
@@ -304,7 +182,7 @@ int handle_chat_completions(ServerContext& ctx, const HttpRequest& req, Connecti
 }
 
 int handle_completions(ServerContext& ctx, const HttpRequest& req, Connection& conn) {
-  const json body = parse_body(req.body);
+  const json body = parse_body(req.body, ctx.opts.max_json_depth);
   const Session& s = ready_session(ctx);
   const auto it = body.find("prompt");
   if (it == body.end()) throw bad_request("'prompt' is required");
@@ -325,9 +203,10 @@ int handle_completions(ServerContext& ctx, const HttpRequest& req, Connection& c
   }
   if (get_bool(body, "echo").value_or(false)) throw bad_request("'echo' is not supported");
   if (auto n = get_int(body, "n"); n && *n != 1) throw bad_request("only n = 1 is supported");
-  const bool stream = stream_requested(body);
+  const bool stream = get_bool(body, "stream").value_or(false);
   const std::vector<std::string> stops = parse_stop_strings(body, "stop");
-  GenerateRequest gr = make_request(ctx, std::move(ids), max_tokens_field(body), sampling_fields(body), {});
+  const std::optional<int64_t> max_tokens = openai_max_tokens(body);
+  GenerateRequest gr = make_request(ctx, std::move(ids), max_tokens, sampling_fields(body, max_tokens), {});
   gr.ignore_eos = get_bool(body, "ignore_eos").value_or(false);
   auto job = submit(ctx, std::move(gr));
 
@@ -357,7 +236,8 @@ int handle_completions(ServerContext& ctx, const HttpRequest& req, Connection& c
     json last = chunk("", finish_reason(o));
     last["timings"] = timings_json(o.result);
     std::string out = sse_data(last);
-    if (include_usage(body)) {
+    const auto so = body.find("stream_options");
+    if (so != body.end() && so->is_object() && so->value("include_usage", false) == true) {
       json u = chunk("", nullptr);
       u["choices"] = json::array();
       u["usage"] = usage_json(o.result);

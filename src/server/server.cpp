@@ -1,6 +1,9 @@
 #include "server/server.h"
 
+#include <malloc.h>
+
 #include <algorithm>
+#include <chrono>
 #include <exception>
 
 #include <nlohmann/json.hpp>
@@ -11,8 +14,7 @@
 #include "server/auth.h"
 #include "server/generation.h"
 #include "server/openai_api.h"
-#include "text/tokenizer.h"
-#include "text/utf8.h"
+#include "server/token_endpoints.h"
 #include "util/error.h"
 
 namespace sluice::server {
@@ -74,50 +76,6 @@ int handle_metrics(ServerContext& ctx, Connection& conn) {
   return 200;
 }
 
-// llama.cpp's /tokenize: {"content", "add_special" (false), "parse_special" (true), "with_pieces"}.
-int handle_tokenize(ServerContext& ctx, const HttpRequest& req, Connection& conn) {
-  const json body = parse_body(req.body);
-  const text::Tokenizer& tok = ready_session(ctx).tokenizer();
-  const auto content = get_string(body, "content");
-  if (!content) throw bad_request("'content' (a string) is required");
-  const bool add_special = get_bool(body, "add_special").value_or(false);
-  const bool parse_special = get_bool(body, "parse_special").value_or(true);
-  const bool with_pieces = get_bool(body, "with_pieces").value_or(false);
-  const std::vector<int32_t> ids = tok.encode(*content, add_special, parse_special);
-  json tokens = json::array();
-  for (int32_t id : ids) {
-    if (!with_pieces) {
-      tokens.push_back(id);
-      continue;
-    }
-    const std::string_view piece = tok.token_to_piece(id);
-    json p;
-    if (text::utf8_valid(piece)) {
-      p = std::string(piece);
-    } else {
-      p = json::array();
-      for (unsigned char c : piece) p.push_back(c);
-    }
-    tokens.push_back({{"id", id}, {"piece", p}});
-  }
-  send_response(conn, 200, "application/json", dump(json{{"tokens", tokens}}));
-  return 200;
-}
-
-int handle_detokenize(ServerContext& ctx, const HttpRequest& req, Connection& conn) {
-  const json body = parse_body(req.body);
-  const text::Tokenizer& tok = ready_session(ctx).tokenizer();
-  if (!body.contains("tokens") || !body["tokens"].is_array()) throw bad_request("'tokens' (an array of ids) is required");
-  std::vector<int32_t> ids;
-  for (const json& t : body["tokens"]) {
-    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= tok.n_vocab())
-      throw bad_request("'tokens' must hold ids in [0, " + std::to_string(tok.n_vocab()) + ")");
-    ids.push_back(t.get<int32_t>());
-  }
-  send_response(conn, 200, "application/json", dump(json{{"content", text::utf8_sanitize(tok.decode(ids))}}));
-  return 200;
-}
-
 }  // namespace
 
 Server::Server(ServerOptions opts, Worker::Factory factory, std::string model_id)
@@ -163,9 +121,35 @@ void Server::serve() {
   if (failed) throw Error(error);
 }
 
-void Server::stop() { http_->stop(); }
+namespace {
+constexpr auto kShutdownGrace = std::chrono::seconds(2);
+constexpr size_t kTrimAfterBytes = 1u << 20;
+}
+
+void Server::stop() {
+  if (worker_) worker_->shutdown();
+  {
+    std::unique_lock lk(active_mu_);
+    active_cv_.wait_for(lk, kShutdownGrace, [&] { return active_ == 0; });
+  }
+  http_->stop();
+}
 
 void Server::handle(const HttpRequest& req, Connection& conn) {
+  {
+    std::lock_guard lk(active_mu_);
+    ++active_;
+  }
+  struct Leave {
+    Server& s;
+    ~Leave() {
+      {
+        std::lock_guard lk(s.active_mu_);
+        --s.active_;
+      }
+      s.active_cv_.notify_all();
+    }
+  } leave{*this};
   int status = 500;
   try {
     status = route(req, conn);
@@ -195,6 +179,9 @@ void Server::handle(const HttpRequest& req, Connection& conn) {
     }
   }
   counters_.count(endpoint_label(req.path), status);
+  // A large request leaves large free blocks behind (parsed body, token vectors): give them back
+  // to the system rather than keep them in glibc's arenas (RSS would stay at the peak).
+  if (req.body.size() >= kTrimAfterBytes) malloc_trim(0);
 }
 
 int Server::route(const HttpRequest& req, Connection& conn) {

@@ -2,8 +2,10 @@
 // endpoints to the OpenAI and Anthropic handlers. The model loads in the worker thread after
 // the socket is bound, so /health answers 503 "Loading model" until it is ready.
 #pragma once
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "server/context.h"
@@ -26,6 +28,8 @@ class Server {
   // Serves until stop() or a failed load; then stops the worker. Throws Error with the load
   // error when the model could not be loaded.
   void serve();
+  // From any thread: running and queued generations end with an error event ("shutting down"),
+  // their handlers get up to kShutdownGrace to write it, then every connection is closed.
   void stop();
 
  private:
@@ -39,6 +43,10 @@ class Server {
   std::unique_ptr<Worker> worker_;
   std::unique_ptr<ServerContext> ctx_;
   std::string model_id_;
+  // Requests inside handle(), so stop() can wait for them to write their last words.
+  std::mutex active_mu_;
+  std::condition_variable active_cv_;
+  size_t active_ = 0;
 };
 
 }  // namespace sluice::server

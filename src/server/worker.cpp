@@ -64,7 +64,9 @@ bool Worker::submit(std::shared_ptr<Job> job) {
       ++it;
     }
   }
-  if (queue_.size() >= depth_) return false;
+  // depth_ counts the jobs waiting behind the running one: an idle worker takes one more (the
+  // job it is about to run), so --queue 0 still runs one request at a time.
+  if (queue_.size() >= depth_ + (current_ ? 0 : 1)) return false;
   queue_.push_back(std::move(job));
   cv_.notify_all();
   return true;
@@ -80,7 +82,7 @@ SessionStats Worker::stats() const {
   return stats_;
 }
 
-void Worker::stop() {
+void Worker::shutdown() {
   {
     std::lock_guard lk(mu_);
     stop_ = true;
@@ -89,6 +91,10 @@ void Worker::stop() {
     queue_.clear();
   }
   cv_.notify_all();
+}
+
+void Worker::stop() {
+  shutdown();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -165,12 +171,16 @@ void Worker::run(Factory factory) {
       done = failed(500, e.what());
       counters_.failed++;
     }
-    job->push(std::move(done));
     SessionStats st = session_->stats();
-    std::lock_guard lk(mu_);
-    stats_ = std::move(st);
-    current_.reset();
-    running_ = false;
+    {
+      std::lock_guard lk(mu_);
+      stats_ = std::move(st);
+      current_.reset();
+      running_ = false;
+    }
+    // Only now: a client that sends its next request on this answer finds the worker idle
+    // (with --queue 0 it would otherwise be refused).
+    job->push(std::move(done));
   }
   set_state(State::Stopped);
   std::lock_guard lk(mu_);

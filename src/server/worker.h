@@ -91,7 +91,10 @@ class Worker {
   SessionStats stats() const;
   const WorkerCounters& counters() const { return counters_; }
 
-  // Cancels the running job, fails the queued ones with 503 and joins the thread.
+  // Refuses new jobs, cancels the running one (its handler reports "shutting down") and fails
+  // the queued ones with 503, without waiting: handlers can still write their error events.
+  void shutdown();
+  // shutdown(), then joins the thread.
   void stop();
 
  private:

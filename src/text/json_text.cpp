@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "text/utf8.h"
+#include "util/error.h"
 
 namespace sluice::text {
 namespace {
@@ -31,7 +32,9 @@ void put_string(std::string& out, std::string_view s) {
   out += '"';
 }
 
-void put(std::string& out, const nlohmann::ordered_json& j) {
+void put(std::string& out, const nlohmann::ordered_json& j, size_t depth) {
+  if ((j.is_object() || j.is_array()) && depth >= kMaxJsonWriteDepth)
+    throw Error("JSON nested deeper than " + std::to_string(kMaxJsonWriteDepth) + " levels");
   if (j.is_object()) {
     out += '{';
     bool first = true;
@@ -40,14 +43,14 @@ void put(std::string& out, const nlohmann::ordered_json& j) {
       first = false;
       put_string(out, utf8_sanitize(k));
       out += ": ";
-      put(out, v);
+      put(out, v, depth + 1);
     }
     out += '}';
   } else if (j.is_array()) {
     out += '[';
     for (size_t i = 0; i < j.size(); ++i) {
       if (i) out += ", ";
-      put(out, j[i]);
+      put(out, j[i], depth + 1);
     }
     out += ']';
   } else if (j.is_string()) {
@@ -95,9 +98,25 @@ size_t value_end(std::string_view s, size_t i) {
 
 }  // namespace
 
+size_t json_nesting_depth(std::string_view text, size_t stop_after) {
+  size_t depth = 0, deepest = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '"') {
+      for (++i; i < text.size() && text[i] != '"'; ++i)
+        if (text[i] == '\\') ++i;
+    } else if (c == '[' || c == '{') {
+      if (++depth > deepest && (deepest = depth) > stop_after) return deepest;
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
 std::string py_json(const nlohmann::ordered_json& j) {
   std::string out;
-  put(out, j);
+  put(out, j, 0);
   return out;
 }
 

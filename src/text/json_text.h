@@ -9,8 +9,18 @@
 
 namespace sluice::text {
 
+// Deepest nesting of arrays/objects in `text` (brackets outside string literals), scanned without
+// recursion or allocation; stops counting once it passes `stop_after`. Says nothing about
+// whether the text is valid JSON: it is the cheap guard run before anything that recurses.
+size_t json_nesting_depth(std::string_view text, size_t stop_after);
+
+// Nesting the recursive writer below accepts; deeper values throw Error (the server refuses
+// requests far shallower than this, see --max-json-depth).
+constexpr size_t kMaxJsonWriteDepth = 1024;
+
 // json.dumps(value, ensure_ascii=False): ", " and ": " separators, keys in their order,
-// non-ASCII kept, control characters as \uXXXX (lowercase hex).
+// non-ASCII kept, control characters as \uXXXX (lowercase hex). Throws Error when the value
+// nests deeper than kMaxJsonWriteDepth.
 std::string py_json(const nlohmann::ordered_json& j);
 // A JSON string literal, same escaping. Ill-formed UTF-8 is replaced by U+FFFD first.
 std::string py_json_string(std::string_view s);
