@@ -13,8 +13,10 @@
 #include "runtime/session.h"
 #include "text/chat.h"
 #include "text/dsml.h"
+#include "text/prompt_limit.h"
 #include "text/tokenizer.h"
 #include "util/error.h"
+#include "util/read_file.h"
 
 namespace sluice::cli {
 
@@ -50,10 +52,19 @@ int run_chat(const ChatCommandOptions& o) {
 
   std::vector<text::ChatMessage> history;
   if (!o.system.empty()) history.push_back({"system", o.system, "", {}, ""});
+  // A line longer than any prompt the context can hold is skipped unread (text/prompt_limit.h).
+  const uint64_t line_limit = text::prompt_byte_limit(tok, session.ctx());
   std::string line;
   while (true) {
     if (isatty(0)) std::fputs("> ", stdout), std::fflush(stdout);
-    if (StopSignals::raised() || !std::getline(std::cin, line) || line == "/exit") break;
+    if (StopSignals::raised()) break;
+    const LineRead got = read_line_bounded(std::cin, line, (size_t)line_limit);
+    if (got == LineRead::End || line == "/exit") break;
+    if (got == LineRead::TooLong) {
+      std::fprintf(stderr, "sluice chat: a message of more than %llu bytes cannot fit the context of %u tokens; skipped\n",
+                   (unsigned long long)line_limit, session.ctx());
+      continue;
+    }
     if (line == "/reset") {
       history.resize(o.system.empty() ? 0 : 1);
       session.reset();

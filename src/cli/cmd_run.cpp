@@ -32,9 +32,11 @@
 #include "runtime/sampler.h"
 #include "runtime/session.h"
 #include "text/chat.h"
+#include "text/prompt_limit.h"
 #include "text/tokenizer.h"
 #include "util/error.h"
 #include "util/output_file.h"
+#include "util/read_file.h"
 
 namespace sluice::cli {
 namespace {
@@ -375,12 +377,15 @@ int run_run(const RunOptions& o) {
   if (text_mode) {
     std::string text = o.prompt;
     if (!o.prompt_file.empty()) {
-      std::FILE* f = std::fopen(o.prompt_file.c_str(), "rb");
-      if (!f) throw Error("cannot open " + o.prompt_file + ": " + std::strerror(errno));
-      char buf[65536];
-      size_t n;
-      while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
-      std::fclose(f);
+      // Read no more than a prompt that fits the context could be (text/prompt_limit.h).
+      const uint64_t window = o.ctx != 0 ? o.ctx : cfg.max_position_embeddings;
+      const uint64_t positions = window > (uint64_t)o.n_predict ? window - (uint64_t)o.n_predict : 1;
+      const uint64_t per = text::prompt_bytes_per_token(*tok);
+      text = read_file_bounded(o.prompt_file, positions * per,
+                               "a prompt of at most " + std::to_string(positions) + " tokens (" +
+                                   (o.ctx != 0 ? "-c" : "max_position_embeddings") + " " + std::to_string(window) +
+                                   " minus -n " + std::to_string(o.n_predict) + ") at " + std::to_string(per) +
+                                   " bytes per token at most");
     }
     std::vector<int32_t> enc;
     if (o.chat) {
