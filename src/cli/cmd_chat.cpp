@@ -15,6 +15,7 @@
 #include "text/dsml.h"
 #include "text/prompt_limit.h"
 #include "text/tokenizer.h"
+#include "text/utf8.h"
 #include "util/error.h"
 #include "util/read_file.h"
 
@@ -87,10 +88,16 @@ int run_chat(const ChatCommandOptions& o) {
     req.sampling = so;
     text::OutputParser parser(co.thinking);
     std::string reasoning, content;
+    // A token can end inside a character, and a random or hostile model can emit any bytes:
+    // what reaches the terminal is valid UTF-8, ill-formed parts shown as U+FFFD.
+    text::Utf8Stream shown_reasoning, shown_content;
+    auto put = [](std::FILE* f, const std::string& s) { std::fwrite(s.data(), 1, s.size(), f); };
     auto show = [&](const text::OutputParser::Delta& d) {
-      if (!d.reasoning.empty()) std::fputs(d.reasoning.c_str(), stderr);
-      if (!d.content.empty()) std::fputs(d.content.c_str(), stdout);
-      for (const text::ToolCall& call : d.calls) std::printf("\n[tool call %s %s]\n", call.name.c_str(), call.arguments.c_str());
+      put(stderr, shown_reasoning.push(d.reasoning));
+      put(stdout, shown_content.push(d.content));
+      for (const text::ToolCall& call : d.calls)
+        put(stdout, shown_content.finish() + "\n[tool call " + text::utf8_sanitize(call.name) + " " +
+                        text::utf8_sanitize(call.arguments) + "]\n");
       std::fflush(stdout);
       reasoning += d.reasoning;
       content += d.content;
@@ -101,6 +108,8 @@ int run_chat(const ChatCommandOptions& o) {
       return StopSignals::raised() == 0;
     });
     show(parser.finish());
+    put(stderr, shown_reasoning.finish());
+    put(stdout, shown_content.finish());
     std::printf("\n");
     std::fflush(stdout);
     history.push_back({"assistant", content, reasoning, {}, ""});
