@@ -109,7 +109,10 @@ class TraceFile {
       if (!S_ISDIR(st.st_mode))
         throw Error("refusing to use " + dir + " as the --trace directory: it is " + file_kind(st.st_mode) +
                     ", not a directory");
-      if (existing == Existing::Refuse && !std::filesystem::is_empty(dir))
+      std::error_code ec;
+      const bool empty = std::filesystem::is_empty(dir, ec);
+      if (ec) throw Error("cannot read --trace directory " + dir + ": " + ec.message());
+      if (existing == Existing::Refuse && !empty)
         throw Error("refusing to use " + dir + " as the --trace directory: it is not empty (--force writes " +
                     "trace.jsonl into it)");
     } else if (errno != ENOENT) {
