@@ -385,10 +385,10 @@ int run_run(const RunOptions& o) {
       const uint64_t positions = window > (uint64_t)o.n_predict ? window - (uint64_t)o.n_predict : 1;
       const uint64_t per = text::prompt_bytes_per_token(*tok);
       text = read_file_bounded(o.prompt_file, positions * per,
-                               "a prompt of at most " + std::to_string(positions) + " tokens (" +
-                                   (o.ctx != 0 ? "-c" : "max_position_embeddings") + " " + std::to_string(window) +
-                                   " minus -n " + std::to_string(o.n_predict) + ") at " + std::to_string(per) +
-                                   " bytes per token at most");
+                               "what a prompt of " + std::to_string(positions) + " tokens can hold: " +
+                                   (o.ctx != 0 ? "-c " : "max_position_embeddings ") + std::to_string(window) +
+                                   " minus -n " + std::to_string(o.n_predict) + ", at most " + std::to_string(per) +
+                                   " bytes per token; see docs/files.md");
     }
     std::vector<int32_t> enc;
     if (o.chat) {
