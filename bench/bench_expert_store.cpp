@@ -79,7 +79,7 @@ void write_model(const Args& a) {
       sink(buf.data(), n);
       done += n;
     }
-  });
+  }, /*sparse=*/false, Existing::Replace);  // the bench's own file of the wrong size (a regular file only)
   const int fd = ::open(a.file.c_str(), O_RDONLY);
   if (fd >= 0) {
     ::fsync(fd);

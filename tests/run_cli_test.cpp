@@ -392,7 +392,9 @@ pid_t spawn(const std::vector<std::string>& args, const std::string& out, const 
 TEST_F(RunCli, SignalFinishesTheTokenPrintsTheSummaryAndExitsZero) {
   for (const int sig : {SIGTERM, SIGINT}) {
     SCOPED_TRACE(sig == SIGTERM ? "SIGTERM" : "SIGINT");
-    const std::string out = path("sig_out.txt"), err = path("sig_err.txt"), dump = path("sig_logits.f32");
+    // One dump per signal: an existing --dump-logits file is refused (docs/files.md).
+    const std::string out = path("sig_out.txt"), err = path("sig_err.txt"),
+                      dump = path(sig == SIGTERM ? "sigterm_logits.f32" : "sigint_logits.f32");
     const pid_t pid = spawn({"run", "-m", model_, "--allow-swap", "--tokens", kPrompt, "-n", "4000", "--ignore-eos", "-t", "1",
                              "--dump-logits", dump}, out, err);
     ASSERT_GT(pid, 0);

@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -98,6 +99,11 @@ int hog_main(const std::string& mode) {
     ::signal(SIGTERM, [](int) { ::_exit(22); });
     ::signal(SIGHUP, [](int) { ::_exit(23); });
     write_file(file, "ready");
+    sleep_ms(20000);
+    return 99;
+  }
+  if (mode == "pid-wait") {  // writes its pid, then sleeps (until killed)
+    write_file(file, std::to_string(::getpid()));
     sleep_ms(20000);
     return 99;
   }
@@ -360,10 +366,13 @@ TEST(Watchdog, WellBehavedChildKeepsItsStatusSilently) {
   o.interval_ms = 10;
   r = watch_command({"sh", "-c", "exit 3"}, o, logger);  // PATH lookup
   EXPECT_EQ(r.exit_code, 3);
+  EXPECT_TRUE(log.empty()) << ::testing::PrintToString(log);
+  // A signal the watchdog did not send is the one thing said about a command it left alone.
   r = watch_command({"sh", "-c", "kill -USR1 $$"}, o, logger);
   EXPECT_EQ(r.exit_code, 128 + SIGUSR1);
   EXPECT_FALSE(r.exited);
-  EXPECT_TRUE(log.empty()) << ::testing::PrintToString(log);
+  EXPECT_EQ(log, std::vector<std::string>{"child killed by signal 10 (SIGUSR1), not by the watchdog; exit status 138"});
+  log.clear();
 
   r = watch_command({"/no/such/program"}, o, logger);
   EXPECT_FALSE(r.started);
@@ -483,4 +492,52 @@ TEST(WatchdogCli, UsageErrors) {
   const Finished f = finish(s.pid);
   EXPECT_EQ(exit_code(f.status), 127);
   EXPECT_NE(slurp(s.err_path).find("cannot run '/no/such/program'"), std::string::npos);
+}
+
+// kill -9 the watchdog: no handler runs, yet its command dies too (PR_SET_PDEATHSIG). This test
+// process becomes a subreaper for the duration, so the orphaned command is reparented to it and
+// its death can be waited for (and a surviving command cleaned up).
+TEST(WatchdogCli, KilledWatchdogTakesItsCommandAlong) {
+  TempDir dir(kTmpPrefix);
+  ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  const std::string pidfile = dir / "pid";
+  const Spawned s = spawn_sluice(dir, {"watchdog", "--soft", "1G", "--hard", "2G", "--", self_exe()},
+                                 {std::string(kHogEnv) + "=pid-wait", std::string(kFileEnv) + "=" + pidfile});
+  ASSERT_GT(s.pid, 0);
+  ASSERT_TRUE(wait_for_file(pidfile));
+  const pid_t child = (pid_t)std::stol(slurp(pidfile));
+  ASSERT_GT(child, 0);
+  ASSERT_EQ(::kill(s.pid, SIGKILL), 0);
+  EXPECT_EQ(exit_code(finish(s.pid).status), 137);
+  int st = 0;
+  pid_t r = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  while ((r = ::waitpid(child, &st, WNOHANG)) == 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5))
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  if (r == 0) {
+    ::kill(child, SIGKILL);
+    ::waitpid(child, &st, 0);
+    ADD_FAILURE() << "the command (pid " << child << ") outlived its killed watchdog by 5 s";
+  } else {
+    ASSERT_EQ(r, child);
+    EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) << st;
+  }
+  ::prctl(PR_SET_CHILD_SUBREAPER, 0);
+}
+
+// The command killed by someone else: the watchdog says so, naming the signal.
+TEST(WatchdogCli, CommandKilledBySomeoneElseIsSaidSo) {
+  TempDir dir(kTmpPrefix);
+  const std::string pidfile = dir / "pid";
+  const Spawned s = spawn_sluice(dir, {"watchdog", "--soft", "1G", "--hard", "2G", "--", self_exe()},
+                                 {std::string(kHogEnv) + "=pid-wait", std::string(kFileEnv) + "=" + pidfile});
+  ASSERT_GT(s.pid, 0);
+  ASSERT_TRUE(wait_for_file(pidfile));
+  ASSERT_EQ(::kill((pid_t)std::stol(slurp(pidfile)), SIGKILL), 0);
+  const Finished f = finish(s.pid);
+  const std::string err = slurp(s.err_path);
+  EXPECT_EQ(exit_code(f.status), 137) << err;
+  EXPECT_NE(err.find("sluice watchdog: child killed by signal 9 (SIGKILL), not by the watchdog"), std::string::npos)
+      << err;
+  EXPECT_EQ(split_lines(err).size(), 1u) << err;
 }

@@ -14,8 +14,11 @@
 #include "text/chat.h"
 #include "text/dsml.h"
 #include "text/output_text.h"
+#include "text/prompt_limit.h"
 #include "text/tokenizer.h"
+#include "text/utf8.h"
 #include "util/error.h"
+#include "util/read_file.h"
 
 namespace sluice::cli {
 
@@ -52,10 +55,19 @@ int run_chat(const ChatCommandOptions& o) {
 
   std::vector<text::ChatMessage> history;
   if (!o.system.empty()) history.push_back({"system", o.system, "", {}, ""});
+  // A line longer than any prompt the context can hold is skipped unread (text/prompt_limit.h).
+  const uint64_t line_limit = text::prompt_byte_limit(tok, session.ctx());
   std::string line;
   while (true) {
     if (isatty(0)) std::fputs("> ", stdout), std::fflush(stdout);
-    if (StopSignals::raised() || !std::getline(std::cin, line) || line == "/exit") break;
+    if (StopSignals::raised()) break;
+    const LineRead got = read_line_bounded(std::cin, line, (size_t)line_limit);
+    if (got == LineRead::End || line == "/exit") break;
+    if (got == LineRead::TooLong) {
+      std::fprintf(stderr, "sluice chat: a message of more than %llu bytes cannot fit the context of %u tokens; skipped\n",
+                   (unsigned long long)line_limit, session.ctx());
+      continue;
+    }
     if (line == "/reset") {
       history.resize(o.system.empty() ? 0 : 1);
       session.reset();
@@ -78,10 +90,16 @@ int run_chat(const ChatCommandOptions& o) {
     req.sampling = so;
     text::OutputParser parser(co.thinking);
     text::OutputDecoder decoder(tok, text::OutputMode::Chat);  // the output rule of run and serve
+    // A token can end inside a character, and a random or hostile model can emit any bytes:
+    // what reaches the terminal is valid UTF-8, ill-formed parts shown as U+FFFD.
+    text::Utf8Stream shown_reasoning, shown_content;
+    auto put = [](std::FILE* f, const std::string& s) { std::fwrite(s.data(), 1, s.size(), f); };
     auto show = [&](const text::OutputParser::Delta& d) {
-      if (!d.reasoning.empty()) std::fputs(d.reasoning.c_str(), stderr);
-      if (!d.content.empty()) std::fputs(d.content.c_str(), stdout);
-      for (const text::ToolCall& call : d.calls) std::printf("\n[tool call %s %s]\n", call.name.c_str(), call.arguments.c_str());
+      put(stderr, shown_reasoning.push(d.reasoning));
+      put(stdout, shown_content.push(d.content));
+      for (const text::ToolCall& call : d.calls)
+        put(stdout, shown_content.finish() + "\n[tool call " + text::utf8_sanitize(call.name) + " " +
+                        text::utf8_sanitize(call.arguments) + "]\n");
       std::fflush(stdout);
     };
     const GenerateResult r = session.generate(req, {}, [&](uint32_t id) {
@@ -90,6 +108,8 @@ int run_chat(const ChatCommandOptions& o) {
     });
     show(parser.push(decoder.finish()));
     show(parser.finish());
+    put(stderr, shown_reasoning.finish());
+    put(stdout, shown_content.finish());
     std::printf("\n");
     std::fflush(stdout);
     // The history keeps what the model generated, hidden tokens included, so the next turn's

@@ -1,10 +1,8 @@
 // `sluice dump-tensor`: one tensor decoded to little-endian f32, row by row.
 #include <algorithm>
 #include <bit>
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -12,6 +10,7 @@
 #include "format/gguf.h"
 #include "kernels/types.h"
 #include "util/error.h"
+#include "util/output_file.h"
 
 namespace sluice::cli {
 namespace {
@@ -88,7 +87,8 @@ CLI::App* setup_dump_tensor(CLI::App& app, DumpTensorOptions& o) {
       "Engram tables (I8 rows) are decoded as Engram rows, giving engram_head_dim values per row.");
   sub->add_option("file", o.file, "GGUF file")->required();
   sub->add_option("name", o.name, "tensor name, e.g. blk.0.attn_norm.weight")->required();
-  sub->add_option("out", o.out, "output file (raw f32)")->required();
+  sub->add_option("out", o.out, "output file (raw f32); must not exist unless --force")->required();
+  sub->add_flag("--force", o.force, "replace an existing regular file at OUT (never a link, device or directory)");
   return sub;
 }
 
@@ -99,33 +99,21 @@ int run_dump_tensor(const DumpTensorOptions& o) {
   const RowDecoder d = make_decoder(*t);
   const uint64_t rows = t->ne[0] == 0 ? 0 : t->n_elements() / t->ne[0];
 
-  std::FILE* out = std::fopen(o.out.c_str(), "wb");
-  if (!out) throw Error("cannot create " + o.out + ": " + std::strerror(errno));
-  try {
-    constexpr uint64_t kChunkBytes = 4ull << 20;
-    const uint64_t chunk_rows = std::max<uint64_t>(1, kChunkBytes / std::max<uint64_t>(d.in_bytes, 1));
-    std::vector<uint8_t> in;
-    std::vector<float> vals;
-    for (uint64_t r = 0; r < rows; r += chunk_rows) {
-      const uint64_t n = std::min(chunk_rows, rows - r);
-      in.resize(n * d.in_bytes);
-      vals.resize(n * d.out_elems);
-      f.read_bytes(*t, r * d.in_bytes, in.data(), in.size());
-      for (uint64_t i = 0; i < n; ++i) d.decode(in.data() + i * d.in_bytes, vals.data() + i * d.out_elems);
-      if (std::fwrite(vals.data(), sizeof(float), vals.size(), out) != vals.size())
-        throw Error("cannot write " + o.out + ": " + std::strerror(errno));
-    }
-    if (std::fclose(out) != 0) {
-      out = nullptr;
-      throw Error("cannot write " + o.out + ": " + std::strerror(errno));
-    }
-    out = nullptr;
-  } catch (...) {
-    if (out) std::fclose(out);
-    std::error_code ec;
-    std::filesystem::remove(o.out, ec);
-    throw;
+  // Temp file beside OUT, renamed only when every row is written (util/output_file.h).
+  AtomicOutputFile out(o.out, o.force ? Existing::Replace : Existing::Refuse);
+  constexpr uint64_t kChunkBytes = 4ull << 20;
+  const uint64_t chunk_rows = std::max<uint64_t>(1, kChunkBytes / std::max<uint64_t>(d.in_bytes, 1));
+  std::vector<uint8_t> in;
+  std::vector<float> vals;
+  for (uint64_t r = 0; r < rows; r += chunk_rows) {
+    const uint64_t n = std::min(chunk_rows, rows - r);
+    in.resize(n * d.in_bytes);
+    vals.resize(n * d.out_elems);
+    f.read_bytes(*t, r * d.in_bytes, in.data(), in.size());
+    for (uint64_t i = 0; i < n; ++i) d.decode(in.data() + i * d.in_bytes, vals.data() + i * d.out_elems);
+    out.write(vals.data(), vals.size() * sizeof(float));
   }
+  out.commit();
   std::printf("wrote %s: %llu rows x %llu f32 values of %s\n", o.out.c_str(),
               (unsigned long long)rows, (unsigned long long)d.out_elems, o.name.c_str());
   return 0;

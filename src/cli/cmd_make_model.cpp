@@ -10,6 +10,7 @@
 #include "model/generate.h"
 #include "model/vocab.h"
 #include "util/error.h"
+#include "util/output_file.h"
 
 namespace sluice::cli {
 namespace {
@@ -42,12 +43,15 @@ CLI::App* setup_make_model(CLI::App& app, MakeModelOptions& o) {
   sub->footer(
       "Give exactly one of --config and --preset. The published preset uses DeepSeek's vocabulary\n"
       "(" + default_vocab_path() + "); other configs get a synthetic byte-level\n"
-      "vocabulary of exactly vocab_size tokens unless --vocab is given. The same seed gives the same bytes.");
+      "vocabulary of exactly vocab_size tokens unless --vocab is given. The same seed gives the same bytes.\n"
+      "Output: written to a temporary file beside -o and renamed when complete; an existing -o is\n"
+      "refused unless --force, and a link, device, FIFO or directory is never replaced.");
   auto* config = sub->add_option("--config", o.config, "model config.json (spec section 1 keys)");
   auto* preset = sub->add_option("--preset", o.preset, "built-in config: tiny | published")
                      ->check(CLI::IsMember({"tiny", "published"}));
   config->excludes(preset);
-  sub->add_option("-o,--output", o.out, "output GGUF path")->required();
+  sub->add_option("-o,--output", o.out, "output GGUF path (must not exist unless --force)")->required();
+  sub->add_flag("--force", o.force, "replace an existing regular file at -o (never a link, device or directory)");
   sub->add_option("--seed", o.seed, "seed of the random weights (default 0)");
   sub->add_flag("--sparse", o.sparse, "write headers only; tensor data stays a file hole");
   sub->add_option("--vocab", o.vocab,
@@ -58,6 +62,8 @@ CLI::App* setup_make_model(CLI::App& app, MakeModelOptions& o) {
 int run_make_model(const MakeModelOptions& o) {
   if (o.config.empty() == o.preset.empty())
     throw UsageError("make-model needs exactly one of --config FILE or --preset tiny|published");
+  const Existing existing = o.force ? Existing::Replace : Existing::Refuse;
+  check_output_target(o.out, existing);  // before the (for the published preset, long) generation
   ModelConfig c;
   if (!o.config.empty()) {
     c = load_config_file(o.config);
@@ -79,6 +85,7 @@ int run_make_model(const MakeModelOptions& o) {
   GenerateOptions g;
   g.seed = o.seed;
   g.sparse = o.sparse;
+  g.existing = existing;
   const GenerateResult r = generate_model(c, v, o.out, g);
   std::printf("wrote %s: %llu tensors, %llu bytes (data at %llu)%s\n", o.out.c_str(),
               (unsigned long long)r.tensor_count, (unsigned long long)r.file_bytes,

@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -32,8 +33,11 @@
 #include "runtime/session.h"
 #include "text/chat.h"
 #include "text/output_text.h"
+#include "text/prompt_limit.h"
 #include "text/tokenizer.h"
 #include "util/error.h"
+#include "util/output_file.h"
+#include "util/read_file.h"
 
 namespace sluice::cli {
 namespace {
@@ -66,77 +70,69 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 // OUT: rows of vocab f32 values, no header; OUT.json describes them when the run ends.
-// A failed run leaves neither file behind.
+// Both are AtomicOutputFiles (util/output_file.h): created beside OUT, renamed into place when
+// the run ends well, so a failed or killed run leaves OUT and OUT.json as they were.
 class LogitsDump {
  public:
-  LogitsDump(std::string path, uint32_t vocab, uint32_t prompt) : path_(std::move(path)), vocab_(vocab), prompt_(prompt) {
-    f_ = std::fopen(path_.c_str(), "wb");
-    if (!f_) throw Error("cannot create " + path_ + ": " + std::strerror(errno));
-  }
-  ~LogitsDump() {
-    if (!f_) return;
-    std::fclose(f_);
-    std::error_code ec;
-    std::filesystem::remove(path_, ec);
-    std::filesystem::remove(path_ + ".json", ec);
-  }
-  LogitsDump(const LogitsDump&) = delete;
-  LogitsDump& operator=(const LogitsDump&) = delete;
+  LogitsDump(const std::string& path, uint32_t vocab, uint32_t prompt, Existing existing)
+      : rows_(path, existing), meta_(path + ".json", existing), vocab_(vocab), prompt_(prompt) {}
 
   void rows(std::span<const uint32_t> tokens, const float* logits) {
-    const size_t n = tokens.size() * (size_t)vocab_;
-    if (std::fwrite(logits, sizeof(float), n, f_) != n) throw Error("cannot write " + path_ + ": " + std::strerror(errno));
+    rows_.write(logits, tokens.size() * (size_t)vocab_ * sizeof(float));
     tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
   }
   void finish() {
-    std::FILE* f = f_;
-    f_ = nullptr;
-    try {
-      if (std::fclose(f) != 0) throw Error("cannot write " + path_ + ": " + std::strerror(errno));
-      write_meta();
-    } catch (...) {
-      std::error_code ec;
-      std::filesystem::remove(path_, ec);
-      std::filesystem::remove(path_ + ".json", ec);
-      throw;
-    }
-  }
-
- private:
-  void write_meta() const {
     nlohmann::json j;
     j["rows"] = tokens_.size();
     j["vocab"] = vocab_;
     j["prompt_tokens"] = std::min<size_t>(prompt_, tokens_.size());
     j["tokens"] = tokens_;
-    const std::string meta = path_ + ".json";
-    std::FILE* m = std::fopen(meta.c_str(), "wb");
-    const std::string text = j.dump() + "\n";
-    const bool ok = m && std::fwrite(text.data(), 1, text.size(), m) == text.size();
-    if (m && std::fclose(m) != 0 && ok) throw Error("cannot write " + meta + ": " + std::strerror(errno));
-    if (!ok) throw Error("cannot write " + meta + ": " + std::strerror(errno));
+    meta_.write(j.dump() + "\n");
+    rows_.commit();
+    meta_.commit();
   }
 
-  std::string path_;
+ private:
+  AtomicOutputFile rows_, meta_;
   uint32_t vocab_, prompt_;
-  std::FILE* f_ = nullptr;
   std::vector<uint32_t> tokens_;
 };
 
-// DIR/trace.jsonl: one JSON object per evaluated position, written as positions are evaluated
-// (a failed run keeps what it traced, which is what one wants when debugging it).
+// --trace DIR: DIR must be absent (it is created, its parent must exist) or an empty directory;
+// with --force any existing directory. A link, file or device is never used. DIR/trace.jsonl is
+// an AtomicOutputFile, renamed into place when the run ends well; a failed run removes its
+// temporary file and the directory too if this run created it (rmdir: only when empty).
 class TraceFile {
  public:
-  explicit TraceFile(const std::string& dir) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec) throw Error("cannot create trace directory " + dir + ": " + ec.message());
-    path_ = (std::filesystem::path(dir) / "trace.jsonl").string();
-    f_ = std::fopen(path_.c_str(), "wb");
-    if (!f_) throw Error("cannot create " + path_ + ": " + std::strerror(errno));
+  TraceFile(const std::string& dir, Existing existing) : dir_(dir) {
+    struct stat st {};
+    if (::lstat(dir.c_str(), &st) == 0) {
+      if (!S_ISDIR(st.st_mode))
+        throw Error("refusing to use " + dir + " as the --trace directory: it is " + file_kind(st.st_mode) +
+                    ", not a directory");
+      std::error_code ec;
+      const bool empty = std::filesystem::is_empty(dir, ec);
+      if (ec) throw Error("cannot read --trace directory " + dir + ": " + ec.message());
+      if (existing == Existing::Refuse && !empty)
+        throw Error("refusing to use " + dir + " as the --trace directory: it is not empty (--force writes " +
+                    "trace.jsonl into it)");
+    } else if (errno != ENOENT) {
+      throw Error("cannot check --trace directory " + dir + ": " + std::strerror(errno));
+    } else if (::mkdir(dir.c_str(), 0777) != 0) {
+      throw Error("cannot create --trace directory " + dir + ": " + std::strerror(errno));
+    } else {
+      created_ = true;
+    }
+    try {
+      file_ = std::make_unique<AtomicOutputFile>((std::filesystem::path(dir) / "trace.jsonl").string(), existing);
+    } catch (...) {
+      if (created_) ::rmdir(dir.c_str());
+      throw;
+    }
   }
   ~TraceFile() {
-    if (f_) std::fclose(f_);
+    file_.reset();  // removes the temporary file unless committed
+    if (created_ && !committed_) ::rmdir(dir_.c_str());
   }
   TraceFile(const TraceFile&) = delete;
   TraceFile& operator=(const TraceFile&) = delete;
@@ -144,6 +140,7 @@ class TraceFile {
   void positions(uint32_t first_pos, std::span<const uint32_t> tokens, const std::vector<TokenTrace>& tr) {
     if (tr.size() != tokens.size())
       throw Error("internal: " + std::to_string(tr.size()) + " traces for " + std::to_string(tokens.size()) + " tokens");
+    std::string lines;
     for (size_t i = 0; i < tr.size(); ++i) {
       nlohmann::json j;
       j["pos"] = first_pos + i;
@@ -152,21 +149,19 @@ class TraceFile {
       j["experts"] = tr[i].experts;
       j["expert_weights"] = tr[i].expert_weights;
       j["selected_rows"] = tr[i].selected_rows;
-      const std::string line = j.dump() + "\n";
-      if (std::fwrite(line.data(), 1, line.size(), f_) != line.size())
-        throw Error("cannot write " + path_ + ": " + std::strerror(errno));
+      lines += j.dump() + "\n";
     }
-    if (std::fflush(f_) != 0) throw Error("cannot write " + path_ + ": " + std::strerror(errno));
+    file_->write(lines);
   }
   void finish() {
-    std::FILE* f = f_;
-    f_ = nullptr;
-    if (std::fclose(f) != 0) throw Error("cannot write " + path_ + ": " + std::strerror(errno));
+    file_->commit();
+    committed_ = true;
   }
 
  private:
-  std::string path_;
-  std::FILE* f_ = nullptr;
+  std::string dir_;
+  bool created_ = false, committed_ = false;
+  std::unique_ptr<AtomicOutputFile> file_;
 };
 
 // Generated ids go to stdout as they come (one line, space-separated), so a reader sees progress
@@ -338,6 +333,9 @@ CLI::App* setup_run(CLI::App& app, RunOptions& o) {
       "\"engram_rows\": [Engram layer][column] table rows, \"experts\": [layer][k] routed expert ids\n"
       "(descending score), \"expert_weights\": [layer][k], \"selected_rows\": [layer][...] compressed rows\n"
       "chosen by the indexer (ascending; empty for layers that are not index sources)}.\n"
+      "Output files appear only when the run ends well (written beside, then renamed); an existing\n"
+      "OUT, OUT.json or non-empty DIR is refused unless --force; links and devices never are\n"
+      "replaced (docs/files.md).\n"
       "Context (-c): defaults to prompt + n, bounded by max_position_embeddings; state for it is\n"
       "allocated up front.");
   sub->add_option("-m,--model", o.model, "deepseek41 GGUF file")->required();
@@ -358,6 +356,7 @@ CLI::App* setup_run(CLI::App& app, RunOptions& o) {
   sub->add_flag("--ignore-eos", o.ignore_eos, "keep generating after eos_token_id");
   sub->add_option("--dump-logits", o.dump_logits, "write every evaluated position's logits to this file");
   sub->add_option("--trace", o.trace_dir, "write per-position routing to DIR/trace.jsonl");
+  sub->add_flag("--force", o.force, "replace existing regular files at --dump-logits / DIR/trace.jsonl (never links or devices)");
   sub->add_flag("--expert-stats", o.expert_stats, "after the summary, print the expert store's statistics per layer");
   add_engine_options(sub, o.engine);
   return sub;
@@ -392,12 +391,15 @@ int run_run(const RunOptions& o) {
   if (text_mode) {
     std::string text = o.prompt;
     if (!o.prompt_file.empty()) {
-      std::FILE* f = std::fopen(o.prompt_file.c_str(), "rb");
-      if (!f) throw Error("cannot open " + o.prompt_file + ": " + std::strerror(errno));
-      char buf[65536];
-      size_t n;
-      while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
-      std::fclose(f);
+      // Read no more than a prompt that fits the context could be (text/prompt_limit.h).
+      const uint64_t window = o.ctx != 0 ? o.ctx : cfg.max_position_embeddings;
+      const uint64_t positions = window > (uint64_t)o.n_predict ? window - (uint64_t)o.n_predict : 1;
+      const uint64_t per = text::prompt_bytes_per_token(*tok);
+      text = read_file_bounded(o.prompt_file, positions * per,
+                               "what a prompt of " + std::to_string(positions) + " tokens can hold: " +
+                                   (o.ctx != 0 ? "-c " : "max_position_embeddings ") + std::to_string(window) +
+                                   " minus -n " + std::to_string(o.n_predict) + ", at most " + std::to_string(per) +
+                                   " bytes per token; see docs/files.md");
     }
     std::vector<int32_t> enc;
     if (o.chat) {
@@ -430,15 +432,16 @@ int run_run(const RunOptions& o) {
                 " exceeds the model's max_position_embeddings " + std::to_string(max_pos));
   const uint64_t ctx = o.ctx != 0 ? o.ctx : std::max<uint64_t>(1, prompt_n + n_predict);
 
+  // Output files before the (long) load, so a path they may not use is refused at once.
+  const Existing existing = o.force ? Existing::Replace : Existing::Refuse;
+  std::unique_ptr<LogitsDump> dump;
+  if (!o.dump_logits.empty()) dump = std::make_unique<LogitsDump>(o.dump_logits, cfg.vocab_size, (uint32_t)prompt_n, existing);
+  std::unique_ptr<TraceFile> trace;
+  if (!o.trace_dir.empty()) trace = std::make_unique<TraceFile>(o.trace_dir, existing);
+
   Session session(session_options(o.engine, o.model, (uint32_t)ctx));
   maybe_print_plan(o.engine, session);
-  const uint32_t V = session.config().vocab_size;
   const double load_s = seconds_since(t_load);
-
-  std::unique_ptr<LogitsDump> dump;
-  if (!o.dump_logits.empty()) dump = std::make_unique<LogitsDump>(o.dump_logits, V, (uint32_t)prompt_n);
-  std::unique_ptr<TraceFile> trace;
-  if (!o.trace_dir.empty()) trace = std::make_unique<TraceFile>(o.trace_dir);
   EvalObserver obs;
   obs.want_trace = trace != nullptr;
   obs.on_eval = [&](uint32_t pos, std::span<const uint32_t> toks, const float* logits, const std::vector<TokenTrace>* tr) {

@@ -58,6 +58,7 @@ struct RunOptions {
   bool ignore_eos = false;
   std::string dump_logits;     // file of f32 rows, plus <file>.json
   std::string trace_dir;       // <dir>/trace.jsonl
+  bool force = false;          // --dump-logits / --trace may replace existing regular files
   bool expert_stats = false;   // per-layer store statistics after the summary
   EngineCliOptions engine;
 };

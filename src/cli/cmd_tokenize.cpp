@@ -2,15 +2,18 @@
 #include "cli/cmd_tokenize.h"
 
 #include <cstdio>
-#include <iostream>
-#include <iterator>
 #include <string>
 
 #include "cli/commands.h"
 #include "text/tokenizer.h"
+#include "util/read_file.h"
 
 namespace sluice::cli {
 namespace {
+
+// Tokenizing costs about 14 bytes of memory per byte of text; 64 MiB (~1 GB of work memory) is
+// far more than any model's context holds, and an endless stdin (/dev/zero) stops here.
+constexpr uint64_t kMaxStdinBytes = 64ull << 20;
 
 // A token's bytes as one printable, quoted field: control bytes and quotes escaped so a
 // hostile vocabulary or input cannot garble the terminal; UTF-8 passes through.
@@ -38,7 +41,7 @@ CLI::App* setup_tokenize(CLI::App& app, TokenizeOptions& o) {
   CLI::App* cmd = app.add_subcommand("tokenize", "Tokenize text with a GGUF file's tokenizer");
   cmd->add_option("-m,--model", o.model, "GGUF file holding tokenizer.ggml.* keys")->required();
   cmd->add_option("--text", o.text, "text to tokenize (default: read stdin)")
-      ->each([&o](const std::string&) { o.text_given = true; });
+      ->each([&o](const std::string&) { o.text_given = true; });  // stdin: at most 64 MiB
   cmd->add_flag("--ids", o.ids_only, "print only the ids, space-separated, on one line");
   cmd->add_flag("--no-bos", o.no_bos, "do not prepend the BOS token");
   cmd->add_flag("--no-special", o.no_special, "treat control-token strings in the text as plain text");
@@ -51,9 +54,8 @@ int run_tokenize(const TokenizeOptions& o) {
   const text::Tokenizer tok = text::Tokenizer::from_gguf(f);
   std::string input = o.text;
   if (!o.text_given) {
-    std::cin >> std::noskipws;
-    input.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
-    if (std::cin.bad()) throw Error("cannot read standard input");
+    input = read_fd_bounded(0, "standard input", kMaxStdinBytes,
+                            "tokenize reads at most 64 MiB; split larger inputs");
   }
   const std::vector<int32_t> ids = tok.encode(input, !o.no_bos && tok.add_bos_default(), !o.no_special);
   std::string out;

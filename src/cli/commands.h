@@ -20,6 +20,7 @@ struct MakeModelOptions {
   std::string vocab;   // vocabulary GGUF, empty: default for the preset
   uint64_t seed = 0;
   bool sparse = false;
+  bool force = false;  // replace an existing regular file at -o
 };
 CLI::App* setup_make_model(CLI::App& app, MakeModelOptions& o);
 int run_make_model(const MakeModelOptions& o);
@@ -35,6 +36,7 @@ struct DumpTensorOptions {
   std::string file;
   std::string name;
   std::string out;
+  bool force = false;  // replace an existing regular file at OUT
 };
 CLI::App* setup_dump_tensor(CLI::App& app, DumpTensorOptions& o);
 int run_dump_tensor(const DumpTensorOptions& o);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/types.h"
+#include "util/output_file.h"
 
 namespace sluice::gguf {
 
@@ -163,11 +164,14 @@ class Writer {
   // emit(tensor, sink): call sink(bytes, n) repeatedly to produce exactly tensor.nbytes bytes.
   using Sink = std::function<void(const void*, size_t)>;
   using Emit = std::function<void(const TensorInfo&, const Sink&)>;
-  // Writes path + ".tmp" and renames it over `path` only when everything succeeded, so a
-  // failure (I/O error, emit throwing or producing the wrong byte count) never leaves a partial
-  // file under the final name. Throws Error when alignment != 32 and general.alignment was not
-  // added (or does not match), and on any I/O error (message names the path).
-  void write(const std::string& path, const Emit& emit, bool sparse = false) const;
+  // Writes a temporary file beside `path` and renames it over `path` only when everything
+  // succeeded (AtomicOutputFile, util/output_file.h): a failure (I/O error, emit throwing or
+  // producing the wrong byte count) never leaves a partial file under the final name, and only
+  // an absent path or (Existing::Replace) a regular file is ever replaced. Throws Error when
+  // alignment != 32 and general.alignment was not added (or does not match), and on any I/O
+  // error or refused target (message names the path).
+  void write(const std::string& path, const Emit& emit, bool sparse = false,
+             Existing existing = Existing::Refuse) const;
 
  private:
   void refresh_file_offsets();

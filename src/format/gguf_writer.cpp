@@ -15,6 +15,7 @@
 #include "format/gguf.h"
 #include "format/gguf_detail.h"
 #include "util/error.h"
+#include "util/output_file.h"
 
 namespace sluice::gguf {
 namespace {
@@ -186,68 +187,56 @@ uint64_t Writer::header_bytes() const { return header_bytes_; }
 uint64_t Writer::data_offset() const { return align_up(header_bytes_, alignment_); }
 uint64_t Writer::file_size() const { return data_offset() + align_up(data_bytes_, alignment_); }
 
-void Writer::write(const std::string& path, const Emit& emit, bool sparse) const {
+void Writer::write(const std::string& path, const Emit& emit, bool sparse, Existing existing) const {
   if (alignment_ != 32 && !keys_.count("general.alignment"))
     throw Error("cannot write " + path + ": alignment " + std::to_string(alignment_) +
                 " needs a general.alignment key (readers assume 32 without it)");
-  const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error("cannot create " + tmp + ": " + std::strerror(errno));
-  try {
-    Out o(fd, tmp);
-    o.put_le<uint32_t>(kMagic);
-    o.put_le<uint32_t>(kVersion);
-    o.put_le<uint64_t>(tensors_.size());
-    o.put_le<uint64_t>(kvs_.size());
-    for (const auto& kv : kvs_) {
-      o.put_string(kv.key);
-      o.put_le<uint32_t>((uint32_t)kv.value.type);
-      put_value(o, kv.value);
-    }
-    for (const auto& t : tensors_) {
-      o.put_string(t.name);
-      o.put_le<uint32_t>(t.n_dims);
-      for (uint32_t d = 0; d < t.n_dims; ++d) o.put_le<uint64_t>(t.ne[d]);
-      o.put_le<uint32_t>((uint32_t)t.type);
-      o.put_le<uint64_t>(t.offset);
-    }
-    if (o.pos() != header_bytes_) throw Error("internal error: GGUF header size mismatch writing " + tmp);
-    if (sparse) {
-      o.flush();
-      // The payload stays a hole: the file system allocates nothing for it.
-      if (::ftruncate(fd, (off_t)file_size()) != 0)
-        throw Error("cannot extend " + tmp + ": " + std::strerror(errno));
-    } else {
-      const uint64_t base = data_offset();
-      for (const auto& t : tensors_) {
-        o.zeros(base + t.offset - o.pos());
-        uint64_t produced = 0;
-        Sink sink = [&](const void* p, size_t n) {
-          if (n > t.nbytes - produced)
-            throw Error("writing " + path + ": tensor '" + t.name + "' got more than its " +
-                        std::to_string(t.nbytes) + " bytes");
-          o.put(p, n);
-          produced += n;
-        };
-        emit(t, sink);
-        if (produced != t.nbytes)
-          throw Error("writing " + path + ": tensor '" + t.name + "' got " + std::to_string(produced) +
-                      " bytes, expected " + std::to_string(t.nbytes));
-      }
-      o.zeros(file_size() - o.pos());
-      o.flush();
-    }
-    if (::fsync(fd) != 0) throw Error("cannot sync " + tmp + ": " + std::strerror(errno));
-    int rc = ::close(fd);
-    fd = -1;
-    if (rc != 0) throw Error("cannot close " + tmp + ": " + std::strerror(errno));
-    if (::rename(tmp.c_str(), path.c_str()) != 0)
-      throw Error("cannot rename " + tmp + " to " + path + ": " + std::strerror(errno));
-  } catch (...) {
-    if (fd >= 0) ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
+  // Temp file beside `path`, renamed over it only on success (util/output_file.h has the rule).
+  AtomicOutputFile file(path, existing);
+  const int fd = file.fd();
+  Out o(fd, path);
+  o.put_le<uint32_t>(kMagic);
+  o.put_le<uint32_t>(kVersion);
+  o.put_le<uint64_t>(tensors_.size());
+  o.put_le<uint64_t>(kvs_.size());
+  for (const auto& kv : kvs_) {
+    o.put_string(kv.key);
+    o.put_le<uint32_t>((uint32_t)kv.value.type);
+    put_value(o, kv.value);
   }
+  for (const auto& t : tensors_) {
+    o.put_string(t.name);
+    o.put_le<uint32_t>(t.n_dims);
+    for (uint32_t d = 0; d < t.n_dims; ++d) o.put_le<uint64_t>(t.ne[d]);
+    o.put_le<uint32_t>((uint32_t)t.type);
+    o.put_le<uint64_t>(t.offset);
+  }
+  if (o.pos() != header_bytes_) throw Error("internal error: GGUF header size mismatch writing " + path);
+  if (sparse) {
+    o.flush();
+    // The payload stays a hole: the file system allocates nothing for it.
+    if (::ftruncate(fd, (off_t)file_size()) != 0) throw Error("cannot extend " + path + ": " + std::strerror(errno));
+  } else {
+    const uint64_t base = data_offset();
+    for (const auto& t : tensors_) {
+      o.zeros(base + t.offset - o.pos());
+      uint64_t produced = 0;
+      Sink sink = [&](const void* p, size_t n) {
+        if (n > t.nbytes - produced)
+          throw Error("writing " + path + ": tensor '" + t.name + "' got more than its " +
+                      std::to_string(t.nbytes) + " bytes");
+        o.put(p, n);
+        produced += n;
+      };
+      emit(t, sink);
+      if (produced != t.nbytes)
+        throw Error("writing " + path + ": tensor '" + t.name + "' got " + std::to_string(produced) +
+                    " bytes, expected " + std::to_string(t.nbytes));
+    }
+    o.zeros(file_size() - o.pos());
+    o.flush();
+  }
+  file.commit();
 }
 
 }  // namespace sluice::gguf

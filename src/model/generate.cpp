@@ -176,7 +176,7 @@ GenerateResult generate_model(const ModelConfig& c, const Vocab& v, const std::s
   };
 
   // The writer goes through a temporary file and renames it, so a failure leaves no output.
-  w.write(path, emit, o.sparse);
+  w.write(path, emit, o.sparse, o.existing);
   GenerateResult r;
   r.file_bytes = w.file_size();
   r.data_offset = w.data_offset();

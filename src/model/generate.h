@@ -47,13 +47,14 @@ gguf::Writer model_writer(const ModelConfig& c, const Vocab& v);
 struct GenerateOptions {
   uint64_t seed = 0;
   bool sparse = false;  // header only; the payload stays a file hole
+  Existing existing = Existing::Refuse;  // Replace: an existing regular file at path may be replaced
 };
 struct GenerateResult {
   uint64_t file_bytes = 0;
   uint64_t data_offset = 0;
   uint64_t tensor_count = 0;
 };
-// Writes the model to `path` (atomically: nothing is left there when it throws).
+// Writes the model to `path` (atomically, util/output_file.h: a failure leaves `path` as it was).
 GenerateResult generate_model(const ModelConfig& c, const Vocab& v, const std::string& path,
                               const GenerateOptions& o);
 

@@ -42,7 +42,10 @@ std::string signal_name(int sig) {
     case SIGABRT: return "SIGABRT";
     case SIGBUS: return "SIGBUS";
     case SIGPIPE: return "SIGPIPE";
-    default: return "signal " + std::to_string(sig);
+    default: {
+      const char* abbrev = ::sigabbrev_np(sig);
+      return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
+    }
   }
 }
 
@@ -181,6 +184,7 @@ WatchdogReport watch_command(const std::vector<std::string>& argv, const Watchdo
   int exec_pipe[2];
   if (::pipe2(exec_pipe, O_CLOEXEC) != 0) throw Error(std::string("watchdog: pipe: ") + std::strerror(errno));
   std::fflush(nullptr);
+  const pid_t watchdog_pid = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) {
     const int err = errno;
@@ -189,6 +193,10 @@ WatchdogReport watch_command(const std::vector<std::string>& argv, const Watchdo
     throw Error(std::string("watchdog: fork: ") + std::strerror(err));
   }
   if (pid == 0) {
+    // The command must not outlive the watchdog, even one killed with SIGKILL (which no handler
+    // sees): the kernel kills the child when its parent dies. The parent may already have died
+    // between fork and prctl; then the child has been reparented and must not start at all.
+    if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != watchdog_pid) ::_exit(127);
     ::setpgid(0, 0);
     if (give_tty) {
       sigset_t ttou;
@@ -323,7 +331,16 @@ WatchdogReport watch_command(const std::vector<std::string>& argv, const Watchdo
     rep.signal = WTERMSIG(st);
     rep.exit_code = 128 + rep.signal;
   }
-  if (rep.sent_term || rep.sent_kill || !rep.forwarded.empty()) {
+  // A signal the watchdog did not send: someone else (or the kernel: SIGSEGV, the OOM killer's
+  // SIGKILL) ended the command. Said once, since the exit status alone does not tell.
+  const bool ours = rep.signal != 0 && ((rep.sent_kill && rep.signal == SIGKILL) ||
+                                        (rep.sent_term && rep.signal == SIGTERM) ||
+                                        std::find(rep.forwarded.begin(), rep.forwarded.end(), rep.signal) !=
+                                            rep.forwarded.end());
+  if (rep.signal != 0 && !ours) {
+    say("child killed by signal " + std::to_string(rep.signal) + " (" + signal_name(rep.signal) +
+        "), not by the watchdog; exit status " + std::to_string(rep.exit_code));
+  } else if (rep.sent_term || rep.sent_kill || !rep.forwarded.empty()) {
     const std::string how = rep.exited ? "exited with status " + std::to_string(rep.status)
                                        : "was ended by " + signal_name(rep.signal);
     const std::string cause = rep.sent_kill ? rep.kill_reason.substr(0, rep.kill_reason.find(':'))

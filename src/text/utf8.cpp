@@ -120,4 +120,18 @@ bool utf8_valid(std::string_view s) {
   return true;
 }
 
+std::string Utf8Stream::push(std::string_view piece) {
+  pending_.append(piece);
+  std::string out;
+  pending_.erase(0, utf8_sanitize_append(pending_, false, out));
+  return out;
+}
+
+std::string Utf8Stream::finish() {
+  std::string out;
+  utf8_sanitize_append(pending_, true, out);
+  pending_.clear();
+  return out;
+}
+
 }  // namespace sluice::text

@@ -29,4 +29,17 @@ std::string utf8_sanitize(std::string_view s);
 
 bool utf8_valid(std::string_view s);
 
+// Text that arrives in pieces (a token's bytes may end inside a character) made into valid
+// UTF-8 for a terminal or a pipe: push() returns what is complete, holding back an incomplete
+// tail for the next piece; every ill-formed part becomes a visible U+FFFD. finish() flushes a
+// tail still incomplete at the end as U+FFFD. The output is the same however the text is cut.
+class Utf8Stream {
+ public:
+  std::string push(std::string_view piece);
+  std::string finish();
+
+ private:
+  std::string pending_;
+};
+
 }  // namespace sluice::text
