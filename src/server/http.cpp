@@ -195,12 +195,12 @@ uint16_t HttpServer::listen(const std::string& host, uint16_t port) {
 int HttpServer::pick_victim(const std::string* only_client) {
   std::map<std::string, size_t> reading;  // per address: its connections that are not Active
   for (const auto& [fd, s] : open_)
-    if (!s.evicted && s.phase != Slot::Phase::Active) reading[s.client]++;
+    if (!s.evicted && s.phase != Slot::Phase::Active && s.phase != Slot::Phase::Closing) reading[s.client]++;
   const auto now = Clock::now();
   int best = -1;
   std::tuple<size_t, bool, int64_t> best_key{};
   for (const auto& [fd, s] : open_) {
-    if (s.evicted || s.phase == Slot::Phase::Active) continue;
+    if (s.evicted || s.phase == Slot::Phase::Active || s.phase == Slot::Phase::Closing) continue;
     if (only_client && s.client != *only_client) continue;
     // A connection that received bytes a moment ago (or was just accepted and not yet read) is
     // making progress; dropping it would punish a client for our own scheduling.
@@ -278,7 +278,7 @@ void HttpServer::serve() {
     std::unique_lock lk(mu_);
     size_t live = 0, client_reading = 0;
     for (const auto& [f, s] : open_) {
-      if (s.evicted) continue;
+      if (s.evicted || s.phase == Slot::Phase::Closing) continue;
       ++live;
       if (s.client == client && s.phase != Slot::Phase::Active) ++client_reading;
     }
@@ -452,6 +452,13 @@ void HttpServer::run_connection(int fd) {
     set_phase(fd, Slot::Phase::Idle);
     if (!conn.keep_alive) break;
   }
+  {
+    // Answered: from here the connection only drains, so it no longer takes a slot from new ones.
+    std::lock_guard lk(mu_);
+    Slot& s = open_.at(fd);
+    if (s.phase == Slot::Phase::Active && !s.reserved) --active_unreserved_;
+    s.phase = Slot::Phase::Closing;
+  }
   ::shutdown(fd, SHUT_WR);
   // Drain what the client still sends (an unread body after a 413) for up to a second before
   // close: closing with unread data sends a reset that can destroy the response before it is read.
@@ -468,9 +475,7 @@ void HttpServer::run_connection(int fd) {
     }
   }
   std::lock_guard lk(mu_);
-  const auto it = open_.find(fd);
-  if (it->second.phase == Slot::Phase::Active && !it->second.reserved) --active_unreserved_;
-  open_.erase(it);
+  open_.erase(fd);
   ::close(fd);
   cv_.notify_all();
 }

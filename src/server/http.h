@@ -87,9 +87,10 @@ class HttpServer {
  private:
   // What the accept loop knows of each open connection (guarded by mu_).
   struct Slot {
-    enum class Phase { Fresh, Idle, Reading, Active };
+    enum class Phase { Fresh, Idle, Reading, Active, Closing };
     std::string client;              // peer address
-    Phase phase = Phase::Fresh;      // Fresh: no request yet; Idle: between keep-alive requests
+    // Fresh: no request yet; Idle: between keep-alive requests; Closing: answered, draining.
+    Phase phase = Phase::Fresh;
     std::chrono::steady_clock::time_point since;          // when the phase began
     std::chrono::steady_clock::time_point last_progress;  // accept, or the last bytes received
     bool reserved = false;           // Active on a reserved path
