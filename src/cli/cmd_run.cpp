@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/context_option.h"
 #include "cli/stop_signals.h"
 #include "model/config.h"
 #include "model/forward.h"
@@ -328,8 +329,8 @@ CLI::App* setup_run(CLI::App& app, RunOptions& o) {
       "\"engram_rows\": [Engram layer][column] table rows, \"experts\": [layer][k] routed expert ids\n"
       "(descending score), \"expert_weights\": [layer][k], \"selected_rows\": [layer][...] compressed rows\n"
       "chosen by the indexer (ascending; empty for layers that are not index sources)}.\n"
-      "Context (-c): defaults to prompt + n, bounded by max_position_embeddings; state for it is\n"
-      "allocated up front.");
+      "Context (-c/--ctx-size): 0 or not given means prompt + n; at least 2 and at most the model's\n"
+      "max_position_embeddings; state for it is allocated up front.");
   sub->add_option("-m,--model", o.model, "deepseek41 GGUF file")->required();
   auto* tokens = sub->add_option("--tokens", o.tokens, "prompt token ids, comma-separated, e.g. 0,15,27");
   auto* prompt = sub->add_option("-p,--prompt", o.prompt, "prompt text");
@@ -343,7 +344,7 @@ CLI::App* setup_run(CLI::App& app, RunOptions& o) {
   sub->add_option("--temp", o.temp, "temperature; 0 = greedy (default 0)");
   sub->add_option("--top-p", o.top_p, "nucleus mass in (0, 1] (default 1.0)");
   sub->add_option("--seed", o.seed, "sampler seed (default 0)");
-  sub->add_option("-c,--ctx-size", o.ctx, "context positions; 0 = prompt + n (default 0)");
+  add_ctx_option(sub, o.ctx, "prompt + n");
   sub->add_flag("--ignore-eos", o.ignore_eos, "keep generating after eos_token_id");
   sub->add_option("--dump-logits", o.dump_logits, "write every evaluated position's logits to this file");
   sub->add_option("--trace", o.trace_dir, "write per-position routing to DIR/trace.jsonl");
@@ -375,7 +376,7 @@ int run_run(const RunOptions& o) {
       cfg = config_from_gguf(header);
       if (text_mode) tok = std::make_unique<text::Tokenizer>(text::Tokenizer::from_gguf(header));
     } catch (const Error& e) {
-      throw Error(o.model + ": " + e.what());
+      throw Error(with_path(o.model, e.what()));
     }
   }
   if (text_mode) {
@@ -406,14 +407,13 @@ int run_run(const RunOptions& o) {
   const uint64_t prompt_n = ids.size();
   if (o.ctx != 0 && prompt_n + n_predict > o.ctx)
     throw UsageError("prompt (" + std::to_string(prompt_n) + " tokens) + -n " + std::to_string(n_predict) +
-                     " exceeds the context -c " + std::to_string(o.ctx));
+                     " exceeds the context " + kCtxFlag + " " + std::to_string(o.ctx));
   for (size_t i = 0; i < ids.size(); ++i)
     if (ids[i] >= cfg.vocab_size)
       throw Error("--tokens: id " + std::to_string(ids[i]) + " (item " + std::to_string(i + 1) +
                   ") is not below the model's vocabulary size " + std::to_string(cfg.vocab_size));
   const uint64_t max_pos = cfg.max_position_embeddings;
-  if (o.ctx > max_pos)
-    throw Error("-c " + std::to_string(o.ctx) + " exceeds the model's max_position_embeddings " + std::to_string(max_pos));
+  check_ctx(o.ctx, max_pos);
   if (prompt_n + n_predict > max_pos)
     throw Error("prompt (" + std::to_string(prompt_n) + " tokens) + -n " + std::to_string(n_predict) +
                 " exceeds the model's max_position_embeddings " + std::to_string(max_pos));
