@@ -3,6 +3,8 @@
 // "did you mean -h?" for a negative number) and the unknown-option message.
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -112,4 +114,53 @@ TEST(CliFlags, UnknownOptionReadsAsOneSentence) {
   EXPECT_EQ(r.err.find("not expected"), std::string::npos) << r.err;
   r = run_sluice(t.dir, "inspekt x.gguf");
   expect_usage_error(r, "inspekt", "unknown command inspekt (did you mean inspect?");
+}
+
+namespace {
+
+// A /proc/meminfo field in bytes (0 when absent).
+uint64_t meminfo_bytes(const std::string& field) {
+  std::ifstream in("/proc/meminfo");
+  std::string name;
+  uint64_t kb = 0;
+  std::string unit;
+  while (in >> name >> kb) {
+    std::getline(in, unit);
+    if (name == field + ":") return kb * 1024;
+  }
+  return 0;
+}
+
+}  // namespace
+
+// A budget above the machine is refused by the commands that would run under it, unless
+// --mem-budget-override; above MemAvailable it is always a warning on stderr; plan only warns.
+TEST(CliFlags, MemBudgetAboveTheMachineIsRefusedOrWarned) {
+  Tiny t;
+  const uint64_t total = meminfo_bytes("MemTotal"), swap = meminfo_bytes("SwapTotal");
+  ASSERT_GT(total, 0u);
+  const std::string beyond = std::to_string((total + swap) / 1024 + (1ull << 20)) + "KiB";  // 1 GiB more
+  const std::string m = q(t.model);
+  for (const std::string& cmd : {"run -m " + m + " --tokens 1 -n 1", "chat -m " + m, "serve -m " + m + " --port 0"}) {
+    const std::string args = cmd + " --allow-swap --mem-budget " + beyond + " </dev/null";
+    expect_usage_error(run_sluice(t.dir, args), args, "is more than this machine has (MemTotal");
+    const CmdResult r = run_sluice(t.dir, args);
+    EXPECT_NE(r.err.find("--mem-budget-override"), std::string::npos) << r.err;
+  }
+  CmdResult r = run_sluice(t.dir, "run -m " + m + " --tokens 1 -n 1 --allow-swap --mem-budget-override --mem-budget " + beyond);
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.err.rfind("sluice: warning: --mem-budget", 0), 0u) << r.err;
+  EXPECT_EQ(r.err_lines(), 2u) << "one warning, then the summary: " << r.err;
+  r = run_sluice(t.dir, "plan -m " + m + " --allow-swap --mem-budget " + beyond);
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.err.rfind("sluice: warning: --mem-budget", 0), 0u) << r.err;
+  // Between MemAvailable and MemTotal: a warning on every command, the plan printed or not.
+  const uint64_t avail = meminfo_bytes("MemAvailable");
+  if (avail + (256ull << 20) < total) {
+    const std::string above_avail = std::to_string((avail + (total - avail) / 2) / 1024) + "KiB";
+    r = run_sluice(t.dir, "run -m " + m + " --tokens 1 -n 1 --allow-swap --mem-budget " + above_avail);
+    EXPECT_EQ(r.rc, 0) << r.err;
+    EXPECT_NE(r.err.find("sluice: warning: --mem-budget"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("MemAvailable"), std::string::npos) << r.err;
+  }
 }

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/budget_check.h"
 #include "cli/commands.h"
 #include "cli/context_option.h"
 #include "format/gguf.h"
@@ -46,6 +47,7 @@ int run_plan(const PlanCommandOptions& o) {
     throw UsageError(e.what());
   }
   if (o.threads < 0) throw UsageError("--threads must not be negative");
+  check_budget_on_host(po.budget, /*refuse_beyond_machine=*/false, false);
   po.chunk = o.chunk;
   po.threads = o.threads;
   po.allow_swap = o.allow_swap;

@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/budget_check.h"
 #include "cli/commands.h"
 #include "cli/context_option.h"
 #include "cli/stop_signals.h"
@@ -207,6 +208,8 @@ void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
   sub->add_option("-t,--threads", o.threads, "worker threads; 0 = all cores (default 0)");
   sub->add_option("--mem-budget", o.mem_budget, "memory budget: BYTES (e.g. 100GiB) or auto (default auto)");
   sub->add_flag("--allow-swap", o.allow_swap, "start even when swap is active");
+  sub->add_flag(kBudgetOverrideFlag, o.mem_budget_override,
+                "accept a --mem-budget above this machine's MemTotal + SwapTotal (refused otherwise)");
   sub->add_option("--cache-policy", o.cache_policy, "expert cache eviction: lru-per-layer (default) or lru-global")
       ->check(CLI::IsMember({"lru-per-layer", "lru-global"}));
   sub->add_option("--io-depth", o.io_depth, "expert reads in flight (default 16)");
@@ -233,6 +236,7 @@ SessionOptions session_options(const EngineCliOptions& e, const std::string& mod
   } catch (const Error& err) {
     throw UsageError(err.what());
   }
+  check_budget_on_host(so.budget, /*refuse_beyond_machine=*/true, e.mem_budget_override);
   so.allow_swap = e.allow_swap;
   so.stream_experts = !e.resident_experts;
   so.policy = e.cache_policy == "lru-global" ? storage::EvictionKind::LruGlobal : storage::EvictionKind::LruPerLayer;
