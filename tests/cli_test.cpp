@@ -170,7 +170,7 @@ TEST(CliMakeModel, PublishedSparseHasThePublishedLayout) {
   EXPECT_EQ(deepseek_keys, 53u);
 
   // The text report of the same file.
-  r = run_sluice(dir, "inspect " + q(model));
+  r = run_sluice(dir, "inspect --tensors " + q(model));
   EXPECT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("schema deepseek41: OK"), std::string::npos);
   EXPECT_NE(r.out.find("blk.39.ffn_down_exps.weight"), std::string::npos);
@@ -315,23 +315,30 @@ TEST(CliMakeModel, TinyAltConfigGeneratesAndValidates) {
   EXPECT_EQ(j["tensor_count"], sluice::deepseek41_tensors(c).size());
 }
 
-TEST(CliInspect, NonDeepseekGgufIsReportedNotRejected) {
+// Reported (the whole report on stdout) and refused (exit 1, the architecture as the error).
+TEST(CliInspect, NonDeepseekGgufIsReportedAndRefused) {
   TempDir dir(kTmpPrefix);
   // DeepSeek's vocabulary file is a valid GGUF of another architecture.
   const std::string vocab = std::string(SLUICE_DATA_DIR) + "/deepseek-v3-vocab.gguf";
-  const nlohmann::json j = inspect_json(dir, vocab);
+  CmdResult r = run_sluice(dir, "inspect --json " + q(vocab));
+  EXPECT_EQ(r.rc, 1);
+  expect_one_error_line(r, "inspect --json");
+  EXPECT_NE(r.err.find("architecture deepseek2 is not supported (sluice runs deepseek41)"), std::string::npos) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["architecture"], "deepseek2");
   EXPECT_EQ(j["tensor_count"], 0);
   EXPECT_FALSE(j["errors"].empty());
   EXPECT_EQ(j["valid"], false);
-  const CmdResult r = run_sluice(dir, "inspect " + q(vocab));
-  EXPECT_EQ(r.rc, 0);
+  r = run_sluice(dir, "inspect " + q(vocab));
+  EXPECT_EQ(r.rc, 1);
+  expect_one_error_line(r, "inspect");
   EXPECT_NE(r.out.find("tokenizer.ggml.tokens"), std::string::npos);
   EXPECT_NE(r.out.find("length 129280"), std::string::npos);
   EXPECT_NE(r.out.find("problem"), std::string::npos);
 }
 
-// Every malformed file of the GGUF corpus fails with exactly one error line; valid_* files parse.
+// Every malformed file of the GGUF corpus fails with exactly one error line and no report;
+// valid_* files parse (a report on stdout) but are not deepseek41 files (exit 1, one line).
 TEST(CliInspect, MalformedCorpusFailsWithOneErrorLine) {
   TempDir dir(kTmpPrefix);
   const std::string corpus = std::string(SLUICE_TEST_DATA) + "/gguf_corpus";
@@ -350,8 +357,10 @@ TEST(CliInspect, MalformedCorpusFailsWithOneErrorLine) {
     for (const char* mode : {"inspect ", "inspect --json "}) {
       const CmdResult r = run_sluice(dir, mode + q(path));
       if (file.rfind("valid_", 0) == 0) {
-        EXPECT_EQ(r.rc, 0) << file << ": " << r.err;
-        EXPECT_TRUE(r.err.empty()) << file << ": " << r.err;
+        EXPECT_EQ(r.rc, 1) << file << ": " << r.err;
+        expect_one_error_line(r, file);
+        EXPECT_NE(r.err.find("(sluice runs deepseek41)"), std::string::npos) << file << ": " << r.err;
+        EXPECT_FALSE(r.out.empty()) << file << ": the report";
       } else {
         EXPECT_EQ(r.rc, 1) << file;
         expect_one_error_line(r, file);

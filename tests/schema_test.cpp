@@ -415,7 +415,8 @@ void expect_validation_error(const std::string& tag, const std::string& needle, 
 }
 
 TEST(SchemaValidate, ReportsEachDefect) {
-  expect_validation_error("arch", "general.architecture", [](auto& kv) { key_value(kv, "general.architecture").s = "llama"; });
+  expect_validation_error("arch", "architecture llama is not supported (sluice runs deepseek41)",
+                          [](auto& kv) { key_value(kv, "general.architecture").s = "llama"; });
   expect_validation_error("nokey", "deepseek41.index_topk", [](auto& kv) {
     erase_key(kv, "deepseek41.index_topk");
     erase_key(kv, "deepseek41.config");

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "cli/commands.h"
+#include "cli/context_option.h"
 #include "cli/stop_signals.h"
 #include "runtime/session.h"
 #include "text/chat.h"
@@ -36,7 +37,7 @@ CLI::App* setup_chat(CLI::App& app, ChatCommandOptions& o) {
   sub->add_option("--top-p", o.top_p, "nucleus mass in [0, 1] (default 1.0)");
   add_topk_minp_options(sub, o.top_k, o.min_p);
   sub->add_option("--seed", o.seed, "sampler seed (default 0)");
-  sub->add_option("-c,--ctx-size", o.ctx, "context positions (default min(model maximum, 4096))");
+  add_ctx_option(sub, o.ctx, "min(model maximum, 4096)");
   add_engine_options(sub, o.engine);
   return sub;
 }
@@ -45,7 +46,9 @@ int run_chat(const ChatCommandOptions& o) {
   const StopSignals stop_signals;  // SIGTERM/SIGINT: finish the current token, then exit 0
   if (o.n_predict < 1) throw UsageError("-n must be at least 1");
   const SamplerOptions so = sampler_options(o.temp, o.top_p, o.seed, o.top_k, o.min_p);
-  Session session(session_options(o.engine, o.model, o.ctx));
+  SessionOptions sess = session_options(o.engine, o.model, o.ctx);
+  check_ctx(o.ctx, read_model_config(o.model).max_position_embeddings);
+  Session session(std::move(sess));
   maybe_print_plan(o.engine, session);
   const text::Tokenizer& tok = session.tokenizer();
   const ModelConfig& c = session.config();
@@ -55,6 +58,17 @@ int run_chat(const ChatCommandOptions& o) {
 
   std::vector<text::ChatMessage> history;
   if (!o.system.empty()) history.push_back({"system", o.system, "", {}, ""});
+  {
+    // The chat format around an empty message (BOS, system prompt, user and assistant markers)
+    // plus one reply token must fit, or no message ever could: say so now, not at the first one.
+    std::vector<text::ChatMessage> empty = history;
+    empty.push_back({"user", "", "", {}, ""});
+    const size_t frame = tok.encode(text::render_chat(empty, co), false, true).size() + 1;
+    if (session.ctx() < frame)
+      throw UsageError(std::string(kCtxFlag) + " " + std::to_string(session.ctx()) +
+                       " is too small for chat: the chat format around an empty message and one reply token take " +
+                       std::to_string(frame) + " positions");
+  }
   // A line longer than any prompt the context can hold is skipped unread (text/prompt_limit.h).
   const uint64_t line_limit = text::prompt_byte_limit(tok, session.ctx());
   std::string line;

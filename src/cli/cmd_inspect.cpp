@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "format/gguf.h"
 #include "kernels/types.h"
+#include "model/load_checks.h"
 #include "model/schema.h"
 #include "util/error.h"
 
@@ -29,7 +30,9 @@ std::string tensor_type_name(GgmlType t) {
 }
 
 // One line of printable text: control bytes escaped, at most `limit` bytes of the original
-// (cut on a UTF-8 boundary), so a hostile file cannot garble the terminal.
+// (cut on a UTF-8 boundary), so a hostile file cannot garble the terminal. Quotes are left
+// as they are: this is a report for people, where an escaped quote reads as \"llama\" (the
+// --json output is the one to parse).
 std::string printable(const std::string& s, size_t limit = std::string::npos) {
   size_t cut = std::min(limit, s.size());
   while (cut < s.size() && cut > 0 && ((unsigned char)s[cut] & 0xC0) == 0x80) --cut;
@@ -38,7 +41,6 @@ std::string printable(const std::string& s, size_t limit = std::string::npos) {
     const unsigned char ch = (unsigned char)s[i];
     if (ch == '\n') out += "\\n";
     else if (ch == '\t') out += "\\t";
-    else if (ch == '"' || ch == '\\') out += std::string("\\") + (char)ch;
     else if (ch < 0x20 || ch == 0x7F) {
       char buf[8];
       std::snprintf(buf, sizeof buf, "\\x%02x", ch);
@@ -94,27 +96,40 @@ nlohmann::ordered_json value_json(const Value& v) {
 
 double gib(uint64_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
 
+// After the report: 0 when run would accept the file, else the first problem as the error.
+int verdict(const std::string& path, const std::vector<std::string>& problems) {
+  if (problems.empty()) return 0;
+  std::fflush(stdout);
+  std::string more;
+  if (problems.size() > 1) more = " (and " + std::to_string(problems.size() - 1) + " more problem(s), listed in the report)";
+  throw Error(with_path(path, problems.front()) + more);
+}
+
 }  // namespace
 
 CLI::App* setup_inspect(CLI::App& app, InspectOptions& o) {
   CLI::App* sub = app.add_subcommand(
       "inspect", "Summarise a GGUF: metadata, tensors, deepseek41 schema check and byte classes");
   sub->footer(
-      "Exit status: 0 whenever the file parses as GGUF (schema problems are listed; with --json under\n"
-      "\"errors\"); 1 when it does not parse (one error line on stderr, no report).");
+      "The checks are the ones `sluice run` makes before loading: architecture deepseek41, the\n"
+      "schema (keys, tensor names, shapes, types), what the engine supports, and the tokenizer.\n"
+      "Exit status: 0 when the file passes them; 1 when it parses as GGUF but fails one (the report\n"
+      "still goes to stdout, problems listed, with --json under \"errors\"; the first problem is the\n"
+      "one error line on stderr); 1 when it does not parse (one error line, no report).");
   sub->add_option("file", o.file, "GGUF file")->required();
-  sub->add_flag("--json", o.json, "print one JSON object instead of the text report");
+  sub->add_flag("--json", o.json, "print one JSON object instead of the text report (always with every tensor)");
+  sub->add_flag("--tensors", o.tensors, "include the tensor table in the text report (one row per tensor)");
   return sub;
 }
 
 int run_inspect(const InspectOptions& o) {
   const gguf::File f = open_gguf(o.file);
-  SchemaReport rep;
+  SchemaReport rep;  // the byte classes; the problems are load_problems', what run refuses
   try {
     rep = validate_deepseek41(f);
-  } catch (const Error& e) {  // the schema check should list problems, but never let it abort
-    rep.errors.push_back(e.what());
+  } catch (const Error&) {
   }
+  rep.errors = load_problems(f);
   const Value* arch = f.find("general.architecture");
   const bool has_arch = arch && arch->type == ValueType::STRING;
   uint64_t tensor_data = 0;
@@ -161,7 +176,7 @@ int run_inspect(const InspectOptions& o) {
     }
     // Strings in a hostile file need not be UTF-8: replace bad bytes instead of throwing.
     std::puts(j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace).c_str());
-    return 0;
+    return verdict(o.file, rep.errors);
   }
 
   std::printf("file         %s\n", o.file.c_str());
@@ -173,12 +188,15 @@ int run_inspect(const InspectOptions& o) {
   for (const auto& kv : f.kvs())
     std::printf("  %-58s %-12s %s\n", printable(kv.key).c_str(), type_label(kv.value).c_str(),
                 short_value(kv.value).c_str());
-  std::printf("\ntensors (%zu, %llu bytes)\n", f.tensors().size(), (unsigned long long)tensor_data);
-  std::printf("  %-40s %-8s %-24s %14s %16s\n", "name", "type", "ne", "bytes", "offset");
-  for (const auto& t : f.tensors())
-    std::printf("  %-40s %-8s %-24s %14llu %16llu\n", printable(t.name).c_str(),
-                tensor_type_name(t.type).c_str(), dims(t).c_str(), (unsigned long long)t.nbytes,
-                (unsigned long long)t.offset);
+  std::printf("\ntensors (%zu, %llu bytes)%s\n", f.tensors().size(), (unsigned long long)tensor_data,
+              o.tensors || f.tensors().empty() ? "" : ": the table with --tensors");
+  if (o.tensors) {
+    std::printf("  %-40s %-8s %-24s %14s %16s\n", "name", "type", "ne", "bytes", "offset");
+    for (const auto& t : f.tensors())
+      std::printf("  %-40s %-8s %-24s %14llu %16llu\n", printable(t.name).c_str(),
+                  tensor_type_name(t.type).c_str(), dims(t).c_str(), (unsigned long long)t.nbytes,
+                  (unsigned long long)t.offset);
+  }
   std::printf("\nbyte classes (tensor bytes, unaligned)\n");
   std::printf("  resident       %16llu  %9.3f GiB\n", (unsigned long long)rep.resident_bytes,
               gib(rep.resident_bytes));
@@ -197,7 +215,7 @@ int run_inspect(const InspectOptions& o) {
     std::printf("\nschema deepseek41: %zu problem(s)\n", rep.errors.size());
     for (const auto& e : rep.errors) std::printf("  - %s\n", printable(e).c_str());
   }
-  return 0;
+  return verdict(o.file, rep.errors);
 }
 
 }  // namespace sluice::cli

@@ -1,4 +1,4 @@
-// `sluice plan -m FILE --ctx N --mem-budget B [--chunk N] [--threads N] [--cache-policy P]
+// `sluice plan -m FILE -c N --mem-budget B [--chunk N] [--threads N] [--cache-policy P]
 //  [--allow-swap] [--json]`
 #include "cli/cmd_plan.h"
 
@@ -6,10 +6,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/budget_check.h"
 #include "cli/commands.h"
+#include "cli/context_option.h"
 #include "format/gguf.h"
 #include "model/schema.h"
 #include "runtime/admission.h"
+#include "runtime/session.h"
 #include "runtime/store_plan.h"
 #include "util/error.h"
 
@@ -23,7 +26,7 @@ CLI::App* setup_plan(CLI::App& app, PlanCommandOptions& o) {
       "--mem-budget auto = min(0.85 x MemAvailable, MemAvailable - 10% of MemTotal, 0.85 x cgroup headroom).\n"
       "Exit status: 0 when admitted; 1 when refused (the breakdown on stdout, one error line on stderr).");
   sub->add_option("-m,--model", o.model, "GGUF model file (only its header is read)")->required();
-  sub->add_option("-c,--ctx", o.ctx, "context length (positions per sequence)")->capture_default_str();
+  add_ctx_option(sub, o.ctx, "min(model maximum, 4096), as run and serve", /*ctx_alias=*/true);
   sub->add_option("--mem-budget", o.mem_budget, "memory budget: BYTES (e.g. 116GiB) or auto")->capture_default_str();
   sub->add_option("--chunk", o.chunk, "prefill chunk in tokens (default: the largest that fits)");
   sub->add_option("-t,--threads", o.threads, "compute threads (default: all cores)");
@@ -44,7 +47,7 @@ int run_plan(const PlanCommandOptions& o) {
     throw UsageError(e.what());
   }
   if (o.threads < 0) throw UsageError("--threads must not be negative");
-  po.ctx = o.ctx;
+  check_budget_on_host(po.budget, /*refuse_beyond_machine=*/false, false);
   po.chunk = o.chunk;
   po.threads = o.threads;
   po.allow_swap = o.allow_swap;
@@ -54,11 +57,20 @@ int run_plan(const PlanCommandOptions& o) {
   spo.plan = po;
   spo.store.policy = o.cache_policy == "lru-global" ? storage::EvictionKind::LruGlobal : storage::EvictionKind::LruPerLayer;
   const gguf::File f = open_gguf(o.model);
-  Plan p = plan_for_file(f, spo);
-  const SchemaReport rep = validate_deepseek41(f);
-  if (!rep.errors.empty())
-    p.warnings.push_back("the file has " + std::to_string(rep.errors.size()) +
-                         " schema problem(s), first: " + rep.errors.front() + " (see sluice inspect)");
+  const ModelConfig cfg = read_model_config(o.model);
+  check_ctx(o.ctx, cfg.max_position_embeddings);
+  spo.plan.ctx = o.ctx ? o.ctx : default_context(cfg.max_position_embeddings);
+  Plan p;
+  try {
+    p = plan_for_file(f, spo);
+  } catch (const Error& e) {
+    throw Error(with_path(o.model, e.what()));
+  }
+  // What run would refuse the file for (the same list as inspect's), as a warning: the plan
+  // itself needs only the header.
+  if (const std::vector<std::string> problems = load_problems(f); !problems.empty())
+    p.warnings.push_back("the file has " + std::to_string(problems.size()) +
+                         " problem(s) run would refuse it for, first: " + problems.front() + " (see sluice inspect)");
   if (o.json) std::printf("%s\n", plan_to_json(p).dump(2).c_str());
   else std::fputs(format_plan(p).c_str(), stdout);
   std::fflush(stdout);

@@ -11,7 +11,7 @@ namespace sluice::cli {
 
 struct PlanCommandOptions {
   std::string model;
-  uint32_t ctx = 4096;
+  uint32_t ctx = 0;  // 0: min(max_position_embeddings, 4096), the default of chat and serve
   std::string mem_budget = "auto";
   uint32_t chunk = 0;  // 0: the largest that fits
   int threads = 0;     // 0: all cores

@@ -23,7 +23,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/budget_check.h"
 #include "cli/commands.h"
+#include "cli/context_option.h"
 #include "cli/stop_signals.h"
 #include "model/config.h"
 #include "model/forward.h"
@@ -202,6 +204,8 @@ void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
   sub->add_option("-t,--threads", o.threads, "worker threads; 0 = all cores (default 0)");
   sub->add_option("--mem-budget", o.mem_budget, "memory budget: BYTES (e.g. 100GiB) or auto (default auto)");
   sub->add_flag("--allow-swap", o.allow_swap, "start even when swap is active");
+  sub->add_flag(kBudgetOverrideFlag, o.mem_budget_override,
+                "accept a --mem-budget above this machine's MemTotal + SwapTotal (refused otherwise)");
   sub->add_option("--cache-policy", o.cache_policy, "expert cache eviction: lru-per-layer (default) or lru-global")
       ->check(CLI::IsMember({"lru-per-layer", "lru-global"}));
   sub->add_option("--io-depth", o.io_depth, "expert reads in flight (default 16)");
@@ -228,6 +232,7 @@ SessionOptions session_options(const EngineCliOptions& e, const std::string& mod
   } catch (const Error& err) {
     throw UsageError(err.what());
   }
+  check_budget_on_host(so.budget, /*refuse_beyond_machine=*/true, e.mem_budget_override);
   so.allow_swap = e.allow_swap;
   so.stream_experts = !e.resident_experts;
   so.policy = e.cache_policy == "lru-global" ? storage::EvictionKind::LruGlobal : storage::EvictionKind::LruPerLayer;
@@ -336,8 +341,8 @@ CLI::App* setup_run(CLI::App& app, RunOptions& o) {
       "Output files appear only when the run ends well (written beside, then renamed); an existing\n"
       "OUT, OUT.json or non-empty DIR is refused unless --force; links and devices never are\n"
       "replaced (docs/files.md).\n"
-      "Context (-c): defaults to prompt + n, bounded by max_position_embeddings; state for it is\n"
-      "allocated up front.");
+      "Context (-c/--ctx-size): 0 or not given means prompt + n; at least 2 and at most the model's\n"
+      "max_position_embeddings; state for it is allocated up front.");
   sub->add_option("-m,--model", o.model, "deepseek41 GGUF file")->required();
   auto* tokens = sub->add_option("--tokens", o.tokens, "prompt token ids, comma-separated, e.g. 0,15,27");
   auto* prompt = sub->add_option("-p,--prompt", o.prompt, "prompt text");
@@ -352,7 +357,7 @@ CLI::App* setup_run(CLI::App& app, RunOptions& o) {
   sub->add_option("--top-p", o.top_p, "nucleus mass in [0, 1] (default 1.0)");
   add_topk_minp_options(sub, o.top_k, o.min_p);
   sub->add_option("--seed", o.seed, "sampler seed (default 0)");
-  sub->add_option("-c,--ctx-size", o.ctx, "context positions; 0 = prompt + n (default 0)");
+  add_ctx_option(sub, o.ctx, "prompt + n");
   sub->add_flag("--ignore-eos", o.ignore_eos, "keep generating after eos_token_id");
   sub->add_option("--dump-logits", o.dump_logits, "write every evaluated position's logits to this file");
   sub->add_option("--trace", o.trace_dir, "write per-position routing to DIR/trace.jsonl");
@@ -385,7 +390,7 @@ int run_run(const RunOptions& o) {
       cfg = config_from_gguf(header);
       if (text_mode) tok = std::make_unique<text::Tokenizer>(text::Tokenizer::from_gguf(header));
     } catch (const Error& e) {
-      throw Error(o.model + ": " + e.what());
+      throw Error(with_path(o.model, e.what()));
     }
   }
   if (text_mode) {
@@ -419,14 +424,13 @@ int run_run(const RunOptions& o) {
   const uint64_t prompt_n = ids.size();
   if (o.ctx != 0 && prompt_n + n_predict > o.ctx)
     throw UsageError("prompt (" + std::to_string(prompt_n) + " tokens) + -n " + std::to_string(n_predict) +
-                     " exceeds the context -c " + std::to_string(o.ctx));
+                     " exceeds the context " + kCtxFlag + " " + std::to_string(o.ctx));
   for (size_t i = 0; i < ids.size(); ++i)
     if (ids[i] >= cfg.vocab_size)
       throw Error("--tokens: id " + std::to_string(ids[i]) + " (item " + std::to_string(i + 1) +
                   ") is not below the model's vocabulary size " + std::to_string(cfg.vocab_size));
   const uint64_t max_pos = cfg.max_position_embeddings;
-  if (o.ctx > max_pos)
-    throw Error("-c " + std::to_string(o.ctx) + " exceeds the model's max_position_embeddings " + std::to_string(max_pos));
+  check_ctx(o.ctx, max_pos);
   if (prompt_n + n_predict > max_pos)
     throw Error("prompt (" + std::to_string(prompt_n) + " tokens) + -n " + std::to_string(n_predict) +
                 " exceeds the model's max_position_embeddings " + std::to_string(max_pos));

@@ -18,6 +18,7 @@ struct EngineCliOptions {
   int threads = 0;             // 0: all cores
   std::string mem_budget = "auto";
   bool allow_swap = false;
+  bool mem_budget_override = false;  // accept a --mem-budget above MemTotal + SwapTotal
   std::string cache_policy = "lru-per-layer";
   uint32_t io_depth = 16;
   bool no_prefetch = false;

@@ -16,6 +16,8 @@
 #include <memory>
 #include <thread>
 
+#include "cli/commands.h"
+#include "cli/context_option.h"
 #include "runtime/admission.h"
 #include "runtime/meminfo.h"
 #include "runtime/session.h"
@@ -28,7 +30,7 @@ namespace sluice::cli {
 CLI::App* setup_serve(CLI::App& app, ServeOptions& o) {
   CLI::App* cmd = app.add_subcommand("serve", "OpenAI- and Anthropic-compatible HTTP server");
   cmd->add_option("-m,--model", o.model, "GGUF model file")->required();
-  cmd->add_option("-c,--ctx-size", o.ctx, "context size in tokens (0: the default, min(trained, 4096))");
+  add_ctx_option(cmd, o.ctx, "min(model maximum, 4096)");
   cmd->add_option("--host", o.host, "address to bind (default 127.0.0.1: this machine only)");
   cmd->add_option("--port", o.port, "port to listen on (0: any free port; the bound port is printed)");
   cmd->add_option("--queue", o.queue, "requests that may wait behind the running one; more get 503 + Retry-After")
@@ -125,7 +127,11 @@ int run_serve(const ServeOptions& o) {
   so.host = o.host;
   so.port = o.port;
   so.queue_depth = o.queue;
-  so.max_body_bytes = parse_bytes(o.max_body, "--max-body");
+  try {
+    so.max_body_bytes = parse_bytes(o.max_body, "--max-body");
+  } catch (const Error& e) {
+    throw UsageError(e.what());  // a bad flag value: exit 2
+  }
   so.max_tokens_limit = o.max_tokens_limit;
   so.api_key = api_key(o);
   so.max_connections = o.max_connections;
@@ -142,7 +148,9 @@ int run_serve(const ServeOptions& o) {
   so.max_json_depth = o.max_json_depth;
 
   SessionOptions sess = session_options(o.engine, o.model, o.ctx);
-  if (!std::filesystem::exists(o.model)) throw Error("cannot open " + o.model + ": no such file");
+  // The header's checks (architecture, -c against the model) before listening: the model
+  // itself loads in the worker, after "listening" is printed.
+  check_ctx(o.ctx, check_model_file(o.model).max_position_embeddings);
 
   const std::string model_id = !o.alias.empty() ? o.alias : std::filesystem::path(o.model).stem().string();
   auto factory = [sess] {

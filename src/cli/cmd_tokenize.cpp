@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "model/architecture.h"
 #include "text/tokenizer.h"
 #include "util/read_file.h"
 
@@ -51,6 +52,10 @@ CLI::App* setup_tokenize(CLI::App& app, TokenizeOptions& o) {
 
 int run_tokenize(const TokenizeOptions& o) {
   const gguf::File f = open_gguf(o.model);
+  // A model file of another architecture is refused as such; a vocabulary-only file (no
+  // tensors, like data/deepseek-v3-vocab.gguf) is read for its tokenizer whatever it names.
+  if (!f.tensors().empty())
+    if (auto problem = architecture_problem(f)) throw Error(with_path(o.model, *problem));
   const text::Tokenizer tok = text::Tokenizer::from_gguf(f);
   std::string input = o.text;
   if (!o.text_given) {

@@ -9,6 +9,8 @@
 #include <CLI/CLI.hpp>
 
 #include "format/gguf.h"
+#include "model/config.h"
+#include "model/load_checks.h"
 #include "util/error.h"
 
 namespace sluice::cli {
@@ -28,6 +30,7 @@ int run_make_model(const MakeModelOptions& o);
 struct InspectOptions {
   std::string file;
   bool json = false;
+  bool tensors = false;  // the tensor table in the text report (--json always has it)
 };
 CLI::App* setup_inspect(CLI::App& app, InspectOptions& o);
 int run_inspect(const InspectOptions& o);
@@ -51,10 +54,28 @@ inline gguf::File open_gguf(const std::string& path) {
   try {
     return gguf::File::open(path);
   } catch (const Error& e) {
-    const std::string what = e.what();
-    if (what.find(path) != std::string::npos) throw;
-    throw Error(path + ": " + what);
+    throw Error(with_path(path, e.what()));
   }
+}
+
+// The model's config from its header (nothing else is read): the architecture check first, then
+// config_from_gguf; errors name the path once. For the checks a command makes at startup.
+inline ModelConfig read_model_config(const std::string& path) {
+  const gguf::File f = open_gguf(path);
+  try {
+    return config_from_gguf(f);
+  } catch (const Error& e) {
+    throw Error(with_path(path, e.what()));
+  }
+}
+
+// read_model_config plus every check run makes before loading (model/load_checks.h): for
+// serve, which loads in its worker after it is listening, so it refuses a bad file first.
+inline ModelConfig check_model_file(const std::string& path) {
+  const gguf::File f = open_gguf(path);
+  if (const std::vector<std::string> problems = load_problems(f); !problems.empty())
+    throw Error(with_path(path, problems.front()));
+  return read_model_config(path);
 }
 
 }  // namespace sluice::cli

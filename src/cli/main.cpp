@@ -1,6 +1,7 @@
 // The sluice command line: subcommand dispatch and the error/exit-code contract
 // (0 success, 1 error with one `sluice: error: ...` line on stderr, 2 usage error with a hint).
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -14,6 +15,7 @@
 #include "cli/cmd_serve.h"
 #include "cli/cmd_tokenize.h"
 #include "cli/cmd_watchdog.h"
+#include "util/error.h"
 #include "cli/commands.h"
 #include "runtime/watchdog.h"
 
@@ -51,39 +53,71 @@ std::string nearest(const std::string& word, const std::vector<std::string>& nam
   return best;
 }
 
-// "did you mean ...?" for the first unknown flag or subcommand in argv, plus where to look.
-std::string usage_hint(CLI::App& app, int argc, char** argv) {
+// A negative number is a value ("-c -1"), never a misspelt flag: no "did you mean -h?" for it.
+bool is_number(const std::string& a) {
+  size_t i = a[0] == '-' || a[0] == '+' ? 1 : 0;
+  if (i == a.size()) return false;
+  bool digit = false;
+  for (; i < a.size(); ++i) {
+    if (std::isdigit((unsigned char)a[i])) digit = true;
+    else if (a[i] != '.' && a[i] != 'e' && a[i] != 'E' && a[i] != '-' && a[i] != '+') return false;
+  }
+  return digit;
+}
+
+// What was wrong on the command line and where to look: the subcommand named in argv, the
+// first word that is neither one of its flags nor a number (argv after "--" is a command for
+// `sluice watchdog`, not ours), and the closest known name to it.
+struct Usage {
   CLI::App* sub = nullptr;
+  std::string unknown;     // e.g. "--tempp" or, with no subcommand, "inspekt"
+  std::string suggestion;  // e.g. "--temp"; "" when nothing is close
+  std::string hint() const {
+    std::string h = suggestion.empty() ? "" : "did you mean " + suggestion + "? ";
+    h += sub ? "run 'sluice " + sub->get_name() + " --help' for its options"
+             : "run 'sluice --help' for the list of commands";
+    return h;
+  }
+};
+
+Usage find_usage(CLI::App& app, int argc, char** argv) {
+  Usage u;
   std::vector<std::string> sub_names;
   for (CLI::App* s : app.get_subcommands([](CLI::App*) { return true; })) sub_names.push_back(s->get_name());
-  int first_arg = 1;
-  for (; first_arg < argc; ++first_arg) {
-    const std::string a = argv[first_arg];
+  int end = argc;
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--") { end = i; break; }
+  for (int i = 1; i < end; ++i) {
+    const std::string a = argv[i];
     if (std::find(sub_names.begin(), sub_names.end(), a) != sub_names.end()) {
-      sub = app.get_subcommand(a);
+      u.sub = app.get_subcommand(a);
       break;
     }
   }
-  CLI::App& scope = sub ? *sub : app;
+  CLI::App& scope = u.sub ? *u.sub : app;
   std::vector<std::string> flags;
   for (const CLI::Option* opt : scope.get_options()) {
     for (const auto& l : opt->get_lnames()) flags.push_back("--" + l);
     for (const auto& s : opt->get_snames()) flags.push_back("-" + s);
   }
-  std::string suggestion;
-  for (int i = 1; i < argc && suggestion.empty(); ++i) {
+  for (int i = 1; i < end && u.unknown.empty(); ++i) {
     std::string a = argv[i];
-    if (a.size() > 1 && a[0] == '-') {
+    if (a.size() > 1 && a[0] == '-' && !is_number(a)) {
       a = a.substr(0, a.find('='));
-      if (std::find(flags.begin(), flags.end(), a) == flags.end()) suggestion = nearest(a, flags);
-    } else if (!sub && i == 1) {
-      suggestion = nearest(a, sub_names);
+      if (std::find(flags.begin(), flags.end(), a) == flags.end()) u.unknown = a, u.suggestion = nearest(a, flags);
+    } else if (!u.sub && i == 1) {
+      u.unknown = a, u.suggestion = nearest(a, sub_names);
     }
   }
-  std::string hint = suggestion.empty() ? "" : "did you mean " + suggestion + "? ";
-  hint += sub ? "run 'sluice " + sub->get_name() + " --help' for its options"
-              : "run 'sluice --help' for the list of commands";
-  return hint;
+  return u;
+}
+
+// CLI11's own text for a parse error, except where it garbles: "The following arguments were
+// not expected: 1 --tempp" lists the unknown flag after its value, in reverse order.
+std::string parse_error_text(const CLI::ParseError& e, const Usage& u) {
+  if (!u.sub && !u.unknown.empty() && u.unknown[0] != '-') return "unknown command " + u.unknown;
+  if (dynamic_cast<const CLI::ExtrasError*>(&e) && !u.unknown.empty()) return "unknown option " + u.unknown;
+  return one_line(e.what());
 }
 
 }  // namespace
@@ -119,8 +153,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::Success& e) {  // --help, --version
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "sluice: error: %s (%s)\n", one_line(e.what()).c_str(),
-                 usage_hint(app, argc, argv).c_str());
+    const Usage u = find_usage(app, argc, argv);
+    std::fprintf(stderr, "sluice: error: %s (%s)\n", parse_error_text(e, u).c_str(), u.hint().c_str());
     return 2;
   }
 
@@ -131,7 +165,13 @@ int main(int argc, char** argv) {
                                        : serve_cmd->parsed() ? &serve.engine.watchdog
                                                              : nullptr;
     if (watchdog_spec && !watchdog_spec->empty() && !sluice::under_watchdog()) {
-      const auto [soft, hard] = sluice::parse_watchdog_spec(*watchdog_spec);
+      std::pair<uint64_t, uint64_t> limits;
+      try {
+        limits = sluice::parse_watchdog_spec(*watchdog_spec);
+      } catch (const sluice::Error& e) {
+        throw UsageError(e.what());  // a bad flag value, like every other one: exit 2
+      }
+      const auto [soft, hard] = limits;
       return sluice::run_under_watchdog(std::vector<std::string>(argv, argv + argc), soft, hard);
     }
     if (make_model_cmd->parsed()) return sluice::cli::run_make_model(make_model);
@@ -148,7 +188,7 @@ int main(int argc, char** argv) {
   } catch (const UsageError& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "sluice: error: %s (%s)\n", one_line(e.what()).c_str(),
-                 usage_hint(app, argc, argv).c_str());
+                 find_usage(app, argc, argv).hint().c_str());
     return 2;
   } catch (const std::exception& e) {
     std::fflush(stdout);

@@ -296,6 +296,12 @@ File File::open(const std::string& path, const Limits& lim) {
     throw FormatError("magic", 0, std::string("bad magic ") + hex + ", not a GGUF file");
   }
   f.version_ = c.get<uint32_t>("version");
+  // A big-endian writer stores version 2 or 3 byte-swapped (0x02000000, 0x03000000); every
+  // other field is swapped too, so the file is unreadable here, and "version 50331648" would
+  // send the user looking for a GGUF version that does not exist.
+  if (const uint32_t swapped = __builtin_bswap32(f.version_); swapped == 2 || swapped == kVersion)
+    throw FormatError("version", 4, "big-endian GGUF is not supported (version field reads " +
+                                        std::to_string(swapped) + " byte-swapped); sluice reads little-endian GGUF");
   // Low 16 bits zero is how a byte-swapped (big-endian) version shows up.
   if (f.version_ < 2 || f.version_ > kVersion || (f.version_ & 0xFFFF) == 0)
     throw FormatError("version", 4, "unsupported GGUF version " + std::to_string(f.version_) + " (need 2 or 3)");

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "format/gguf.h"
+#include "model/architecture.h"
 #include "model/config.h"
 #include "util/error.h"
 
@@ -94,6 +95,8 @@ bool gguf_supplies(const gguf::File& f, const std::string& k) {
 }  // namespace
 
 ModelConfig config_from_gguf(const gguf::File& f, std::vector<std::string>* disagreements) {
+  // First: a file of another architecture must not be read as a deepseek41 one.
+  require_deepseek41(f);
   // Base: the published values, overlaid with deepseek41.config when present.
   ModelConfig c = published_config();
   c.engram_token_map.clear();

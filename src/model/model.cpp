@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "kernels/cpu.h"
+#include "model/load_checks.h"
 #include "model/schema.h"
 #include "util/error.h"
 
@@ -102,10 +103,6 @@ class Loader {
   uint64_t done_ = 0, total_ = 0;
 };
 
-void require(bool ok, const std::string& path, const std::string& what) {
-  if (!ok) throw Error(path + ": unsupported model: " + what);
-}
-
 }  // namespace
 
 std::unique_ptr<Model> load_model(const std::string& gguf_path, const LoadOptions& o) {
@@ -121,15 +118,8 @@ std::unique_ptr<Model> load_model(const std::string& gguf_path, const LoadOption
   m.config = config_from_gguf(m.file);
   m.roles = layer_roles(m.config);
   const ModelConfig& c = m.config;
-  const std::string& p = gguf_path;
-  require(c.num_key_value_heads == 1, p, "num_key_value_heads must be 1 (MQA, K = V)");
-  require(c.scoring_func == "sqrtsoftplus", p, "scoring_func " + c.scoring_func);
-  require(c.hidden_act == "silu", p, "hidden_act " + c.hidden_act);
-  require(c.n_shared_experts == 1, p, "n_shared_experts must be 1");
-  require(c.qk_rope_head_dim % 2 == 0 && c.qk_rope_head_dim <= c.head_dim &&
-              c.qk_rope_head_dim <= c.index_head_dim, p, "qk_rope_head_dim must be even and fit the heads");
-  require(c.head_dim % 32 == 0 && c.index_head_dim % 32 == 0, p, "head_dim and index_head_dim must be multiples of 32");
-  require(c.num_attention_heads % c.o_groups == 0, p, "num_attention_heads must be a multiple of o_groups");
+  if (const std::vector<std::string> unsupported = support_problems(c); !unsupported.empty())
+    throw Error(gguf_path + ": " + unsupported.front());
 
   Loader ld(m, o);
   m.token_embd = ld.weight("token_embd.weight");

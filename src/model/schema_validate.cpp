@@ -2,6 +2,7 @@
 #include <map>
 #include <set>
 
+#include "model/architecture.h"
 #include "model/schema.h"
 #include "util/error.h"
 
@@ -89,11 +90,9 @@ SchemaReport validate_deepseek41(const gguf::File& f) {
     else rep.resident_bytes += t.nbytes;
   }
 
-  const gguf::Value* arch = f.find("general.architecture");
-  if (!arch || arch->type != ValueType::STRING) {
-    err("general.architecture is missing");
-  } else if (arch->s != "deepseek41") {
-    err("general.architecture is \"" + arch->s + "\", expected \"deepseek41\"");
+  // Nothing else is checked in a file of another architecture: its keys mean something else.
+  if (auto problem = architecture_problem(f)) {
+    err(*problem);
     return rep;
   }
   const bool have_config = f.find("deepseek41.config") != nullptr;

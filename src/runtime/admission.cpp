@@ -297,9 +297,9 @@ std::string swap_description(const HostFacts& host) {
 
 Plan make_plan(const ModelFootprint& fp, const PlanOptions& o, const HostFacts& host) {
   const ModelConfig& c = fp.config;
-  if (o.ctx == 0) throw Error("--ctx must be at least 1");
+  if (o.ctx == 0) throw Error("-c/--ctx-size must be at least 1");
   if (o.ctx > c.max_position_embeddings)
-    throw Error("--ctx " + num(o.ctx) + " exceeds the model's max_position_embeddings " + num(c.max_position_embeddings));
+    throw Error("-c/--ctx-size " + num(o.ctx) + " exceeds the model's max_position_embeddings " + num(c.max_position_embeddings));
   if (o.sequences == 0) throw Error("sequences must be at least 1");
   if (o.threads < 0) throw Error("--threads must not be negative");
   if (o.io_align == 0 || (o.io_align & (o.io_align - 1)) != 0) throw Error("io_align must be a power of two");
@@ -333,7 +333,7 @@ Plan make_plan(const ModelFootprint& fp, const PlanOptions& o, const HostFacts& 
       p.warnings.push_back("the budget " + format_bytes(o.budget.bytes) + " is more than MemAvailable now (" +
                            format_bytes(host.mem.available) + ")");
   }
-  if (o.chunk > o.ctx) p.warnings.push_back("--chunk " + num(o.chunk) + " is larger than --ctx: using " + num(o.ctx));
+  if (o.chunk > o.ctx) p.warnings.push_back("--chunk " + num(o.chunk) + " is larger than -c/--ctx-size: using " + num(o.ctx));
 
   p.cache_per_layer = o.cache_per_layer;
   auto cap = [&](uint64_t slots) { return union_capacity(slots, c.num_hidden_layers, c.n_routed_experts, o.cache_per_layer); };
@@ -377,7 +377,7 @@ Plan make_plan(const ModelFootprint& fp, const PlanOptions& o, const HostFacts& 
   p.max_chunk_for_cache = p.union_capacity >= p.n_expert ? o.ctx : (uint32_t)(p.union_capacity / p.top_k);
   p.unused_bytes = sat_sub(p.budget, p.planned_bytes());
 
-  const std::string reduce = "raise --mem-budget or lower --ctx, --chunk or --threads";
+  const std::string reduce = "raise --mem-budget or lower -c/--ctx-size, --chunk or --threads";
   const std::string holds_per_layer =
       o.cache_per_layer ? " (" + num(p.union_capacity) + " per layer under lru-per-layer)" : std::string();
   if (!chosen.fits_mandatory) {

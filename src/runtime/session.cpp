@@ -8,6 +8,7 @@
 
 #include "format/gguf.h"
 #include "model/forward.h"
+#include "model/load_checks.h"
 #include "model/model.h"
 #include "model/streamed_experts.h"
 #include "runtime/meminfo.h"
@@ -70,12 +71,14 @@ Session::Session(SessionOptions o) : impl_(std::make_unique<Impl>()) {
   s.opt = std::move(o);
   const SessionOptions& opt = s.opt;
   if (opt.threads < 0) throw Error("threads must not be negative");
-  {
+  try {
     gguf::File header = gguf::File::open(opt.model_path);
     const ModelConfig cfg = config_from_gguf(header);
     s.tokenizer = std::make_unique<text::Tokenizer>(text::Tokenizer::from_gguf(header));
+    // Before planning and loading, as inspect reports it (model/load_checks.h).
+    if (const std::string p = vocab_fit_problem(*s.tokenizer, cfg); !p.empty()) throw Error(p);
     StorePlanOptions spo;
-    spo.plan.ctx = opt.ctx ? opt.ctx : std::min<uint32_t>(cfg.max_position_embeddings, 4096);
+    spo.plan.ctx = opt.ctx ? opt.ctx : default_context(cfg.max_position_embeddings);
     spo.plan.chunk = opt.chunk;
     spo.plan.threads = opt.threads;
     spo.plan.budget = opt.budget;
@@ -86,14 +89,13 @@ Session::Session(SessionOptions o) : impl_(std::make_unique<Impl>()) {
     spo.stream_experts = opt.stream_experts;
     s.plan = plan_for_file(header, spo);
     require_admitted(s.plan);
+  } catch (const Error& e) {  // every error about the file names it once, as run's do
+    throw Error(with_path(opt.model_path, e.what()));
   }
   LoadOptions lo;
   lo.resident_experts = !opt.stream_experts;
   if (opt.progress) lo.progress = [&](uint64_t done, uint64_t total) { opt.progress("loading weights", done, total); };
   s.model = load_model(opt.model_path, lo);
-  if (s.model->config.vocab_size < (uint32_t)s.tokenizer->n_vocab())
-    throw Error(opt.model_path + ": the tokenizer has " + std::to_string(s.tokenizer->n_vocab()) +
-                " tokens but vocab_size is " + std::to_string(s.model->config.vocab_size));
   EngineOptions eo;
   eo.threads = s.plan.threads;
   eo.ctx = s.plan.ctx;

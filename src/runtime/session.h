@@ -25,6 +25,11 @@ namespace sluice {
 namespace text { class Tokenizer; }
 class Model;
 
+// The context a session gets for ctx 0 (what chat, serve and plan use without -c).
+inline uint32_t default_context(uint64_t max_position_embeddings) {
+  return max_position_embeddings < 4096 ? (uint32_t)max_position_embeddings : 4096u;
+}
+
 struct SessionOptions {
   std::string model_path;
   uint32_t ctx = 0;              // 0: min(max_position_embeddings, 4096)

@@ -19,4 +19,10 @@ struct FormatError : Error {
   unsigned long long offset;
 };
 
+// "path: what", unless `what` already names the path: readers below (the GGUF file, the
+// tokenizer) add it themselves, and each layer adding it again printed "X: X: ...".
+inline std::string with_path(const std::string& path, const std::string& what) {
+  return what.find(path) != std::string::npos ? what : path + ": " + what;
+}
+
 }  // namespace sluice
