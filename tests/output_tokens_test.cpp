@@ -40,7 +40,10 @@ TEST(OutputTokens, ServerHidesControlTokensInBothApis) {
                           {"messages", msgs}, {"thinking", {{"type", "enabled"}}}};
   const Response a = s.post("/v1/messages", anthropic);
   ASSERT_EQ(a.status, 200) << a.body;
-  for (const json& block : json::parse(a.body)["content"]) {
+  // Keep the parsed body alive: a range-for over json::parse(...)["content"] would walk a
+  // destroyed temporary.
+  const json answer = json::parse(a.body);
+  for (const json& block : answer["content"]) {
     EXPECT_FALSE(has_control_text(block.value("text", ""))) << block;
     EXPECT_FALSE(has_control_text(block.value("thinking", ""))) << block;
   }

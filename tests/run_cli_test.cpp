@@ -331,14 +331,14 @@ TEST_F(RunCli, BadArgumentsGiveOneErrorLine) {
   expect_error("--tokens 1,,3 -n 2", 2, "--tokens");
   expect_error("--tokens -1 -n 2", 2, "");
   expect_error("--tokens 99999999999999999999999 -n 2", 2, "--tokens");
-  expect_error("--tokens 1,512 -n 2", 1, "512");  // vocab_size 512
+  expect_error("--tokens 1,512 -n 2", 2, "512");  // vocab_size 512
   expect_error("--tokens 1,2 -n 2 --temp -1", 2, "temperature");
   // top_p 0 is valid (only the most likely token; the server's range, docs/server.md).
   expect_error("--tokens 1,2 -n 2 --temp 1 --top-p -0.5", 2, "top_p");
   expect_error("--tokens 1,2 -n 2 --temp 1 --top-p 1.5", 2, "top_p");
   expect_error("--tokens 1,2 -n 2 --temp 1 --min-p 2", 2, "min_p");
   expect_error("--tokens 1,2,3 -n 3 -c 5", 2, "--ctx-size 5");
-  expect_error("--tokens 1,2 -n 5000", 1, "max_position_embeddings");
+  expect_error("--tokens 1,2 -n 5000", 2, "max_position_embeddings");
   expect_error("--tokens 1,2 -n 2 -c 5000", 2, "max_position_embeddings");
   expect_error("--tokens 1,2 -n 2 --chunk 0", 2, "chunk");
   expect_error("--tokens 1,2 -n -3", 2, "-n");

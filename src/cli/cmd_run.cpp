@@ -427,13 +427,13 @@ int run_run(const RunOptions& o) {
                      " exceeds the context " + kCtxFlag + " " + std::to_string(o.ctx));
   for (size_t i = 0; i < ids.size(); ++i)
     if (ids[i] >= cfg.vocab_size)
-      throw Error("--tokens: id " + std::to_string(ids[i]) + " (item " + std::to_string(i + 1) +
-                  ") is not below the model's vocabulary size " + std::to_string(cfg.vocab_size));
+      throw UsageError("--tokens: id " + std::to_string(ids[i]) + " (item " + std::to_string(i + 1) +
+                       ") is not below the model's vocabulary size " + std::to_string(cfg.vocab_size));
   const uint64_t max_pos = cfg.max_position_embeddings;
   check_ctx(o.ctx, max_pos);
   if (prompt_n + n_predict > max_pos)
-    throw Error("prompt (" + std::to_string(prompt_n) + " tokens) + -n " + std::to_string(n_predict) +
-                " exceeds the model's max_position_embeddings " + std::to_string(max_pos));
+    throw UsageError("prompt (" + std::to_string(prompt_n) + " tokens) + -n " + std::to_string(n_predict) +
+                     " exceeds the model's max_position_embeddings " + std::to_string(max_pos));
   const uint64_t ctx = o.ctx != 0 ? o.ctx : std::max<uint64_t>(1, prompt_n + n_predict);
 
   // Output files before the (long) load, so a path they may not use is refused at once.
