@@ -359,7 +359,7 @@ TEST_F(RunCli, BadArgumentsGiveOneErrorLine) {
   EXPECT_TRUE(r.out.empty());
   // A failed run leaves no logits file behind.
   const std::string dump = path("never.f32");
-  expect_error("--tokens 1,512 -n 2 --dump-logits " + q(dump), 1, "512");
+  expect_error("--tokens 1,512 -n 2 --dump-logits " + q(dump), 2, "512");
   EXPECT_FALSE(fs::exists(dump));
 }
 
