@@ -36,8 +36,18 @@ struct Response {
   std::string body;
 };
 
-inline int connect_to(int port) {
+// from: the loopback source address, host order (127.0.0.2 for "another client than the rest").
+inline int connect_to(int port, uint32_t from = INADDR_LOOPBACK) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (from != INADDR_LOOPBACK) {
+    sockaddr_in b{};
+    b.sin_family = AF_INET;
+    b.sin_addr.s_addr = htonl(from);
+    if (::bind(fd, (sockaddr*)&b, sizeof b) != 0) {
+      ::close(fd);
+      return -1;
+    }
+  }
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons((uint16_t)port);
@@ -176,8 +186,8 @@ class Server {
   int port() const { return port_; }
   pid_t pid() const { return pid_; }
 
-  Response roundtrip(const std::string& raw, double timeout_s = 60) const {
-    const int fd = connect_to(port_);
+  Response roundtrip(const std::string& raw, double timeout_s = 60, uint32_t from = INADDR_LOOPBACK) const {
+    const int fd = connect_to(port_, from);
     if (fd < 0) return {};
     send_all(fd, raw);
     const std::string r = read_all(fd, timeout_s);
