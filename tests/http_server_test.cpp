@@ -20,31 +20,15 @@
 
 #include "server/http.h"
 
+#include "server_harness.h"
+
 namespace sluice::server {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Connects to 127.0.0.1:port from the loopback address `from` (127.0.0.x: distinct clients).
-int connect_from(int port, const char* from = "127.0.0.1") {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in src{};
-  src.sin_family = AF_INET;
-  ::inet_pton(AF_INET, from, &src.sin_addr);
-  if (::bind(fd, (sockaddr*)&src, sizeof src) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons((uint16_t)port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, (sockaddr*)&a, sizeof a) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
+// 127.0.0.x source addresses are distinct clients to the server.
+using sluice::test::connect_to;
 
 void send_all(int fd, const std::string& s) {
   size_t off = 0;
@@ -155,13 +139,13 @@ TEST(HttpTransport, RefusalAtTheLimitReachesTheClient) {
   Transport t(small_limits());
   std::vector<int> busy;
   for (int i = 0; i < 4; ++i) {
-    busy.push_back(connect_from(t.port()));
+    busy.push_back(connect_to(t.port()));
     send_all(busy.back(), "GET /block HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
   }
   ASSERT_TRUE(t.wait_blocked(4));
   // The client writes its whole request before it reads, as most HTTP clients do; a server that
   // closes on unread input resets the connection and the write fails before the answer is read.
-  const int fd = connect_from(t.port());
+  const int fd = connect_to(t.port());
   const std::string body(2 << 20, 'a');
   bool wrote = send_all_checked(fd, "POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) +
                                         "\r\n\r\n");
@@ -189,13 +173,13 @@ TEST(HttpTransport, SlowSendersDoNotLockOutNewClients) {
   Transport t(small_limits());
   std::vector<int> slow;
   for (int i = 0; i < 4; ++i) {
-    slow.push_back(connect_from(t.port()));
+    slow.push_back(connect_to(t.port()));
     send_all(slow.back(), "GET /health HTTP/1.1\r\n");
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(150));  // quiet long enough to be dropped
   const auto t0 = Clock::now();
-  const int fd = connect_from(t.port());
+  const int fd = connect_to(t.port());
   send_all(fd, kGet);
   const std::string got = read_until_close(fd, 5);
   EXPECT_EQ(status_of(got), 200) << got;
@@ -213,7 +197,7 @@ TEST(HttpTransport, RequestDeadlineCoversTheWholeHead) {
   HttpLimits l = small_limits();
   l.request_timeout_ms = 1000;
   Transport t(l);
-  const int fd = connect_from(t.port());
+  const int fd = connect_to(t.port());
   const auto t0 = Clock::now();
   send_all(fd, "GET /health HTTP/1.1\r\n");
   std::atomic<bool> done{false};
@@ -242,13 +226,13 @@ TEST(HttpTransport, OneAddressHoldsOnlyItsShareOfReadingSlots) {
   Transport t(l);
   std::vector<int> other;
   for (int i = 0; i < 2; ++i) {
-    other.push_back(connect_from(t.port(), "127.0.0.2"));
+    other.push_back(connect_to(t.port(), 0x7f000002));
     ASSERT_GE(other.back(), 0);
     send_all(other.back(), "GET /health HTTP/1.1\r\n");
   }
   std::vector<int> mine;
   for (int i = 0; i < 3; ++i) {
-    mine.push_back(connect_from(t.port()));
+    mine.push_back(connect_to(t.port()));
     send_all(mine.back(), "GET /health HTTP/1.1\r\n");
     std::this_thread::sleep_for(std::chrono::milliseconds(150));  // the first is the quietest
   }
@@ -272,17 +256,17 @@ TEST(HttpTransport, ReservedSlotsKeepHealthAnswerable) {
   Transport t(l);
   std::vector<int> busy;
   for (int i = 0; i < 3; ++i) {
-    busy.push_back(connect_from(t.port()));
+    busy.push_back(connect_to(t.port()));
     send_all(busy.back(), "GET /block HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
   }
   ASSERT_TRUE(t.wait_blocked(3));
-  int fd = connect_from(t.port());
+  int fd = connect_to(t.port());
   send_all(fd, "GET /block HTTP/1.1\r\nHost: x\r\n\r\n");
   const std::string refused = read_until_close(fd, 5);
   EXPECT_EQ(status_of(refused), 503) << refused;
   EXPECT_NE(refused.find("kept for /health"), std::string::npos);
   ::close(fd);
-  fd = connect_from(t.port());
+  fd = connect_to(t.port());
   send_all(fd, kGet);
   EXPECT_EQ(status_of(read_until_close(fd, 5)), 200);
   ::close(fd);
