@@ -95,8 +95,8 @@ TEST_F(SessionCheckpoints, DivergingPromptRestartsFromTheLastCheckpointBeforeIt)
   const std::vector<uint32_t> a = tokens(60, 1);
   const GenerateResult ra = s.generate(request(a, 4), {}, {});
   EXPECT_EQ(ra.reused_tokens, 0u);
-  // Checkpoints at 16, 32, 48 (chunks of 8 pass them) and at the prompt's end, 60.
-  EXPECT_EQ(s.stats().checkpoints, 4u);
+  // Checkpoints at 16, 32, 48 (chunks of 8 pass them) and at the prompt's end, 59 and 60.
+  EXPECT_EQ(s.stats().checkpoints, 5u);
 
   // b shares a's first 37 tokens: the newest checkpoint at or before 37 is 32.
   std::vector<uint32_t> b = tokens(70, 2);
@@ -150,6 +150,23 @@ TEST_F(SessionCheckpoints, PromptEndCheckpointServesARetryAndAnEditedAnswer) {
   EXPECT_EQ(e.reused_tokens, 21u);
   Session fresh(opts(false));
   EXPECT_EQ(fresh.generate(request(edited, 4), {}, {}).tokens, e.tokens);
+}
+
+// The next turn of a thinking conversation: the chat format drops the reasoning, so the
+// generation prompt's last token (`<think>`) becomes another (`</think>`) and the prompt
+// diverges just before its last token. The checkpoint there serves it.
+TEST_F(SessionCheckpoints, PromptDivergingAtItsLastTokenRestartsBeforeIt) {
+  Session s(opts());
+  const std::vector<uint32_t> a = tokens(45, 8);
+  s.generate(request(a, 3), {}, {});
+  std::vector<uint32_t> next(a.begin(), a.end() - 1);
+  next.push_back(a.back() == 9 ? 10u : 9u);
+  const std::vector<uint32_t> more = tokens(12, 9);
+  next.insert(next.end(), more.begin(), more.end());
+  const GenerateResult g = s.generate(request(next, 3), {}, {});
+  EXPECT_EQ(g.reused_tokens, 44u);
+  Session fresh(opts(false));
+  EXPECT_EQ(fresh.generate(request(next, 3), {}, {}).tokens, g.tokens);
 }
 
 // Interval checkpoints are also taken while decoding (a prompt may include generated tokens).
@@ -278,6 +295,17 @@ TEST(CheckpointSet, DropsTheSmallestGapButKeepsTheNewestPromptEnd) {
   add(s, 700, 400);
   EXPECT_EQ(positions(s), (std::vector<uint32_t>{700}));
   EXPECT_THROW(s.add(fake(650, 10)), Error);  // not after the newest
+}
+
+TEST(CheckpointSet, KeepsBothCheckpointsOfTheNewestPromptEnd) {
+  CheckpointSet s(300);
+  add(s, 100, 100);
+  add(s, 199, 100, true);
+  add(s, 200, 100, true);
+  add(s, 210, 100);  // 199 leaves the smallest gap, but it is the newest prompt's
+  EXPECT_EQ(positions(s), (std::vector<uint32_t>{199, 200, 210}));
+  add(s, 300, 100);
+  EXPECT_EQ(positions(s), (std::vector<uint32_t>{199, 200, 300}));
 }
 
 TEST(CheckpointSet, FindsTheNewestUsableAndDropsThoseAfterARollback) {

@@ -8,15 +8,18 @@
 namespace sluice {
 
 size_t CheckpointSet::victim(uint32_t next_pos) const {
-  // The newest prompt end is where the next request of a conversation most often diverges
-  // (a client re-rendering the last answer differently): kept while anything else can go.
-  size_t keep = items_.size();
-  for (size_t i = items_.size(); i-- > 0;)
-    if (items_[i].prompt_end) { keep = i; break; }
+  // The newest prompt's end (its last token and the one before) is where the next request of
+  // a conversation most often diverges (the client re-renders the last answer or the
+  // generation prompt differently): kept while anything else can go.
+  uint64_t newest_end = 0;
+  bool any_end = false;
+  for (const SessionCheckpoint& c : items_)
+    if (c.prompt_end) newest_end = c.pos(), any_end = true;
+  auto kept = [&](const SessionCheckpoint& c) { return any_end && c.prompt_end && c.pos() + 1ull >= newest_end; };
   size_t best = items_.size();
   uint64_t best_gap = std::numeric_limits<uint64_t>::max();
   for (size_t i = 0; i < items_.size(); ++i) {
-    if (i == keep) continue;
+    if (kept(items_[i])) continue;
     const uint64_t prev = i ? items_[i - 1].pos() : 0;
     const uint64_t next = i + 1 < items_.size() ? items_[i + 1].pos() : next_pos;
     if (next - prev < best_gap) {  // strict: the oldest wins ties

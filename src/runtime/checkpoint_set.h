@@ -14,7 +14,7 @@ namespace sluice {
 struct SessionCheckpoint {
   SequenceCheckpoint seq;
   std::vector<float> logits;  // the row after the last token; only at the end of a prompt
-  bool prompt_end = false;
+  bool prompt_end = false;    // taken at the end of a prompt (after its last token or before it)
   uint32_t pos() const { return seq.pos; }
   uint64_t bytes() const { return seq.bytes() + logits.size() * sizeof(float); }
 };

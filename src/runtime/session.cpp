@@ -70,11 +70,11 @@ struct Session::Impl {
   void take_checkpoint(bool prompt_end) {
     const uint32_t pos = state.position();
     if (pos == 0) return;
-    if (const SessionCheckpoint* held = checkpoints.at(pos); held && (!prompt_end || !held->logits.empty())) {
-      if (prompt_end) checkpoints.mark_prompt_end(pos);
-      return;
-    }
     const bool with_logits = prompt_end && !last_logits.empty();
+    if (const SessionCheckpoint* held = checkpoints.at(pos)) {
+      if (prompt_end) checkpoints.mark_prompt_end(pos);
+      if (!with_logits || !held->logits.empty()) return;
+    }
     const uint64_t need = checkpoint_bytes(model->config, pos) + (with_logits ? last_logits.size() * sizeof(float) : 0);
     if (checkpoints.make_room(pos, need)) {
       SessionCheckpoint c;
@@ -228,11 +228,17 @@ GenerateResult Session::generate(const GenerateRequest& r, const std::function<b
   const auto t_prefill = Clock::now();
   const uint32_t total = (uint32_t)r.prompt.size();
   bool cancelled = on_prefill && !on_prefill((uint32_t)s.history.size(), total);
+  // The prompt's end gets two checkpoints: after its last token (with the logits row: the same
+  // prompt again needs no prefill) and before it, where the next turn of a thinking
+  // conversation diverges (the generation prompt's `<think>` becomes `</think>` once the chat
+  // format drops the reasoning). The second costs one extra one-token chunk per request.
+  const size_t before_last = r.prompt.size() - 1;
   while (!cancelled && s.history.size() < r.prompt.size()) {
-    const size_t n = std::min<size_t>(s.plan.chunk, r.prompt.size() - s.history.size());
+    size_t n = std::min<size_t>(s.plan.chunk, r.prompt.size() - s.history.size());
+    if (s.history.size() < before_last && s.history.size() + n > before_last) n = before_last - s.history.size();
     const bool last_piece = s.history.size() + n == r.prompt.size();
-    // The last piece's checkpoint is the prompt-end one below, with its logits.
     s.eval(std::span<const uint32_t>(r.prompt.data() + s.history.size(), n), r.observer, last_piece, !last_piece);
+    if (s.history.size() == before_last) s.take_checkpoint(/*prompt_end=*/true);
     cancelled = on_prefill && !on_prefill((uint32_t)s.history.size(), total);
   }
   if (s.history.size() == r.prompt.size()) s.take_checkpoint(/*prompt_end=*/true);

@@ -49,12 +49,12 @@ struct SessionOptions {
   bool prefetch = true;          // next-layer router hints
   bool direct_io = true;
   // Prefix checkpoints: one each time the sequence passes a multiple of checkpoint_interval
-  // tokens (at the end of the prefill chunk or decode step that passes it; 0: none) and one at
-  // the end of each prompt's prefill, with that prompt's last row of logits. At most
-  // checkpoint_budget bytes (accounted in the plan; 0: no checkpoints). Over the budget the
-  // session drops, among all but the newest prompt-end checkpoint and the one being added,
-  // the checkpoint whose removal leaves the smallest gap between its neighbours (the oldest on
-  // ties), so the positions left stay evenly spread and the work a rollback redoes is smallest.
+  // tokens (at the end of the prefill chunk or decode step that passes it; 0: none) and two at
+  // the end of each prompt's prefill: before its last token and after it (with that prompt's
+  // last row of logits). At most checkpoint_budget bytes (accounted in the plan; 0: none). Over
+  // the budget the session drops, among all but the newest prompt's two and the one being
+  // added, the checkpoint whose removal leaves the smallest gap between its neighbours (the
+  // oldest on ties), so the positions left stay spread and the work a rollback redoes is small.
   uint32_t checkpoint_interval = 1024;
   uint64_t checkpoint_budget = kDefaultCheckpointBudget;
   // Load progress: stage name and done/total bytes (total 0: unknown). May be empty.
