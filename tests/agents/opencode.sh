@@ -45,13 +45,16 @@ turn() {
     if (errors.length || !fin.length) { console.error(lines.map((e) => JSON.stringify(e)).join("\n").slice(0, 2000)); process.exit(1); }
     const t = fin[fin.length - 1].part.tokens || {};
     console.log(`   turn ${process.argv[2]}: finish ${fin[fin.length - 1].part.reason}, input ${t.input}, ` +
-                `cache read ${t.cache ? t.cache.read : "?"}, output ${t.output}`);' "$out" "$n" ||
+                `cache read ${t.cache ? t.cache.read : "?"}, output ${t.output}`);
+    if (process.argv[3] === "cached" && !(t.cache && t.cache.read > 0)) {
+      console.error("   no cached tokens in the continued turn"); process.exit(1);
+    }' "$out" "$n" "${CHECK_CACHED:-}" ||
     fail "opencode turn $n did not complete"
 }
 
 turn 1 "Say hello in one word."
 from=$(log_lines)
-turn 2 "And once more." --continue
+CHECK_CACHED=cached turn 2 "And once more." --continue
 cached=$(max_cached_since "$from")
 [ "${cached:-0}" -gt 0 ] || fail "the server log shows no cached prompt tokens for the continued turn"
 echo "   continued turn: server log cached=$cached"

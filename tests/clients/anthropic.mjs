@@ -74,7 +74,7 @@ await test("count_tokens matches the prompt the server evaluates", async () => {
 
 await test("a bad request is an Anthropic error (400)", async () => {
   await assert.rejects(
-    client.messages.create({ model: "tiny", max_tokens: 4, messages: [{ role: "system", content: "x" }] }),
+    client.messages.create({ model: "tiny", max_tokens: 4, messages: [{ role: "wizard", content: "x" }] }),
     (e) => e instanceof Anthropic.APIError && e.status === 400 && e.error?.type === "error" &&
       e.error?.error?.type === "invalid_request_error",
   );
