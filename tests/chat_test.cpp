@@ -74,9 +74,26 @@ TEST(ChatRender, SystemUserAssistantThinkingOnAndOff) {
   EXPECT_EQ(render_chat(m, opts(false)), earlier + "</think>");
 }
 
-TEST(ChatRender, SystemMessagesJoinedAndHoisted) {
-  const std::vector<ChatMessage> m = {msg("system", "A"), msg("user", "q"), msg("developer", "B")};
+TEST(ChatRender, LeadingSystemMessagesJoined) {
+  const std::vector<ChatMessage> m = {msg("system", "A"), msg("developer", "B"), msg("user", "q")};
   EXPECT_EQ(render_chat(m, opts(false)), BOS + "A\n\nB" + U + "q" + A + "</think>");
+}
+
+// A system (or developer) message after the first turn is a text part of the user turn it
+// falls in, so the tokens before it do not change (prefix reuse) — Claude Code sends one on
+// every request.
+TEST(ChatRender, LaterSystemMessagesStayInPlace) {
+  const std::vector<ChatMessage> after_user = {msg("system", "A"), msg("user", "q"), msg("developer", "B")};
+  EXPECT_EQ(render_chat(after_user, opts(false)), BOS + "A" + U + "q\n\nB" + A + "</think>");
+  const std::vector<ChatMessage> between = {msg("user", "q1"), msg("assistant", "a1"), msg("system", "S"),
+                                            msg("user", "q2")};
+  const std::string prefix = BOS + U + "q1" + A + "</think>a1" + EOS;
+  EXPECT_EQ(render_chat(between, opts(false)), prefix + U + "S\n\nq2" + A + "</think>");
+  // The conversation before the late system message renders exactly as without it.
+  const std::vector<ChatMessage> without = {msg("user", "q1"), msg("assistant", "a1"), msg("user", "q2")};
+  EXPECT_EQ(render_chat(without, opts(false)).substr(0, prefix.size()), prefix);
+  const std::vector<ChatMessage> last = {msg("user", "q1"), msg("assistant", "a1"), msg("system", "S")};
+  EXPECT_EQ(render_chat(last, opts(true)), prefix + U + "S" + A + "<think>");
 }
 
 TEST(ChatRender, NoBosAndNoSystem) {

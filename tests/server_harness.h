@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -156,6 +157,17 @@ class Server {
     }
     if (!bound()) throw std::runtime_error("server did not start: " + log_);
     port_ = std::stoi(log_.substr(log_.find(marker) + marker.size()));
+    // From here on a thread drains stderr (the server logs a line per request: a full pipe
+    // would stall it) into log_, for log().
+    reader_ = std::thread([this] {
+      char buf[4096];
+      for (;;) {
+        const ssize_t n = ::read(err_fd_, buf, sizeof buf);
+        if (n <= 0) break;
+        std::lock_guard lk(log_mu_);
+        log_.append(buf, (size_t)n);
+      }
+    });
     while (Clock::now() < deadline && get("/health").status != 200) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   ~Server() {
@@ -164,6 +176,7 @@ class Server {
       int st = 0;
       ::waitpid(pid_, &st, 0);
     }
+    if (reader_.joinable()) reader_.join();  // the pipe ends with the process
     if (err_fd_ >= 0) ::close(err_fd_);
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);
@@ -184,6 +197,23 @@ class Server {
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
   }
   int port() const { return port_; }
+  // Waits (up to timeout_s) until the server's stderr holds `needle`; the log, either way. The
+  // server writes a request's log line before its response, but the reader thread may not have
+  // read it yet when the response arrives.
+  std::string wait_log(const std::string& needle, double timeout_s = 10) const {
+    const auto end = Clock::now() + std::chrono::duration<double>(timeout_s);
+    std::string l = log();
+    while (l.find(needle) == std::string::npos && Clock::now() < end) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      l = log();
+    }
+    return l;
+  }
+  // Everything the server wrote on stderr so far.
+  std::string log() const {
+    std::lock_guard lk(log_mu_);
+    return log_;
+  }
   pid_t pid() const { return pid_; }
 
   Response roundtrip(const std::string& raw, double timeout_s = 60, uint32_t from = INADDR_LOOPBACK) const {
@@ -209,6 +239,8 @@ class Server {
   static inline int counter_ = 0;
   std::filesystem::path dir_;
   std::string model_, log_;
+  mutable std::mutex log_mu_;
+  std::thread reader_;
   pid_t pid_ = -1;
   int err_fd_ = -1;
   int port_ = 0;

@@ -57,6 +57,10 @@ CLI::App* setup_serve(CLI::App& app, ServeOptions& o) {
   cmd->add_option("--max-json-depth", o.max_json_depth,
                   "deepest JSON nesting a request may carry (also inside tool-call argument strings); deeper get 400")
       ->check(CLI::Range(size_t{2}, size_t{1000}));
+  cmd->add_option("--stop", o.stops, "a stop string added to every request's own (repeatable; matched in the content)")
+      ->check([](const std::string& v) { return v.empty() ? std::string("a stop string cannot be empty") : std::string(); });
+  cmd->add_option("--thinking", o.thinking, "request: think when the request asks (per API, see docs/server.md); off: never")
+      ->check(CLI::IsMember({"request", "off"}));
   add_engine_options(cmd, o.engine);
   return cmd;
 }
@@ -146,6 +150,8 @@ int run_serve(const ServeOptions& o) {
   so.top_k = defaults.top_k;
   so.min_p = defaults.min_p;
   so.max_json_depth = o.max_json_depth;
+  so.stops = o.stops;
+  so.thinking_off = o.thinking == "off";
 
   SessionOptions sess = session_options(o.engine, o.model, o.ctx);
   // The header's checks (architecture, -c against the model) before listening: the model

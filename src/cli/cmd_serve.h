@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -30,6 +31,8 @@ struct ServeOptions {
   int64_t top_k = 0;
   float min_p = 0.0f;
   size_t max_json_depth = 128;
+  std::vector<std::string> stops;   // --stop, added to every request's stop strings
+  std::string thinking = "request"; // --thinking request|off
   EngineCliOptions engine;           // -t, --mem-budget, --allow-swap, store options, --watchdog
 };
 CLI::App* setup_serve(CLI::App& app, ServeOptions& o);

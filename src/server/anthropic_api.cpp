@@ -1,5 +1,6 @@
 #include "server/anthropic_api.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "server/api_error.h"
@@ -36,8 +37,10 @@ std::string stop_reason(const DriveOutcome& o) {
   return finish_reason(o) == "length" ? "max_tokens" : "end_turn";
 }
 
+// Anthropic's input_tokens counts the prompt tokens not read from the cache: the prompt is
+// input + cache_creation + cache_read (Claude Code sums them for its context meter).
 json usage_json(const GenerateResult& r, bool final) {
-  json u = {{"input_tokens", r.prompt_tokens},
+  json u = {{"input_tokens", r.prompt_tokens - std::min(r.prompt_tokens, r.reused_tokens)},
             {"cache_creation_input_tokens", 0},
             {"cache_read_input_tokens", r.reused_tokens},
             {"output_tokens", final ? r.tokens.size() : 0}};
@@ -62,7 +65,8 @@ json tool_input(const std::string& arguments) {
 int handle_count_tokens(ServerContext& ctx, const HttpRequest& req, Connection& conn) {
   const TokenRequestSlot slot(ctx);  // tokenizes in this thread, outside the worker's queue
   const json body = parse_body(req.body, ctx.opts.max_json_depth);
-  const ChatRequest c = anthropic_request(body, /*count_only=*/true);
+  ChatRequest c = anthropic_request(body, /*count_only=*/true);
+  apply_server_defaults(ctx, c);  // the rendering depends on thinking
   const Session& s = ready_session(ctx);
   const size_t n = encode_chat(s, c.messages, c.options).size();
   send_response(conn, 200, "application/json", dump(json{{"input_tokens", n}}));
@@ -71,22 +75,33 @@ int handle_count_tokens(ServerContext& ctx, const HttpRequest& req, Connection& 
 
 int handle_messages(ServerContext& ctx, const HttpRequest& req, Connection& conn) {
   const json body = parse_body(req.body, ctx.opts.max_json_depth);
-  const ChatRequest c = anthropic_request(body, /*count_only=*/false);
+  ChatRequest c = anthropic_request(body, /*count_only=*/false);
+  apply_server_defaults(ctx, c);
+  log_omitted(req.path, c.omitted);
   const Session& s = ready_session(ctx);
   const bool stream = c.stream;
   const std::vector<std::string>& stops = c.stops;
   std::string prompt_text;
   std::vector<uint32_t> prompt = encode_chat(s, c.messages, c.options, &prompt_text);
   const uint32_t n_prompt = (uint32_t)prompt.size();
-  GenerateRequest gr = make_request(ctx, std::move(prompt), c.max_tokens, c.sampling, chat_stop_tokens(s.tokenizer()));
+  RequestInfo info{req.path, req.body.size(), c.tools, {}};
+  GenerateRequest gr = make_request(ctx, std::move(prompt), c.max_tokens, c.sampling, chat_stop_tokens(s.tokenizer()),
+                                    &info.max_tokens);
   gr.prompt_text = std::move(prompt_text);
   const TextMode mode = c.options.thinking ? TextMode::Thinking : TextMode::Chat;
   auto job = submit(ctx, std::move(gr));
   const std::string id = new_id(ctx, "msg_");
+  const std::vector<std::string> headers = max_tokens_headers(info.max_tokens);
 
   if (stream) {
-    send_stream_head(conn, 200, "text/event-stream");
-    json start = {{"type", "message_start"},
+    send_stream_head(conn, 200, "text/event-stream", headers);
+    // message_start goes out when the worker reports the reused prompt tokens (its usage has
+    // cache_read_input_tokens, which Claude Code shows); until then SSE comments keep the
+    // connection alive (the SDK skips them, while a ping before message_start is not expected).
+    bool started = false;
+    auto start_event = [&](uint32_t reused) {
+      started = true;
+      const json start = {{"type", "message_start"},
                   {"message", {{"id", id},
                                {"type", "message"},
                                {"role", "assistant"},
@@ -94,9 +109,13 @@ int handle_messages(ServerContext& ctx, const HttpRequest& req, Connection& conn
                                {"model", ctx.model_id},
                                {"stop_reason", nullptr},
                                {"stop_sequence", nullptr},
-                               {"usage", {{"input_tokens", n_prompt}, {"output_tokens", 0}}}}}};
+                               {"usage", {{"input_tokens", n_prompt - std::min(n_prompt, reused)},
+                                          {"cache_creation_input_tokens", 0},
+                                          {"cache_read_input_tokens", reused},
+                                          {"output_tokens", 0}}}}}};
+      return sse_event("message_start", start);
+    };
     const std::string ping = sse_event("ping", {{"type", "ping"}});
-    conn.write(sse_event("message_start", start) + ping);
     int index = -1;
     std::string open;  // type of the open block: "", "thinking", "text"
     auto close_block = [&](std::string& out) {
@@ -114,7 +133,9 @@ int handle_messages(ServerContext& ctx, const HttpRequest& req, Connection& conn
       out += sse_event("content_block_start", {{"type", "content_block_start"}, {"index", index}, {"content_block", block}});
     };
     DriveHooks h;
-    h.keepalive = [&] { return conn.write(ping); };
+    h.info = info;
+    h.started = [&](uint32_t reused) { return conn.write(start_event(reused) + ping); };
+    h.keepalive = [&] { return conn.write(started ? ping : sse_comment("keep-alive")); };
     h.prefill = [&](uint32_t, uint32_t) { return conn.write(ping); };
     h.delta = [&](const text::OutputParser::Delta& d) {
       std::string out;
@@ -147,11 +168,11 @@ int handle_messages(ServerContext& ctx, const HttpRequest& req, Connection& conn
       conn.write(sse_event("error", anthropic_error_body(o.status, o.error)));
       return o.status;
     }
-    std::string out;
+    std::string out = started ? "" : start_event(o.result.reused_tokens);
     close_block(out);
     out += sse_event("message_delta", {{"type", "message_delta"},
                                        {"delta", {{"stop_reason", stop_reason(o)}, {"stop_sequence", stop_sequence(o)}}},
-                                       {"usage", {{"output_tokens", o.result.tokens.size()}}}});
+                                       {"usage", usage_json(o.result, true)}});
     out += sse_event("message_stop", {{"type", "message_stop"}});
     conn.write(out);
     return 200;
@@ -159,6 +180,7 @@ int handle_messages(ServerContext& ctx, const HttpRequest& req, Connection& conn
 
   json content = json::array();
   DriveHooks h;
+  h.info = info;
   h.delta = [&](const text::OutputParser::Delta& d) {
     auto append = [&](const char* type, const std::string& text) {
       if (content.empty() || content.back()["type"] != type) {
@@ -189,7 +211,7 @@ int handle_messages(ServerContext& ctx, const HttpRequest& req, Connection& conn
                      {"stop_reason", stop_reason(o)},
                      {"stop_sequence", stop_sequence(o)},
                      {"usage", usage_json(o.result, true)}};
-  send_response(conn, 200, "application/json", dump(resp));
+  send_response(conn, 200, "application/json", dump(resp), headers);
   return 200;
 }
 

@@ -37,6 +37,8 @@ struct ChatRequest {
   bool stream = false;
   bool ignore_eos = false;      // llama.cpp extension (OpenAI only)
   bool include_usage = false;   // stream_options.include_usage (OpenAI only)
+  std::vector<std::string> omitted;  // image / audio / document parts replaced by a placeholder
+  size_t tools = 0;             // tool schemas in the request (for the request log)
 };
 
 // POST /v1/chat/completions. max_json_depth bounds JSON held in strings (tool-call arguments).

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "server/metrics.h"
 #include "server/worker.h"
@@ -29,6 +30,8 @@ struct ServerOptions {
   float min_p = 0.0f;
   size_t max_json_depth = 128;        // deepest nesting a request body (or JSON in its strings) may have
   int max_token_requests = 2;         // /tokenize, /detokenize, count_tokens running at once
+  std::vector<std::string> stops;     // --stop: stop strings added to every request's
+  bool thinking_off = false;          // --thinking off: no request thinks
 };
 
 struct ServerContext {

@@ -28,24 +28,57 @@ const Session& ready_session(ServerContext& ctx) {
   }
 }
 
+MaxTokens clamp_max_tokens(std::optional<int64_t> requested, uint32_t limit, uint32_t room) {
+  MaxTokens m;
+  m.requested = requested;
+  uint64_t want = requested ? (uint64_t)std::max<int64_t>(*requested, 0) : limit;
+  if (want > limit) {
+    want = limit;
+    m.capped_by = "--max-tokens-limit";
+  }
+  if (want > room) {
+    want = room;
+    m.capped_by = "context";
+  }
+  m.effective = (uint32_t)want;
+  return m;
+}
+
+std::vector<std::string> max_tokens_headers(const MaxTokens& m) {
+  std::vector<std::string> h = {"X-Max-Tokens: " + std::to_string(m.effective)};
+  if (m.capped_by) h.push_back(std::string("X-Max-Tokens-Capped-By: ") + m.capped_by);
+  return h;
+}
+
+void apply_server_defaults(const ServerContext& ctx, ChatRequest& r) {
+  for (const std::string& s : ctx.opts.stops)
+    if (std::find(r.stops.begin(), r.stops.end(), s) == r.stops.end()) r.stops.push_back(s);
+  if (ctx.opts.thinking_off) {
+    r.options.thinking = false;
+    r.options.reasoning_effort = 0;
+  }
+}
+
+void log_omitted(const std::string& endpoint, const std::vector<std::string>& omitted) {
+  if (omitted.empty()) return;
+  std::string list;
+  for (const std::string& o : omitted) list += (list.empty() ? "" : "; ") + o;
+  std::fprintf(stderr, "sluice serve: %s: %zu part(s) replaced by a text placeholder (the model reads text only): %s\n",
+               endpoint.c_str(), omitted.size(), list.c_str());
+}
+
 GenerateRequest make_request(ServerContext& ctx, std::vector<uint32_t> prompt, std::optional<int64_t> max_tokens,
-                             const SamplingFields& sampling, std::vector<uint32_t> stop_tokens) {
+                             const SamplingFields& sampling, std::vector<uint32_t> stop_tokens, MaxTokens* max_out) {
   const Session& s = ready_session(ctx);
   const uint32_t n_ctx = s.ctx();
   if (prompt.empty()) throw bad_request("the prompt is empty");
   if (prompt.size() >= n_ctx)
     throw bad_request("the prompt has " + std::to_string(prompt.size()) + " tokens but the context holds " +
                       std::to_string(n_ctx) + " (start the server with a larger -c, or shorten the prompt)");
-  const uint32_t limit = ctx.opts.max_tokens_limit;
-  if (max_tokens) {
-    // The range (>= 1) was checked with the other sampling fields (sampling_fields).
-    if (*max_tokens > (int64_t)limit)
-      throw bad_request("max_tokens " + std::to_string(*max_tokens) + " exceeds the server's limit of " +
-                        std::to_string(limit) + " (--max-tokens-limit)");
-  }
   GenerateRequest r;
-  const uint32_t room = n_ctx - (uint32_t)prompt.size();
-  r.max_tokens = std::min<uint32_t>(max_tokens ? (uint32_t)*max_tokens : limit, room);
+  const MaxTokens m = clamp_max_tokens(max_tokens, ctx.opts.max_tokens_limit, n_ctx - (uint32_t)prompt.size());
+  r.max_tokens = m.effective;
+  if (max_out) *max_out = m;
   r.prompt = std::move(prompt);
   r.stop_tokens = std::move(stop_tokens);
   r.sampling.temp = (float)sampling.temperature.value_or(ctx.opts.temp);
@@ -79,7 +112,10 @@ std::shared_ptr<Job> submit(ServerContext& ctx, GenerateRequest r) {
   return job;
 }
 
-DriveOutcome drive(ServerContext& ctx, Job& job, Connection& conn, TextMode mode, const DriveHooks& hooks) {
+namespace {
+
+DriveOutcome drive_job(ServerContext& ctx, Job& job, Connection& conn, TextMode mode, const DriveHooks& hooks) {
+  const auto start = std::chrono::steady_clock::now();
   const Session& s = *ctx.worker.session();
   const text::Tokenizer& tok = s.tokenizer();
   const bool raw = mode == TextMode::Raw;
@@ -114,6 +150,7 @@ DriveOutcome drive(ServerContext& ctx, Job& job, Connection& conn, TextMode mode
     return d;
   };
   bool gone = false;
+  bool started = false;
   while (!gone) {
     events.clear();
     job.wait(events, std::min(ping, std::chrono::milliseconds(200)));
@@ -121,12 +158,18 @@ DriveOutcome drive(ServerContext& ctx, Job& job, Connection& conn, TextMode mode
       switch (e.kind) {
         case JobEvent::Kind::Started: break;
         case JobEvent::Kind::Prefill:
-          if (hooks.prefill) {
+          if (!started) {
+            started = true;
+            if (hooks.started && !hooks.started(e.a)) gone = true;
+          }
+          if (!gone && hooks.prefill) {
             last_write = std::chrono::steady_clock::now();
             if (!hooks.prefill(e.a, e.b)) gone = true;
           }
           break;
         case JobEvent::Kind::Token:
+          if (out.ttft_s < 0)
+            out.ttft_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
           if (!gone && !hidden(e.a) && !stopper.hit()) {
             const std::string text = dec.push((int32_t)e.a);
             if (!emit(raw ? raw_delta(text) : parser.push(text))) gone = true;
@@ -177,6 +220,31 @@ DriveOutcome drive(ServerContext& ctx, Job& job, Connection& conn, TextMode mode
   job.cancel(1);
   out.client_gone = true;
   return out;
+}
+
+// One line per request, for operators and for the agent tests (tests/agents) that read it.
+void log_request(const Job& job, const DriveHooks& hooks, const DriveOutcome& o) {
+  const RequestInfo& in = hooks.info;
+  const GenerateResult& r = o.result;
+  std::string max = std::to_string(in.max_tokens.effective);
+  if (in.max_tokens.capped_by)
+    max += " (asked " + std::to_string(*in.max_tokens.requested) + ", capped by " + in.max_tokens.capped_by + ")";
+  std::string finish = o.ok ? (o.stop_string.empty() ? r.finish : "stop_string") : o.client_gone ? "client_gone" : "error " + std::to_string(o.status);
+  char ttft[32] = "-";
+  if (o.ttft_s >= 0) std::snprintf(ttft, sizeof ttft, "%.3fs", o.ttft_s);
+  std::fprintf(stderr,
+               "sluice serve: request %s body=%zuB tools=%zu prompt=%u cached=%u max_tokens=%s ttft=%s generated=%zu "
+               "finish=%s\n",
+               in.endpoint.c_str(), in.body_bytes, in.tools, (unsigned)job.request.prompt.size(), r.reused_tokens, max.c_str(), ttft,
+               r.tokens.size(), finish.c_str());
+}
+
+}  // namespace
+
+DriveOutcome drive(ServerContext& ctx, Job& job, Connection& conn, TextMode mode, const DriveHooks& hooks) {
+  DriveOutcome o = drive_job(ctx, job, conn, mode, hooks);
+  log_request(job, hooks, o);
+  return o;
 }
 
 std::string finish_reason(const DriveOutcome& o) {

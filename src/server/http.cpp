@@ -90,11 +90,13 @@ void send_response(Connection& c, int status, std::string_view content_type, std
   }
 }
 
-void send_stream_head(Connection& c, int status, std::string_view content_type) {
+void send_stream_head(Connection& c, int status, std::string_view content_type,
+                      const std::vector<std::string>& extra_headers) {
   c.keep_alive = false;  // the body ends when the connection closes
   c.responded = true;
   std::string head = "HTTP/1.1 " + std::to_string(status) + " " + status_text(status) + "\r\n";
   head += "Content-Type: " + std::string(content_type) + "\r\n";
+  for (const auto& h : extra_headers) head += h + "\r\n";
   head += "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\nServer: sluice\r\nConnection: close\r\n\r\n";
   c.write(head);
 }

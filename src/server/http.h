@@ -62,7 +62,8 @@ class Connection {
 void send_response(Connection& c, int status, std::string_view content_type, std::string_view body,
                    const std::vector<std::string>& extra_headers = {});
 // Status line and headers of a response whose body runs until the connection closes (SSE).
-void send_stream_head(Connection& c, int status, std::string_view content_type);
+void send_stream_head(Connection& c, int status, std::string_view content_type,
+                      const std::vector<std::string>& extra_headers = {});
 const char* status_text(int status);
 
 using Handler = std::function<void(const HttpRequest&, Connection&)>;

@@ -1,5 +1,6 @@
 #include "server/openai_api.h"
 
+#include <algorithm>
 #include <ctime>
 #include <vector>
 
@@ -75,13 +76,18 @@ struct Streamer {
 
 int handle_chat_completions(ServerContext& ctx, const HttpRequest& req, Connection& conn) {
   const json body = parse_body(req.body, ctx.opts.max_json_depth);
-  const ChatRequest cr = openai_chat_request(body, ctx.opts.max_json_depth);
+  ChatRequest cr = openai_chat_request(body, ctx.opts.max_json_depth);
+  apply_server_defaults(ctx, cr);
+  log_omitted(req.path, cr.omitted);
   const Session& s = ready_session(ctx);
   const bool stream = cr.stream;
   const std::vector<std::string>& stops = cr.stops;
   std::string prompt_text;
   std::vector<uint32_t> prompt = encode_chat(s, cr.messages, cr.options, &prompt_text);
-  GenerateRequest gr = make_request(ctx, std::move(prompt), cr.max_tokens, cr.sampling, chat_stop_tokens(s.tokenizer()));
+  RequestInfo info{req.path, req.body.size(), cr.tools, {}};
+  GenerateRequest gr = make_request(ctx, std::move(prompt), cr.max_tokens, cr.sampling, chat_stop_tokens(s.tokenizer()),
+                                    &info.max_tokens);
+  const std::vector<std::string> headers = max_tokens_headers(info.max_tokens);
   gr.prompt_text = std::move(prompt_text);
   gr.ignore_eos = cr.ignore_eos;
   if (gr.ignore_eos) gr.stop_tokens.clear();
@@ -100,13 +106,14 @@ int handle_chat_completions(ServerContext& ctx, const HttpRequest& req, Connecti
   };
 
   if (stream) {
-    send_stream_head(conn, 200, "text/event-stream");
+    send_stream_head(conn, 200, "text/event-stream", headers);
     // First bytes at once, before the queue wait and the prefill: clients with a first-byte
     // timeout see a live connection.
     conn.write(sse_comment("sluice " + id) + sse_data(chunk({{"role", "assistant"}, {"content", ""}}, nullptr)));
     size_t n_calls = 0;
     Streamer st{ctx, conn};
     DriveHooks h = st.hooks();
+    h.info = info;
     h.delta = [&](const text::OutputParser::Delta& d) {
       std::string out;
       if (!d.reasoning.empty()) out += sse_data(chunk({{"reasoning_content", d.reasoning}, {"reasoning", d.reasoning}}, nullptr));
@@ -142,6 +149,7 @@ int handle_chat_completions(ServerContext& ctx, const HttpRequest& req, Connecti
   std::string reasoning, content;
   std::vector<text::ToolCall> calls;
   DriveHooks h;
+  h.info = info;
   h.delta = [&](const text::OutputParser::Delta& d) {
     reasoning += d.reasoning;
     content += d.content;
@@ -177,7 +185,7 @@ int handle_chat_completions(ServerContext& ctx, const HttpRequest& req, Connecti
                                                {"finish_reason", calls.empty() ? finish_reason(o) : "tool_calls"}}})},
                      {"usage", usage_json(o.result)},
                      {"timings", timings_json(o.result)}};
-  send_response(conn, 200, "application/json", dump(resp));
+  send_response(conn, 200, "application/json", dump(resp), headers);
   return 200;
 }
 
@@ -204,9 +212,13 @@ int handle_completions(ServerContext& ctx, const HttpRequest& req, Connection& c
   if (get_bool(body, "echo").value_or(false)) throw bad_request("'echo' is not supported");
   if (auto n = get_int(body, "n"); n && *n != 1) throw bad_request("only n = 1 is supported");
   const bool stream = get_bool(body, "stream").value_or(false);
-  const std::vector<std::string> stops = parse_stop_strings(body, "stop");
+  std::vector<std::string> stops = parse_stop_strings(body, "stop");
+  for (const std::string& st : ctx.opts.stops)
+    if (std::find(stops.begin(), stops.end(), st) == stops.end()) stops.push_back(st);
   const std::optional<int64_t> max_tokens = openai_max_tokens(body);
-  GenerateRequest gr = make_request(ctx, std::move(ids), max_tokens, sampling_fields(body, max_tokens), {});
+  RequestInfo info{req.path, req.body.size(), 0, {}};
+  GenerateRequest gr = make_request(ctx, std::move(ids), max_tokens, sampling_fields(body, max_tokens), {}, &info.max_tokens);
+  const std::vector<std::string> headers = max_tokens_headers(info.max_tokens);
   gr.ignore_eos = get_bool(body, "ignore_eos").value_or(false);
   auto job = submit(ctx, std::move(gr));
 
@@ -221,10 +233,11 @@ int handle_completions(ServerContext& ctx, const HttpRequest& req, Connection& c
                                           {"finish_reason", std::move(finish)}}})}};
   };
   if (stream) {
-    send_stream_head(conn, 200, "text/event-stream");
+    send_stream_head(conn, 200, "text/event-stream", headers);
     conn.write(sse_comment("sluice " + id));
     Streamer st{ctx, conn};
     DriveHooks h = st.hooks();
+    h.info = info;
     h.delta = [&](const text::OutputParser::Delta& d) { return conn.write(sse_data(chunk(d.content, nullptr))); };
     h.stops = stops;
     const DriveOutcome o = drive(ctx, *job, conn, TextMode::Raw, h);
@@ -248,6 +261,7 @@ int handle_completions(ServerContext& ctx, const HttpRequest& req, Connection& c
   }
   std::string text;
   DriveHooks h;
+  h.info = info;
   h.delta = [&](const text::OutputParser::Delta& d) {
     text += d.content;
     return true;
@@ -262,7 +276,7 @@ int handle_completions(ServerContext& ctx, const HttpRequest& req, Connection& c
   json resp = chunk(text, finish_reason(o));
   resp["usage"] = usage_json(o.result);
   resp["timings"] = timings_json(o.result);
-  send_response(conn, 200, "application/json", dump(resp));
+  send_response(conn, 200, "application/json", dump(resp), headers);
   return 200;
 }
 

@@ -3,6 +3,7 @@
 
 #include "server/api_error.h"
 #include "server/chat_request.h"
+#include "server/media_placeholder.h"
 #include "server/request_json.h"
 #include "server/stop_strings.h"
 
@@ -12,8 +13,9 @@ using nlohmann::json;
 
 namespace {
 
-// A message's content: a string, null, or an array of {"type":"text","text":...} parts.
-std::string content_text(const json& c, const std::string& where) {
+// A message's content: a string, null, or an array of {"type":"text","text":...} parts (image,
+// audio and file parts become placeholders, server/media_placeholder.h).
+std::string content_text(const json& c, const std::string& where, std::vector<std::string>& omitted) {
   if (c.is_null()) return "";
   if (c.is_string()) return c.get<std::string>();
   if (c.is_array()) {
@@ -22,8 +24,12 @@ std::string content_text(const json& c, const std::string& where) {
       if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
         throw bad_request(where + ": each content part must be an object with a 'type'");
       const std::string type = part["type"];
+      if (is_openai_media(type)) {
+        s += openai_media_text(part, omitted);
+        continue;
+      }
       if (type != "text")
-        throw bad_request(where + ": content parts of type '" + type + "' are not supported (text only)");
+        throw bad_request(where + ": content parts of type '" + type + "' are not supported (text, image_url, input_audio, file)");
       if (!part.contains("text") || !part["text"].is_string()) throw bad_request(where + ": a text part needs 'text'");
       s += part["text"].get<std::string>();
     }
@@ -32,7 +38,7 @@ std::string content_text(const json& c, const std::string& where) {
   throw bad_request(where + ": 'content' must be a string or an array of parts");
 }
 
-std::vector<text::ChatMessage> convert_messages(const json& body, size_t max_depth) {
+std::vector<text::ChatMessage> convert_messages(const json& body, size_t max_depth, std::vector<std::string>& omitted) {
   const auto it = body.find("messages");
   if (it == body.end() || !it->is_array() || it->empty()) throw bad_request("'messages' must be a non-empty array");
   std::vector<text::ChatMessage> out;
@@ -46,7 +52,7 @@ std::vector<text::ChatMessage> convert_messages(const json& body, size_t max_dep
     if (cm.role != "system" && cm.role != "developer" && cm.role != "user" && cm.role != "assistant" &&
         cm.role != "tool" && cm.role != "function")
       throw bad_request(where + ": unknown role '" + cm.role + "'");
-    cm.content = content_text(m.value("content", json()), where);
+    cm.content = content_text(m.value("content", json()), where, omitted);
     // Reasoning of earlier turns comes back under either name (DeepSeek's and vLLM's).
     for (const char* key : {"reasoning_content", "reasoning"})
       if (m.contains(key) && m[key].is_string() && cm.reasoning.empty()) cm.reasoning = m[key];
@@ -145,13 +151,27 @@ void convert_response_format(const json& body, text::ChatOptions& o) {
   o.response_format = schema.dump();
 }
 
+// Thinking is off unless the request asks for it: generic OpenAI clients send no reasoning
+// setting and read the answer from `content` (with thinking on by default they got only
+// reasoning_content and an empty content).
 text::ChatOptions convert_options(const json& body) {
   text::ChatOptions o;
+  o.thinking = false;
+  o.reasoning_effort = 0;
   if (auto effort = get_string(body, "reasoning_effort")) {
     const auto b = text::parse_reasoning_effort(*effort);
     if (!b) throw bad_request("unknown reasoning_effort '" + *effort + "' (max, xhigh, high, medium, low, minimal, none)");
     o.reasoning_effort = *b;
     o.thinking = *b > 0;
+  }
+  // OpenRouter's (and the Responses API's) form: "reasoning": {"effort": ...}.
+  if (const auto it = body.find("reasoning"); it != body.end() && it->is_object()) {
+    if (auto effort = get_string(*it, "effort")) {
+      const auto b = text::parse_reasoning_effort(*effort);
+      if (!b) throw bad_request("unknown reasoning.effort '" + *effort + "' (max, xhigh, high, medium, low, minimal, none)");
+      o.reasoning_effort = *b;
+      o.thinking = *b > 0;
+    }
   }
   // DeepSeek's API: "thinking": {"type": "enabled"|"disabled"}; llama.cpp's chat_template_kwargs.
   if (body.contains("thinking")) {
@@ -176,8 +196,9 @@ text::ChatOptions convert_options(const json& body) {
 
 ChatRequest openai_chat_request(const json& body, size_t max_json_depth) {
   ChatRequest r;
-  r.messages = convert_messages(body, max_json_depth);
+  r.messages = convert_messages(body, max_json_depth, r.omitted);
   r.options = convert_options(body);
+  r.tools = r.options.tools.size();
   if (auto n = get_int(body, "n"); n && *n != 1) throw bad_request("only n = 1 is supported");
   r.max_tokens = openai_max_tokens(body);
   r.sampling = sampling_fields(body, r.max_tokens);

@@ -29,7 +29,7 @@ bool is_anthropic(const std::string& path) { return path.rfind("/v1/messages", 0
 
 // Known paths keep the metric label set bounded; everything else is "other".
 std::string endpoint_label(const std::string& path) {
-  static const char* const known[] = {"/health", "/v1/health", "/metrics", "/tokenize", "/detokenize", "/v1/models",
+  static const char* const known[] = {"/", "/health", "/v1/health", "/metrics", "/tokenize", "/detokenize", "/v1/models",
                                       "/models", "/v1/chat/completions", "/chat/completions", "/v1/completions",
                                       "/completions", "/v1/messages", "/v1/messages/count_tokens"};
   for (const char* k : known)
@@ -56,6 +56,18 @@ int handle_health(ServerContext& ctx, Connection& conn) {
                                          {"type", "server_error"}}}}));
       return 500;
   }
+}
+
+// Clients probe the base URL before their first request (Claude Code sends HEAD /). It names
+// the server and its endpoints, needs no key and says nothing about the model.
+int handle_root(const HttpRequest& req, Connection& conn) {
+  if (req.method != "GET" && req.method != "HEAD")
+    throw ApiError(405, "invalid_request_error", "/ accepts GET or HEAD, not " + req.method);
+  const std::string body = req.method == "HEAD" ? "" : dump(json{{"name", "sluice"}, {"version", SLUICE_VERSION},
+      {"endpoints", {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens",
+                     "/v1/models", "/health", "/metrics", "/tokenize", "/detokenize"}}});
+  send_response(conn, 200, "application/json", body);
+  return 200;
 }
 
 int handle_metrics(ServerContext& ctx, Connection& conn) {
@@ -191,6 +203,7 @@ int Server::route(const HttpRequest& req, Connection& conn) {
     require_method(req, "GET");
     return handle_health(ctx, conn);
   }
+  if (p == "/") return handle_root(req, conn);
   if (!opts_.api_key.empty()) {
     if (!has_api_key(req, opts_.api_key)) throw ApiError(401, "authentication_error", "invalid or missing API key");
   }

@@ -127,17 +127,20 @@ std::string render_chat(const std::vector<ChatMessage>& messages, const ChatOpti
   if (o.reasoning_effort < 0 || o.reasoning_effort > 100)
     throw Error("reasoning effort " + std::to_string(o.reasoning_effort) + " is outside 0..100");
 
-  // System text: every system message, in order, joined by blank lines; then tools and the
-  // response format, as DeepSeek's encoder appends them to the system message.
+  // System text: the system messages before the first turn, in order, joined by blank lines;
+  // then tools and the response format, as DeepSeek's encoder appends them to the system
+  // message. A system message after the conversation has started stays where it is (below).
   std::string system;
   auto add_system = [&](const std::string& s) {
     if (!system.empty()) system += "\n\n";
     system += s;
   };
   bool tool_context = !o.tools.empty();
+  size_t leading = 0;  // messages[0, leading) are the leading system messages
+  while (leading < messages.size() && role_of(messages[leading].role) == Role::System)
+    add_system(messages[leading++].content);
   for (const ChatMessage& m : messages) {
     const Role r = role_of(m.role);
-    if (r == Role::System) add_system(m.content);
     if (r == Role::Tool || (r == Role::Assistant && !m.tool_calls.empty())) tool_context = true;
   }
   if (!o.tools.empty()) add_system(render_tools(o.tools));
@@ -148,9 +151,13 @@ std::string render_chat(const std::vector<ChatMessage>& messages, const ChatOpti
   // Fold tool results and user text into user turns.
   std::vector<Turn> turns;
   std::map<std::string, size_t> call_order;
-  for (const ChatMessage& m : messages) {
+  for (size_t i = leading; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
     const Role r = role_of(m.role);
-    if (r == Role::System) continue;
+    // A later system message is a text part of the user turn it falls in (or opens): hoisting
+    // it to the front would change the start of the prompt, and with it every cached token, each
+    // time a client adds one (Claude Code does on every request); the turns before it keep
+    // their tokens, and the instruction sits where the client put it.
     if (r == Role::Assistant) {
       Turn t;
       t.assistant = &m;

@@ -10,7 +10,8 @@
 // tool calls or tool results anywhere), in which case every assistant turn keeps
 // <think>reasoning</think>. Tool results become <tool_result>…</tool_result> blocks of a user
 // turn; consecutive results (and user text right after them) share one <｜User｜>, joined by
-// blank lines, ordered like the calls they answer.
+// blank lines, ordered like the calls they answer. System messages before the first turn form
+// the system text; a later one is a text part of the user turn it falls in (or opens).
 #pragma once
 #include <cstdint>
 #include <optional>

@@ -25,7 +25,16 @@ await test("chat, not streaming: message, finish_reason, usage", async () => {
   assert.ok(r.usage.completion_tokens >= 1 && r.usage.completion_tokens <= 8);
   assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + r.usage.completion_tokens);
   const m = r.choices[0].message;
-  // Thinking is on by default: the text is reasoning, under both names.
+  // Thinking is off by default for chat completions: the answer is content, no reasoning.
+  assert.equal(m.reasoning_content, undefined);
+  assert.equal(m.reasoning, undefined);
+});
+
+await test("chat with reasoning_effort: reasoning under both names", async () => {
+  const r = await client.chat.completions.create({
+    model: "tiny", messages, max_tokens: 8, temperature: 0, reasoning_effort: "high",
+  });
+  const m = r.choices[0].message;
   assert.equal(m.reasoning_content, m.reasoning);
 });
 
@@ -106,9 +115,13 @@ await test("a bad request surfaces as APIError 400 with a message", async () => 
     (e) => e instanceof OpenAI.APIError && e.status === 400 && /role/.test(e.message),
   );
   await assert.rejects(
-    client.chat.completions.create({ model: "tiny", messages, max_tokens: 10_000_000 }),
+    client.chat.completions.create({ model: "tiny", messages, max_tokens: -1 }),
     (e) => e instanceof OpenAI.APIError && e.status === 400 && /max_tokens/.test(e.message),
   );
+  // Far above --max-tokens-limit is clamped, not refused (agents ask for 32000-128000).
+  const r = await client.chat.completions.create({ model: "tiny", messages, max_tokens: 10_000_000 }).withResponse();
+  assert.equal(r.response.headers.get("x-max-tokens"), "4000");
+  assert.equal(r.response.headers.get("x-max-tokens-capped-by"), "--max-tokens-limit");
 });
 
 // A stop string taken from the greedy text itself: the text ends right before its first
