@@ -237,8 +237,10 @@ int handle_responses(ServerContext& ctx, const HttpRequest& req, Connection& con
     send_stream_head(conn, 200, "text/event-stream");
     EventWriter w(resp);
     // First bytes at once, before the queue wait and the prefill.
-    conn.write(sse_comment("sluice " + resp.id) + w.event({{"type", "response.created"}, {"response", resp.object("in_progress")}}) +
-               w.event({{"type", "response.in_progress"}, {"response", resp.object("in_progress")}}));
+    std::string head = sse_comment("sluice " + resp.id);
+    head += w.event({{"type", "response.created"}, {"response", resp.object("in_progress")}});
+    head += w.event({{"type", "response.in_progress"}, {"response", resp.object("in_progress")}});
+    conn.write(head);
     auto fail = [&](const json& error) {
       json r = resp.object("failed");
       r["error"] = error;
