@@ -1,6 +1,8 @@
-// The Responses API request conversion (server/responses_request.h) without a model: each input
-// item type, namespace flattening, built-in tools dropped and recorded, the settings echoed, and
-// bad input refused with a 400 that names the field. The event stream: server_responses_test.cpp.
+// The Responses API without a model: the request conversion (server/responses_request.h) — each
+// input item type, namespace flattening, built-in tools dropped and recorded, the settings
+// echoed, bad input refused with a 400 that names the field — and the output builder
+// (server/responses_events.h): the event sequence for reasoning, text and tool calls, namespaced
+// calls split back. Against a running server: server_responses_test.cpp.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -8,7 +10,9 @@
 #include <nlohmann/json.hpp>
 
 #include "server/api_error.h"
+#include "server/responses_events.h"
 #include "server/responses_request.h"
+#include "server_harness.h"
 #include "text/chat.h"
 
 namespace sluice::server {
@@ -234,6 +238,108 @@ TEST(ResponsesRequest, BadInputNamesTheField) {
   has(refusal({{"input", "x"}, {"background", true}}), "'background'");
   has(refusal({{"input", "x"}, {"text", {{"format", {{"type", "yaml"}}}}}}), "text.format");
   has(refusal({{"input", "x"}, {"instructions", 5}}), "'instructions'");
+}
+
+TEST(ResponseBuilder, EventSequenceForReasoningTextAndCalls) {
+  const json tools = json::array({{{"type", "function"}, {"name", "exec_command"}},
+                                  {{"type", "namespace"}, {"name", "multi_agent_v1"},
+                                   {"tools", json::array({{{"type", "function"}, {"name", "wait_agent"}}})}}});
+  const ResponsesRequest rr = convert({{"input", "x"}, {"tools", tools}});
+  int n = 0;
+  ResponseBuilder b(rr, {"resp_1", "m", 7, 0.5, 0.9}, [&](const char* p) { return p + std::to_string(n++); });
+  std::string sse = b.created();
+  auto delta = [](std::string reasoning, std::string content, std::vector<text::ToolCall> calls) {
+    text::OutputParser::Delta d;
+    d.reasoning = std::move(reasoning);
+    d.content = std::move(content);
+    d.calls = std::move(calls);
+    return d;
+  };
+  sse += b.delta(delta("ab", "", {}));
+  sse += b.delta(delta("c", "hi", {}));
+  sse += b.delta(delta("", "", {{"", "multi_agent_v1.wait_agent", R"({"t":1})"}, {"", "exec_command", "{}"}}));
+  sse += b.delta(delta("", "after", {}));
+  const json usage = {{"input_tokens", 3}};
+  sse += b.finish(false, usage);
+
+  std::vector<std::string> types;
+  std::vector<json> ev;
+  for (const test::SseEvent& e : test::parse_sse(sse)) {
+    const json j = json::parse(e.data);
+    EXPECT_EQ(e.name, j["type"]);
+    EXPECT_EQ(j["sequence_number"], ev.size());
+    types.push_back(j["type"]);
+    ev.push_back(j);
+  }
+  const std::vector<std::string> want = {
+      "response.created", "response.in_progress",
+      // reasoning, two deltas
+      "response.output_item.added", "response.content_part.added", "response.reasoning_text.delta",
+      "response.reasoning_text.delta", "response.reasoning_text.done", "response.content_part.done",
+      "response.output_item.done",
+      // text
+      "response.output_item.added", "response.content_part.added", "response.output_text.delta",
+      "response.output_text.done", "response.content_part.done", "response.output_item.done",
+      // two calls
+      "response.output_item.added", "response.function_call_arguments.delta", "response.function_call_arguments.done",
+      "response.output_item.done", "response.output_item.added", "response.function_call_arguments.delta",
+      "response.function_call_arguments.done", "response.output_item.done",
+      // text again: a new message item
+      "response.output_item.added", "response.content_part.added", "response.output_text.delta",
+      "response.output_text.done", "response.content_part.done", "response.output_item.done",
+      "response.completed"};
+  EXPECT_EQ(types, want);
+  ASSERT_EQ(ev.size(), want.size());
+  EXPECT_EQ(ev[0]["response"]["status"], "in_progress");
+  EXPECT_EQ(ev[0]["response"]["temperature"], 0.5);
+  EXPECT_EQ(ev[6]["text"], "abc");
+  EXPECT_EQ(ev[8]["item"]["content"][0], json({{"type", "reasoning_text"}, {"text", "abc"}}));
+  EXPECT_EQ(ev[12]["text"], "hi");
+  EXPECT_EQ(ev[12]["output_index"], 1);
+  // The namespaced call: added with empty arguments, done with its own name and namespace.
+  EXPECT_EQ(ev[15]["item"]["arguments"], "");
+  EXPECT_EQ(ev[15]["output_index"], 2);
+  const json& c1 = ev[18]["item"];
+  EXPECT_EQ(c1["type"], "function_call");
+  EXPECT_EQ(c1["name"], "wait_agent");
+  EXPECT_EQ(c1["namespace"], "multi_agent_v1");
+  EXPECT_EQ(c1["arguments"], R"({"t":1})");
+  EXPECT_EQ(c1["call_id"].get<std::string>().rfind("call_", 0), 0u);
+  EXPECT_EQ(ev[16]["delta"], R"({"t":1})");
+  EXPECT_EQ(ev[16]["item_id"], c1["id"]);
+  const json& c2 = ev[22]["item"];
+  EXPECT_EQ(c2["name"], "exec_command");
+  EXPECT_FALSE(c2.contains("namespace"));
+  EXPECT_NE(c1["call_id"], c2["call_id"]);
+  const json& fin = ev.back()["response"];
+  EXPECT_EQ(fin["status"], "completed");
+  EXPECT_EQ(fin["usage"], usage);
+  ASSERT_EQ(fin["output"].size(), 5u);
+  EXPECT_EQ(fin["output"][2], c1);
+  EXPECT_EQ(fin["output"][4]["content"][0]["text"], "after");
+  EXPECT_EQ(b.reasoning(), "abc");
+  EXPECT_TRUE(b.reasoning_closed());
+  // The plain answer is the same object.
+  EXPECT_EQ(b.final_object(false, usage), fin);
+}
+
+TEST(ResponseBuilder, FailedAndIncomplete) {
+  const ResponsesRequest rr = convert({{"input", "x"}, {"max_output_tokens", 2}});
+  ResponseBuilder b(rr, {"resp_2", "m", 0, 1, 1}, [](const char* p) { return std::string(p) + "x"; });
+  text::OutputParser::Delta d;
+  d.reasoning = "r";
+  b.delta(d);
+  const json inc = b.final_object(true, json::object());
+  EXPECT_EQ(inc["status"], "incomplete");
+  EXPECT_EQ(inc["incomplete_details"]["reason"], "max_output_tokens");
+  EXPECT_EQ(inc["max_output_tokens"], 2);
+  const auto ev = test::parse_sse(b.failed({{"code", "server_error"}, {"message", "m"}}));
+  ASSERT_EQ(ev.size(), 4u);  // the open reasoning item closes first
+  EXPECT_EQ(ev.back().name, "response.failed");
+  const json f = json::parse(ev.back().data);
+  EXPECT_EQ(f["response"]["status"], "failed");
+  EXPECT_EQ(f["response"]["error"]["code"], "server_error");
+  EXPECT_EQ(f["response"]["output"].size(), 1u);
 }
 
 }  // namespace

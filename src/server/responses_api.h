@@ -1,7 +1,7 @@
 // POST /v1/responses: the OpenAI Responses API over the chat pipeline. The request becomes a
-// chat (responses_request.h); the answer is a response object with output items (reasoning,
-// message, function_call), or with "stream": true the API's typed event sequence, every event
-// named (`event:`) and numbered (`sequence_number`). docs/server.md lists the fields.
+// chat (responses_request.h); the answer (responses_events.h) is a response object with output
+// items (reasoning, message, function_call), or with "stream": true the API's typed event
+// sequence. docs/server.md lists the fields.
 #pragma once
 #include "server/context.h"
 #include "server/http.h"
