@@ -25,10 +25,10 @@
 #include <nlohmann/json.hpp>
 
 #include "model/forward.h"
-#include "model/generate.h"
+#include "synth/generate.h"
 #include "model/model.h"
 #include "model/streamed_experts.h"
-#include "model/vocab.h"
+#include "synth/vocab.h"
 #include "raw_direct_reads.h"
 #include "runtime/sampler.h"
 #include "storage/expert_store.h"

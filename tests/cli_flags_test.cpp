@@ -99,6 +99,9 @@ TEST(CliFlags, UsageErrorsExitTwoEverywhere) {
       {"run -m " + m + " --tokens 1 -n 1 --io-depth x", "--io-depth"},
       {"run -m " + m + " --tokens 1 -n 1 -t -3", "-t"},
       {"plan -m " + m + " --mem-budget lots", "--mem-budget"},
+      {"run -m " + m + " --tokens 1 -n 1 --checkpoint-budget lots", "--checkpoint-budget"},
+      {"serve -m " + m + " --port 0 --checkpoint-every -1", "--checkpoint-every"},
+      {"plan -m " + m + " --checkpoint-budget 1XB", "--checkpoint-budget"},
       {"watchdog --soft x --hard 1G -- true", "--soft"},
       {"run -m " + m + " --tokens 1 -n -5", "-n"},
   };

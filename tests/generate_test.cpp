@@ -12,9 +12,9 @@
 #include "format/gguf.h"
 #include "kernels/types.h"
 #include "model/config.h"
-#include "model/generate.h"
+#include "synth/generate.h"
 #include "model/schema.h"
-#include "model/vocab.h"
+#include "synth/vocab.h"
 #include "util/error.h"
 
 #include "test_util.h"

@@ -305,9 +305,8 @@ TEST_P(GgufLayout, TensorsRoundTrip) {
       {"ids", {3, 1, 2, 2}, GgmlType::I8, 12},
       {"big", {100000}, GgmlType::I16, 200000},
   };
-  // F32/F16/Q8_0 rows come from the kernel groups; use them when present.
-  if (find_type((uint32_t)GgmlType::F32)) specs.push_back({"norm", {33}, GgmlType::F32, 132});
-  if (find_type((uint32_t)GgmlType::Q8_0)) specs.push_back({"q8", {96, 2}, GgmlType::Q8_0, 3 * 34 * 2});
+  specs.push_back({"norm", {33}, GgmlType::F32, 132});
+  specs.push_back({"q8", {96, 2}, GgmlType::Q8_0, 3 * 34 * 2});
   for (const auto& s : specs) w.add_tensor(s.name, s.dims, s.type);
 
   EXPECT_EQ(w.data_offset() % align, 0u);

@@ -248,6 +248,50 @@ TEST(HttpTransport, OneAddressHoldsOnlyItsShareOfReadingSlots) {
   for (int m : mine) ::close(m);
 }
 
+// A burst of new connections from one address fills every slot, and none of them goes quiet
+// long enough to be dropped (each keeps sending a header line every 30 ms). Another client's
+// /health still gets in: a reserved slot admits a connection beyond the limit to read its head.
+// A request on another path admitted that way finds no room and is refused with a 503.
+TEST(HttpTransport, ConnectionBurstDoesNotLockOutHealth) {
+  HttpLimits l = small_limits();
+  l.max_connections = 8;
+  l.max_reading_per_client = 2;
+  l.reserved_connections = 2;
+  l.reserved_paths = {"/health"};
+  Transport t(l);
+  std::vector<int> burst;
+  for (int i = 0; i < 10; ++i) {  // beyond the limit: the last ones are refused or on probation
+    burst.push_back(connect_to(t.port()));
+    send_all(burst.back(), "GET /health HTTP/1.1\r\n");
+  }
+  std::atomic<bool> done{false};
+  std::thread drip([&] {
+    for (int i = 0; !done; ++i) {
+      for (int b : burst) send_all(b, "X-Drip-" + std::to_string(i) + ": a\r\n");
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the burst is older than the eviction grace
+  for (int round = 0; round < 3; ++round) {
+    const int fd = connect_to(t.port(), 0x7f000002);
+    ASSERT_GE(fd, 0);
+    send_all(fd, kGet);
+    const std::string got = read_until_close(fd, 5);
+    EXPECT_EQ(status_of(got), 200) << "round " << round << ": " << got;
+    ::close(fd);
+  }
+  const int fd = connect_to(t.port(), 0x7f000003);
+  ASSERT_GE(fd, 0);
+  send_all(fd, "GET /other HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  const std::string other = read_until_close(fd, 5);
+  EXPECT_EQ(status_of(other), 503) << other;
+  EXPECT_NE(other.find("too many open connections"), std::string::npos) << other;
+  ::close(fd);
+  done = true;
+  drip.join();
+  for (int b : burst) ::close(b);
+}
+
 // Running requests cannot take the slots kept for reserved paths.
 TEST(HttpTransport, ReservedSlotsKeepHealthAnswerable) {
   HttpLimits l = small_limits();

@@ -16,7 +16,7 @@
 
 #include "cli/cmd_tokenize.h"
 #include "format/gguf.h"
-#include "model/vocab.h"
+#include "synth/vocab.h"
 #include "text/pretokenize.h"
 #include "text/tokenizer.h"
 #include "text/utf8.h"

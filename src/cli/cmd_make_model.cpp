@@ -7,8 +7,8 @@
 
 #include "cli/commands.h"
 #include "model/config.h"
-#include "model/generate.h"
-#include "model/vocab.h"
+#include "synth/generate.h"
+#include "synth/vocab.h"
 #include "util/error.h"
 #include "util/output_file.h"
 

@@ -35,6 +35,9 @@ CLI::App* setup_plan(CLI::App& app, PlanCommandOptions& o) {
       ->check(CLI::IsMember({"lru-per-layer", "lru-global"}))
       ->capture_default_str();
   sub->add_flag("--allow-swap", o.allow_swap, "admit even when swap is active");
+  sub->add_option("--checkpoint-budget", o.checkpoint_budget,
+                  "memory for prefix checkpoints, as run/chat/serve take it (default " +
+                      format_bytes(kDefaultCheckpointBudget) + ")");
   sub->add_flag("--json", o.json, "print one JSON object instead of the table");
   return sub;
 }
@@ -51,6 +54,11 @@ int run_plan(const PlanCommandOptions& o) {
   po.chunk = o.chunk;
   po.threads = o.threads;
   po.allow_swap = o.allow_swap;
+  try {
+    if (!o.checkpoint_budget.empty()) po.checkpoint_budget = parse_bytes(o.checkpoint_budget, "--checkpoint-budget");
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
 
   // The same planning run/serve/chat do: the expert cache is the store's own figure.
   StorePlanOptions spo;

@@ -17,6 +17,7 @@ struct PlanCommandOptions {
   int threads = 0;     // 0: all cores
   std::string cache_policy = "lru-per-layer";  // or lru-global (the expert store's policies)
   bool allow_swap = false;
+  std::string checkpoint_budget;  // empty: kDefaultCheckpointBudget, as run, chat and serve
   bool json = false;
 };
 CLI::App* setup_plan(CLI::App& app, PlanCommandOptions& o);

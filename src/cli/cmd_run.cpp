@@ -213,6 +213,12 @@ void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
   sub->add_flag("--no-direct-io", o.no_direct_io, "buffered expert reads (drops the pages after reading)");
   sub->add_flag("--resident-experts", o.resident_experts,
                 "read every routed expert into memory at load instead of streaming them (small models)");
+  sub->add_option("--checkpoint-every", o.checkpoint_every,
+                  "prefix checkpoints of the kept sequence every N tokens, for prompts that share only a prefix "
+                  "with it; 0 = only at the end of each prompt (default 1024)");
+  sub->add_option("--checkpoint-budget", o.checkpoint_budget,
+                  "memory for prefix checkpoints: BYTES (e.g. 64MiB); 0 = none (default " +
+                      format_bytes(kDefaultCheckpointBudget) + ")");
   sub->add_flag("--print-plan", o.print_plan, "print the memory plan's breakdown on stderr (default: when it is a terminal)");
   sub->add_option("--watchdog", o.watchdog,
                   "SOFT:HARD byte sizes: run under a memory watchdog (SIGTERM at SOFT, kill at HARD)");
@@ -233,6 +239,12 @@ SessionOptions session_options(const EngineCliOptions& e, const std::string& mod
     throw UsageError(err.what());
   }
   check_budget_on_host(so.budget, /*refuse_beyond_machine=*/true, e.mem_budget_override);
+  so.checkpoint_interval = e.checkpoint_every;
+  try {
+    if (!e.checkpoint_budget.empty()) so.checkpoint_budget = parse_bytes(e.checkpoint_budget, "--checkpoint-budget");
+  } catch (const Error& err) {
+    throw UsageError(err.what());
+  }
   so.allow_swap = e.allow_swap;
   so.stream_experts = !e.resident_experts;
   so.policy = e.cache_policy == "lru-global" ? storage::EvictionKind::LruGlobal : storage::EvictionKind::LruPerLayer;

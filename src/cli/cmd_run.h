@@ -24,6 +24,8 @@ struct EngineCliOptions {
   bool no_prefetch = false;
   bool no_direct_io = false;
   bool resident_experts = false;
+  uint32_t checkpoint_every = 1024;   // prefix checkpoints every N tokens (0: only at prompt ends)
+  std::string checkpoint_budget;      // their byte budget (0: none; empty: kDefaultCheckpointBudget)
   std::string watchdog;        // SOFT:HARD; handled in main() (re-executes under the watchdog)
   bool print_plan = false;     // the admission breakdown on stderr (always when stderr is a terminal)
 };

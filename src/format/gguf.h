@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "kernels/types.h"
+#include "format/tensor_type.h"
 #include "util/output_file.h"
 
 namespace sluice::gguf {

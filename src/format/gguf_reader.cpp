@@ -386,7 +386,7 @@ File File::open(const std::string& path, const Limits& lim) {
 
     at = c.pos();
     uint32_t type_id = c.get<uint32_t>(field + ".type");
-    const TypeTraits* tt = type_id < kFirstNonGgmlType ? find_type(type_id) : nullptr;
+    const TypeInfo* tt = type_id < kFirstNonGgmlType ? find_type_info(type_id) : nullptr;
     if (!tt) throw FormatError(field + ".type", at, "unknown tensor type id " + std::to_string(type_id));
     t.type = tt->type;
     if (t.ne[0] % (uint64_t)tt->block_elems != 0)

@@ -145,7 +145,7 @@ void Writer::add_tensor(std::string name, std::vector<uint64_t> dims, GgmlType t
   for (uint64_t d : dims)
     if (d == 0 || d > max_dim) throw Error(what + ": dimension " + std::to_string(d) + " out of range 1.." +
                                            std::to_string(max_dim));
-  if ((uint32_t)type >= kFirstNonGgmlType || !find_type((uint32_t)type))
+  if ((uint32_t)type >= kFirstNonGgmlType || !find_type_info((uint32_t)type))
     throw Error(what + ": type id " + std::to_string((uint32_t)type) + " cannot be stored in a GGUF");
 
   TensorInfo t;

@@ -64,6 +64,15 @@ class Engine {
   SequenceState new_sequence() const;
   // Back to position 0 without reallocating (same result as new_sequence() for s's ctx).
   void reset(SequenceState& s) const;
+  // The parts of s that a later eval overwrites (see SequenceCheckpoint), at s's position.
+  SequenceCheckpoint checkpoint(const SequenceState& s) const;
+  // Back to the checkpoint's position: restores its parts and truncates the compressed rows
+  // (zeroing the rows past it, as a fresh state has them), so s equals, bit for bit, the state
+  // a fresh sequence reaches by evaluating the same first ck.pos tokens. The caller guarantees
+  // that s holds those tokens: ck was taken from s or from a state s grew from without being
+  // rolled back before ck.pos since. Throws Error (s unchanged) when ck is not this model's or
+  // lies beyond s's position.
+  void rollback(SequenceState& s, const SequenceCheckpoint& ck) const;
   // Appends tokens at the state's position, in chunks of at most options.chunk. logits (may be
   // null) receives tokens.size() x vocab floats; trace (may be null) gets one entry per
   // position (appended). Throws Error when the context would be exceeded or a token id is out of
@@ -88,5 +97,10 @@ class Engine {
 };
 
 uint32_t sequence_position(const SequenceState&);
+
+// Bytes of Engine::checkpoint at position pos, from the shapes alone (for budgets before any
+// checkpoint exists): min(pos, window) ring rows per layer (BF16), each KV source's carry
+// (2 x (ratio - 1) x head_dim f32), the Engram history (int64).
+uint64_t checkpoint_bytes(const ModelConfig& c, uint32_t pos);
 
 }  // namespace sluice

@@ -13,7 +13,7 @@
 #include "model/forward.h"
 #include "model/model.h"
 #include "model/primitives.h"
-#include "runtime/thread_pool.h"
+#include "backend/thread_pool.h"
 
 namespace sluice {
 

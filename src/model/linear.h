@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "model/model.h"
-#include "runtime/thread_pool.h"
+#include "backend/thread_pool.h"
 
 namespace sluice {
 

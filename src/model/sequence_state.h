@@ -1,7 +1,8 @@
 // Per-sequence state of the forward pass (spec section 7): raw window rings, per-KV-source
 // compressed caches and index keys, the ratio-m compressor carry and the Engram history.
 // Everything is allocated for the context length up front, so a copy is a complete snapshot and
-// restore is assignment. Cached rows are stored as BF16 bits: every value is BF16-exact
+// restore is assignment. A SequenceCheckpoint is the cheap form of a snapshot at one position
+// (Engine::checkpoint / Engine::rollback). Cached rows are stored as BF16 bits: every value is BF16-exact
 // (docs/numerics.md section 5: fake-quant outputs are bf16(q*s)), so this is lossless.
 #pragma once
 #include <cstdint>
@@ -37,6 +38,27 @@ class SequenceState {
   std::vector<int64_t> engram_tail;       // compressed ids of the previous tokens, newest first (-1 = DEAD)
 
   bool operator==(const SequenceState&) const = default;
+};
+
+// What a state at `pos` holds that later evaluation overwrites: the window rings (row = position
+// mod window, so positions after `pos` reuse them), every KV source's compressor carry and the
+// Engram history. The compressed rows and index keys are not saved: they are append-only, and
+// the rows of complete groups before `pos` are the same in any later state of the same tokens,
+// so truncating them (rollback) recovers the rest.
+struct SequenceCheckpoint {
+  uint32_t pos = 0;
+  std::vector<uint16_t> window_kv;        // [n_layer][min(pos, window)][head_dim]: ring rows 0..
+  std::vector<std::vector<float>> carry_k, carry_s;  // per KV source, as in SourceCache
+  std::vector<int64_t> engram_tail;
+
+  // Bytes held (the vectors' payloads); equals checkpoint_bytes(config, pos) (model/forward.h).
+  uint64_t bytes() const {
+    uint64_t b = window_kv.size() * sizeof(uint16_t) + engram_tail.size() * sizeof(int64_t);
+    for (const std::vector<float>& v : carry_k) b += v.size() * sizeof(float);
+    for (const std::vector<float>& v : carry_s) b += v.size() * sizeof(float);
+    return b;
+  }
+  bool operator==(const SequenceCheckpoint&) const = default;
 };
 
 }  // namespace sluice

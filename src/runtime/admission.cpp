@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "format/gguf.h"
+#include "model/forward.h"
 #include "util/error.h"
 
 namespace sluice {
@@ -137,6 +138,10 @@ SequenceStateBytes sequence_state_bytes(const ModelConfig& c, uint32_t ctx) {
   return b;
 }
 
+uint64_t largest_checkpoint_bytes(const ModelConfig& c) {
+  return checkpoint_bytes(c, c.sliding_window) + (uint64_t)c.vocab_size * sizeof(float);
+}
+
 ScratchBytes scratch_bytes(const ModelConfig& c, uint32_t chunk, uint32_t ctx) {
   const std::vector<LayerRole> roles = layer_roles(c);
   const uint64_t n = chunk, H = c.hidden_size, hc = c.hc_mult, hd = c.head_dim;
@@ -258,6 +263,14 @@ Eval evaluate(const ModelFootprint& fp, const PlanOptions& o, uint32_t chunk, in
   add("runtime overhead", o.overhead_bytes + 2 * fp.metadata_bytes + tables,
       format_bytes(o.overhead_bytes) + " allocator/binary/tokenizer slack + parsed metadata and tables");
 
+  // At most one checkpoint per position, so ctx of the largest bound them below the budget.
+  const uint64_t one_checkpoint = largest_checkpoint_bytes(c);
+  const uint64_t checkpoints = std::min<uint64_t>(o.checkpoint_budget, (uint64_t)o.ctx * one_checkpoint);
+  add("prefix checkpoints", checkpoints * o.sequences,
+      o.checkpoint_budget == 0 ? std::string("off (checkpoint budget 0)")
+                               : num(o.checkpoint_budget / one_checkpoint) + " x up to " + format_bytes(one_checkpoint) +
+                                     " (window rings, carry, Engram history, logits row) per sequence");
+
   const uint64_t total_experts = fp.total_experts();
   e.slot_bytes = fp.slot_window_bytes(o.io_align) + o.slot_record_bytes;
   const uint64_t avail = sat_sub(budget, e.mandatory_bytes);
@@ -333,6 +346,10 @@ Plan make_plan(const ModelFootprint& fp, const PlanOptions& o, const HostFacts& 
       p.warnings.push_back("the budget " + format_bytes(o.budget.bytes) + " is more than MemAvailable now (" +
                            format_bytes(host.mem.available) + ")");
   }
+  if (o.checkpoint_budget > 0 && o.checkpoint_budget < largest_checkpoint_bytes(c))
+    p.warnings.push_back("the checkpoint budget " + format_bytes(o.checkpoint_budget) + " is below one checkpoint (" +
+                         format_bytes(largest_checkpoint_bytes(c)) +
+                         "): prompts that do not extend the kept sequence may be evaluated from the start");
   if (o.chunk > o.ctx) p.warnings.push_back("--chunk " + num(o.chunk) + " is larger than -c/--ctx-size: using " + num(o.ctx));
 
   p.cache_per_layer = o.cache_per_layer;

@@ -13,6 +13,9 @@
 //   threads            stack + per-thread scratch of every compute thread
 //   Engram staging     Engram row cache + the page-aligned read batch of one chunk
 //   runtime overhead   allocator slack, parsed metadata, tokenizer and config tables
+//   prefix checkpoints the Session's checkpoints of its kept sequence (runtime/session.h): the
+//                      checkpoint budget, or less when ctx checkpoints of the largest size
+//                      (model/forward.h checkpoint_bytes + a logits row) need less
 // then, from what is left,
 //   bounce buffers     io_depth direct-I/O buffers of the largest expert slice + one page
 //   expert cache       whole experts (gate+up+down slice of one expert in one layer, each
@@ -120,6 +123,14 @@ constexpr uint64_t kAutoBudgetReservePercent = 10;
 inline uint64_t percent_of(uint64_t x, uint64_t pct) { return x / 100 * pct + x % 100 * pct / 100; }
 uint64_t auto_budget(const HostFacts& host);
 
+// The Session's default byte budget for prefix checkpoints (SessionOptions::checkpoint_budget):
+// ~22 checkpoints of the published model (5.2 MiB of window rings + a 0.5 MiB logits row each).
+constexpr uint64_t kDefaultCheckpointBudget = 128ull << 20;
+
+// The largest prefix checkpoint the Session keeps: a full window's checkpoint plus the f32
+// logits row of a prompt's last token.
+uint64_t largest_checkpoint_bytes(const ModelConfig& c);
+
 struct PlanOptions {
   uint32_t ctx = 4096;          // positions per sequence
   uint32_t sequences = 1;       // sequences held at once (each with its own state)
@@ -138,6 +149,7 @@ struct PlanOptions {
   uint64_t thread_stack_bytes = 8ull << 20;
   uint64_t overhead_bytes = 256ull << 20;  // allocator slack, binary, libc, tokenizer
   uint64_t slot_record_bytes = 256;         // per-slot table, index and LRU entries
+  uint64_t checkpoint_budget = kDefaultCheckpointBudget;  // per sequence; 0: no checkpoints
   // Hook for the expert store: its own bytes (cache of `slots` experts + bounce buffers +
   // anything else it allocates) for a cache of `slots` experts. Must be non-decreasing in
   // slots. When set, it replaces the bounce-buffer and expert-cache formulas.

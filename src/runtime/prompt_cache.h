@@ -1,9 +1,15 @@
 // Token-level continuity between requests of one conversation. Chat front ends re-render the
 // whole conversation as text each turn; tokenizing that text again need not give the tokens
 // the model generated (BPE has many spellings of one string), and then the Session could not
-// see that the new prompt extends its sequence. PromptCache remembers the last prompt's text
-// and tokens plus the generated tokens and their text; a new prompt text that starts with that
-// text becomes those exact tokens + the encoding of the rest, so the Session reuses its state.
+// see that the new prompt shares its sequence. PromptCache remembers the last prompt's text
+// and tokens plus the generated tokens and their text, with the text offset where each token
+// ends. A new prompt text becomes the longest run of remembered tokens whose text is a prefix
+// of it + the encoding of the rest:
+//   - the new text starts with the whole remembered text: all remembered tokens;
+//   - it diverges inside: the remembered tokens that end before the divergence, less the last
+//     one (so the text around the divergence is encoded afresh and a word cut by it is spelled
+//     as the tokenizer spells it), then the rest.
+// The Session then finds the common token prefix with its sequence (runtime/session.h).
 #pragma once
 #include <cstdint>
 #include <span>
@@ -18,18 +24,28 @@ namespace sluice {
 class PromptCache {
  public:
   // Tokens for a rendered prompt (special tokens parsed; BOS added when add_bos and the
-  // vocabulary has one, unless the remembered tokens already start the prompt).
+  // vocabulary has one, unless remembered tokens start the prompt).
   std::vector<uint32_t> tokens_for(const text::Tokenizer& tok, std::string_view text, bool add_bos) const;
   // After a generation: what was asked and what came out (generated tokens decoded with their
   // special tokens, as the chat renderer writes them back).
   void remember(const text::Tokenizer& tok, std::string_view prompt_text, std::span<const uint32_t> prompt_tokens,
                 std::span<const uint32_t> generated);
   void clear();
-  uint64_t bytes() const { return text_.capacity() + tokens_.capacity() * sizeof(uint32_t); }
+  // How many leading remembered tokens tokens_for(text) keeps (for tests and the docs' claims).
+  size_t reused_for(std::string_view text) const;
+  uint64_t bytes() const {
+    return text_.capacity() + tokens_.capacity() * sizeof(uint32_t) + ends_.capacity() * sizeof(size_t);
+  }
 
  private:
   std::string text_;
   std::vector<uint32_t> tokens_;
+  // ends_[i]: the offset in text_ where token i's text ends. Only for the leading tokens whose
+  // pieces spell text_ (a BOS the text does not carry takes no bytes); shorter than tokens_
+  // when the prompt tokens do not spell the prompt text from some token on (then a divergence
+  // can reuse only those; a text that extends text_ still reuses every token, as the caller
+  // vouches that the prompt tokens encode the prompt text).
+  std::vector<size_t> ends_;
 };
 
 }  // namespace sluice

@@ -11,6 +11,7 @@
 #include "model/load_checks.h"
 #include "model/model.h"
 #include "model/streamed_experts.h"
+#include "runtime/checkpoint_set.h"
 #include "runtime/meminfo.h"
 #include "runtime/prompt_cache.h"
 #include "runtime/store_plan.h"
@@ -40,13 +41,16 @@ struct Session::Impl {
   std::vector<float> last_logits; // the row after history.back()
   mutable std::mutex prompt_mu;   // prompt_cache is read by handler threads
   PromptCache prompt_cache;
+  CheckpointSet checkpoints{0};   // of prefixes of `history`
   // Read by stats() from other threads while generate() runs.
   std::atomic<uint64_t> requests{0}, prompt_tokens{0}, generated_tokens{0}, prefill_ns{0}, decode_ns{0};
+  std::atomic<uint64_t> ck_count{0}, ck_bytes{0}, ck_taken{0}, ck_dropped{0}, ck_skipped{0}, ck_rollbacks{0};
 
   // Evaluates tokens at the end of the sequence. With want_logits (or an observer that sees
   // them) the output head runs and the last row is kept; otherwise it is skipped, which saves
-  // chunk x vocab x hidden work per prefill chunk that no one reads.
-  void eval(std::span<const uint32_t> toks, const EvalObserver* obs, bool want_logits) {
+  // chunk x vocab x hidden work per prefill chunk that no one reads. With interval_checkpoint,
+  // passing a multiple of checkpoint_interval takes a checkpoint.
+  void eval(std::span<const uint32_t> toks, const EvalObserver* obs, bool want_logits, bool interval_checkpoint) {
     const uint32_t V = model->config.vocab_size;
     const uint32_t pos = state.position();
     const bool observed = obs && obs->on_eval;
@@ -58,11 +62,66 @@ struct Session::Impl {
     if (logits.empty()) last_logits.clear();
     else last_logits.assign(logits.end() - V, logits.end());
     if (observed) obs->on_eval(pos, toks, logits.data(), tracing ? &trace : nullptr);
+    const uint32_t every = opt.checkpoint_interval;
+    if (interval_checkpoint && every && state.position() / every > pos / every) take_checkpoint(false);
+  }
+  // A checkpoint of the sequence as it is; at a prompt's end with its logits row. Room is made
+  // (older ones dropped) before anything is copied.
+  void take_checkpoint(bool prompt_end) {
+    const uint32_t pos = state.position();
+    if (pos == 0) return;
+    const bool with_logits = prompt_end && !last_logits.empty();
+    if (const SessionCheckpoint* held = checkpoints.at(pos)) {
+      if (prompt_end) checkpoints.mark_prompt_end(pos);
+      if (!with_logits || !held->logits.empty()) return;
+    }
+    const uint64_t need = checkpoint_bytes(model->config, pos) + (with_logits ? last_logits.size() * sizeof(float) : 0);
+    if (checkpoints.make_room(pos, need)) {
+      SessionCheckpoint c;
+      c.seq = engine->checkpoint(state);
+      if (with_logits) c.logits = last_logits;
+      c.prompt_end = prompt_end;
+      checkpoints.add(std::move(c));
+      ++ck_taken;
+    }
+    publish_checkpoints();
+  }
+  // Where a prompt starts: the kept sequence when the prompt extends it, else the newest
+  // checkpoint at or before the first differing token, else position 0.
+  void start_for(std::span<const uint32_t> prompt) {
+    const size_t n = std::min(history.size(), prompt.size());
+    const size_t common = (size_t)(std::mismatch(history.begin(), history.begin() + (std::ptrdiff_t)n, prompt.begin()).first -
+                                   history.begin());
+    // A prompt equal to the kept sequence needs its last row of logits, which a cancelled
+    // prefill may not have computed.
+    const bool extends = !history.empty() && common == history.size() &&
+                         (history.size() < prompt.size() || !last_logits.empty());
+    if (extends) return;
+    const SessionCheckpoint* c = checkpoints.best_for((uint32_t)common, (uint32_t)prompt.size());
+    if (!c) {
+      forget();
+      return;
+    }
+    const uint32_t pos = c->pos();
+    engine->rollback(state, c->seq);
+    history.resize(pos);
+    last_logits = c->logits;
+    checkpoints.drop_after(pos);
+    ++ck_rollbacks;
+    publish_checkpoints();
+  }
+  void publish_checkpoints() {
+    ck_count = checkpoints.items().size();
+    ck_bytes = checkpoints.bytes();
+    ck_dropped = checkpoints.dropped();
+    ck_skipped = checkpoints.skipped();
   }
   void forget() {
     engine->reset(state);
     history.clear();
     last_logits.clear();
+    checkpoints.clear();
+    publish_checkpoints();
   }
 };
 
@@ -83,6 +142,7 @@ Session::Session(SessionOptions o) : impl_(std::make_unique<Impl>()) {
     spo.plan.threads = opt.threads;
     spo.plan.budget = opt.budget;
     spo.plan.allow_swap = opt.allow_swap;
+    spo.plan.checkpoint_budget = opt.checkpoint_budget;
     spo.store.policy = opt.policy;
     spo.store.queue_depth = opt.io_depth;
     spo.store.direct_io = opt.direct_io;
@@ -112,6 +172,7 @@ Session::Session(SessionOptions o) : impl_(std::make_unique<Impl>()) {
   }
   s.engine = std::make_unique<Engine>(*s.model, eo);
   s.state = s.engine->new_sequence();
+  s.checkpoints = CheckpointSet(opt.checkpoint_budget);
 }
 
 Session::~Session() {
@@ -159,13 +220,7 @@ GenerateResult Session::generate(const GenerateRequest& r, const std::function<b
 
   GenerateResult res;
   res.prompt_tokens = (uint32_t)r.prompt.size();
-  // Reuse the kept sequence when the prompt starts with everything it holds.
-  const bool extends = !s.history.empty() && s.history.size() <= r.prompt.size() &&
-                       std::equal(s.history.begin(), s.history.end(), r.prompt.begin());
-  // A prompt equal to the kept sequence needs its last row of logits, which a cancelled prefill
-  // may not have computed: then start over.
-  const bool need_row = s.history.size() == r.prompt.size() && s.last_logits.empty();
-  if (!extends || need_row) s.forget();
+  s.start_for(r.prompt);
   res.reused_tokens = (uint32_t)s.history.size();
   ++s.requests;
   s.prompt_tokens += r.prompt.size();
@@ -173,12 +228,20 @@ GenerateResult Session::generate(const GenerateRequest& r, const std::function<b
   const auto t_prefill = Clock::now();
   const uint32_t total = (uint32_t)r.prompt.size();
   bool cancelled = on_prefill && !on_prefill((uint32_t)s.history.size(), total);
+  // The prompt's end gets two checkpoints: after its last token (with the logits row: the same
+  // prompt again needs no prefill) and before it, where the next turn of a thinking
+  // conversation diverges (the generation prompt's `<think>` becomes `</think>` once the chat
+  // format drops the reasoning). The second costs one extra one-token chunk per request.
+  const size_t before_last = r.prompt.size() - 1;
   while (!cancelled && s.history.size() < r.prompt.size()) {
-    const size_t n = std::min<size_t>(s.plan.chunk, r.prompt.size() - s.history.size());
+    size_t n = std::min<size_t>(s.plan.chunk, r.prompt.size() - s.history.size());
+    if (s.history.size() < before_last && s.history.size() + n > before_last) n = before_last - s.history.size();
     const bool last_piece = s.history.size() + n == r.prompt.size();
-    s.eval(std::span<const uint32_t>(r.prompt.data() + s.history.size(), n), r.observer, last_piece);
+    s.eval(std::span<const uint32_t>(r.prompt.data() + s.history.size(), n), r.observer, last_piece, !last_piece);
+    if (s.history.size() == before_last) s.take_checkpoint(/*prompt_end=*/true);
     cancelled = on_prefill && !on_prefill((uint32_t)s.history.size(), total);
   }
+  if (s.history.size() == r.prompt.size()) s.take_checkpoint(/*prompt_end=*/true);
   res.prompt_evaluated = (uint32_t)s.history.size();
   res.prefill_s = seconds_since(t_prefill);
   s.prefill_ns += (uint64_t)(res.prefill_s * 1e9);
@@ -198,7 +261,7 @@ GenerateResult Session::generate(const GenerateRequest& r, const std::function<b
     if (!keep_going) { res.finish = "cancelled"; break; }
     if (res.tokens.size() >= r.max_tokens) { res.finish = "length"; break; }
     if (s.history.size() >= ctx) { res.finish = "context"; break; }
-    s.eval(std::span<const uint32_t>(&next, 1), r.observer, true);
+    s.eval(std::span<const uint32_t>(&next, 1), r.observer, true, true);
     ++res.decode_steps;
   }
   res.decode_s = seconds_since(t_decode);
@@ -223,6 +286,13 @@ SessionStats Session::stats() const {
   st.generated_tokens = s.generated_tokens;
   st.prefill_s = (double)s.prefill_ns.load() / 1e9;
   st.decode_s = (double)s.decode_ns.load() / 1e9;
+  st.checkpoints = s.ck_count;
+  st.checkpoint_bytes = s.ck_bytes;
+  st.checkpoint_budget = s.opt.checkpoint_budget;
+  st.checkpoints_taken = s.ck_taken;
+  st.checkpoints_dropped = s.ck_dropped;
+  st.checkpoints_skipped = s.ck_skipped;
+  st.checkpoint_rollbacks = s.ck_rollbacks;
   return st;
 }
 

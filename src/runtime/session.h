@@ -4,7 +4,11 @@
 //
 // One generate() at a time (callers serialise; the server has one worker). The sequence is kept
 // between calls: a prompt that starts with everything evaluated so far (the previous prompt plus
-// what was generated and fed back) only evaluates its new tokens.
+// what was generated and fed back) only evaluates its new tokens. For a prompt that shares only
+// a prefix with it, the session keeps checkpoints of the sequence (every checkpoint_interval
+// tokens and at the end of each prompt, within checkpoint_budget bytes) and rolls back to the
+// newest one at or before the first differing token, which gives exactly the state a fresh
+// prefill of those tokens would (Engine::rollback).
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -44,6 +48,15 @@ struct SessionOptions {
   uint32_t io_depth = 16;
   bool prefetch = true;          // next-layer router hints
   bool direct_io = true;
+  // Prefix checkpoints: one each time the sequence passes a multiple of checkpoint_interval
+  // tokens (at the end of the prefill chunk or decode step that passes it; 0: none) and two at
+  // the end of each prompt's prefill: before its last token and after it (with that prompt's
+  // last row of logits). At most checkpoint_budget bytes (accounted in the plan; 0: none). Over
+  // the budget the session drops, among all but the newest prompt's two and the one being
+  // added, the checkpoint whose removal leaves the smallest gap between its neighbours (the
+  // oldest on ties), so the positions left stay spread and the work a rollback redoes is small.
+  uint32_t checkpoint_interval = 1024;
+  uint64_t checkpoint_budget = kDefaultCheckpointBudget;
   // Load progress: stage name and done/total bytes (total 0: unknown). May be empty.
   std::function<void(const std::string& stage, uint64_t done, uint64_t total)> progress;
 };
@@ -75,7 +88,9 @@ struct GenerateResult {
   std::vector<uint32_t> tokens;  // generated, including a final eos/stop token
   std::string finish;            // "stop" (eos or stop token), "length", "cancelled", "context"
   uint32_t prompt_tokens = 0;
-  uint32_t reused_tokens = 0;    // prompt tokens whose state was already there
+  // Prompt tokens not evaluated again: the kept sequence's when the prompt extends it, else the
+  // position of the checkpoint rolled back to (0: evaluated from the start).
+  uint32_t reused_tokens = 0;
   uint32_t prompt_evaluated = 0; // prompt tokens in the sequence after prefill (< prompt_tokens if cancelled)
   uint32_t decode_steps = 0;     // generated tokens fed back and evaluated
   double prefill_s = 0, decode_s = 0;
@@ -89,6 +104,11 @@ struct SessionStats {
   uint64_t rss_bytes = 0;        // this process, now (from /proc)
   uint64_t requests = 0, prompt_tokens = 0, generated_tokens = 0;
   double prefill_s = 0, decode_s = 0;
+  // Prefix checkpoints (see SessionOptions): held now, their bytes and the budget; how many
+  // were taken, dropped to stay in the budget, not taken because one alone exceeds it, and
+  // how many requests rolled back to one.
+  uint64_t checkpoints = 0, checkpoint_bytes = 0, checkpoint_budget = 0;
+  uint64_t checkpoints_taken = 0, checkpoints_dropped = 0, checkpoints_skipped = 0, checkpoint_rollbacks = 0;
 };
 
 class Session {

@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -129,6 +130,12 @@ std::string peer_address(const sockaddr_storage& ss) {
   return text;
 }
 
+std::string join(const std::vector<std::string>& paths) {
+  std::string out;
+  for (const std::string& p : paths) out += (out.empty() ? "" : ", ") + p;
+  return out.empty() ? "reserved paths" : out;
+}
+
 // Reads and discards what the peer still sends; false once it has closed (or failed).
 bool discard_input(int fd) {
   char tmp[16 * 1024];
@@ -195,17 +202,22 @@ uint16_t HttpServer::listen(const std::string& host, uint16_t port) {
 int HttpServer::pick_victim(const std::string* only_client) {
   std::map<std::string, size_t> reading;  // per address: its connections that are not Active
   for (const auto& [fd, s] : open_)
-    if (!s.evicted && s.phase != Slot::Phase::Active && s.phase != Slot::Phase::Closing) reading[s.client]++;
+    if (!s.evicted && !s.probation && s.phase != Slot::Phase::Active && s.phase != Slot::Phase::Closing)
+      reading[s.client]++;
   const auto now = Clock::now();
   int best = -1;
   std::tuple<size_t, bool, int64_t> best_key{};
   for (const auto& [fd, s] : open_) {
-    if (s.evicted || s.phase == Slot::Phase::Active || s.phase == Slot::Phase::Closing) continue;
+    if (s.evicted || s.probation || s.phase == Slot::Phase::Active || s.phase == Slot::Phase::Closing) continue;
     if (only_client && s.client != *only_client) continue;
     // A connection that received bytes a moment ago (or was just accepted and not yet read) is
     // making progress; dropping it would punish a client for our own scheduling.
     const auto quiet = now - s.last_progress;
     if (s.phase != Slot::Phase::Idle && quiet < kMinQuietToEvict) continue;
+    // Bytes waiting in the socket: the client did send, its thread has not read yet (two busy
+    // cores can delay that past the grace above). Ours is the slowness, not the client's.
+    int unread = 0;
+    if (::ioctl(fd, FIONREAD, &unread) == 0 && unread > 0) continue;
     // The address holding most reading connections first, then idle keep-alives (nothing is
     // owed to them), then the one that has sent nothing for longest.
     const std::tuple<size_t, bool, int64_t> key{reading[s.client], s.phase == Slot::Phase::Idle,
@@ -276,9 +288,15 @@ void HttpServer::serve() {
     set_socket_options(fd);
     const std::string client = peer_address(peer);
     std::unique_lock lk(mu_);
-    size_t live = 0, client_reading = 0;
+    size_t live = 0, client_reading = 0, probation = 0;
+    bool client_on_probation = false;
     for (const auto& [f, s] : open_) {
       if (s.evicted || s.phase == Slot::Phase::Closing) continue;
+      if (s.probation) {
+        ++probation;
+        client_on_probation |= s.client == client;
+        continue;
+      }
       ++live;
       if (s.client == client && s.phase != Slot::Phase::Active) ++client_reading;
     }
@@ -298,13 +316,18 @@ void HttpServer::serve() {
         --live;
       }
     }
-    if (too_many_threads || live >= limits_.max_connections) {
+    // Every slot holds a connection that is still making progress (a burst of new ones, all
+    // younger than the eviction grace): the reserved slots admit a few more, one per address, to
+    // read their heads, so /health and /metrics answer during the burst.
+    const bool on_probation = !too_many_threads && live >= limits_.max_connections;
+    if (too_many_threads ||
+        (on_probation && (probation >= limits_.reserved_connections || client_on_probation))) {
       lk.unlock();
       refuse_at_accept(fd);
       continue;
     }
     const auto now = Clock::now();
-    open_[fd] = Slot{client, Slot::Phase::Fresh, now, now, false, false};
+    open_[fd] = Slot{client, Slot::Phase::Fresh, now, now, false, false, on_probation};
     lk.unlock();
     std::thread([this, fd] { run_connection(fd); }).detach();
   }
@@ -422,13 +445,24 @@ void HttpServer::run_connection(int fd) {
     conn.keep_alive = hp.keep_alive;
     const bool reserved = std::find(limits_.reserved_paths.begin(), limits_.reserved_paths.end(), req.path) !=
                           limits_.reserved_paths.end();
-    bool full = false, was_evicted = false;
+    bool full = false, was_evicted = false, no_room = false;
     {
       std::lock_guard lk(mu_);
       Slot& s = open_.at(fd);
-      // Evicted after its last read: the request is whole, but its slot is gone.
-      was_evicted = s.evicted;
-      full = s.evicted || (!reserved && active_unreserved_ + limits_.reserved_connections >= limits_.max_connections);
+      // Evicted after its last read: the request is whole, but its slot is gone. A reserved path
+      // is answered anyway (it is cheap, and the connection closes after it).
+      was_evicted = s.evicted && !reserved;
+      if (s.evicted || s.probation) conn.keep_alive = false;
+      if (s.probation && !reserved) {
+        // Keep it only if a regular slot has come free since the accept.
+        size_t live = 0;
+        for (const auto& [f, o] : open_)
+          if (!o.evicted && !o.probation && o.phase != Slot::Phase::Closing) ++live;
+        no_room = live >= limits_.max_connections;
+        if (!no_room) s.probation = false;
+      }
+      full = was_evicted || no_room ||
+             (!reserved && active_unreserved_ + limits_.reserved_connections >= limits_.max_connections);
       if (!full) {
         s.phase = Slot::Phase::Active;
         s.reserved = reserved;
@@ -439,6 +473,12 @@ void HttpServer::run_connection(int fd) {
     if (was_evicted) {
       reject(conn, 503, "connection dropped: the server is at its limit of " + std::to_string(limits_.max_connections) +
                             " connections and this one was the slowest still sending its request");
+      break;
+    }
+    if (no_room) {
+      reject(conn, 503, "too many open connections (" + std::to_string(limits_.max_connections) +
+                            ", all still sending their requests); only " + join(limits_.reserved_paths) +
+                            " are answered beyond the limit");
       break;
     }
     if (full) {

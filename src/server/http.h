@@ -95,6 +95,9 @@ class HttpServer {
     std::chrono::steady_clock::time_point last_progress;  // accept, or the last bytes received
     bool reserved = false;           // Active on a reserved path
     bool evicted = false;            // dropped for a newer connection; its thread answers 503
+    // Admitted beyond max_connections (no slot was free and none could be dropped) to read its
+    // head: served only for a reserved path, or when a slot has come free by then.
+    bool probation = false;
   };
   enum class Read { Ok, Closed, Timeout };
 

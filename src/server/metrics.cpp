@@ -90,7 +90,7 @@ std::string render_metrics(const MetricsInput& in) {
     w.sample("sluice_requests_cancelled_total", "reason=\"shutdown\"", (double)in.worker->cancelled_shutdown.load());
     w.one("sluice_requests_failed_total", "counter", "Generations that ended with an error.", (double)in.worker->failed.load());
     w.one("sluice_prompt_tokens_cached_total", "counter",
-          "Prompt tokens whose state was reused from the previous request (not evaluated again).",
+          "Prompt tokens not evaluated again (the kept sequence, or a prefix checkpoint of it).",
           (double)in.worker->reused_tokens.load());
   }
   w.one("sluice_requests_processing", "gauge", "Generations running now (0 or 1).", in.busy ? 1 : 0);

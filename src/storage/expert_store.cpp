@@ -198,6 +198,85 @@ ExpertStore::ExpertStore(const gguf::File& f, ExpertGeometry g, StoreOptions o)
 
 ExpertStore::~ExpertStore() = default;
 
+void ExpertStore::Impl::check_acquire_locked(uint32_t layer, size_t n_experts) const {
+  const uint32_t cap = policy->capacity(layer);
+  if (n_experts > cap)
+    throw Error("expert store: layer " + num(layer) + " needs " + num(n_experts) +
+                " distinct experts at once but the cache holds at most " + num(cap) + " per layer (" +
+                num(budget.slots) + " slots of " + num(layout.slot_bytes) + " bytes, " +
+                std::string(policy->name()) + "); reduce the chunk size or enlarge the cache");
+}
+
+bool ExpertStore::Impl::pin_existing_locked(Acquire& a, size_t i) {
+  auto it = index.find(key(a.layer, a.experts[i]));
+  if (it == index.end()) return false;
+  LayerStats& st = layer_stats[a.layer];
+  const uint32_t s = it->second;
+  Slot& sl = slots[s];
+  if (sl.state == Slot::State::Ready) {
+    st.hits++;
+  } else {
+    st.misses++;
+    st.joined++;
+    promote_locked(s);
+  }
+  if (sl.unused_prefetch) {
+    st.prefetch_used++;
+    sl.unused_prefetch = false;
+  }
+  sl.pins++;
+  policy->touched(s);
+  a.got[i] = s;
+  a.pinned.push_back(s);
+  return true;
+}
+
+void ExpertStore::Impl::pin_present_locked(Acquire& a) {
+  for (size_t i = 0; i < a.experts.size(); ++i) {
+    layer_stats[a.layer].requests++;
+    pin_existing_locked(a, i);
+  }
+}
+
+void ExpertStore::Impl::load_missing_locked(Acquire& a, std::unique_lock<std::mutex>& lk) {
+  for (size_t i = 0; i < a.experts.size(); ++i) {
+    if (a.got[i] != kNoSlot) continue;
+    for (;;) {
+      if (pin_existing_locked(a, i)) break;  // another thread started it while we waited
+      const int64_t s = take_slot_locked(a.layer);
+      if (s >= 0) {
+        layer_stats[a.layer].misses++;
+        slots[s].pins = 1;
+        start_load_locked((uint32_t)s, a.layer, a.experts[i], false);
+        a.got[i] = (uint32_t)s;
+        a.pinned.push_back((uint32_t)s);
+        break;
+      }
+      if (!any_transient())
+        throw Error("expert store: no slot free for layer " + num(a.layer) + " expert " + num(a.experts[i]) +
+                    ": the cache is leased by other users (" + num(budget.slots) + " slots)");
+      pump_locked();
+      a.waited = true;
+      cv.wait(lk);  // a load finishing or failing frees a slot; then look again
+    }
+  }
+  pump_locked();
+}
+
+void ExpertStore::Impl::wait_ready_locked(Acquire& a, std::unique_lock<std::mutex>& lk) {
+  auto loading = [&] {
+    for (uint32_t s : a.got)
+      if (slots[s].state == Slot::State::Loading) return true;
+    return false;
+  };
+  if (loading()) {
+    a.waited = true;
+    cv.wait(lk, [&] { return !loading(); });
+  }
+  for (uint32_t s : a.got)
+    if (slots[s].state == Slot::State::Failed) throw Error(slots[s].error);
+}
+
 Lease ExpertStore::acquire(uint32_t layer, std::span<const uint32_t> experts) {
   Impl& m = *impl_;
   if (layer >= m.geo.n_layer)
@@ -213,92 +292,25 @@ Lease ExpertStore::acquire(uint32_t layer, std::span<const uint32_t> experts) {
   if (experts.empty()) return lease;
 
   std::unique_lock<std::mutex> lk(m.mu);
-  const uint32_t cap = m.policy->capacity(layer);
-  if (experts.size() > cap)
-    throw Error("expert store: layer " + num(layer) + " needs " + num(experts.size()) +
-                " distinct experts at once but the cache holds at most " + num(cap) + " per layer (" +
-                num(m.budget.slots) + " slots of " + num(m.layout.slot_bytes) + " bytes, " +
-                std::string(m.policy->name()) + "); reduce the chunk size or enlarge the cache");
-  LayerStats& st = m.layer_stats[layer];
-  constexpr uint32_t kNoSlot = ~0u;
-  std::vector<uint32_t> got(experts.size(), kNoSlot);  // slot of experts[i]
-  std::vector<uint32_t> pinned;                         // what to unpin if this call fails
-  pinned.reserve(experts.size());
+  m.check_acquire_locked(layer, experts.size());
+  Impl::Acquire a{layer, experts, std::vector<uint32_t>(experts.size(), Impl::kNoSlot), {}, false};
+  a.pinned.reserve(experts.size());
   const uint64_t t0 = now_ns();
-  bool waited = false;
-  auto pin_existing = [&](size_t i) {
-    auto it = m.index.find(Impl::key(layer, experts[i]));
-    if (it == m.index.end()) return false;
-    const uint32_t s = it->second;
-    Slot& sl = m.slots[s];
-    if (sl.state == Slot::State::Ready) {
-      st.hits++;
-    } else {
-      st.misses++;
-      st.joined++;
-      m.promote_locked(s);
-    }
-    if (sl.unused_prefetch) {
-      st.prefetch_used++;
-      sl.unused_prefetch = false;
-    }
-    sl.pins++;
-    m.policy->touched(s);
-    got[i] = s;
-    pinned.push_back(s);
-    return true;
-  };
   try {
-    // Pin every member already resident or loading first, so that loading the missing ones can
-    // never evict another member of the same union.
-    for (size_t i = 0; i < experts.size(); ++i) {
-      st.requests++;
-      pin_existing(i);
-    }
-    for (size_t i = 0; i < experts.size(); ++i) {
-      if (got[i] != kNoSlot) continue;
-      for (;;) {
-        if (pin_existing(i)) break;  // another thread started it while we waited
-        const int64_t s = m.take_slot_locked(layer);
-        if (s >= 0) {
-          st.misses++;
-          m.slots[s].pins = 1;
-          m.start_load_locked((uint32_t)s, layer, experts[i], false);
-          got[i] = (uint32_t)s;
-          pinned.push_back((uint32_t)s);
-          break;
-        }
-        if (!m.any_transient())
-          throw Error("expert store: no slot free for layer " + num(layer) + " expert " + num(experts[i]) +
-                      ": the cache is leased by other users (" + num(m.budget.slots) + " slots)");
-        m.pump_locked();
-        waited = true;
-        m.cv.wait(lk);  // a load finishing or failing frees a slot; then look again
-      }
-    }
-    m.pump_locked();
-    auto loading = [&] {
-      for (uint32_t s : got)
-        if (m.slots[s].state == Slot::State::Loading) return true;
-      return false;
-    };
-    if (loading()) {
-      waited = true;
-      m.cv.wait(lk, [&] { return !loading(); });
-    }
-    for (uint32_t s : got)
-      if (m.slots[s].state == Slot::State::Failed) throw Error(m.slots[s].error);
+    m.pin_present_locked(a);
+    m.load_missing_locked(a, lk);
+    m.wait_ready_locked(a, lk);
   } catch (...) {
     // Loads already queued for this call go on (they become ordinary cache entries).
     m.pump_locked();
-    for (uint32_t s : pinned) m.unpin_locked(s);
-    if (waited) st.stall_ns += now_ns() - t0;
+    for (uint32_t s : a.pinned) m.unpin_locked(s);
+    if (a.waited) m.layer_stats[layer].stall_ns += now_ns() - t0;
     throw;
   }
-  if (waited) st.stall_ns += now_ns() - t0;
+  if (a.waited) m.layer_stats[layer].stall_ns += now_ns() - t0;
   lease.store_ = this;
   lease.experts_.assign(experts.begin(), experts.end());
-  lease.slots_ = std::move(got);
+  lease.slots_ = std::move(a.got);
   lease.bytes_.reserve(lease.slots_.size());
   for (uint32_t s : lease.slots_) lease.bytes_.push_back(m.bytes_of(s));
   return lease;

@@ -7,6 +7,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -89,6 +90,27 @@ struct ExpertStore::Impl {
   void evict_locked(uint32_t s);
   void free_slot_locked(uint32_t s);
   void unpin_locked(uint32_t s);
+
+  // ---- acquire, in its three phases (expert_store.cpp). One acquire() call's progress: the slot
+  // of each requested expert (kNoSlot until it has one), what to unpin if the call fails, and
+  // whether it had to wait (its stall).
+  static constexpr uint32_t kNoSlot = ~0u;
+  struct Acquire {
+    uint32_t layer = 0;
+    std::span<const uint32_t> experts;
+    std::vector<uint32_t> got;
+    std::vector<uint32_t> pinned;
+    bool waited = false;
+  };
+  void check_acquire_locked(uint32_t layer, size_t n_experts) const;  // throws when it can never fit
+  bool pin_existing_locked(Acquire& a, size_t i);  // pins experts[i] if resident or loading
+  // Phase 1: pin every member already resident or loading, so that loading the missing ones can
+  // never evict another member of the same union. Phase 2: a slot and a read for each missing
+  // one, waiting for slots to free up. Phase 3: wait until every member is read; a failed read
+  // throws its error.
+  void pin_present_locked(Acquire& a);
+  void load_missing_locked(Acquire& a, std::unique_lock<std::mutex>& lk);
+  void wait_ready_locked(Acquire& a, std::unique_lock<std::mutex>& lk);
 
   // ---- reads (expert_store_io.cpp)
   void start_load_locked(uint32_t s, uint32_t layer, uint32_t expert, bool prefetch);

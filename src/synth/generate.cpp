@@ -1,4 +1,4 @@
-#include "model/generate.h"
+#include "synth/generate.h"
 
 #include <algorithm>
 #include <cmath>

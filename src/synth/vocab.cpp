@@ -1,4 +1,4 @@
-#include "model/vocab.h"
+#include "synth/vocab.h"
 
 #include <array>
 #include <utility>

@@ -13,7 +13,7 @@
 #include "format/gguf.h"
 #include "model/config.h"
 #include "model/schema.h"
-#include "model/vocab.h"
+#include "synth/vocab.h"
 
 namespace sluice {
 

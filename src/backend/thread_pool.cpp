@@ -1,4 +1,4 @@
-#include "runtime/thread_pool.h"
+#include "backend/thread_pool.h"
 
 #include <algorithm>
 

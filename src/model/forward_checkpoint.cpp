@@ -1,0 +1,83 @@
+// Checkpoints of a sequence (spec 7): what a rollback to an earlier position cannot recover by
+// truncating the append-only compressed caches.
+//
+// Why this is exact. For a chunk starting at position P the forward pass reads from the state:
+//   window ring   rows of positions P-window .. P-1 (attention, forward_attention.cpp); the rows
+//                 of positions >= P are the chunk's own;
+//   compressed    rows g < P / ratio of each KV source (comp_kv_row / index_k_row take rows from
+//                 the chunk for g >= P / ratio, which it writes before reading);
+//   carry         the first P mod ratio rows (compress() writes row j at position j of a group
+//                 before the group's last position reads it);
+//   Engram tail   the last max_ngram - 1 compressed ids (engram_ids);
+// and nothing else. Positions after P overwrite ring rows, carry rows and the tail, never a
+// compressed row before P / ratio. So a checkpoint saves the ring, the carry and the tail, and a
+// rollback restores them and truncates the compressed rows. Rows the rollback does not restore
+// (ring rows >= P while P < window; compressed rows >= P / ratio) are zeroed because a fresh
+// state has zeros there; they are never read before being rewritten either way.
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "model/forward_impl.h"
+#include "util/error.h"
+
+namespace sluice {
+
+uint64_t checkpoint_bytes(const ModelConfig& c, uint32_t pos) {
+  const std::vector<LayerRole> roles = layer_roles(c);
+  uint64_t b = (uint64_t)c.num_hidden_layers * std::min(pos, c.sliding_window) * c.head_dim * sizeof(uint16_t);
+  for (uint32_t L : c.kv_source_layer_ids) b += 2ull * (std::max<uint32_t>(1, roles[L].ratio) - 1) * c.head_dim * sizeof(float);
+  b += (uint64_t)(c.engram_max_ngram_size > 0 ? c.engram_max_ngram_size - 1 : 0) * sizeof(int64_t);
+  return b;
+}
+
+SequenceCheckpoint Engine::checkpoint(const SequenceState& s) const {
+  const Impl& im = *impl_;
+  im.check_state(s);
+  const uint32_t W = s.window, hd = s.head_dim, nl = im.c.num_hidden_layers;
+  const uint32_t rows = std::min(s.pos, W);
+  SequenceCheckpoint ck;
+  ck.pos = s.pos;
+  ck.window_kv.resize((size_t)nl * rows * hd);
+  for (uint32_t L = 0; L < nl; ++L)
+    std::memcpy(ck.window_kv.data() + (size_t)L * rows * hd, s.window_kv.data() + (size_t)L * W * hd,
+                (size_t)rows * hd * sizeof(uint16_t));
+  for (const SourceCache& sc : s.sources) {
+    ck.carry_k.push_back(sc.carry_k);
+    ck.carry_s.push_back(sc.carry_s);
+  }
+  ck.engram_tail = s.engram_tail;
+  return ck;
+}
+
+void Engine::rollback(SequenceState& s, const SequenceCheckpoint& ck) const {
+  const Impl& im = *impl_;
+  im.check_state(s);
+  const uint32_t W = s.window, hd = s.head_dim, nl = im.c.num_hidden_layers, ihd = im.c.index_head_dim;
+  const uint32_t rows = std::min(ck.pos, W);
+  bool ok = ck.window_kv.size() == (size_t)nl * rows * hd && ck.carry_k.size() == s.sources.size() &&
+            ck.carry_s.size() == s.sources.size() && ck.engram_tail.size() == s.engram_tail.size();
+  for (size_t i = 0; ok && i < s.sources.size(); ++i)
+    ok = ck.carry_k[i].size() == s.sources[i].carry_k.size() && ck.carry_s[i].size() == s.sources[i].carry_s.size();
+  if (!ok) throw Error("engine: the checkpoint was not taken by an engine for this model");
+  if (ck.pos > s.pos)
+    throw Error("engine: cannot roll back to position " + std::to_string(ck.pos) + ", beyond the sequence's " +
+                std::to_string(s.pos));
+  for (uint32_t L = 0; L < nl; ++L) {
+    uint16_t* ring = s.window_kv.data() + (size_t)L * W * hd;
+    std::memcpy(ring, ck.window_kv.data() + (size_t)L * rows * hd, (size_t)rows * hd * sizeof(uint16_t));
+    std::fill(ring + (size_t)rows * hd, ring + (size_t)W * hd, uint16_t{0});
+  }
+  for (size_t i = 0; i < s.sources.size(); ++i) {
+    SourceCache& sc = s.sources[i];
+    const size_t r0 = ck.pos / sc.ratio, r1 = s.pos / sc.ratio;
+    std::fill(sc.kv.begin() + r0 * hd, sc.kv.begin() + r1 * hd, uint16_t{0});
+    std::fill(sc.index_k.begin() + r0 * ihd, sc.index_k.begin() + r1 * ihd, uint16_t{0});
+    sc.carry_k = ck.carry_k[i];
+    sc.carry_s = ck.carry_s[i];
+  }
+  s.engram_tail = ck.engram_tail;
+  s.pos = ck.pos;
+}
+
+}  // namespace sluice

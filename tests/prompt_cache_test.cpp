@@ -1,0 +1,104 @@
+// PromptCache (runtime/prompt_cache.h): a re-rendered prompt keeps the remembered tokens of the
+// longest prefix of its text that they spell, also when the text diverges inside (issue 16
+// item 7), so the Session can find the common token prefix. The generated tokens here are a
+// spelling the tokenizer would not choose (one token per character), so keeping them is visible.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "format/gguf.h"
+#include "runtime/prompt_cache.h"
+#include "text/tokenizer.h"
+
+namespace sluice {
+namespace {
+
+const text::Tokenizer& deepseek() {
+  static const text::Tokenizer tok =
+      text::Tokenizer::from_gguf(gguf::File::open(std::string(SLUICE_DATA_DIR) + "/deepseek-v3-vocab.gguf"));
+  return tok;
+}
+
+std::vector<uint32_t> ids(const std::vector<int32_t>& v) { return std::vector<uint32_t>(v.begin(), v.end()); }
+
+std::string decode(const std::vector<uint32_t>& t) {
+  return deepseek().decode(std::vector<int32_t>(t.begin(), t.end()), /*render_special=*/true);
+}
+
+struct Conversation {
+  std::string prompt = "<｜User｜>Write a haiku about the sea and the wind.<｜Assistant｜></think>";
+  std::string answer = "Waves fold into foam";
+  std::vector<uint32_t> prompt_tokens, generated;
+  PromptCache cache;
+  Conversation() {
+    prompt_tokens = ids(deepseek().encode(prompt, /*add_bos=*/true));
+    for (char ch : answer) {  // one token per character: not how the tokenizer spells it
+      const std::vector<int32_t> one = deepseek().encode(std::string(1, ch), false);
+      EXPECT_EQ(one.size(), 1u);
+      generated.push_back((uint32_t)one[0]);
+    }
+    EXPECT_NE(ids(deepseek().encode(answer, false)), generated);
+    cache.remember(deepseek(), prompt, prompt_tokens, generated);
+  }
+  std::vector<uint32_t> remembered() const {
+    std::vector<uint32_t> all = prompt_tokens;
+    all.insert(all.end(), generated.begin(), generated.end());
+    return all;
+  }
+};
+
+bool starts_with(const std::vector<uint32_t>& v, const std::vector<uint32_t>& prefix, size_t n) {
+  return v.size() >= n && std::equal(prefix.begin(), prefix.begin() + (std::ptrdiff_t)n, v.begin());
+}
+
+TEST(PromptCache, ExtendingTextKeepsEveryRememberedToken) {
+  Conversation c;
+  const std::string next = c.prompt + c.answer + "<｜end▁of▁sentence｜><｜User｜>More.<｜Assistant｜>";
+  EXPECT_EQ(c.cache.reused_for(next), c.remembered().size());
+  const std::vector<uint32_t> t = c.cache.tokens_for(deepseek(), next, true);
+  EXPECT_TRUE(starts_with(t, c.remembered(), c.remembered().size()));
+  EXPECT_EQ(decode(t), "<｜begin▁of▁sentence｜>" + next);
+}
+
+// The client re-renders the answer differently after its 9th character: the prompt tokens and
+// the first 8 generated ones (the one ending at the divergence is encoded afresh) are kept.
+TEST(PromptCache, TextDivergingInTheAnswerKeepsTheTokensBefore) {
+  Conversation c;
+  const std::string next = c.prompt + c.answer.substr(0, 9) + "crash on stone<｜end▁of▁sentence｜>";
+  ASSERT_NE(c.answer.substr(9, 1), "c");
+  const size_t keep = c.prompt_tokens.size() + 8;
+  EXPECT_EQ(c.cache.reused_for(next), keep);
+  const std::vector<uint32_t> t = c.cache.tokens_for(deepseek(), next, true);
+  EXPECT_TRUE(starts_with(t, c.remembered(), keep));
+  EXPECT_EQ(decode(t), "<｜begin▁of▁sentence｜>" + next);
+}
+
+// A tool list or system text that changes midway: the prompt tokens before it are kept.
+TEST(PromptCache, TextDivergingInThePromptKeepsTheTokensBefore) {
+  Conversation c;
+  const size_t at = c.prompt.find("sea");
+  const std::string next = c.prompt.substr(0, at) + "mountains.<｜Assistant｜></think>";
+  const size_t keep = c.cache.reused_for(next);
+  // Every kept token's text lies before the divergence, and all but the last such token are kept.
+  const std::string kept_text = decode(std::vector<uint32_t>(c.prompt_tokens.begin(), c.prompt_tokens.begin() + (std::ptrdiff_t)keep));
+  EXPECT_EQ(kept_text, "<｜begin▁of▁sentence｜>" + c.prompt.substr(0, kept_text.size() - std::string("<｜begin▁of▁sentence｜>").size()));
+  const std::string one_more = decode(std::vector<uint32_t>(c.prompt_tokens.begin(), c.prompt_tokens.begin() + (std::ptrdiff_t)keep + 2));
+  EXPECT_GT(one_more.size() - std::string("<｜begin▁of▁sentence｜>").size(), at) << "keep is the longest such prefix less one";
+  EXPECT_GT(keep, 4u);
+  const std::vector<uint32_t> t = c.cache.tokens_for(deepseek(), next, false);
+  EXPECT_TRUE(starts_with(t, c.prompt_tokens, keep));
+  EXPECT_EQ(decode(t), "<｜begin▁of▁sentence｜>" + next) << "the remembered BOS stays";
+}
+
+TEST(PromptCache, NothingInCommonEncodesAfresh) {
+  Conversation c;
+  EXPECT_EQ(c.cache.reused_for("Different."), 0u);
+  EXPECT_EQ(c.cache.tokens_for(deepseek(), "Different.", true), ids(deepseek().encode("Different.", true)));
+  EXPECT_EQ(c.cache.tokens_for(deepseek(), "Different.", false), ids(deepseek().encode("Different.", false)));
+  c.cache.clear();
+  EXPECT_EQ(c.cache.reused_for(c.prompt), 0u);
+}
+
+}  // namespace
+}  // namespace sluice
