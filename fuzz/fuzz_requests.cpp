@@ -1,6 +1,7 @@
-// libFuzzer target for the JSON-to-request conversion of both APIs: every input is a request body,
-// given to the OpenAI chat/completions and the Anthropic messages request builders
-// (server/chat_request.h, no model needed) and, when accepted, rendered into the prompt text as
+// libFuzzer target for the JSON-to-request conversion of the three APIs: every input is a request
+// body, given to the OpenAI chat/completions, the Anthropic messages and the OpenAI Responses
+// request builders (server/chat_request.h, server/responses_request.h, no model needed) and,
+// when accepted, rendered into the prompt text as
 // the server does before it tokenizes (text::render_chat). A body may be refused — ApiError 400,
 // or sluice::Error from the renderer (the server answers both with 400) — but nothing may crash,
 // hang, or throw anything else: an escaping nlohmann type_error would be a 500 in the server.
@@ -14,6 +15,7 @@
 #include "server/api_error.h"
 #include "server/chat_request.h"
 #include "server/request_json.h"
+#include "server/responses_request.h"
 #include "text/chat.h"
 #include "util/error.h"
 
@@ -22,11 +24,14 @@ namespace {
 // Shallower than the server's default so the fuzzer reaches the limit often.
 constexpr size_t kDepth = 32;
 
-void convert(std::string_view body, bool anthropic) {
+enum class Api { OpenAi, Anthropic, Responses };
+
+void convert(std::string_view body, Api api) {
   try {
     const nlohmann::json j = sluice::server::parse_body(body, kDepth);
-    const sluice::server::ChatRequest r = anthropic ? sluice::server::anthropic_request(j, /*count_only=*/false)
-                                                    : sluice::server::openai_chat_request(j, kDepth);
+    const sluice::server::ChatRequest r = api == Api::Anthropic ? sluice::server::anthropic_request(j, /*count_only=*/false)
+                                          : api == Api::OpenAi  ? sluice::server::openai_chat_request(j, kDepth)
+                                                                : sluice::server::responses_request(j, kDepth).chat;
     (void)sluice::text::render_chat(r.messages, r.options);
   } catch (const sluice::server::ApiError& e) {
     if (e.status != 400) std::abort();
@@ -38,7 +43,8 @@ void convert(std::string_view body, bool anthropic) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view body(reinterpret_cast<const char*>(data), size);
-  convert(body, false);
-  convert(body, true);
+  convert(body, Api::OpenAi);
+  convert(body, Api::Anthropic);
+  convert(body, Api::Responses);
   return 0;
 }

@@ -14,6 +14,7 @@
 #include "server/auth.h"
 #include "server/generation.h"
 #include "server/openai_api.h"
+#include "server/responses_api.h"
 #include "server/token_endpoints.h"
 #include "util/error.h"
 
@@ -31,7 +32,7 @@ bool is_anthropic(const std::string& path) { return path.rfind("/v1/messages", 0
 std::string endpoint_label(const std::string& path) {
   static const char* const known[] = {"/", "/health", "/v1/health", "/metrics", "/tokenize", "/detokenize", "/v1/models",
                                       "/models", "/v1/chat/completions", "/chat/completions", "/v1/completions",
-                                      "/completions", "/v1/messages", "/v1/messages/count_tokens"};
+                                      "/completions", "/v1/messages", "/v1/messages/count_tokens", "/v1/responses"};
   for (const char* k : known)
     if (path == k) return k;
   return "other";
@@ -222,6 +223,10 @@ int Server::route(const HttpRequest& req, Connection& conn) {
   if (p == "/v1/completions" || p == "/completions") {
     require_method(req, "POST");
     return handle_completions(ctx, req, conn);
+  }
+  if (p == "/v1/responses" || p == "/responses") {
+    require_method(req, "POST");
+    return handle_responses(ctx, req, conn);
   }
   if (p == "/v1/messages") {
     require_method(req, "POST");

@@ -53,7 +53,7 @@ rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$pid/status"; }
 rss_before=$(rss_kib)
 
 failed=0
-for script in openai_chat anthropic concurrent disconnect malformed; do
+for script in openai_chat responses anthropic concurrent disconnect malformed; do
   echo "== $script.mjs"
   (cd "$here" && node "$script.mjs") || failed=1
   echo "   (server RSS now $(rss_kib) KiB)"
