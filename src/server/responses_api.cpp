@@ -75,8 +75,10 @@ std::string context_message(size_t n, uint32_t n_ctx) {
 
 int handle_responses(ServerContext& ctx, const HttpRequest& req, Connection& conn) {
   const json body = parse_body(req.body, ctx.opts.max_json_depth);
-  const ResponsesRequest rr = responses_request(body, ctx.opts.max_json_depth);
+  ResponsesRequest rr = responses_request(body, ctx.opts.max_json_depth);
   log_dropped(rr.dropped);
+  apply_server_defaults(ctx, rr.chat);
+  log_omitted(req.path, rr.chat.omitted);
   const ChatRequest& cr = rr.chat;
   const Session& s = ready_session(ctx);
   std::string prompt_text;
@@ -96,15 +98,17 @@ int handle_responses(ServerContext& ctx, const HttpRequest& req, Connection& con
     send_response(conn, 400, "application/json", dump(err));
     return 400;
   }
+  RequestInfo info{req.path, req.body.size(), cr.tools, {}};
   std::shared_ptr<Job> job;
   if (!too_long) {
-    GenerateRequest gr = make_request(ctx, std::move(prompt), cr.max_tokens, cr.sampling, chat_stop_tokens(s.tokenizer()));
+    GenerateRequest gr = make_request(ctx, std::move(prompt), cr.max_tokens, cr.sampling, chat_stop_tokens(s.tokenizer()),
+                                      &info.max_tokens);
     gr.prompt_text = std::move(prompt_text);
     job = submit(ctx, std::move(gr));
   }
 
   if (cr.stream) {
-    send_stream_head(conn, 200, "text/event-stream");
+    send_stream_head(conn, 200, "text/event-stream", max_tokens_headers(info.max_tokens));
     // First bytes at once, before the queue wait and the prefill.
     conn.write(sse_comment("sluice " + meta.id) + b.created());
     if (too_long) {
@@ -117,6 +121,8 @@ int handle_responses(ServerContext& ctx, const HttpRequest& req, Connection& con
       return conn.write(sse_comment("prefill " + std::to_string(done) + "/" + std::to_string(total)));
     };
     h.delta = [&](const text::OutputParser::Delta& d) { return conn.write(b.delta(d)); };
+    h.info = info;
+    h.stops = cr.stops;
     const DriveOutcome o = drive(ctx, *job, conn, mode, h);
     if (o.client_gone) return 499;
     if (!o.ok) {
@@ -129,6 +135,8 @@ int handle_responses(ServerContext& ctx, const HttpRequest& req, Connection& con
 
   // The same builder; the events are not sent.
   DriveHooks h;
+  h.info = info;
+  h.stops = cr.stops;
   h.delta = [&](const text::OutputParser::Delta& d) {
     b.delta(d);
     return true;
@@ -142,7 +150,7 @@ int handle_responses(ServerContext& ctx, const HttpRequest& req, Connection& con
   const bool inc = incomplete(o, rr);
   const json usage = usage_json(o.result, count_reasoning_tokens(s, b.reasoning(), b.reasoning_closed()));
   b.finish(inc, usage);  // closes the last item
-  send_response(conn, 200, "application/json", dump(b.final_object(inc, usage)));
+  send_response(conn, 200, "application/json", dump(b.final_object(inc, usage)), max_tokens_headers(info.max_tokens));
   return 200;
 }
 

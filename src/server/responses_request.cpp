@@ -4,6 +4,7 @@
 #include <set>
 
 #include "server/api_error.h"
+#include "server/media_placeholder.h"
 #include "server/request_json.h"
 
 namespace sluice::server {
@@ -48,9 +49,9 @@ std::string string_field(const json& j, const char* key, const std::string& wher
 }
 
 // Text of a message's or a tool output's content: a string, or parts. Text parts are joined by
-// blank lines; non-text parts become a placeholder naming what was left out (the model reads
-// text only), recorded in `dropped`.
-std::string content_text(const json& c, const std::string& where, std::vector<ResponsesRequest::Dropped>& dropped) {
+// blank lines; image, file and audio parts become the placeholder every endpoint writes
+// (media_placeholder.h), recorded in `omitted` for the request's log line.
+std::string content_text(const json& c, const std::string& where, std::vector<std::string>& omitted) {
   if (c.is_string()) return c.get<std::string>();
   if (!c.is_array()) throw bad_request(where + " must be a string or an array of content parts");
   std::string s;
@@ -70,12 +71,7 @@ std::string content_text(const json& c, const std::string& where, std::vector<Re
     } else if (type == "refusal") {
       add(string_field(p, "refusal", pw, true));
     } else if (type == "input_image" || type == "input_file" || type == "input_audio") {
-      const std::string what = type == "input_image" ? "image" : type == "input_file" ? "file" : "audio";
-      std::string name = type == "input_file" && p.contains("filename") && p["filename"].is_string()
-                             ? " '" + p["filename"].get<std::string>() + "'"
-                             : "";
-      add("[" + what + name + " omitted: this model reads text only]");
-      dropped.push_back({pw, type});
+      add(openai_media_text(p, omitted));
     } else {
       throw bad_request(pw + ": content parts of type '" + type + "' are not supported");
     }
@@ -103,7 +99,7 @@ struct Converter {
   void message(const json& m, const std::string& where) {
     const std::string role = string_field(m, "role", where, true);
     if (!m.contains("content") || m["content"].is_null()) throw bad_request(where + ": 'content' is required");
-    const std::string text = content_text(m["content"], where + ".content", r.dropped);
+    const std::string text = content_text(m["content"], where + ".content", r.chat.omitted);
     if (role == "assistant") {
       // Text after calls (or after earlier text) starts a new turn.
       if (pending && (!pending->tool_calls.empty() || !pending->content.empty())) flush();
@@ -143,7 +139,7 @@ struct Converter {
     flush();
     text::ChatMessage t{"tool", "", "", {}, string_field(m, "call_id", where, true)};
     if (!m.contains("output") || m["output"].is_null()) throw bad_request(where + ": 'output' is required");
-    t.content = content_text(m["output"], where + ".output", r.dropped);
+    t.content = content_text(m["output"], where + ".output", r.chat.omitted);
     out.push_back(std::move(t));
   }
 
@@ -152,9 +148,9 @@ struct Converter {
   void reasoning(const json& m, const std::string& where) {
     std::string text;
     if (m.contains("content") && !m["content"].is_null())
-      text = content_text(m["content"], where + ".content", r.dropped);
+      text = content_text(m["content"], where + ".content", r.chat.omitted);
     if (text.empty() && m.contains("summary") && !m["summary"].is_null())
-      text = content_text(m["summary"], where + ".summary", r.dropped);
+      text = content_text(m["summary"], where + ".summary", r.chat.omitted);
     if (pending && (!pending->tool_calls.empty() || !pending->content.empty())) flush();
     text::ChatMessage& a = assistant();
     if (!a.reasoning.empty() && !text.empty()) a.reasoning += "\n\n";
@@ -394,6 +390,7 @@ ResponsesRequest responses_request(const json& body, size_t max_json_depth) {
   // Accepted and without effect: store (nothing is stored), include (no encrypted reasoning),
   // prompt_cache_key (one kept sequence, matched by its tokens), client_metadata, user, ...
   (void)get_bool(body, "store");
+  r.chat.tools = r.chat.options.tools.size();
   return r;
 }
 
