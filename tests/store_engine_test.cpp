@@ -262,7 +262,7 @@ TEST_F(StoreEngine, SessionStreamsLikeResidentAndReusesItsSequence) {
   // Cancelling from the token callback stops at once and keeps the session usable.
   int seen = 0;
   const GenerateResult e = streamed.generate(r, {}, [&](uint32_t) { return ++seen < 3; });
-  EXPECT_EQ(e.finish, "cancelled");
+  EXPECT_EQ(e.finish, Finish::Cancelled);
   EXPECT_EQ(e.tokens.size(), 3u);
   EXPECT_EQ(streamed.generate(r, {}, {}).tokens, a.tokens);
 
@@ -317,7 +317,7 @@ TEST_F(StoreEngine, CancelledPrefillIsReusedOrRestartedExactly) {
   Session s(so);
   // Stop after the second chunk: 8 prompt tokens evaluated, no logits row computed.
   const GenerateResult c = s.generate(r, [](uint32_t done, uint32_t) { return done < 8; }, {});
-  EXPECT_EQ(c.finish, "cancelled");
+  EXPECT_EQ(c.finish, Finish::Cancelled);
   EXPECT_EQ(c.prompt_evaluated, 8u);
   EXPECT_TRUE(c.tokens.empty());
   // The same 8 tokens: the row is missing, so the session starts over (nothing reused).

@@ -134,7 +134,7 @@ int run_chat(const ChatCommandOptions& o) {
     const text::ParsedOutput turn = text::parse_output(tok.decode(said, /*render_special=*/true), co.thinking);
     history.push_back({"assistant", turn.content, turn.reasoning, {}, ""});
     std::fprintf(stderr, "[%u prompt tokens (%u reused) in %.2f s, %zu generated in %.2f s, stop: %s | %s]\n",
-                 r.prompt_tokens, r.reused_tokens, r.prefill_s, r.tokens.size(), r.decode_s, r.finish.c_str(),
+                 r.prompt_tokens, r.reused_tokens, r.prefill_s, r.tokens.size(), r.decode_s, finish_name(r.finish),
                  session_summary(session, r.prompt_tokens - r.reused_tokens + r.decode_steps).c_str());
   }
   return 0;

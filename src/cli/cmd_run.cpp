@@ -513,7 +513,7 @@ int run_run(const RunOptions& o) {
   if (dump) dump->finish();
   if (trace) trace->finish();
 
-  const std::string stop = !stop_note.empty() ? stop_note : res.finish == "stop" ? "eos" : res.finish;
+  const std::string stop = !stop_note.empty() ? stop_note : res.finish == Finish::Stop ? "eos" : finish_name(res.finish);
   const uint64_t prefilled = res.prompt_evaluated;
   const uint64_t decode_evals = res.decode_steps;
   const std::string store_line = session_summary(session, prompt_n + decode_evals);

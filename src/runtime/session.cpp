@@ -20,6 +20,18 @@
 
 namespace sluice {
 
+const char* finish_name(Finish f) {
+  switch (f) {
+    case Finish::None: return "none";
+    case Finish::Stop: return "stop";
+    case Finish::Length: return "length";
+    case Finish::Context: return "context";
+    case Finish::Cancelled: return "cancelled";
+  }
+  return "none";
+}
+
+
 namespace {
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -249,18 +261,18 @@ GenerateResult Session::generate(const GenerateRequest& r, const std::function<b
   const auto t_decode = Clock::now();
   Sampler sampler(r.sampling);
   const uint32_t V = c.vocab_size;
-  if (cancelled) res.finish = "cancelled";
+  if (cancelled) res.finish = Finish::Cancelled;
   while (!cancelled) {
-    if (res.tokens.size() >= r.max_tokens) { res.finish = "length"; break; }
+    if (res.tokens.size() >= r.max_tokens) { res.finish = Finish::Length; break; }
     const uint32_t next = sampler.sample(std::span<const float>(s.last_logits.data(), V));
     res.tokens.push_back(next);
     ++s.generated_tokens;
     const bool keep_going = !on_token || on_token(next);
     const bool is_stop = std::find(r.stop_tokens.begin(), r.stop_tokens.end(), next) != r.stop_tokens.end();
-    if ((!r.ignore_eos && next == c.eos_token_id) || is_stop) { res.finish = "stop"; break; }
-    if (!keep_going) { res.finish = "cancelled"; break; }
-    if (res.tokens.size() >= r.max_tokens) { res.finish = "length"; break; }
-    if (s.history.size() >= ctx) { res.finish = "context"; break; }
+    if ((!r.ignore_eos && next == c.eos_token_id) || is_stop) { res.finish = Finish::Stop; break; }
+    if (!keep_going) { res.finish = Finish::Cancelled; break; }
+    if (res.tokens.size() >= r.max_tokens) { res.finish = Finish::Length; break; }
+    if (s.history.size() >= ctx) { res.finish = Finish::Context; break; }
     s.eval(std::span<const uint32_t>(&next, 1), r.observer, true, true);
     ++res.decode_steps;
   }

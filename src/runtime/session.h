@@ -84,9 +84,20 @@ struct GenerateRequest {
   std::string prompt_text;
 };
 
+// Why a generate() ended.
+enum class Finish : uint8_t {
+  None,       // not run (a result that was never filled in)
+  Stop,       // eos or one of the request's stop tokens
+  Length,     // max_tokens generated
+  Context,    // the context is full
+  Cancelled,  // the caller's on_prefill / on_token asked to stop
+};
+// "none", "stop", "length", "context", "cancelled" (logs, the CLI summary).
+const char* finish_name(Finish f);
+
 struct GenerateResult {
   std::vector<uint32_t> tokens;  // generated, including a final eos/stop token
-  std::string finish;            // "stop" (eos or stop token), "length", "cancelled", "context"
+  Finish finish = Finish::None;
   uint32_t prompt_tokens = 0;
   // Prompt tokens not evaluated again: the kept sequence's when the prompt extends it, else the
   // position of the checkpoint rolled back to (0: evaluated from the start).

@@ -136,7 +136,7 @@ DriveOutcome drive_job(ServerContext& ctx, Job& job, Connection& conn, TextMode 
   auto emit = [&](text::OutputParser::Delta d) {
     if (stopper.active() && !d.content.empty()) {
       d.content = stopper.push(d.content);
-      if (stopper.hit()) job.cancel(3);  // the worker stops at the next token
+      if (stopper.hit()) job.cancel(CancelCause::StopString);  // the worker stops at the next token
     }
     if (d.empty()) return true;
     if (!d.calls.empty()) out.had_calls = true;
@@ -188,17 +188,17 @@ DriveOutcome drive_job(ServerContext& ctx, Job& job, Connection& conn, TextMode 
           }
           if (!gone && stopper.hit()) {
             out.ok = true;
-            out.result.finish = "stop";
+            out.result.finish = Finish::Stop;
             out.stop_string = stopper.matched();
             return out;
           }
-          if (!gone && out.result.finish == "cancelled" && job.cancel_reason == 2) {
+          if (!gone && out.result.finish == Finish::Cancelled && job.cancel_reason == CancelCause::Shutdown) {
             // Shutdown, not the client: the handler ends the stream with an error event.
             out.status = 503;
             out.error = "the server is shutting down";
             return out;
           }
-          if (out.result.finish == "cancelled" || gone) {
+          if (out.result.finish == Finish::Cancelled || gone) {
             out.client_gone = true;
             return out;
           }
@@ -217,7 +217,7 @@ DriveOutcome drive_job(ServerContext& ctx, Job& job, Connection& conn, TextMode 
       if (!hooks.keepalive()) gone = true;
     }
   }
-  job.cancel(1);
+  job.cancel(CancelCause::ClientGone);
   out.client_gone = true;
   return out;
 }
@@ -229,7 +229,7 @@ void log_request(const Job& job, const DriveHooks& hooks, const DriveOutcome& o)
   std::string max = std::to_string(in.max_tokens.effective);
   if (in.max_tokens.capped_by)
     max += " (asked " + std::to_string(*in.max_tokens.requested) + ", capped by " + in.max_tokens.capped_by + ")";
-  std::string finish = o.ok ? (o.stop_string.empty() ? r.finish : "stop_string") : o.client_gone ? "client_gone" : "error " + std::to_string(o.status);
+  std::string finish = o.ok ? (o.stop_string.empty() ? finish_name(r.finish) : "stop_string") : o.client_gone ? "client_gone" : "error " + std::to_string(o.status);
   char ttft[32] = "-";
   if (o.ttft_s >= 0) std::snprintf(ttft, sizeof ttft, "%.3fs", o.ttft_s);
   std::fprintf(stderr,
@@ -248,8 +248,14 @@ DriveOutcome drive(ServerContext& ctx, Job& job, Connection& conn, TextMode mode
 }
 
 std::string finish_reason(const DriveOutcome& o) {
-  if (o.result.finish == "context" || o.result.finish == "length") return "length";
-  return o.result.finish.empty() ? "stop" : o.result.finish;
+  switch (o.result.finish) {
+    case Finish::Context:
+    case Finish::Length: return "length";
+    case Finish::Cancelled: return "cancelled";
+    case Finish::None:
+    case Finish::Stop: return "stop";
+  }
+  return "stop";
 }
 
 std::string new_id(ServerContext& ctx, const char* prefix) {

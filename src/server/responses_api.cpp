@@ -57,8 +57,8 @@ uint64_t count_reasoning_tokens(const Session& s, const std::string& reasoning, 
 // context filling up. A response ended by the server's --max-tokens-limit is complete: that is
 // the operator's cap on every answer (docs/server.md).
 bool incomplete(const DriveOutcome& o, const ResponsesRequest& rr) {
-  if (o.result.finish == "context") return true;
-  return o.result.finish == "length" && rr.max_output_tokens && (int64_t)o.result.tokens.size() >= *rr.max_output_tokens;
+  if (o.result.finish == Finish::Context) return true;
+  return o.result.finish == Finish::Length && rr.max_output_tokens && (int64_t)o.result.tokens.size() >= *rr.max_output_tokens;
 }
 
 json error_json(const DriveOutcome& o) {

@@ -57,7 +57,7 @@ bool Worker::submit(std::shared_ptr<Job> job) {
   for (auto it = queue_.begin(); it != queue_.end();) {
     if ((*it)->cancelled) {
       JobEvent e;
-      e.result.finish = "cancelled";
+      e.result.finish = Finish::Cancelled;
       (*it)->push(std::move(e));
       it = queue_.erase(it);
     } else {
@@ -86,7 +86,7 @@ void Worker::shutdown() {
   {
     std::lock_guard lk(mu_);
     stop_ = true;
-    if (current_) current_->cancel(2);
+    if (current_) current_->cancel(CancelCause::Shutdown);
     for (auto& j : queue_) j->push(failed(503, "the server is shutting down"));
     queue_.clear();
   }
@@ -124,7 +124,7 @@ void Worker::run(Factory factory) {
       queue_.pop_front();
       if (job->cancelled) {
         JobEvent e;
-        e.result.finish = "cancelled";
+        e.result.finish = Finish::Cancelled;
         job->push(std::move(e));
         continue;
       }
@@ -155,9 +155,9 @@ void Worker::run(Factory factory) {
     try {
       done.result = session_->generate(job->request, on_prefill, on_token);
       done.kind = JobEvent::Kind::Done;
-      if (done.result.finish == "cancelled") {
-        if (job->cancel_reason == 2) counters_.cancelled_shutdown++;
-        else if (job->cancel_reason == 3) counters_.completed++;  // a stop string ended it
+      if (done.result.finish == Finish::Cancelled) {
+        if (job->cancel_reason == CancelCause::Shutdown) counters_.cancelled_shutdown++;
+        else if (job->cancel_reason == CancelCause::StopString) counters_.completed++;  // a stop string ended it
         else counters_.cancelled_disconnect++;
       } else {
         counters_.completed++;

@@ -36,15 +36,23 @@ struct JobEvent {
   std::string error;           // Failed
 };
 
+// Why a job was cancelled (the first cause wins).
+enum class CancelCause : uint8_t {
+  None,
+  ClientGone,  // the client disconnected
+  Shutdown,    // the server is stopping
+  StopString,  // a stop string matched in the text (the request is complete)
+};
+
 class Job {
  public:
   explicit Job(GenerateRequest r) : request(std::move(r)) {}
   const GenerateRequest request;
   std::atomic<bool> cancelled{false};
-  std::atomic<int> cancel_reason{0};  // 0 none, 1 client disconnected, 2 shutdown, 3 stop string
+  std::atomic<CancelCause> cancel_reason{CancelCause::None};
 
-  void cancel(int reason) {
-    int none = 0;
+  void cancel(CancelCause reason) {
+    CancelCause none = CancelCause::None;
     cancel_reason.compare_exchange_strong(none, reason);
     cancelled = true;
   }
