@@ -173,7 +173,9 @@ TEST(AgentServerOptions, ServerStopListAndThinkingOff) {
   const json think = {{"max_tokens", 4}, {"thinking", {{"type", "enabled"}}}, {"messages", json::array({user("hm")})}};
   r = s.post("/v1/messages", think);
   ASSERT_EQ(r.status, 200);
-  for (const json& b : json::parse(r.body)["content"]) EXPECT_NE(b["type"], "thinking") << r.body;
+  // The parsed body is kept: a range-for over a member of a temporary reads freed memory.
+  const json answer = json::parse(r.body);
+  for (const json& b : answer["content"]) EXPECT_NE(b["type"], "thinking") << r.body;
 }
 
 }  // namespace

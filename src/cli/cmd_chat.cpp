@@ -47,8 +47,9 @@ int run_chat(const ChatCommandOptions& o) {
   if (o.n_predict < 1) throw UsageError("-n must be at least 1");
   const SamplerOptions so = sampler_options(o.temp, o.top_p, o.seed, o.top_k, o.min_p);
   SessionOptions sess = session_options(o.engine, o.model, o.ctx);
-  check_ctx(o.ctx, read_model_config(o.model).max_position_embeddings);
-  Session session(std::move(sess));
+  const ModelHeader header = open_model_header(o.model);
+  check_ctx(o.ctx, header.config.max_position_embeddings);
+  Session session(std::move(sess), header);
   maybe_print_plan(o.engine, session);
   const text::Tokenizer& tok = session.tokenizer();
   const ModelConfig& c = session.config();

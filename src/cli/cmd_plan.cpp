@@ -65,7 +65,7 @@ int run_plan(const PlanCommandOptions& o) {
   spo.plan = po;
   spo.store.policy = o.cache_policy == "lru-global" ? storage::EvictionKind::LruGlobal : storage::EvictionKind::LruPerLayer;
   const gguf::File f = open_gguf(o.model);
-  const ModelConfig cfg = read_model_config(o.model);
+  const ModelConfig cfg = read_model_config(o.model, f);
   check_ctx(o.ctx, cfg.max_position_embeddings);
   spo.plan.ctx = o.ctx ? o.ctx : default_context(cfg.max_position_embeddings);
   Plan p;

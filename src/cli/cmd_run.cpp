@@ -393,18 +393,11 @@ int run_run(const RunOptions& o) {
   session_options(o.engine, o.model, 0);
 
   const auto t_load = Clock::now();
-  ModelConfig cfg;
+  // Opened once: the prompt's tokens size the context, then the Session plans from the same header.
+  const ModelHeader header = open_model_header(o.model);
+  const ModelConfig& cfg = header.config;
+  const text::Tokenizer* tok = header.tokenizer.get();
   std::vector<uint64_t> ids;
-  std::unique_ptr<text::Tokenizer> tok;
-  {
-    const gguf::File header = open_gguf(o.model);
-    try {
-      cfg = config_from_gguf(header);
-      if (text_mode) tok = std::make_unique<text::Tokenizer>(text::Tokenizer::from_gguf(header));
-    } catch (const Error& e) {
-      throw Error(with_path(o.model, e.what()));
-    }
-  }
   if (text_mode) {
     std::string text = o.prompt;
     if (!o.prompt_file.empty()) {
@@ -455,7 +448,7 @@ int run_run(const RunOptions& o) {
   std::unique_ptr<TraceFile> trace;
   if (!o.trace_dir.empty()) trace = std::make_unique<TraceFile>(o.trace_dir, existing);
 
-  Session session(session_options(o.engine, o.model, (uint32_t)ctx));
+  Session session(session_options(o.engine, o.model, (uint32_t)ctx), header);
   maybe_print_plan(o.engine, session);
   const double load_s = seconds_since(t_load);
   EvalObserver obs;

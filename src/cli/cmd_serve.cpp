@@ -156,12 +156,16 @@ int run_serve(const ServeOptions& o) {
   SessionOptions sess = session_options(o.engine, o.model, o.ctx);
   // The header's checks (architecture, -c against the model) before listening: the model
   // itself loads in the worker, after "listening" is printed.
-  check_ctx(o.ctx, check_model_file(o.model).max_position_embeddings);
+  // Opened once here; the Session in the worker plans from the same header.
+  auto header = std::make_shared<const ModelHeader>(open_model_header(o.model));
+  if (const std::vector<std::string> problems = load_problems(header->file); !problems.empty())
+    throw Error(with_path(o.model, problems.front()));
+  check_ctx(o.ctx, header->config.max_position_embeddings);
 
   const std::string model_id = !o.alias.empty() ? o.alias : std::filesystem::path(o.model).stem().string();
-  auto factory = [sess] {
+  auto factory = [sess, header] {
     const auto t0 = std::chrono::steady_clock::now();
-    auto s = std::make_unique<Session>(sess);
+    auto s = std::make_unique<Session>(sess, *header);
     std::fputs(format_plan(s->plan()).c_str(), stderr);  // the server log records what was admitted
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::fprintf(stderr, "sluice serve: model %s loaded in %.1f s, ctx %u, ready\n", s->model_id().c_str(), secs,

@@ -58,24 +58,14 @@ inline gguf::File open_gguf(const std::string& path) {
   }
 }
 
-// The model's config from its header (nothing else is read): the architecture check first, then
-// config_from_gguf; errors name the path once. For the checks a command makes at startup.
-inline ModelConfig read_model_config(const std::string& path) {
-  const gguf::File f = open_gguf(path);
+// The model's config from its opened header f (nothing else is read): the architecture check
+// first, then config_from_gguf; errors name the path once.
+inline ModelConfig read_model_config(const std::string& path, const gguf::File& f) {
   try {
     return config_from_gguf(f);
   } catch (const Error& e) {
     throw Error(with_path(path, e.what()));
   }
-}
-
-// read_model_config plus every check run makes before loading (model/load_checks.h): for
-// serve, which loads in its worker after it is listening, so it refuses a bad file first.
-inline ModelConfig check_model_file(const std::string& path) {
-  const gguf::File f = open_gguf(path);
-  if (const std::vector<std::string> problems = load_problems(f); !problems.empty())
-    throw Error(with_path(path, problems.front()));
-  return read_model_config(path);
 }
 
 }  // namespace sluice::cli

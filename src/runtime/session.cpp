@@ -43,7 +43,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 struct Session::Impl {
   SessionOptions opt;
   Plan plan;
-  std::unique_ptr<text::Tokenizer> tokenizer;
+  std::shared_ptr<const text::Tokenizer> tokenizer;
   std::unique_ptr<Model> model;
   std::unique_ptr<storage::ExpertStore> store;
   std::unique_ptr<StreamedExperts> streamed;
@@ -137,17 +137,31 @@ struct Session::Impl {
   }
 };
 
-Session::Session(SessionOptions o) : impl_(std::make_unique<Impl>()) {
+ModelHeader open_model_header(const std::string& path) {
+  try {
+    ModelHeader h{path, gguf::File::open(path), {}, nullptr};
+    h.config = config_from_gguf(h.file);
+    h.tokenizer = std::make_shared<const text::Tokenizer>(text::Tokenizer::from_gguf(h.file));
+    // Before planning and loading, as inspect reports it (model/load_checks.h).
+    if (const std::string p = vocab_fit_problem(*h.tokenizer, h.config); !p.empty()) throw Error(p);
+    return h;
+  } catch (const Error& e) {  // every error about the file names it once, as run's do
+    throw Error(with_path(path, e.what()));
+  }
+}
+
+Session::Session(SessionOptions o) : Session(o, open_model_header(o.model_path)) {}
+
+Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
   s.opt = std::move(o);
   const SessionOptions& opt = s.opt;
   if (opt.threads < 0) throw Error("threads must not be negative");
+  if (header.path != opt.model_path)
+    throw Error("session for " + opt.model_path + " given the header of " + header.path);
+  const ModelConfig& cfg = header.config;
+  s.tokenizer = header.tokenizer;
   try {
-    gguf::File header = gguf::File::open(opt.model_path);
-    const ModelConfig cfg = config_from_gguf(header);
-    s.tokenizer = std::make_unique<text::Tokenizer>(text::Tokenizer::from_gguf(header));
-    // Before planning and loading, as inspect reports it (model/load_checks.h).
-    if (const std::string p = vocab_fit_problem(*s.tokenizer, cfg); !p.empty()) throw Error(p);
     StorePlanOptions spo;
     spo.plan.ctx = opt.ctx ? opt.ctx : default_context(cfg.max_position_embeddings);
     spo.plan.chunk = opt.chunk;
@@ -159,7 +173,7 @@ Session::Session(SessionOptions o) : impl_(std::make_unique<Impl>()) {
     spo.store.queue_depth = opt.io_depth;
     spo.store.direct_io = opt.direct_io;
     spo.stream_experts = opt.stream_experts;
-    s.plan = plan_for_file(header, spo);
+    s.plan = plan_for_file(header.file, spo);
     require_admitted(s.plan);
   } catch (const Error& e) {  // every error about the file names it once, as run's do
     throw Error(with_path(opt.model_path, e.what()));

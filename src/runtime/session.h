@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "format/gguf.h"
 #include "model/config.h"
 #include "runtime/admission.h"
 #include "runtime/sampler.h"
@@ -122,10 +123,25 @@ struct SessionStats {
   uint64_t checkpoints_taken = 0, checkpoints_dropped = 0, checkpoints_skipped = 0, checkpoint_rollbacks = 0;
 };
 
+// A model file's header opened once, with what is derived from it: the config and the
+// tokenizer (built and checked against the vocabulary size). Front ends that need them before
+// choosing the session's options (run sizes its context from the prompt's tokens, chat and
+// serve check -c against the model) open the header once and give it to the Session, instead of
+// each opening and deriving it again. Errors name the path.
+struct ModelHeader {
+  std::string path;
+  gguf::File file;  // metadata and tensor records only; no payload is read
+  ModelConfig config;
+  std::shared_ptr<const text::Tokenizer> tokenizer;
+};
+ModelHeader open_model_header(const std::string& path);
+
 class Session {
  public:
   // Plans (refusing with Error and the plan's breakdown when it does not fit), then loads.
+  // h must be o.model_path's header; the first form opens it.
   explicit Session(SessionOptions o);
+  Session(SessionOptions o, const ModelHeader& h);
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
