@@ -183,8 +183,6 @@ void Worker::run(Factory factory) {
     job->push(std::move(done));
   }
   set_state(State::Stopped);
-  std::lock_guard lk(mu_);
-  session_.reset();
 }
 
 }  // namespace sluice::server

@@ -89,7 +89,12 @@ class Worker {
   std::string load_error() const;
   // Null unless Ready. Its const accessors (tokenizer, config, ctx, model_id) are safe from any
   // thread; generate() belongs to the worker.
-  const Session* session() const { return state_ == State::Ready ? session_.get() : nullptr; }
+  // The loaded session, also after the worker stopped: a handler that was given its job before
+  // a shutdown still follows it to the end (the session lives until the Worker is destroyed,
+  // which is after every connection has closed). Null while loading or after a failed load.
+  const Session* session() const {
+    return state_ == State::Ready || state_ == State::Stopped ? session_.get() : nullptr;
+  }
 
   // false when the queue is full (or the worker is not Ready).
   bool submit(std::shared_ptr<Job> job);
