@@ -96,6 +96,19 @@ const uint16_t* Engine::Impl::index_k_row(const SequenceState& s, const Chunk& c
   return nr.ik.data() + (size_t)(g - nr.first) * c.index_head_dim;
 }
 
+void Engine::Impl::name(const Chunk& ch, int L, const char* what, const float* data, size_t width,
+                        size_t stride) const {
+  if (!opt.observer) return;
+  std::string nm;
+  if (L >= 0) {
+    nm = std::to_string(L);
+    nm.insert(nm.begin(), 'l');
+    nm.push_back('.');
+  }
+  nm.append(what);
+  if (opt.observer->wants(nm)) opt.observer->observe(nm, ch.p0, ch.n, data, width, stride);
+}
+
 namespace {
 
 // spec 3.2 hc_mixes for every token of the chunk: the projections are one linear layer over the
@@ -159,12 +172,16 @@ void Engine::Impl::run_chunk(SequenceState& s, Chunk& ch, float* logits) const {
       P[i * hc] = 1.0f;
     }
   }
+  name(ch, -1, "embd", X.data(), flat, flat);
 
   for (uint32_t L = 0; L < nl; ++L) {
     if (opt.fail_at_layer == (int)L && opt.fail_at_chunk == ch.index)
       throw Error("injected failure at layer " + std::to_string(L) + " of chunk " + std::to_string(ch.index));
     const LayerWeights& w = m.layers[L];
-    if (roles[L].engram_index >= 0) engram(ch, L, X.data());  // spec 3.3: before the attention mixes
+    if (roles[L].engram_index >= 0) {
+      engram(ch, L, X.data());  // spec 3.3: before the attention mixes
+      name(ch, (int)L, "engram_out", X.data(), flat, flat);
+    }
 
     // Attention sublayer: collapse with the incoming (lagged) pre-weights P.
     const std::vector<HcMix> A = hc_mixes(pool, c, w.hc_attn_fn, w.hc_attn_base, w.hc_attn_scale, X.data(), n);
@@ -173,7 +190,9 @@ void Engine::Impl::run_chunk(SequenceState& s, Chunk& ch, float* logits) const {
       hc_pre(X.data() + i * flat, P.data() + (size_t)i * hc, hc, H, xi);
       rms_norm(xi, w.attn_norm.data(), xi, H, c.rms_norm_eps);
     }
+    name(ch, (int)L, "attn_in", xin.data(), H, H);
     attention(ch, s, L, xin.data(), out.data());
+    name(ch, (int)L, "attn_out", out.data(), H, H);
     for (uint32_t i = 0; i < n; ++i)
       hc_post(out.data() + (size_t)i * H, X.data() + i * flat, A[i], hc, H, X2.data() + i * flat);
 
@@ -184,11 +203,15 @@ void Engine::Impl::run_chunk(SequenceState& s, Chunk& ch, float* logits) const {
       hc_pre(X2.data() + i * flat, A[i].pre.data(), hc, H, xi);
       rms_norm(xi, w.ffn_norm.data(), xi, H, c.rms_norm_eps);
     }
+    name(ch, (int)L, "ffn_in", xin.data(), H, H);
     moe(ch, L, xin.data(), out.data());
+    name(ch, (int)L, "ffn_out", out.data(), H, H);
     for (uint32_t i = 0; i < n; ++i) {
       hc_post(out.data() + (size_t)i * H, X2.data() + i * flat, F[i], hc, H, X.data() + i * flat);
       std::copy(F[i].pre.begin(), F[i].pre.end(), P.begin() + (size_t)i * hc);
     }
+    name(ch, (int)L, "hc_attn", X2.data(), flat, flat);
+    name(ch, (int)L, "out", X.data(), flat, flat);
   }
 
   // spec 3.7: the last FFN pre-weights collapse the streams (rounded like hc_pre, numerics.md 3).
@@ -198,7 +221,9 @@ void Engine::Impl::run_chunk(SequenceState& s, Chunk& ch, float* logits) const {
       hc_pre(X.data() + i * flat, P.data() + (size_t)i * hc, hc, H, xi);
       rms_norm(xi, m.output_norm.data(), xi, H, c.rms_norm_eps);
     }
+    name(ch, -1, "out_norm", xin.data(), H, H);
     lin(pool, m.output, xin.data(), H, n, logits, c.vocab_size, /*round=*/false);  // f32 logits
+    name(ch, -1, "logits", logits, c.vocab_size, c.vocab_size);
   }
 }
 

@@ -9,6 +9,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "model/config.h"
@@ -18,6 +19,17 @@
 namespace sluice {
 
 class ThreadPool;
+
+// Named intermediates of the forward pass (`sluice run --dump-tensors`, docs/backends.md): each
+// one is shown once per chunk as n positions p0 .. p0 + n - 1 of `width` floats (position i at
+// data + i * stride), named "<tensor>" or "l<layer>.<tensor>". Observing never changes a result.
+class TensorObserver {
+ public:
+  virtual ~TensorObserver() = default;
+  virtual bool wants(std::string_view name) const = 0;
+  virtual void observe(std::string_view name, uint32_t p0, uint32_t n, const float* data, size_t width,
+                       size_t stride) = 0;
+};
 
 struct EngineOptions {
   int threads = 1;
@@ -36,6 +48,8 @@ struct EngineOptions {
   bool prefetch = true;
   // Test hook: fill TokenTrace::ffn_inputs (copies; results are unchanged).
   bool trace_ffn_inputs = false;
+  // Shown every named intermediate when set (one eval() at a time). Must outlive the Engine.
+  TensorObserver* observer = nullptr;
 };
 
 struct TokenTrace {                                   // one per evaluated position

@@ -71,6 +71,9 @@ struct Engine::Impl {
   // Experts layer L's router picks for the chunk's tokens given FFN input x (ascending, distinct).
   std::vector<uint32_t> predict_experts(uint32_t L, const Chunk& ch, const float* x) const;
 
+  // Shows a named intermediate to the observer, if any: "l<L>.<what>" (L < 0: "<what>").
+  void name(const Chunk& ch, int L, const char* what, const float* data, size_t width, size_t stride) const;
+
   // Row g of the compressed stream of KV-source slot `sl` (committed or new in this chunk).
   const uint16_t* comp_kv_row(const SequenceState& s, const Chunk& ch, int sl, uint32_t g) const;
   const uint16_t* index_k_row(const SequenceState& s, const Chunk& ch, int sl, uint32_t g) const;
