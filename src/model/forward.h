@@ -18,7 +18,7 @@
 
 namespace sluice {
 
-class ThreadPool;
+class Backend;
 
 // Named intermediates of the forward pass (`sluice run --dump-tensors`, docs/backends.md): each
 // one is shown once per chunk as n positions p0 .. p0 + n - 1 of `width` floats (position i at
@@ -32,7 +32,10 @@ class TensorObserver {
 };
 
 struct EngineOptions {
-  int threads = 1;
+  int threads = 1;        // of the CPU backend the Engine makes when `backend` is null
+  // Where the ops run (src/backend). Null: a CpuBackend of `threads` threads owned by the Engine.
+  // Must outlive the Engine, and be the backend that prepared the model's weights.
+  const Backend* backend = nullptr;
   uint32_t ctx = 4096;    // positions a sequence may hold (state is allocated for it up front)
   uint32_t chunk = 64;    // tokens processed together, layer by layer (weights streamed once)
   // Test hooks: throw sluice::Error when processing layer fail_at_layer of the

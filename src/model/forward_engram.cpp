@@ -1,11 +1,7 @@
 // Engram (spec 4): per-token row ids from the hashed n-gram history, rows read from the file,
 // the gated residual update of the four streams. docs/numerics.md 8.
-#include <cmath>
-
-#include "kernels/fp.h"
 #include "model/engram.h"
 #include "model/forward_impl.h"
-#include "model/linear.h"
 
 namespace sluice {
 
@@ -33,34 +29,15 @@ void Engine::Impl::engram_ids(Chunk& ch, const SequenceState& s) const {
   }
 }
 
-void Engine::Impl::engram(Chunk& ch, uint32_t L, float* X) const {
+void Engine::Impl::engram(Chunk& ch, uint32_t L, Mat X) const {
   const LayerWeights& w = m.layers[L];
   const int e = roles[L].engram_index;
   const uint32_t n = ch.n, H = c.hidden_size, hc = c.hc_mult, cols = c.engram_columns();
   const size_t ecols = (size_t)cols * c.engram_head_dim, kvw = (size_t)(hc + 1) * H;
-  std::vector<float> E(n * ecols);
-  engram_gather(m.file, *w.engram_table, c.engram_head_dim, ch.engram_rows[(size_t)e], E.data());
-  std::vector<float> kv(n * kvw);
-  lin(pool, w.engram_kv, E.data(), ecols, n, kv.data(), kvw, /*round=*/true);
-  const float inv_sqrt_h = (float)(1.0 / std::sqrt((double)H));
-  std::vector<float> wq(H);
-  for (uint32_t h = 0; h < hc; ++h) {
-    // The elementwise product of the two norm weights is formed first (spec 4.5).
-    for (uint32_t k = 0; k < H; ++k) wq[k] = w.engram_q_norm[(size_t)h * H + k] * w.engram_k_norm[(size_t)h * H + k];
-    for (uint32_t i = 0; i < n; ++i) {
-      float* x = X + ((size_t)i * hc + h) * H;
-      const float* key = kv.data() + i * kvw + (size_t)h * H;
-      const float* val = kv.data() + i * kvw + (size_t)hc * H;
-      float dot = 0.0f;
-      for (uint32_t k = 0; k < H; ++k) dot += (x[k] * wq[k]) * key[k];
-      dot *= rms_factor(x, H, c.rms_norm_eps);
-      dot *= rms_factor(key, H, c.rms_norm_eps);
-      dot *= inv_sqrt_h;
-      const float sgn = dot > 0.0f ? 1.0f : (dot < 0.0f ? -1.0f : 0.0f);
-      const float gate = ch.is_masked(i) ? 0.0f : sigmoid(sgn * std::sqrt(std::max(std::fabs(dot), 1e-6f)));
-      for (uint32_t k = 0; k < H; ++k) x[k] = round_bf16(x[k] + gate * val[k]);
-    }
-  }
+  Tensor rows = be.tensor(n, ecols), kv = be.tensor(n, kvw);
+  engram_gather(m.file, *w.engram_table, c.engram_head_dim, ch.engram_rows[(size_t)e], rows.m().p);  // host-visible
+  be.linear(w.engram_kv, rows.c(), kv.m(), /*round=*/true);
+  be.engram_gate(X, hc, kv.c(), w.engram_q_norm.data(), w.engram_k_norm.data(), c.rms_norm_eps, ch.masked);
 }
 
 }  // namespace sluice

@@ -10,23 +10,11 @@
 #include <vector>
 
 #include "format/gguf.h"
-#include "kernels/types.h"
+#include "backend/weight.h"
 #include "model/config.h"
-#include "model/expert_source.h"
+#include "backend/expert_source.h"
 
 namespace sluice {
-
-// A 2-D weight: `rows` rows of `cols` elements, row r at data + r * row_bytes.
-struct Weight {
-  GgmlType type = GgmlType::F32;
-  uint64_t cols = 0, rows = 0, row_bytes = 0;
-  const uint8_t* data = nullptr;
-  const TypeTraits* traits = nullptr;
-  DotFn dot = nullptr;
-  ActType act() const { return traits->act; }
-  const uint8_t* row(uint64_t r) const { return data + r * row_bytes; }
-  bool present() const { return data != nullptr; }
-};
 
 // Geometry of one layer's routed expert tensors (the bytes come from an ExpertSource).
 struct ExpertLayout {

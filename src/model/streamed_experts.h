@@ -7,7 +7,7 @@
 #include <memory>
 #include <span>
 
-#include "model/expert_source.h"
+#include "backend/expert_source.h"
 #include "model/model.h"
 #include "storage/expert_store.h"
 

@@ -1,4 +1,4 @@
-// Linear layers of the forward pass (docs/numerics.md 2): each activation row is quantized once
+// The CPU backend's linear layers (docs/numerics.md 2): each activation row is quantized once
 // to the weight's activation type, then dotted with weight rows by the type's kernel. Threads
 // split output rows only, so every output element is one kernel call whatever the thread count
 // or the number of tokens in the batch.
@@ -8,8 +8,8 @@
 #include <span>
 #include <vector>
 
-#include "model/model.h"
 #include "backend/thread_pool.h"
+#include "backend/weight.h"
 
 namespace sluice {
 
@@ -28,9 +28,9 @@ ActRows quantize_rows(ActType a, const float* x, size_t x_stride, size_t n, size
 void matmul(ThreadPool& pool, const Weight& W, std::span<const uint8_t* const> acts, float* y,
             size_t y_stride, bool round, uint64_t row0, uint64_t nrows);
 
-// Convenience: quantize x (n rows, stride x_stride floats, W.cols used) and multiply by all rows
-// [row0, row0 + nrows) of W (nrows = 0: all rows).
+// Quantize x (n rows, stride x_stride floats, W.cols used) and multiply by rows
+// [row0, row0 + nrows) of W.
 void lin(ThreadPool& pool, const Weight& W, const float* x, size_t x_stride, size_t n, float* y,
-         size_t y_stride, bool round, uint64_t row0 = 0, uint64_t nrows = 0);
+         size_t y_stride, bool round, uint64_t row0, uint64_t nrows);
 
 }  // namespace sluice

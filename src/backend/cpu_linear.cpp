@@ -1,4 +1,4 @@
-#include "model/linear.h"
+#include "backend/cpu_linear.h"
 
 #include <algorithm>
 
@@ -39,7 +39,6 @@ void matmul(ThreadPool& pool, const Weight& W, std::span<const uint8_t* const> a
 
 void lin(ThreadPool& pool, const Weight& W, const float* x, size_t x_stride, size_t n, float* y,
          size_t y_stride, bool round, uint64_t row0, uint64_t nrows) {
-  if (nrows == 0) nrows = W.rows - row0;
   const ActRows a = quantize_rows(W.act(), x, x_stride, n, W.cols);
   std::vector<const uint8_t*> ptrs(n);
   for (size_t t = 0; t < n; ++t) ptrs[t] = a.row(t);

@@ -1,0 +1,129 @@
+// The CPU backend's attention ops: compressor pooling, the lightning indexer with the
+// candidate pool, sparse attention with sinks (spec 3.4, docs/numerics.md 4-6).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "backend/cpu_backend.h"
+#include "kernels/fp.h"
+#include "kernels/numerics.h"
+
+namespace sluice {
+
+// Ratio m: a per-channel softmax over the group's gate logits weights its projections; ratio 1:
+// the projection itself. The open group's f32 projections are the carry.
+std::vector<uint32_t> CpuBackend::compress_pool(CMat k, CMat g, uint32_t ratio, uint32_t p0, float* carry_k,
+                                                float* carry_s, Mat latents) const {
+  const size_t hd = k.width;
+  std::vector<uint32_t> groups;
+  std::vector<float> pooled(hd), ex((size_t)ratio * hd);
+  for (size_t i = 0; i < k.n; ++i) {
+    const uint32_t t = p0 + (uint32_t)i;
+    const float* ki = k.row(i);
+    if (ratio == 1) {
+      std::copy(ki, ki + hd, pooled.begin());
+    } else {
+      const uint32_t j = t % ratio;
+      const float* gi = g.row(i);
+      if (j + 1 < ratio) {  // group still open: carry the f32 projections
+        std::copy(ki, ki + hd, carry_k + (size_t)j * hd);
+        std::copy(gi, gi + hd, carry_s + (size_t)j * hd);
+        continue;
+      }
+      // Per-channel softmax over the group's members (in position order), then the weighted sum.
+      auto kv_of = [&](uint32_t a) { return a + 1 < ratio ? carry_k + (size_t)a * hd : ki; };
+      auto s_of = [&](uint32_t a) { return a + 1 < ratio ? carry_s + (size_t)a * hd : gi; };
+      for (size_t d = 0; d < hd; ++d) {
+        float mx = s_of(0)[d];
+        for (uint32_t a = 1; a < ratio; ++a) mx = std::max(mx, s_of(a)[d]);
+        float den = 0.0f;
+        for (uint32_t a = 0; a < ratio; ++a) {
+          ex[(size_t)a * hd + d] = std::exp(s_of(a)[d] - mx);
+          den += ex[(size_t)a * hd + d];
+        }
+        float acc = 0.0f;
+        for (uint32_t a = 0; a < ratio; ++a) acc += kv_of(a)[d] * (ex[(size_t)a * hd + d] / den);
+        pooled[d] = acc;
+      }
+    }
+    float* lat = latents.row(groups.size());
+    for (size_t d = 0; d < hd; ++d) lat[d] = round_bf16(pooled[d]);  // bf16(pooled)
+    groups.push_back(t / ratio);
+  }
+  return groups;
+}
+
+void CpuBackend::index_select(const IndexSelect& a, std::vector<std::vector<uint8_t>>& cand,
+                              std::vector<std::vector<int32_t>>& sel) const {
+  const uint32_t inh = a.heads, ihd = a.head_dim;
+  sel.assign(a.q.n, {});
+  std::vector<float> scores, wi(inh);
+  for (size_t i = 0; i < a.q.n; ++i) {
+    const uint32_t t = a.p0 + (uint32_t)i;
+    const float* q = a.q.row(i);
+    for (uint32_t h = 0; h < inh; ++h) wi[h] = a.w.row(i)[h] / a.denom;  // w' (numerics.md 6)
+    const uint32_t n_vis = (t + 1) / a.ratio;
+    scores.assign(n_vis, 0.0f);
+    pool_.parallel_for(n_vis, [&](size_t b, size_t e) {
+      for (size_t j = b; j < e; ++j) {
+        const uint16_t* kj = a.keys.row((uint32_t)j);
+        float acc = 0.0f;
+        for (uint32_t h = 0; h < inh; ++h) {
+          const float d = dot_bf16_(kj, q + (size_t)h * ihd, ihd);
+          acc += std::max(d, 0.0f) * wi[h];
+        }
+        scores[j] = acc;
+      }
+    }, 64);
+    if (a.candidate_source) cand[i] = candidate_blocks(scores, n_vis, a.block, a.keep_blocks);
+    if (a.candidate_consumer) {
+      const std::vector<uint8_t>& keep = cand[i];
+      for (uint32_t j = 0; j < n_vis; ++j)
+        if (!keep[j / a.block]) scores[j] = -std::numeric_limits<float>::infinity();
+    }
+    sel[i] = topk_ascending(scores, a.topk);
+  }
+}
+
+void CpuBackend::sparse_attention(const SparseAttention& a, Mat o) const {
+  const uint32_t n = (uint32_t)a.q.n, nh = a.heads, hd = a.head_dim, W = a.window.window;
+  // Rows per query: window rows ascending, then the selected compressed rows ascending.
+  std::vector<std::vector<const uint16_t*>> rows(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    const uint32_t t = a.p0 + i;
+    for (uint32_t p = t + 1 > W ? t + 1 - W : 0; p <= t; ++p) rows[i].push_back(a.window.row(p));
+    if (a.sel) {
+      const uint32_t n_vis = (t + 1) / a.comp_ratio;
+      for (int32_t g : (*a.sel)[i])
+        if ((uint32_t)g < n_vis) rows[i].push_back(a.comp.row((uint32_t)g));
+    }
+  }
+  const float scale = (float)(1.0 / std::sqrt((double)hd));
+  pool_.parallel_for((size_t)n * nh, [&](size_t b, size_t e) {
+    std::vector<float> sc, acc(hd);
+    for (size_t th = b; th < e; ++th) {
+      const size_t i = th / nh, h = th % nh;
+      const float* qh = a.q.row(i) + h * hd;
+      const std::vector<const uint16_t*>& rw = rows[i];
+      sc.resize(rw.size());
+      float mx = -std::numeric_limits<float>::infinity();
+      for (size_t k = 0; k < rw.size(); ++k) {
+        sc[k] = dot_bf16_(rw[k], qh, hd) * scale;
+        mx = std::max(mx, sc[k]);
+      }
+      float den = 0.0f;
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (size_t k = 0; k < rw.size(); ++k) {
+        const float p = std::exp(sc[k] - mx);
+        den += p;
+        const float pb = round_bf16(p);  // BF16 probability in the numerator only
+        for (uint32_t d = 0; d < hd; ++d) acc[d] += pb * bf16_to_f32(rw[k][d]);
+      }
+      den += std::exp(a.sinks[h] - mx);
+      float* oh = o.row(i) + h * hd;
+      for (uint32_t d = 0; d < hd; ++d) oh[d] = round_bf16(acc[d] / den);
+    }
+  }, 1);
+}
+
+}  // namespace sluice

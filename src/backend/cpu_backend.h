@@ -1,0 +1,48 @@
+// The CPU backend: the scalar-defined kernels (src/kernels) run on a ThreadPool. Threads split
+// output rows (or tokens x heads) only, so every output element is computed by one thread
+// with the same code whatever the thread count: results are bit-identical for any --threads.
+#pragma once
+#include "backend/backend.h"
+#include "backend/thread_pool.h"
+
+namespace sluice {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads);
+  std::string_view name() const override { return "cpu"; }
+  int threads() const { return pool_.size(); }
+
+  void prepare_weight(Weight& w) const override;
+  Tensor tensor(size_t n, size_t width) const override;
+  void sync() const override {}
+
+  void linear(const Weight& W, CMat x, Mat y, bool round, uint64_t row0) const override;
+  void embed(const Weight& table, std::span<const uint32_t> tokens, uint32_t copies, Mat X) const override;
+  void rms_norm(Mat x, const float* w, float eps) const override;
+  void rope(Mat x, uint32_t head_dim, RopeTable t, std::span<const uint64_t> pos, bool inverse) const override;
+  void fake_quant(Mat x, FakeQuant kind) const override;
+  void store_bf16(CMat x, uint16_t* dst, size_t dst_stride) const override;
+  void add_round(CMat a, CMat b, Mat out) const override;
+  void fill_rows(Mat x, std::span<const float> row) const override;
+  void hc_mix(const Weight& fn, const float* base, const float* scale, HcParams p, CMat X, Mat mixes) const override;
+  void hc_pre_norm(CMat X, CMat pre, const float* norm_w, HcParams p, Mat y) const override;
+  void hc_post(CMat F, CMat X, CMat mixes, uint32_t hc, Mat Y) const override;
+  std::vector<uint32_t> compress_pool(CMat k, CMat g, uint32_t ratio, uint32_t p0, float* carry_k, float* carry_s,
+                                      Mat latents) const override;
+  void index_select(const IndexSelect& a, std::vector<std::vector<uint8_t>>& cand,
+                    std::vector<std::vector<int32_t>>& sel) const override;
+  void sparse_attention(const SparseAttention& a, Mat o) const override;
+  void shared_ffn(const Weight& gate, const Weight& up, const Weight& down, float limit, CMat x,
+                  Mat out) const override;
+  void routed_ffn(ExpertTensors t, const ExpertSource& src, uint32_t layer, std::span<const ExpertTriple> triples,
+                  float limit, CMat x, Mat routed) const override;
+  void engram_gate(Mat X, uint32_t hc, CMat kv, const float* q_norm, const float* k_norm, float eps,
+                   const uint8_t* masked) const override;
+
+ private:
+  mutable ThreadPool pool_;
+  DotFn dot_bf16_;  // BF16 cache rows x f32 vectors
+};
+
+}  // namespace sluice

@@ -1,0 +1,83 @@
+#include "model/forward_chunk.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace sluice {
+
+void begin_chunk(Chunk& ch, const SequenceState& s, uint32_t n_layer, size_t engram_layers) {
+  const uint32_t n = ch.n;
+  ch.pos.resize(n);
+  for (uint32_t i = 0; i < n; ++i) ch.pos[i] = (uint64_t)ch.p0 + i;
+  ch.src.resize(s.sources.size());
+  for (size_t i = 0; i < s.sources.size(); ++i) {
+    const SourceCache& sc = s.sources[i];
+    NewSourceRows& nr = ch.src[i];
+    nr.first = ch.p0 / sc.ratio;
+    nr.carry_k = sc.carry_k;
+    nr.carry_s = sc.carry_s;
+  }
+  ch.win.assign((size_t)n_layer * n * s.head_dim, 0);
+  ch.sel.assign(n_layer, {});
+  ch.cand.assign(n, {});
+  if (ch.tracing) {
+    ch.trace.assign(n, {});
+    for (TokenTrace& t : ch.trace) {
+      t.experts.assign(n_layer, {});
+      t.expert_weights.assign(n_layer, {});
+      t.selected_rows.assign(n_layer, {});
+      t.engram_rows.assign(engram_layers, {});
+    }
+  }
+}
+
+void commit_chunk(SequenceState& s, Chunk& ch, uint32_t index_head_dim) {
+  const uint32_t W = s.window, hd = s.head_dim, n = ch.n;
+  const uint32_t n_layer = (uint32_t)(ch.win.size() / ((size_t)n * hd));
+  for (uint32_t L = 0; L < n_layer; ++L)
+    for (uint32_t i = n > W ? n - W : 0; i < n; ++i) {
+      const uint32_t pos = ch.p0 + i;
+      std::memcpy(s.window_kv.data() + ((size_t)L * W + pos % W) * hd,
+                  ch.win.data() + ((size_t)L * n + i) * hd, hd * sizeof(uint16_t));
+    }
+  for (size_t sl = 0; sl < s.sources.size(); ++sl) {
+    SourceCache& sc = s.sources[sl];
+    NewSourceRows& nr = ch.src[sl];
+    std::copy(nr.kv.begin(), nr.kv.end(), sc.kv.begin() + (size_t)nr.first * hd);
+    std::copy(nr.ik.begin(), nr.ik.end(), sc.index_k.begin() + (size_t)nr.first * index_head_dim);
+    sc.carry_k = nr.carry_k;
+    sc.carry_s = nr.carry_s;
+  }
+  s.engram_tail = ch.tail;
+  s.pos = ch.p0 + n;
+}
+
+EvalUndo::EvalUndo(const SequenceState& s, uint32_t end, uint32_t index_head_dim)
+    : pos_(s.pos), ihd_(index_head_dim), window_kv_(s.window_kv), tail_(s.engram_tail) {
+  for (const SourceCache& sc : s.sources) {
+    SourceCache u;
+    u.carry_k = sc.carry_k;
+    u.carry_s = sc.carry_s;
+    const size_t r0 = s.pos / sc.ratio, r1 = end / sc.ratio;
+    u.kv.assign(sc.kv.begin() + r0 * s.head_dim, sc.kv.begin() + r1 * s.head_dim);
+    u.index_k.assign(sc.index_k.begin() + r0 * ihd_, sc.index_k.begin() + r1 * ihd_);
+    sources_.push_back(std::move(u));
+  }
+}
+
+void EvalUndo::restore(SequenceState& s) {
+  s.pos = pos_;
+  s.window_kv = std::move(window_kv_);
+  s.engram_tail = std::move(tail_);
+  for (size_t i = 0; i < s.sources.size(); ++i) {
+    SourceCache& sc = s.sources[i];
+    SourceCache& u = sources_[i];
+    sc.carry_k = std::move(u.carry_k);
+    sc.carry_s = std::move(u.carry_s);
+    const size_t r0 = pos_ / sc.ratio;
+    std::copy(u.kv.begin(), u.kv.end(), sc.kv.begin() + r0 * s.head_dim);
+    std::copy(u.index_k.begin(), u.index_k.end(), sc.index_k.begin() + r0 * ihd_);
+  }
+}
+
+}  // namespace sluice

@@ -1,0 +1,78 @@
+// The transactional bookkeeping of the forward pass, kept apart from its math. A chunk of
+// tokens is processed layer by layer; nothing in the SequenceState is written until the whole
+// chunk has been computed: new window rows, new compressed rows, the compressor carry and the
+// Engram history live in the Chunk and are committed at its end (commit_chunk), so a throw
+// anywhere leaves the state as it was. An eval() of several chunks commits them one by one and
+// keeps an EvalUndo to restore the state if a later chunk fails.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/config.h"
+#include "model/forward.h"
+#include "model/sequence_state.h"
+
+namespace sluice {
+
+struct NewSourceRows {         // compressed rows a KV-source layer produced in this chunk
+  uint32_t first = 0;          // row index of the first new row (= committed rows)
+  uint32_t count = 0;
+  std::vector<uint16_t> kv;    // [count][head_dim] BF16 bits
+  std::vector<uint16_t> ik;    // [count][index_head_dim]
+  std::vector<float> carry_k, carry_s;  // working copy of the compressor carry
+};
+
+struct Chunk {
+  uint32_t index = 0;          // chunk number within the eval() call (test hook)
+  uint32_t p0 = 0, n = 0;      // positions p0 .. p0 + n - 1
+  const uint32_t* tokens = nullptr;
+  const uint8_t* masked = nullptr;  // may be null: nothing masked
+  bool tracing = false;
+  std::vector<uint64_t> pos;                       // [n] p0 + i
+  std::vector<std::vector<uint64_t>> engram_rows;  // [engram index][n * columns]
+  std::vector<int64_t> tail;                       // Engram history after this chunk
+  std::vector<NewSourceRows> src;                  // per KV-source slot
+  std::vector<uint16_t> win;                       // [layer][n][head_dim] new window rows
+  std::vector<std::vector<std::vector<int32_t>>> sel;  // [layer][token] selected compressed rows
+  std::vector<std::vector<uint8_t>> cand;          // [token] candidate block mask
+  std::vector<TokenTrace> trace;                   // n entries when tracing
+  bool is_masked(uint32_t i) const { return masked && masked[i]; }
+
+  uint16_t* new_window_rows(uint32_t L, uint32_t head_dim) { return win.data() + (size_t)L * n * head_dim; }
+  // Layer L's window: the committed ring of s and this chunk's new rows.
+  WindowRows window(const SequenceState& s, uint32_t L) const {
+    return WindowRows{s.window_kv.data() + (size_t)L * s.window * s.head_dim,
+                      win.data() + (size_t)L * n * s.head_dim, s.window, p0, s.head_dim};
+  }
+  // KV-source slot sl's compressed rows / index keys: committed in s, new in this chunk.
+  CacheRows comp_kv(const SequenceState& s, int sl) const {
+    const NewSourceRows& nr = src[(size_t)sl];
+    return CacheRows{s.sources[(size_t)sl].kv.data(), nr.kv.data(), nr.first, s.head_dim};
+  }
+  CacheRows index_keys(const SequenceState& s, int sl, uint32_t index_head_dim) const {
+    const NewSourceRows& nr = src[(size_t)sl];
+    return CacheRows{s.sources[(size_t)sl].index_k.data(), nr.ik.data(), nr.first, index_head_dim};
+  }
+};
+
+// Sizes the chunk's working copies for state s (n_layer layers, Engram tables of engram_layers).
+void begin_chunk(Chunk& ch, const SequenceState& s, uint32_t n_layer, size_t engram_layers);
+// Writes the chunk's new rows, carries and Engram history into s and advances its position.
+void commit_chunk(SequenceState& s, Chunk& ch, uint32_t index_head_dim);
+
+// What a multi-chunk eval() of positions [s.pos, end) may overwrite, saved before the first
+// chunk. Compressed rows are append-only, so only the rows the call may write are kept.
+class EvalUndo {
+ public:
+  EvalUndo(const SequenceState& s, uint32_t end, uint32_t index_head_dim);
+  void restore(SequenceState& s);
+
+ private:
+  uint32_t pos_ = 0, ihd_ = 0;
+  std::vector<uint16_t> window_kv_;
+  std::vector<SourceCache> sources_;  // kv / index_k hold only rows [first, end)
+  std::vector<int64_t> tail_;
+};
+
+}  // namespace sluice
