@@ -14,10 +14,12 @@ namespace sluice {
 
 CpuBackend::CpuBackend(int threads) : pool_(std::max(1, threads)), dot_bf16_(dot_for(type_traits(GgmlType::BF16))) {}
 
-void CpuBackend::prepare_weight(Weight& w) const {
+void prepare_cpu_weight(Weight& w) {
   if (!w.traits) w.traits = &type_traits(w.type);
   w.dot = dot_for(*w.traits);
 }
+
+void CpuBackend::prepare_weight(Weight& w) const { prepare_cpu_weight(w); }
 
 Tensor CpuBackend::tensor(size_t n, size_t width) const {
   const size_t count = n * width;

@@ -7,6 +7,10 @@
 
 namespace sluice {
 
+// What the CPU backend prepares for a weight: the type's traits and its dot kernel for this
+// CPU (no repacking yet). Usable without a CpuBackend (loading before an Engine exists).
+void prepare_cpu_weight(Weight& w);
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int threads);

@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "kernels/cpu.h"
+#include "backend/cpu_backend.h"
 #include "model/load_checks.h"
 #include "model/schema.h"
 #include "util/error.h"
@@ -33,7 +33,7 @@ namespace {
 
 class Loader {
  public:
-  Loader(Model& m, const LoadOptions& o) : m_(m), progress_(o.progress) {
+  Loader(Model& m, const LoadOptions& o) : m_(m), backend_(o.backend), progress_(o.progress) {
     if (!progress_) return;
     for (const gguf::TensorInfo& t : m_.file.tensors()) {
       const bool engram = t.name.find(".engram_embd.") != std::string::npos;
@@ -64,7 +64,7 @@ class Loader {
     return p;
   }
 
-  static Weight view(const gguf::TensorInfo& t, const uint8_t* data) {
+  Weight view(const gguf::TensorInfo& t, const uint8_t* data) const {
     Weight w;
     w.type = t.type;
     w.traits = &type_traits(t.type);
@@ -73,7 +73,10 @@ class Loader {
     w.rows = t.ne[1] * t.ne[2] * t.ne[3];
     w.row_bytes = row_bytes(t.type, t.ne[0]);
     w.data = data;
-    w.dot = dot_for(*w.traits);
+    if (backend_)
+      backend_->prepare_weight(w);
+    else
+      prepare_cpu_weight(w);
     return w;
   }
 
@@ -99,6 +102,7 @@ class Loader {
     if (progress_) progress_(std::min(done_, total_), total_);
   }
   Model& m_;
+  const Backend* backend_;
   const std::function<void(uint64_t, uint64_t)>& progress_;
   uint64_t done_ = 0, total_ = 0;
 };
@@ -162,7 +166,7 @@ std::unique_ptr<Model> load_model(const std::string& gguf_path, const LoadOption
     const uint8_t** res[3] = {&m.experts.layers[L].gate, &m.experts.layers[L].up, &m.experts.layers[L].down};
     for (int i = 0; i < 3; ++i) {
       const gguf::TensorInfo& t = ld.info(b + names[i]);
-      *lay[i] = Loader::view(t, nullptr);
+      *lay[i] = ld.view(t, nullptr);
       lay[i]->rows = t.ne[1];  // one expert
       *bytes[i] = t.ne[1] * lay[i]->row_bytes;
       if (o.resident_experts) *res[i] = ld.read(t);

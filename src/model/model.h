@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "format/gguf.h"
+#include "backend/backend.h"
 #include "backend/weight.h"
 #include "model/config.h"
 #include "backend/expert_source.h"
@@ -75,6 +76,9 @@ struct LoadOptions {
   bool resident_experts = true;
   // Called as resident bytes are read: (done, total). May be empty.
   std::function<void(uint64_t done, uint64_t total)> progress;
+  // Prepares each weight for the backend that will run it (Backend::prepare_weight); null: the
+  // CPU backend's preparation. Must outlive the Model.
+  const Backend* backend = nullptr;
 };
 
 // Weights loaded from a GGUF (resident, owned memory). Engram tables stay on disk.
