@@ -11,7 +11,7 @@ namespace sluice {
 // CPU (no repacking yet). Usable without a CpuBackend (loading before an Engine exists).
 void prepare_cpu_weight(Weight& w);
 
-class CpuBackend final : public Backend {
+class CpuBackend : public Backend {
  public:
   explicit CpuBackend(int threads);
   std::string_view name() const override { return "cpu"; }

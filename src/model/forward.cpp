@@ -12,7 +12,8 @@ namespace sluice {
 Engine::Impl::Impl(const Model& model, const EngineOptions& o)
     : m(model), c(model.config), roles(model.roles), opt(o),
       own_backend(o.backend ? nullptr : std::make_unique<CpuBackend>(o.threads)),
-      be(o.backend ? *o.backend : *own_backend), experts(o.experts ? o.experts : nullptr) {
+      be(o.backend ? *o.backend : *own_backend), ws(be, model.config, o.chunk),
+      experts(o.experts ? o.experts : nullptr) {
   if (!experts) experts = &resident_expert_source(m);
   freqs.resize(c.num_hidden_layers);
   slot.assign(c.num_hidden_layers, -1);
@@ -100,21 +101,20 @@ void Engine::Impl::name(const Chunk& ch, int L, const char* what, CMat t) const 
 // and writes its output back through post/comb (hc_post). The attention collapse uses the
 // previous FFN's pre-weights (lagged), the FFN collapse the attention's own.
 void Engine::Impl::run_chunk(SequenceState& s, Chunk& ch, float* logits) const {
-  const uint32_t n = ch.n, H = c.hidden_size, hc = c.hc_mult, nl = c.num_hidden_layers;
-  const size_t flat = (size_t)hc * H, mw = hc_mix_width(hc);
+  const uint32_t n = ch.n, hc = c.hc_mult, nl = c.num_hidden_layers;
   const HcParams hp = hc_params();
   begin_chunk(ch, s, nl, c.engram_layer_ids.size());
   engram_ids(ch, s);
 
-  Tensor X = be.tensor(n, flat), X2 = be.tensor(n, flat), xin = be.tensor(n, H), out = be.tensor(n, H);
-  Tensor A = be.tensor(n, mw), F = be.tensor(n, mw), P0 = be.tensor(n, hc);
+  const Mat X = ws(Ws::X, n), X2 = ws(Ws::X2, n), xin = ws(Ws::Xin, n), out = ws(Ws::Out, n);
+  const Mat A = ws(Ws::MixA, n), F = ws(Ws::MixF, n), P0 = ws(Ws::P0, n);
   // spec 3.1: X = hc copies of bf16(embedding row); P = [1, 0, 0, 0].
-  be.embed(m.token_embd, std::span<const uint32_t>(ch.tokens, n), hc, X.m());
+  be.embed(m.token_embd, std::span<const uint32_t>(ch.tokens, n), hc, X);
   std::vector<float> first(hc, 0.0f);
   first[0] = 1.0f;
-  be.fill_rows(P0.m(), first);
-  CMat P = P0.c();
-  name(ch, -1, "embd", X.c());
+  be.fill_rows(P0, first);
+  CMat P = P0;
+  name(ch, -1, "embd", X);
 
   for (uint32_t L = 0; L < nl; ++L) {
     if (opt.fail_at_layer == (int)L && opt.fail_at_chunk == ch.index)
@@ -122,34 +122,34 @@ void Engine::Impl::run_chunk(SequenceState& s, Chunk& ch, float* logits) const {
     const LayerWeights& w = m.layers[L];
     const int l = (int)L;
     if (roles[L].engram_index >= 0) {
-      engram(ch, L, X.m());  // spec 3.3: before the attention mixes
-      name(ch, l, "engram_out", X.c());
+      engram(ch, L, X);  // spec 3.3: before the attention mixes
+      name(ch, l, "engram_out", X);
     }
 
-    be.hc_mix(w.hc_attn_fn, w.hc_attn_base.data(), w.hc_attn_scale.data(), hp, X.c(), A.m());
-    be.hc_pre_norm(X.c(), P, w.attn_norm.data(), hp, xin.m());
-    name(ch, l, "attn_in", xin.c());
-    attention(ch, s, L, xin.c(), out.m());
-    name(ch, l, "attn_out", out.c());
-    be.hc_post(out.c(), X.c(), A.c(), hc, X2.m());
-    name(ch, l, "hc_attn", X2.c());
+    be.hc_mix(w.hc_attn_fn, w.hc_attn_base.data(), w.hc_attn_scale.data(), hp, X, A);
+    be.hc_pre_norm(X, P, w.attn_norm.data(), hp, xin);
+    name(ch, l, "attn_in", xin);
+    attention(ch, s, L, xin, out);
+    name(ch, l, "attn_out", out);
+    be.hc_post(out, X, A, hc, X2);
+    name(ch, l, "hc_attn", X2);
 
-    be.hc_mix(w.hc_ffn_fn, w.hc_ffn_base.data(), w.hc_ffn_scale.data(), hp, X2.c(), F.m());
-    be.hc_pre_norm(X2.c(), A.c().cols(0, hc), w.ffn_norm.data(), hp, xin.m());
-    name(ch, l, "ffn_in", xin.c());
-    moe(ch, L, xin.c(), out.m());
-    name(ch, l, "ffn_out", out.c());
-    be.hc_post(out.c(), X2.c(), F.c(), hc, X.m());
-    P = F.c().cols(0, hc);  // the next attention's (lagged) pre-weights
-    name(ch, l, "out", X.c());
+    be.hc_mix(w.hc_ffn_fn, w.hc_ffn_base.data(), w.hc_ffn_scale.data(), hp, X2, F);
+    be.hc_pre_norm(X2, A.cols(0, hc), w.ffn_norm.data(), hp, xin);
+    name(ch, l, "ffn_in", xin);
+    moe(ch, L, xin, out);
+    name(ch, l, "ffn_out", out);
+    be.hc_post(out, X2, F, hc, X);
+    P = F.cols(0, hc);  // the next attention's (lagged) pre-weights
+    name(ch, l, "out", X);
   }
 
   // spec 3.7: the last FFN pre-weights collapse the streams (rounded like hc_pre, numerics.md 3).
   if (logits) {
-    be.hc_pre_norm(X.c(), P, m.output_norm.data(), hp, xin.m());
-    name(ch, -1, "out_norm", xin.c());
+    be.hc_pre_norm(X, P, m.output_norm.data(), hp, xin);
+    name(ch, -1, "out_norm", xin);
     const Mat lg{logits, n, c.vocab_size, c.vocab_size};
-    be.linear(m.output, xin.c(), lg, /*round=*/false);  // f32 logits
+    be.linear(m.output, xin, lg, /*round=*/false);  // f32 logits
     name(ch, -1, "logits", lg);
   }
   be.sync();

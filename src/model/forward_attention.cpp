@@ -18,33 +18,31 @@ void Engine::Impl::compress(Chunk& ch, uint32_t L, CMat x) const {
   const uint32_t n = ch.n, hd = c.head_dim, ihd = c.index_head_dim, ratio = roles[L].ratio;
   const float eps = c.rms_norm_eps;
   NewSourceRows& nr = ch.src[(size_t)slot[L]];
-  Tensor k = be.tensor(n, hd), g, lat = be.tensor(n, hd);
-  be.linear(w.comp_kv, x, k.m(), /*round=*/false);  // f32 until pooling (numerics.md 2)
-  if (ratio > 1) {
-    g = be.tensor(n, hd);
-    be.linear(w.comp_gate, x, g.m(), /*round=*/false);
-  }
-  const std::vector<uint32_t> groups = be.compress_pool(k.c(), g.c(), ratio, ch.p0, nr.carry_k.data(), nr.carry_s.data(), lat.m());
+  const Mat k = ws(Ws::CompK, n), g = ws(Ws::CompG, n);
+  be.linear(w.comp_kv, x, k, /*round=*/false);  // f32 until pooling (numerics.md 2)
+  if (ratio > 1) be.linear(w.comp_gate, x, g, /*round=*/false);
+  const std::vector<uint32_t> groups =
+      be.compress_pool(k, ratio > 1 ? CMat(g) : CMat{}, ratio, ch.p0, nr.carry_k.data(), nr.carry_s.data(), ws(Ws::Latents, n));
   const uint32_t G = (uint32_t)groups.size();
   if (G == 0) return;
-  const Mat latents = lat.m().rows(0, G);
+  const Mat latents = ws(Ws::Latents, G);
   be.rms_norm(latents, w.comp_norm.data(), eps);
   std::vector<uint64_t> pos(G);  // row g sits at position g * ratio
   for (uint32_t q = 0; q < G; ++q) pos[q] = (uint64_t)groups[q] * ratio;
 
   // Index keys use the latent before RoPE.
-  Tensor ik = be.tensor(G, ihd);
-  be.linear(w.idx_k, latents, ik.m(), /*round=*/true);
-  be.rms_norm(ik.m(), w.idx_k_norm.data(), eps);
-  be.rope(ik.m(), ihd, rope_table(L), pos, false);
-  be.fake_quant(ik.m(), FakeQuant::Mxfp4);
+  const Mat ik = ws(Ws::IndexK, G);
+  be.linear(w.idx_k, latents, ik, /*round=*/true);
+  be.rms_norm(ik, w.idx_k_norm.data(), eps);
+  be.rope(ik, ihd, rope_table(L), pos, false);
+  be.fake_quant(ik, FakeQuant::Mxfp4);
   be.rope(latents, hd, rope_table(L), pos, false);
   be.fake_quant(latents, FakeQuant::Nvfp4);
 
   const size_t base = nr.kv.size() / hd;
   nr.kv.resize((base + G) * hd);
   nr.ik.resize((base + G) * ihd);
-  be.store_bf16(ik.c(), nr.ik.data() + base * ihd, ihd);
+  be.store_bf16(ik, nr.ik.data() + base * ihd, ihd);
   be.store_bf16(latents, nr.kv.data() + base * hd, hd);
   nr.count = (uint32_t)(base + G);
 }
@@ -53,15 +51,15 @@ void Engine::Impl::indexer(Chunk& ch, const SequenceState& s, uint32_t L, CMat x
   const LayerWeights& w = m.layers[L];
   const LayerRole& r = roles[L];
   const uint32_t n = ch.n, ihd = c.index_head_dim, inh = c.index_n_heads;
-  Tensor iq = be.tensor(n, (size_t)inh * ihd), wt = be.tensor(n, inh);
-  be.linear(w.idx_q_b, qr, iq.m(), /*round=*/true);
-  be.linear(w.idx_proj, x, wt.m(), /*round=*/true);  // w = bf16(x . proj)
-  be.rope(iq.m(), ihd, rope_table(L), ch.pos, false);
-  be.fake_quant(iq.m(), FakeQuant::Mxfp4);
+  const Mat iq = ws(Ws::IndexQ, n), wt = ws(Ws::IndexW, n);
+  be.linear(w.idx_q_b, qr, iq, /*round=*/true);
+  be.linear(w.idx_proj, x, wt, /*round=*/true);  // w = bf16(x . proj)
+  be.rope(iq, ihd, rope_table(L), ch.pos, false);
+  be.fake_quant(iq, FakeQuant::Mxfp4);
   const int sl = slot[(size_t)r.kv_source];
   IndexSelect a;
-  a.q = iq.c();
-  a.w = wt.c();
+  a.q = iq;
+  a.w = wt;
   a.heads = inh;
   a.head_dim = ihd;
   a.denom = std::sqrt((float)(ihd * inh));
@@ -87,27 +85,27 @@ void Engine::Impl::attention(Chunk& ch, const SequenceState& s, uint32_t L, CMat
   const int l = (int)L;
 
   // Queries: q = rope(lin(rms(lin(x, q_a)), q_b)); no per-head norm in V4.1.
-  Tensor qr = be.tensor(n, c.q_lora_rank), q = be.tensor(n, qw);
-  be.linear(w.q_a, x, qr.m(), true);
-  be.rms_norm(qr.m(), w.q_a_norm.data(), eps);
-  be.linear(w.q_b, qr.c(), q.m(), true);
-  be.rope(q.m(), hd, rope_table(L), ch.pos, false);
-  name(ch, l, "q", q.c());
+  const Mat qr = ws(Ws::Qr, n), q = ws(Ws::Q, n);
+  be.linear(w.q_a, x, qr, true);
+  be.rms_norm(qr, w.q_a_norm.data(), eps);
+  be.linear(w.q_b, qr, q, true);
+  be.rope(q, hd, rope_table(L), ch.pos, false);
+  name(ch, l, "q", q);
 
   // This chunk's raw window rows: FP8 fake-quantized after RoPE.
-  Tensor kv = be.tensor(n, hd);
-  be.linear(w.kv, x, kv.m(), true);
-  be.rms_norm(kv.m(), w.kv_norm.data(), eps);
-  be.rope(kv.m(), hd, rope_table(L), ch.pos, false);
-  be.fake_quant(kv.m(), FakeQuant::Fp8Window);
-  name(ch, l, "kv", kv.c());
-  be.store_bf16(kv.c(), ch.new_window_rows(L, hd), hd);
+  const Mat kv = ws(Ws::Kv, n);
+  be.linear(w.kv, x, kv, true);
+  be.rms_norm(kv, w.kv_norm.data(), eps);
+  be.rope(kv, hd, rope_table(L), ch.pos, false);
+  be.fake_quant(kv, FakeQuant::Fp8Window);
+  name(ch, l, "kv", kv);
+  be.store_bf16(kv, ch.new_window_rows(L, hd), hd);
 
   if (r.is_kv_source) compress(ch, L, x);
-  if (r.is_index_source) indexer(ch, s, L, x, qr.c());
+  if (r.is_index_source) indexer(ch, s, L, x, qr);
 
   SparseAttention a;
-  a.q = q.c();
+  a.q = q;
   a.heads = nh;
   a.head_dim = hd;
   a.p0 = ch.p0;
@@ -118,18 +116,18 @@ void Engine::Impl::attention(Chunk& ch, const SequenceState& s, uint32_t L, CMat
     a.sel = &ch.sel[(size_t)r.topk_source];
   }
   a.sinks = w.attn_sinks.data();
-  Tensor o = be.tensor(n, qw);
-  be.sparse_attention(a, o.m());
-  be.rope(o.m(), hd, rope_table(L), ch.pos, /*inverse=*/true);
-  name(ch, l, "attn_heads", o.c());
+  const Mat o = ws(Ws::Heads, n);
+  be.sparse_attention(a, o);
+  be.rope(o, hd, rope_table(L), ch.pos, /*inverse=*/true);
+  name(ch, l, "attn_heads", o);
 
   // The grouped low-rank output: group g of the heads through rows [g*olr, (g+1)*olr) of out_a.
   const uint32_t og = c.o_groups, olr = c.o_lora_rank;
   const size_t gin = qw / og;
-  Tensor z = be.tensor(n, (size_t)og * olr);
+  const Mat z = ws(Ws::Z, n);
   for (uint32_t g = 0; g < og; ++g)
-    be.linear(w.out_a, o.c().cols(g * gin, gin), z.m().cols((size_t)g * olr, olr), true, (uint64_t)g * olr);
-  be.linear(w.out_b, z.c(), out, true);
+    be.linear(w.out_a, o.cols(g * gin, gin), z.cols((size_t)g * olr, olr), true, (uint64_t)g * olr);
+  be.linear(w.out_b, z, out, true);
 }
 
 }  // namespace sluice

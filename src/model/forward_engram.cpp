@@ -32,12 +32,11 @@ void Engine::Impl::engram_ids(Chunk& ch, const SequenceState& s) const {
 void Engine::Impl::engram(Chunk& ch, uint32_t L, Mat X) const {
   const LayerWeights& w = m.layers[L];
   const int e = roles[L].engram_index;
-  const uint32_t n = ch.n, H = c.hidden_size, hc = c.hc_mult, cols = c.engram_columns();
-  const size_t ecols = (size_t)cols * c.engram_head_dim, kvw = (size_t)(hc + 1) * H;
-  Tensor rows = be.tensor(n, ecols), kv = be.tensor(n, kvw);
-  engram_gather(m.file, *w.engram_table, c.engram_head_dim, ch.engram_rows[(size_t)e], rows.m().p);  // host-visible
-  be.linear(w.engram_kv, rows.c(), kv.m(), /*round=*/true);
-  be.engram_gate(X, hc, kv.c(), w.engram_q_norm.data(), w.engram_k_norm.data(), c.rms_norm_eps, ch.masked);
+  const uint32_t n = ch.n, hc = c.hc_mult;
+  const Mat rows = ws(Ws::EngramRows, n), kv = ws(Ws::EngramKv, n);
+  engram_gather(m.file, *w.engram_table, c.engram_head_dim, ch.engram_rows[(size_t)e], rows.p);  // host-visible
+  be.linear(w.engram_kv, rows, kv, /*round=*/true);
+  be.engram_gate(X, hc, kv, w.engram_q_norm.data(), w.engram_k_norm.data(), c.rms_norm_eps, ch.masked);
 }
 
 }  // namespace sluice

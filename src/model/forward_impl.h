@@ -10,6 +10,7 @@
 #include "backend/cpu_backend.h"
 #include "model/forward.h"
 #include "model/forward_chunk.h"
+#include "model/forward_workspace.h"
 #include "model/model.h"
 #include "model/primitives.h"
 
@@ -22,6 +23,7 @@ struct Engine::Impl {
   EngineOptions opt;
   std::unique_ptr<CpuBackend> own_backend;  // when the options name none
   const Backend& be;
+  Workspace ws;                            // activation tensors for options.chunk tokens
   const ExpertSource* experts;
   std::vector<std::vector<double>> freqs;  // per layer RoPE table
   std::vector<int> slot;                   // per layer: KV-source slot, -1 if not a source

@@ -17,13 +17,13 @@ bool Engine::Impl::prefetching() const { return opt.experts != nullptr && opt.pr
 std::vector<uint32_t> Engine::Impl::predict_experts(uint32_t L, const Chunk& ch, CMat x) const {
   const LayerWeights& w = m.layers[L];
   const uint32_t n = ch.n, E = c.n_routed_experts;
-  Tensor logits = be.tensor(n, E);
-  be.linear(w.gate_inp, x, logits.m(), /*round=*/false);
+  const Mat logits = ws(Ws::RouterNext, n);
+  be.linear(w.gate_inp, x, logits, /*round=*/false);
   be.sync();
   std::vector<uint8_t> want(E, 0);
   for (uint32_t i = 0; i < n; ++i) {
     const std::vector<float>& bias = ch.is_masked(i) ? w.exp_bias_vl : w.exp_bias;
-    const Routing rt = route(std::span<const float>(logits.c().row(i), E), bias, c.num_experts_per_tok,
+    const Routing rt = route(std::span<const float>(logits.row(i), E), bias, c.num_experts_per_tok,
                              c.norm_topk_prob, c.routed_scaling_factor);
     for (uint32_t e : rt.experts) want[e] = 1;
   }
@@ -39,13 +39,13 @@ void Engine::Impl::moe(Chunk& ch, uint32_t L, CMat x, Mat out) const {
   const float lim = c.swiglu_limit;
 
   // Router: f32 logits (not rounded); the choice is made on the host, where the expert I/O is.
-  Tensor logits = be.tensor(n, E);
-  be.linear(w.gate_inp, x, logits.m(), /*round=*/false);
+  const Mat logits = ws(Ws::Router, n);
+  be.linear(w.gate_inp, x, logits, /*round=*/false);
   be.sync();
   std::vector<ExpertTriple> triples;
   for (uint32_t i = 0; i < n; ++i) {
     const std::vector<float>& bias = ch.is_masked(i) ? w.exp_bias_vl : w.exp_bias;
-    const Routing rt = route(std::span<const float>(logits.c().row(i), E), bias, c.num_experts_per_tok,
+    const Routing rt = route(std::span<const float>(logits.row(i), E), bias, c.num_experts_per_tok,
                              c.norm_topk_prob, c.routed_scaling_factor);
     for (size_t k = 0; k < rt.experts.size(); ++k) triples.push_back({rt.experts[k], i, rt.weights[k]});
     if (ch.tracing) {
@@ -73,12 +73,13 @@ void Engine::Impl::moe(Chunk& ch, uint32_t L, CMat x, Mat out) const {
     if (L + 1 < c.num_hidden_layers) experts->hint(L + 1, predict_experts(L + 1, ch, x));
   }
 
-  Tensor sh = be.tensor(n, H), routed = be.tensor(n, H);
-  be.shared_ffn(w.gate_sh, w.up_sh, w.down_sh, lim, x, sh.m());
+  const Mat sh = ws(Ws::Shared, n), routed = ws(Ws::Routed, n);
+  be.shared_ffn(w.gate_sh, w.up_sh, w.down_sh, lim, x, sh);
+  be.fill_rows(routed, std::vector<float>(H, 0.0f));  // the routed sums start at zero
   experts->prepare(L, used);
   const ExpertLayout& lay = w.experts;
-  be.routed_ffn(ExpertTensors{&lay.gate, &lay.up, &lay.down}, *experts, L, triples, lim, x, routed.m());
-  be.add_round(routed.c(), sh.c(), out);  // f_out
+  be.routed_ffn(ExpertTensors{&lay.gate, &lay.up, &lay.down}, *experts, L, triples, lim, x, routed);
+  be.add_round(routed, sh, out);  // f_out
 }
 
 }  // namespace sluice
