@@ -5,9 +5,13 @@
 #include <vector>
 
 #include "server/api_error.h"
-#include "server/generation.h"
-#include "server/stop_strings.h"
+#include "server/chat_encode.h"
+#include "server/job_follow.h"
+#include "server/request_build.h"
+#include "server/response_id.h"
 #include "server/sse.h"
+#include "server/stop_strings.h"
+#include "server/worker_access.h"
 #include "text/chat.h"
 
 namespace sluice::server {

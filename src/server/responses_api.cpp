@@ -8,11 +8,15 @@
 #include <vector>
 
 #include "server/api_error.h"
-#include "server/generation.h"
+#include "server/chat_encode.h"
+#include "server/job_follow.h"
 #include "server/openai_api.h"
+#include "server/request_build.h"
+#include "server/response_id.h"
 #include "server/responses_events.h"
 #include "server/responses_request.h"
 #include "server/sse.h"
+#include "server/worker_access.h"
 
 namespace sluice::server {
 

@@ -7,8 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "server/api_error.h"
-#include "server/generation.h"
 #include "server/request_json.h"
+#include "server/worker_access.h"
 #include "text/json_text.h"
 #include "text/tokenizer.h"
 #include "text/utf8.h"

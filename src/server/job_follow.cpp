@@ -1,116 +1,13 @@
-#include "server/generation.h"
+#include "server/job_follow.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cmath>
-#include <random>
 
-#include "runtime/sampler.h"
-#include "server/api_error.h"
 #include "server/stop_strings.h"
 #include "text/output_text.h"
-#include "util/error.h"
 
 namespace sluice::server {
-
-using nlohmann::json;
-
-const Session& ready_session(ServerContext& ctx) {
-  switch (ctx.worker.state()) {
-    case Worker::State::Ready: return *ctx.worker.session();
-    case Worker::State::Loading: {
-      ApiError e(503, "unavailable_error", "Loading model");
-      e.retry_after = 5;
-      throw e;
-    }
-    default: throw ApiError(503, "unavailable_error", "the model is not available: " + ctx.worker.load_error());
-  }
-}
-
-MaxTokens clamp_max_tokens(std::optional<int64_t> requested, uint32_t limit, uint32_t room) {
-  MaxTokens m;
-  m.requested = requested;
-  uint64_t want = requested ? (uint64_t)std::max<int64_t>(*requested, 0) : limit;
-  if (want > limit) {
-    want = limit;
-    m.capped_by = "--max-tokens-limit";
-  }
-  if (want > room) {
-    want = room;
-    m.capped_by = "context";
-  }
-  m.effective = (uint32_t)want;
-  return m;
-}
-
-std::vector<std::string> max_tokens_headers(const MaxTokens& m) {
-  std::vector<std::string> h = {"X-Max-Tokens: " + std::to_string(m.effective)};
-  if (m.capped_by) h.push_back(std::string("X-Max-Tokens-Capped-By: ") + m.capped_by);
-  return h;
-}
-
-void apply_server_defaults(const ServerContext& ctx, ChatRequest& r) {
-  for (const std::string& s : ctx.opts.stops)
-    if (std::find(r.stops.begin(), r.stops.end(), s) == r.stops.end()) r.stops.push_back(s);
-  if (ctx.opts.thinking_off) {
-    r.options.thinking = false;
-    r.options.reasoning_effort = 0;
-  }
-}
-
-void log_omitted(const std::string& endpoint, const std::vector<std::string>& omitted) {
-  if (omitted.empty()) return;
-  std::string list;
-  for (const std::string& o : omitted) list += (list.empty() ? "" : "; ") + o;
-  std::fprintf(stderr, "sluice serve: %s: %zu part(s) replaced by a text placeholder (the model reads text only): %s\n",
-               endpoint.c_str(), omitted.size(), list.c_str());
-}
-
-GenerateRequest make_request(ServerContext& ctx, std::vector<uint32_t> prompt, std::optional<int64_t> max_tokens,
-                             const SamplingFields& sampling, std::vector<uint32_t> stop_tokens, MaxTokens* max_out) {
-  const Session& s = ready_session(ctx);
-  const uint32_t n_ctx = s.ctx();
-  if (prompt.empty()) throw bad_request("the prompt is empty");
-  if (prompt.size() >= n_ctx)
-    throw bad_request("the prompt has " + std::to_string(prompt.size()) + " tokens but the context holds " +
-                      std::to_string(n_ctx) + " (start the server with a larger -c, or shorten the prompt)");
-  GenerateRequest r;
-  const MaxTokens m = clamp_max_tokens(max_tokens, ctx.opts.max_tokens_limit, n_ctx - (uint32_t)prompt.size());
-  r.max_tokens = m.effective;
-  if (max_out) *max_out = m;
-  r.prompt = std::move(prompt);
-  r.stop_tokens = std::move(stop_tokens);
-  r.sampling.temp = (float)sampling.temperature.value_or(ctx.opts.temp);
-  r.sampling.top_p = (float)sampling.top_p.value_or(ctx.opts.top_p);
-  r.sampling.top_k = (uint32_t)sampling.top_k.value_or(ctx.opts.top_k);
-  r.sampling.min_p = (float)sampling.min_p.value_or(ctx.opts.min_p);
-  if (sampling.seed) {
-    r.sampling.seed = *sampling.seed;
-  } else {
-    static thread_local std::mt19937_64 seeder{std::random_device{}()};
-    r.sampling.seed = seeder();
-  }
-  try {
-    validate(r.sampling);
-  } catch (const Error& e) {
-    throw bad_request(e.what());
-  }
-  return r;
-}
-
-std::shared_ptr<Job> submit(ServerContext& ctx, GenerateRequest r) {
-  auto job = std::make_shared<Job>(std::move(r));
-  if (!ctx.worker.submit(job)) {
-    ready_session(ctx);  // 503 "loading" rather than "full" while the model loads
-    ApiError e(503, "unavailable_error",
-               "the server is busy: " + std::to_string(ctx.opts.queue_depth) +
-                   " requests are already waiting (--queue); retry later");
-    e.retry_after = ctx.opts.retry_after_s;
-    throw e;
-  }
-  return job;
-}
 
 namespace {
 
@@ -256,41 +153,6 @@ std::string finish_reason(const DriveOutcome& o) {
     case Finish::Stop: return "stop";
   }
   return "stop";
-}
-
-std::string new_id(ServerContext& ctx, const char* prefix) {
-  static thread_local std::mt19937_64 rng{std::random_device{}()};
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%s%llx%08llx", prefix, (unsigned long long)ctx.next_id.fetch_add(1),
-                (unsigned long long)(rng() & 0xffffffffu));
-  return buf;
-}
-
-}  // namespace sluice::server
-
-namespace sluice::server {
-
-std::vector<uint32_t> to_ids(const std::vector<int32_t>& v) { return std::vector<uint32_t>(v.begin(), v.end()); }
-
-std::vector<uint32_t> encode_chat(const Session& s, const std::vector<text::ChatMessage>& messages,
-                                  const text::ChatOptions& options, std::string* text_out) {
-  std::string prompt;
-  try {
-    prompt = text::render_chat(messages, options);
-  } catch (const Error& e) {
-    throw bad_request(e.what());
-  }
-  // The BOS is part of the rendered text. The session reuses the model's own tokens for a
-  // conversation that extends the previous request (tokenize_prompt), so it keeps its state.
-  std::vector<uint32_t> ids = s.tokenize_prompt(prompt, /*add_bos=*/false);
-  if (text_out) *text_out = std::move(prompt);
-  return ids;
-}
-
-std::vector<uint32_t> chat_stop_tokens(const text::Tokenizer& tok) {
-  std::vector<uint32_t> stops;
-  if (auto id = tok.find("<｜User｜>")) stops.push_back((uint32_t)*id);
-  return stops;
 }
 
 }  // namespace sluice::server

@@ -1,0 +1,31 @@
+#include "server/chat_encode.h"
+
+#include "server/api_error.h"
+#include "util/error.h"
+
+namespace sluice::server {
+
+std::vector<uint32_t> to_ids(const std::vector<int32_t>& v) { return std::vector<uint32_t>(v.begin(), v.end()); }
+
+std::vector<uint32_t> encode_chat(const Session& s, const std::vector<text::ChatMessage>& messages,
+                                  const text::ChatOptions& options, std::string* text_out) {
+  std::string prompt;
+  try {
+    prompt = text::render_chat(messages, options);
+  } catch (const Error& e) {
+    throw bad_request(e.what());
+  }
+  // The BOS is part of the rendered text. The session reuses the model's own tokens for a
+  // conversation that extends the previous request (tokenize_prompt), so it keeps its state.
+  std::vector<uint32_t> ids = s.tokenize_prompt(prompt, /*add_bos=*/false);
+  if (text_out) *text_out = std::move(prompt);
+  return ids;
+}
+
+std::vector<uint32_t> chat_stop_tokens(const text::Tokenizer& tok) {
+  std::vector<uint32_t> stops;
+  if (auto id = tok.find("<｜User｜>")) stops.push_back((uint32_t)*id);
+  return stops;
+}
+
+}  // namespace sluice::server
