@@ -428,9 +428,9 @@ TEST_F(RunCli, SignalFinishesTheTokenPrintsTheSummaryAndExitsZero) {
 TEST_F(RunCli, TextPromptStreamsTheDecodedGeneration) {
   const sluice::text::Tokenizer tok = sluice::text::Tokenizer::from_gguf(sluice::gguf::File::open(model_));
   const std::string text = "hello world, the quick brown fox";
-  const std::vector<int32_t> enc = tok.encode(text, true, false);
+  const std::vector<sluice::TokenId> enc = tok.encode(text, true, false);
   std::string ids;
-  for (int32_t id : enc) {
+  for (sluice::TokenId id : enc) {
     if (!ids.empty()) ids += ',';
     ids += std::to_string(id);
   }
@@ -438,9 +438,9 @@ TEST_F(RunCli, TextPromptStreamsTheDecodedGeneration) {
   ASSERT_EQ(gen.size(), 10u);
   const CmdResult r = run("-p " + q(text) + " -n 10 --ignore-eos -t 1");
   ASSERT_EQ(r.rc, 0) << r.err;
-  std::vector<int32_t> shown;
-  for (uint32_t id : gen)
-    if (tok.type((int32_t)id) != sluice::text::TokenType::Control) shown.push_back((int32_t)id);
+  std::vector<sluice::TokenId> shown;
+  for (sluice::TokenId id : gen)
+    if (tok.type(id) != sluice::text::TokenType::Control) shown.push_back(id);
   EXPECT_EQ(r.out, sluice::text::utf8_sanitize(tok.decode(shown, false)) + "\n");
   EXPECT_EQ(r.err_lines(), 1u) << r.err;
   // -f reads the same prompt from a file.

@@ -5,10 +5,8 @@
 
 namespace sluice::server {
 
-std::vector<uint32_t> to_ids(const std::vector<int32_t>& v) { return std::vector<uint32_t>(v.begin(), v.end()); }
-
-std::vector<uint32_t> encode_chat(const Session& s, const std::vector<text::ChatMessage>& messages,
-                                  const text::ChatOptions& options, std::string* text_out) {
+std::vector<TokenId> encode_chat(const Session& s, const std::vector<text::ChatMessage>& messages,
+                                 const text::ChatOptions& options, std::string* text_out) {
   std::string prompt;
   try {
     prompt = text::render_chat(messages, options);
@@ -17,14 +15,14 @@ std::vector<uint32_t> encode_chat(const Session& s, const std::vector<text::Chat
   }
   // The BOS is part of the rendered text. The session reuses the model's own tokens for a
   // conversation that extends the previous request (tokenize_prompt), so it keeps its state.
-  std::vector<uint32_t> ids = s.tokenize_prompt(prompt, /*add_bos=*/false);
+  std::vector<TokenId> ids = s.tokenize_prompt(prompt, /*add_bos=*/false);
   if (text_out) *text_out = std::move(prompt);
   return ids;
 }
 
-std::vector<uint32_t> chat_stop_tokens(const text::Tokenizer& tok) {
-  std::vector<uint32_t> stops;
-  if (auto id = tok.find("<｜User｜>")) stops.push_back((uint32_t)*id);
+std::vector<TokenId> chat_stop_tokens(const text::Tokenizer& tok) {
+  std::vector<TokenId> stops;
+  if (auto id = tok.find("<｜User｜>")) stops.push_back(*id);
   return stops;
 }
 

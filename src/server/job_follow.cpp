@@ -5,7 +5,7 @@
 #include <cstdio>
 
 #include "server/stop_strings.h"
-#include "text/output_text.h"
+#include "text/token_text.h"
 
 namespace sluice::server {
 
@@ -16,19 +16,17 @@ DriveOutcome drive_job(ServerContext& ctx, Job& job, Connection& conn, TextMode 
   const Session& s = *ctx.worker.session();
   const text::Tokenizer& tok = s.tokenizer();
   const bool raw = mode == TextMode::Raw;
-  text::OutputDecoder dec(tok, raw ? text::OutputMode::Plain : text::OutputMode::Chat);
+  // Eos, bos and the request's stop tokens end or frame the text; they never show in it.
+  std::vector<TokenId> end_tokens = job.request.stop_tokens;
+  if (tok.eos()) end_tokens.push_back(*tok.eos());
+  if (tok.bos()) end_tokens.push_back(*tok.bos());
+  text::OutputDecoder dec(tok, raw ? text::OutputMode::Plain : text::OutputMode::Chat, std::move(end_tokens));
   text::OutputParser parser(mode == TextMode::Thinking);
   DriveOutcome out;
   const auto ping = std::chrono::milliseconds(std::max(50, ctx.opts.ping_interval_ms));
   auto last_write = std::chrono::steady_clock::now();
   std::vector<JobEvent> events;
 
-  auto hidden = [&](uint32_t id) {
-    if ((int32_t)id == tok.eos() || (int32_t)id == tok.bos()) return true;
-    for (uint32_t t : job.request.stop_tokens)
-      if (t == id) return true;
-    return false;
-  };
   StopMatcher stopper(hooks.stops);
   auto emit = [&](text::OutputParser::Delta d) {
     if (stopper.active() && !d.content.empty()) {
@@ -67,8 +65,8 @@ DriveOutcome drive_job(ServerContext& ctx, Job& job, Connection& conn, TextMode 
         case JobEvent::Kind::Token:
           if (out.ttft_s < 0)
             out.ttft_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-          if (!gone && !hidden(e.a) && !stopper.hit()) {
-            const std::string text = dec.push((int32_t)e.a);
+          if (!gone && dec.shows(e.a) && !stopper.hit()) {
+            const std::string text = dec.push(e.a);
             if (!emit(raw ? raw_delta(text) : parser.push(text))) gone = true;
           }
           break;

@@ -28,8 +28,8 @@ void log_omitted(const std::string& endpoint, const std::vector<std::string>& om
                endpoint.c_str(), omitted.size(), list.c_str());
 }
 
-GenerateRequest make_request(ServerContext& ctx, std::vector<uint32_t> prompt, std::optional<int64_t> max_tokens,
-                             const SamplingFields& sampling, std::vector<uint32_t> stop_tokens, MaxTokens* max_out) {
+GenerateRequest make_request(ServerContext& ctx, std::vector<TokenId> prompt, std::optional<int64_t> max_tokens,
+                             const SamplingFields& sampling, std::vector<TokenId> stop_tokens, MaxTokens* max_out) {
   const Session& s = ready_session(ctx);
   const uint32_t n_ctx = s.ctx();
   if (prompt.empty()) throw bad_request("the prompt is empty");

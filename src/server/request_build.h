@@ -12,6 +12,7 @@
 #include "server/context.h"
 #include "server/max_tokens.h"
 #include "server/request_json.h"
+#include "util/token_id.h"
 
 namespace sluice::server {
 
@@ -24,8 +25,8 @@ void log_omitted(const std::string& endpoint, const std::vector<std::string>& om
 
 // Checks the prompt against the context (ApiError 400 with the numbers), clamps max_tokens
 // (clamp_max_tokens; *max_out gets the outcome) and fills in defaults.
-GenerateRequest make_request(ServerContext& ctx, std::vector<uint32_t> prompt, std::optional<int64_t> max_tokens,
-                             const SamplingFields& sampling, std::vector<uint32_t> stop_tokens,
+GenerateRequest make_request(ServerContext& ctx, std::vector<TokenId> prompt, std::optional<int64_t> max_tokens,
+                             const SamplingFields& sampling, std::vector<TokenId> stop_tokens,
                              MaxTokens* max_out = nullptr);
 
 }  // namespace sluice::server
