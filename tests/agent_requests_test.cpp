@@ -7,7 +7,7 @@
 
 #include "server/api_error.h"
 #include "server/chat_request.h"
-#include "server/generation.h"
+#include "server/max_tokens.h"
 #include "text/chat.h"
 
 namespace {

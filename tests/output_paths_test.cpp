@@ -29,6 +29,7 @@ using sluice::test::CmdResult;
 using sluice::test::q;
 using sluice::test::run_sluice;
 using sluice::test::slurp;
+using sluice::test::spawn_sluice;
 using sluice::test::TempDir;
 
 namespace {
@@ -77,27 +78,6 @@ struct Hazards {
   }
   std::set<std::string> names() const { return {"existing", "link", "victim", "fifo"}; }
 };
-
-// Starts `sluice ARGS...` with stdout/stderr redirected to files; returns its pid.
-pid_t spawn(std::vector<std::string> args, const std::string& out, const std::string& err) {
-  args.insert(args.begin(), SLUICE_BINARY);
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const int fo = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  const int fe = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fo < 0 || fe < 0) return -1;
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::dup2(fo, 1);
-    ::dup2(fe, 2);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  ::close(fo);
-  ::close(fe);
-  return pid;
-}
 
 class OutputPaths : public ::testing::Test {
  protected:
@@ -234,7 +214,7 @@ TEST_F(OutputPaths, RunKilledMidWayLeavesNoPartialFile) {
   for (const std::string& dump : {fresh, kept}) {
     SCOPED_TRACE(dump);
     fs::remove_all(tdir);
-    const pid_t pid = spawn({"run", "-m", model_, "--allow-swap", "--tokens", "0,17,33,2", "-n", "4000", "--ignore-eos",
+    const pid_t pid = spawn_sluice({"run", "-m", model_, "--allow-swap", "--tokens", "0,17,33,2", "-n", "4000", "--ignore-eos",
                              "-t", "1", "--force", "--dump-logits", dump, "--trace", tdir},
                             out, err);
     ASSERT_GT(pid, 0);

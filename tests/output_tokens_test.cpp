@@ -1,5 +1,5 @@
 // Control tokens never reach the user's text, whichever way it is generated (one rule,
-// text/output_text.h): the tiny model's vocabulary is mostly <｜place▁holder▁no▁N｜> control
+// text/token_text.h): the tiny model's vocabulary is mostly <｜place▁holder▁no▁N｜> control
 // tokens, so a hot sampler emits many of them. Checked on `sluice chat`, `sluice run` and both
 // server APIs (raw sockets).
 #include <string>

@@ -20,35 +20,33 @@ const text::Tokenizer& deepseek() {
   return tok;
 }
 
-std::vector<uint32_t> ids(const std::vector<int32_t>& v) { return std::vector<uint32_t>(v.begin(), v.end()); }
-
-std::string decode(const std::vector<uint32_t>& t) {
-  return deepseek().decode(std::vector<int32_t>(t.begin(), t.end()), /*render_special=*/true);
+std::string decode(const std::vector<TokenId>& t) {
+  return deepseek().decode(t, /*render_special=*/true);
 }
 
 struct Conversation {
   std::string prompt = "<｜User｜>Write a haiku about the sea and the wind.<｜Assistant｜></think>";
   std::string answer = "Waves fold into foam";
-  std::vector<uint32_t> prompt_tokens, generated;
+  std::vector<TokenId> prompt_tokens, generated;
   PromptCache cache;
   Conversation() {
-    prompt_tokens = ids(deepseek().encode(prompt, /*add_bos=*/true));
+    prompt_tokens = (deepseek().encode(prompt, /*add_bos=*/true));
     for (char ch : answer) {  // one token per character: not how the tokenizer spells it
-      const std::vector<int32_t> one = deepseek().encode(std::string(1, ch), false);
+      const std::vector<TokenId> one = deepseek().encode(std::string(1, ch), false);
       EXPECT_EQ(one.size(), 1u);
-      generated.push_back((uint32_t)one[0]);
+      generated.push_back(one[0]);
     }
-    EXPECT_NE(ids(deepseek().encode(answer, false)), generated);
+    EXPECT_NE((deepseek().encode(answer, false)), generated);
     cache.remember(deepseek(), prompt, prompt_tokens, generated);
   }
-  std::vector<uint32_t> remembered() const {
-    std::vector<uint32_t> all = prompt_tokens;
+  std::vector<TokenId> remembered() const {
+    std::vector<TokenId> all = prompt_tokens;
     all.insert(all.end(), generated.begin(), generated.end());
     return all;
   }
 };
 
-bool starts_with(const std::vector<uint32_t>& v, const std::vector<uint32_t>& prefix, size_t n) {
+bool starts_with(const std::vector<TokenId>& v, const std::vector<TokenId>& prefix, size_t n) {
   return v.size() >= n && std::equal(prefix.begin(), prefix.begin() + (std::ptrdiff_t)n, v.begin());
 }
 
@@ -56,7 +54,7 @@ TEST(PromptCache, ExtendingTextKeepsEveryRememberedToken) {
   Conversation c;
   const std::string next = c.prompt + c.answer + "<｜end▁of▁sentence｜><｜User｜>More.<｜Assistant｜>";
   EXPECT_EQ(c.cache.reused_for(next), c.remembered().size());
-  const std::vector<uint32_t> t = c.cache.tokens_for(deepseek(), next, true);
+  const std::vector<TokenId> t = c.cache.tokens_for(deepseek(), next, true);
   EXPECT_TRUE(starts_with(t, c.remembered(), c.remembered().size()));
   EXPECT_EQ(decode(t), "<｜begin▁of▁sentence｜>" + next);
 }
@@ -69,7 +67,7 @@ TEST(PromptCache, TextDivergingInTheAnswerKeepsTheTokensBefore) {
   ASSERT_NE(c.answer.substr(9, 1), "c");
   const size_t keep = c.prompt_tokens.size() + 8;
   EXPECT_EQ(c.cache.reused_for(next), keep);
-  const std::vector<uint32_t> t = c.cache.tokens_for(deepseek(), next, true);
+  const std::vector<TokenId> t = c.cache.tokens_for(deepseek(), next, true);
   EXPECT_TRUE(starts_with(t, c.remembered(), keep));
   EXPECT_EQ(decode(t), "<｜begin▁of▁sentence｜>" + next);
 }
@@ -81,12 +79,12 @@ TEST(PromptCache, TextDivergingInThePromptKeepsTheTokensBefore) {
   const std::string next = c.prompt.substr(0, at) + "mountains.<｜Assistant｜></think>";
   const size_t keep = c.cache.reused_for(next);
   // Every kept token's text lies before the divergence, and all but the last such token are kept.
-  const std::string kept_text = decode(std::vector<uint32_t>(c.prompt_tokens.begin(), c.prompt_tokens.begin() + (std::ptrdiff_t)keep));
+  const std::string kept_text = decode(std::vector<TokenId>(c.prompt_tokens.begin(), c.prompt_tokens.begin() + (std::ptrdiff_t)keep));
   EXPECT_EQ(kept_text, "<｜begin▁of▁sentence｜>" + c.prompt.substr(0, kept_text.size() - std::string("<｜begin▁of▁sentence｜>").size()));
-  const std::string one_more = decode(std::vector<uint32_t>(c.prompt_tokens.begin(), c.prompt_tokens.begin() + (std::ptrdiff_t)keep + 2));
+  const std::string one_more = decode(std::vector<TokenId>(c.prompt_tokens.begin(), c.prompt_tokens.begin() + (std::ptrdiff_t)keep + 2));
   EXPECT_GT(one_more.size() - std::string("<｜begin▁of▁sentence｜>").size(), at) << "keep is the longest such prefix less one";
   EXPECT_GT(keep, 4u);
-  const std::vector<uint32_t> t = c.cache.tokens_for(deepseek(), next, false);
+  const std::vector<TokenId> t = c.cache.tokens_for(deepseek(), next, false);
   EXPECT_TRUE(starts_with(t, c.prompt_tokens, keep));
   EXPECT_EQ(decode(t), "<｜begin▁of▁sentence｜>" + next) << "the remembered BOS stays";
 }
@@ -94,8 +92,8 @@ TEST(PromptCache, TextDivergingInThePromptKeepsTheTokensBefore) {
 TEST(PromptCache, NothingInCommonEncodesAfresh) {
   Conversation c;
   EXPECT_EQ(c.cache.reused_for("Different."), 0u);
-  EXPECT_EQ(c.cache.tokens_for(deepseek(), "Different.", true), ids(deepseek().encode("Different.", true)));
-  EXPECT_EQ(c.cache.tokens_for(deepseek(), "Different.", false), ids(deepseek().encode("Different.", false)));
+  EXPECT_EQ(c.cache.tokens_for(deepseek(), "Different.", true), (deepseek().encode("Different.", true)));
+  EXPECT_EQ(c.cache.tokens_for(deepseek(), "Different.", false), (deepseek().encode("Different.", false)));
   c.cache.clear();
   EXPECT_EQ(c.cache.reused_for(c.prompt), 0u);
 }

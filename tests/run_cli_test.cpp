@@ -34,6 +34,7 @@ namespace fs = std::filesystem;
 using sluice::test::CmdResult;
 using sluice::test::q;
 using sluice::test::run_sluice;
+using sluice::test::spawn_sluice;
 using sluice::test::slurp;
 
 namespace {
@@ -363,39 +364,13 @@ TEST_F(RunCli, BadArgumentsGiveOneErrorLine) {
   EXPECT_FALSE(fs::exists(dump));
 }
 
-namespace {
-
-// Starts `sluice ARGS...` with stdout/stderr redirected to files; returns its pid.
-pid_t spawn(const std::vector<std::string>& args, const std::string& out, const std::string& err) {
-  std::vector<std::string> all = {SLUICE_BINARY};
-  all.insert(all.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (std::string& a : all) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const int fo = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  const int fe = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fo < 0 || fe < 0) return -1;
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::dup2(fo, 1);
-    ::dup2(fe, 2);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  ::close(fo);
-  ::close(fe);
-  return pid;
-}
-
-}  // namespace
-
 TEST_F(RunCli, SignalFinishesTheTokenPrintsTheSummaryAndExitsZero) {
   for (const int sig : {SIGTERM, SIGINT}) {
     SCOPED_TRACE(sig == SIGTERM ? "SIGTERM" : "SIGINT");
     // One dump per signal: an existing --dump-logits file is refused (docs/files.md).
     const std::string out = path("sig_out.txt"), err = path("sig_err.txt"),
                       dump = path(sig == SIGTERM ? "sigterm_logits.f32" : "sigint_logits.f32");
-    const pid_t pid = spawn({"run", "-m", model_, "--allow-swap", "--tokens", kPrompt, "-n", "4000", "--ignore-eos", "-t", "1",
+    const pid_t pid = spawn_sluice({"run", "-m", model_, "--allow-swap", "--tokens", kPrompt, "-n", "4000", "--ignore-eos", "-t", "1",
                              "--dump-logits", dump}, out, err);
     ASSERT_GT(pid, 0);
     // Wait until generation has started (ids are printed as they come), then signal.
@@ -428,9 +403,9 @@ TEST_F(RunCli, SignalFinishesTheTokenPrintsTheSummaryAndExitsZero) {
 TEST_F(RunCli, TextPromptStreamsTheDecodedGeneration) {
   const sluice::text::Tokenizer tok = sluice::text::Tokenizer::from_gguf(sluice::gguf::File::open(model_));
   const std::string text = "hello world, the quick brown fox";
-  const std::vector<int32_t> enc = tok.encode(text, true, false);
+  const std::vector<sluice::TokenId> enc = tok.encode(text, true, false);
   std::string ids;
-  for (int32_t id : enc) {
+  for (sluice::TokenId id : enc) {
     if (!ids.empty()) ids += ',';
     ids += std::to_string(id);
   }
@@ -438,9 +413,9 @@ TEST_F(RunCli, TextPromptStreamsTheDecodedGeneration) {
   ASSERT_EQ(gen.size(), 10u);
   const CmdResult r = run("-p " + q(text) + " -n 10 --ignore-eos -t 1");
   ASSERT_EQ(r.rc, 0) << r.err;
-  std::vector<int32_t> shown;
-  for (uint32_t id : gen)
-    if (tok.type((int32_t)id) != sluice::text::TokenType::Control) shown.push_back((int32_t)id);
+  std::vector<sluice::TokenId> shown;
+  for (sluice::TokenId id : gen)
+    if (tok.type(id) != sluice::text::TokenType::Control) shown.push_back(id);
   EXPECT_EQ(r.out, sluice::text::utf8_sanitize(tok.decode(shown, false)) + "\n");
   EXPECT_EQ(r.err_lines(), 1u) << r.err;
   // -f reads the same prompt from a file.

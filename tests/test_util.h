@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include <iterator>
 #include <string>
 #include <system_error>
+#include <vector>
 
 namespace sluice::test {
 
@@ -83,5 +85,34 @@ inline CmdResult run_sluice(const std::filesystem::path& dir, const std::string&
 }
 
 inline CmdResult run_sluice(const TempDir& dir, const std::string& args) { return run_sluice(dir.path, args); }
+
+// Starts `sluice ARGS...` (no shell) with stdout and stderr redirected to the files out and err,
+// and returns its pid (-1 when a file cannot be opened), for tests that signal or kill it while
+// it runs; the caller waits for it.
+inline pid_t spawn_sluice(const std::vector<std::string>& args, const std::string& out, const std::string& err) {
+  std::vector<std::string> all = {SLUICE_BINARY};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  // O_CLOEXEC: only the child's stdout and stderr (dup2 clears the flag) outlive the exec.
+  const int fo = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fe = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fo < 0 || fe < 0) {
+    if (fo >= 0) ::close(fo);
+    if (fe >= 0) ::close(fe);
+    return -1;
+  }
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(fo, 1);
+    ::dup2(fe, 2);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  ::close(fo);
+  ::close(fe);
+  return pid;
+}
 
 }  // namespace sluice::test

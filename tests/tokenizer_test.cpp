@@ -26,6 +26,7 @@
 
 namespace fs = std::filesystem;
 using sluice::Error;
+using sluice::TokenId;
 using sluice::text::StreamDecoder;
 using sluice::text::Tokenizer;
 using sluice::text::VocabData;
@@ -44,7 +45,7 @@ const Tokenizer& deepseek() {
 
 struct RefCase {
   std::string input;
-  std::vector<int32_t> ids;
+  std::vector<TokenId> ids;
 };
 
 // tokenizer-tests.inp: every input is followed by "\n__ggml_vocab_test__\n" (so the newline
@@ -63,7 +64,7 @@ std::vector<RefCase> reference_cases() {
     std::string line;
     if (!std::getline(out, line)) break;
     std::istringstream ls(line);
-    for (int32_t x; ls >> x;) c.ids.push_back(x);
+    for (TokenId x; ls >> x;) c.ids.push_back(x);
     cases.push_back(std::move(c));
   }
   return cases;
@@ -104,10 +105,10 @@ VocabData tiny_vocab() {
   return v;
 }
 
-int32_t add_token(VocabData& v, const std::string& s, int32_t type = 1) {
+TokenId add_token(VocabData& v, const std::string& s, int32_t type = 1) {
   v.tokens.push_back(s);
   v.token_type.push_back(type);
-  return (int32_t)v.tokens.size() - 1;
+  return (TokenId)v.tokens.size() - 1;
 }
 
 }  // namespace
@@ -148,21 +149,21 @@ TEST(TokenizerVocab, LoadsDeepSeekVocabulary) {
 
 TEST(TokenizerEncode, BosOnlyWhenAsked) {
   const Tokenizer& tok = deepseek();
-  EXPECT_EQ(tok.encode("", true), std::vector<int32_t>{0});
+  EXPECT_EQ(tok.encode("", true), std::vector<TokenId>{0});
   EXPECT_TRUE(tok.encode("", false).empty());
   const auto a = tok.encode("Hello world", true), b = tok.encode("Hello world", false);
   ASSERT_EQ(a.size(), b.size() + 1);
   EXPECT_EQ(a[0], 0);
-  EXPECT_EQ(std::vector<int32_t>(a.begin() + 1, a.end()), b);
+  EXPECT_EQ(std::vector<TokenId>(a.begin() + 1, a.end()), b);
 }
 
 TEST(TokenizerSpecial, AddedTokensAreAtomic) {
   const Tokenizer& tok = deepseek();
-  const int32_t user = *tok.find("<｜User｜>"), hi = *tok.find("hi");
-  EXPECT_EQ(tok.encode("<｜User｜>hi", false), (std::vector<int32_t>{user, hi}));
+  const TokenId user = *tok.find("<｜User｜>"), hi = *tok.find("hi");
+  EXPECT_EQ(tok.encode("<｜User｜>hi", false), (std::vector<TokenId>{user, hi}));
   // Between text, at both ends, back to back.
   const auto ids = tok.encode("hi<｜User｜><｜Assistant｜>hi<｜end▁of▁sentence｜>", false);
-  EXPECT_EQ(ids, (std::vector<int32_t>{hi, user, 128804, hi, 1}));
+  EXPECT_EQ(ids, (std::vector<TokenId>{hi, user, 128804, hi, 1}));
   // A special string is never split by BPE, whatever surrounds it.
   const auto ids2 = tok.encode("x<｜User｜>y", false);
   EXPECT_EQ(std::count(ids2.begin(), ids2.end(), user), 1);
@@ -176,27 +177,27 @@ TEST(TokenizerSpecial, ParseSpecialOffKeepsControlStringsAsText) {
   const Tokenizer& tok = deepseek();
   const std::string s = "<｜User｜>hi<｜end▁of▁sentence｜>";
   const auto ids = tok.encode(s, false, /*parse_special=*/false);
-  for (int32_t id : ids) EXPECT_EQ(tok.type(id), sluice::text::TokenType::Normal);
+  for (TokenId id : ids) EXPECT_EQ(tok.type(id), sluice::text::TokenType::Normal);
   EXPECT_EQ(tok.decode(ids), s);
 }
 
 TEST(TokenizerSpecial, LeftmostLongestMatch) {
   VocabData v = tiny_vocab();
-  const int32_t x = add_token(v, "<x>", 3), xy = add_token(v, "<x>y", 3), u = add_token(v, "yz", 4);
+  const TokenId x = add_token(v, "<x>", 3), xy = add_token(v, "<x>y", 3), u = add_token(v, "yz", 4);
   const Tokenizer tok(v);
-  const int32_t z = *tok.find("z");
-  EXPECT_EQ(tok.encode("<x>yz", false), (std::vector<int32_t>{xy, z}));
-  EXPECT_EQ(tok.encode("<x>z", false), (std::vector<int32_t>{x, z}));
+  const TokenId z = *tok.find("z");
+  EXPECT_EQ(tok.encode("<x>yz", false), (std::vector<TokenId>{xy, z}));
+  EXPECT_EQ(tok.encode("<x>z", false), (std::vector<TokenId>{x, z}));
   // User-defined tokens match even when control tokens are off.
   EXPECT_EQ(tok.encode("<x>yz", false, false).back(), u);
 }
 
 TEST(TokenizerDecode, RenderSpecialFlag) {
   const Tokenizer& tok = deepseek();
-  const std::vector<int32_t> ids = {0, *tok.find("hi"), 1};
+  const std::vector<TokenId> ids = {0, *tok.find("hi"), 1};
   EXPECT_EQ(tok.decode(ids), "<｜begin▁of▁sentence｜>hi<｜end▁of▁sentence｜>");
   EXPECT_EQ(tok.decode(ids, /*render_special=*/false), "hi");
-  EXPECT_THROW(tok.decode(std::vector<int32_t>{5, 999999}), Error);
+  EXPECT_THROW(tok.decode(std::vector<TokenId>{5, 999999}), Error);
 }
 
 TEST(TokenizerRoundTrip, RandomUtf8) {
@@ -234,7 +235,7 @@ TEST(TokenizerStream, MatchesDecodeAndNeverSplitsACharacter) {
     const auto ids = tok.encode(s, false);
     StreamDecoder dec(tok);
     std::string streamed;
-    for (int32_t id : ids) {
+    for (TokenId id : ids) {
       const std::string part = dec.push(id);
       EXPECT_TRUE(sluice::text::utf8_valid(part)) << "partial character emitted";
       held += dec.pending_bytes() > 0;
@@ -250,7 +251,7 @@ TEST(TokenizerStream, MatchesDecodeAndNeverSplitsACharacter) {
 TEST(TokenizerStream, HoldsBytesUntilTheCharacterCompletes) {
   const Tokenizer& tok = deepseek();
   // "é" = C3 A9, fed as its two byte tokens.
-  const int32_t c3 = *tok.find(sluice::gpt2_byte_token(0xC3)), a9 = *tok.find(sluice::gpt2_byte_token(0xA9));
+  const TokenId c3 = *tok.find(sluice::gpt2_byte_token(0xC3)), a9 = *tok.find(sluice::gpt2_byte_token(0xA9));
   StreamDecoder dec(tok);
   EXPECT_EQ(dec.push(*tok.find("a")), "a");
   EXPECT_EQ(dec.push(c3), "");
@@ -263,10 +264,10 @@ TEST(TokenizerStream, HoldsBytesUntilTheCharacterCompletes) {
 TEST(TokenizerStream, IllFormedBytesBecomeReplacementCharacters) {
   const Tokenizer& tok = deepseek();
   auto byte = [&](uint8_t b) { return *tok.find(sluice::gpt2_byte_token(b)); };
-  const std::vector<int32_t> ids = {byte(0xE2), byte(0x82), *tok.find("A"), byte(0xFF), byte(0xF0)};
+  const std::vector<TokenId> ids = {byte(0xE2), byte(0x82), *tok.find("A"), byte(0xFF), byte(0xF0)};
   StreamDecoder dec(tok);
   std::string streamed;
-  for (int32_t id : ids) streamed += dec.push(id);
+  for (TokenId id : ids) streamed += dec.push(id);
   EXPECT_EQ(dec.pending_bytes(), 1u);  // F0 could still start a character
   streamed += dec.finish();
   // E2 82 (truncated) -> one U+FFFD, FF -> one, F0 at the end -> one.
@@ -313,14 +314,14 @@ TEST(TokenizerPretokenize, ThreePassSplits) {
 
 TEST(TokenizerMerge, RankOrderAndLeftmostTies) {
   VocabData v = tiny_vocab();
-  const int32_t ab = add_token(v, "ab"), bc = add_token(v, "bc"), aa = add_token(v, "aa");
+  const TokenId ab = add_token(v, "ab"), bc = add_token(v, "bc"), aa = add_token(v, "aa");
   v.merges = {"b c", "a b", "a a"};
   const Tokenizer t1(v);
-  EXPECT_EQ(t1.encode("abc", false), (std::vector<int32_t>{*t1.find("a"), bc}));
-  EXPECT_EQ(t1.encode("aaa", false), (std::vector<int32_t>{aa, *t1.find("a")}));
+  EXPECT_EQ(t1.encode("abc", false), (std::vector<TokenId>{*t1.find("a"), bc}));
+  EXPECT_EQ(t1.encode("aaa", false), (std::vector<TokenId>{aa, *t1.find("a")}));
   v.merges = {"a b", "b c"};
   const Tokenizer t2(v);
-  EXPECT_EQ(t2.encode("abc", false), (std::vector<int32_t>{ab, *t2.find("c")}));
+  EXPECT_EQ(t2.encode("abc", false), (std::vector<TokenId>{ab, *t2.find("c")}));
 }
 
 TEST(TokenizerValidate, RejectsBrokenVocabularies) {
@@ -403,7 +404,7 @@ TEST(TokenizerGguf, SyntheticVocabularyFromMakeModel) {
   write_vocab_gguf(dir / "v.gguf", "gpt2", "joyai-llm");
   const Tokenizer tok = Tokenizer::from_gguf(sluice::gguf::File::open(dir / "v.gguf"));
   EXPECT_EQ(tok.n_vocab(), 300);
-  const int32_t user = *tok.find("<｜User｜>"), think = *tok.find("<think>");
+  const TokenId user = *tok.find("<｜User｜>"), think = *tok.find("<think>");
   const auto ids = tok.encode("<｜User｜>the cat<think>", true);
   EXPECT_EQ(ids.front(), 0);
   EXPECT_EQ(ids[1], user);

@@ -14,8 +14,8 @@
 #include "runtime/session.h"
 #include "text/chat.h"
 #include "text/dsml.h"
-#include "text/output_text.h"
 #include "text/prompt_limit.h"
+#include "text/token_text.h"
 #include "text/tokenizer.h"
 #include "text/utf8.h"
 #include "util/error.h"
@@ -64,7 +64,7 @@ int run_chat(const ChatCommandOptions& o) {
     // plus one reply token must fit, or no message ever could: say so now, not at the first one.
     std::vector<text::ChatMessage> empty = history;
     empty.push_back({"user", "", "", {}, ""});
-    const size_t frame = tok.encode(text::render_chat(empty, co), false, true).size() + 1;
+    const size_t frame = text::encode_chat_text(tok, text::render_chat(empty, co)).size() + 1;
     if (session.ctx() < frame)
       throw UsageError(std::string(kCtxFlag) + " " + std::to_string(session.ctx()) +
                        " is too small for chat: the chat format around an empty message and one reply token take " +
@@ -104,7 +104,7 @@ int run_chat(const ChatCommandOptions& o) {
     req.max_tokens = (uint32_t)std::min<uint64_t>((uint64_t)o.n_predict, session.ctx() - req.prompt.size());
     req.sampling = so;
     text::OutputParser parser(co.thinking);
-    text::OutputDecoder decoder(tok, text::OutputMode::Chat);  // the output rule of run and serve
+    text::OutputDecoder decoder(tok, text::OutputMode::Chat, {c.eos_token_id});  // the output rule of run and serve
     // A token can end inside a character, and a random or hostile model can emit any bytes:
     // what reaches the terminal is valid UTF-8, ill-formed parts shown as U+FFFD.
     text::Utf8Stream shown_reasoning, shown_content;
@@ -117,8 +117,8 @@ int run_chat(const ChatCommandOptions& o) {
                         text::utf8_sanitize(call.arguments) + "]\n");
       std::fflush(stdout);
     };
-    const GenerateResult r = session.generate(req, {}, [&](uint32_t id) {
-      if (id != c.eos_token_id) show(parser.push(decoder.push((int32_t)id)));
+    const GenerateResult r = session.generate(req, {}, [&](TokenId id) {
+      show(parser.push(decoder.push(id)));
       return StopSignals::raised() == 0;
     });
     show(parser.push(decoder.finish()));
@@ -129,9 +129,9 @@ int run_chat(const ChatCommandOptions& o) {
     std::fflush(stdout);
     // The history keeps what the model generated, hidden tokens included, so the next turn's
     // rendering extends the kept tokens exactly (tokenize_prompt reuses them).
-    std::vector<int32_t> said;
-    for (uint32_t id : r.tokens)
-      if (id != c.eos_token_id) said.push_back((int32_t)id);
+    std::vector<TokenId> said;
+    for (TokenId id : r.tokens)
+      if (id != c.eos_token_id) said.push_back(id);
     const text::ParsedOutput turn = text::parse_output(tok.decode(said, /*render_special=*/true), co.thinking);
     history.push_back({"assistant", turn.content, turn.reasoning, {}, ""});
     std::fprintf(stderr, "[%u prompt tokens (%u reused) in %.2f s, %zu generated in %.2f s, stop: %s | %s]\n",

@@ -34,8 +34,8 @@
 #include "runtime/sampler.h"
 #include "runtime/session.h"
 #include "text/chat.h"
-#include "text/output_text.h"
 #include "text/prompt_limit.h"
+#include "text/token_text.h"
 #include "text/tokenizer.h"
 #include "util/error.h"
 #include "util/output_file.h"
@@ -79,7 +79,7 @@ class LogitsDump {
   LogitsDump(const std::string& path, uint32_t vocab, uint32_t prompt, Existing existing)
       : rows_(path, existing), meta_(path + ".json", existing), vocab_(vocab), prompt_(prompt) {}
 
-  void rows(std::span<const uint32_t> tokens, const float* logits) {
+  void rows(std::span<const TokenId> tokens, const float* logits) {
     rows_.write(logits, tokens.size() * (size_t)vocab_ * sizeof(float));
     tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
   }
@@ -97,7 +97,7 @@ class LogitsDump {
  private:
   AtomicOutputFile rows_, meta_;
   uint32_t vocab_, prompt_;
-  std::vector<uint32_t> tokens_;
+  std::vector<TokenId> tokens_;
 };
 
 // --trace DIR: DIR must be absent (it is created, its parent must exist) or an empty directory;
@@ -139,7 +139,7 @@ class TraceFile {
   TraceFile(const TraceFile&) = delete;
   TraceFile& operator=(const TraceFile&) = delete;
 
-  void positions(uint32_t first_pos, std::span<const uint32_t> tokens, const std::vector<TokenTrace>& tr) {
+  void positions(uint32_t first_pos, std::span<const TokenId> tokens, const std::vector<TokenTrace>& tr) {
     if (tr.size() != tokens.size())
       throw Error("internal: " + std::to_string(tr.size()) + " traces for " + std::to_string(tokens.size()) + " tokens");
     std::string lines;
@@ -173,7 +173,7 @@ class IdPrinter {
   ~IdPrinter() {
     if (count_ > 0) end();  // a failed run ends the partial line; one that printed nothing stays silent
   }
-  void id(uint32_t t) {
+  void id(TokenId t) {
     std::printf(count_++ ? " %u" : "%u", t);
     std::fflush(stdout);
   }
@@ -411,14 +411,14 @@ int run_run(const RunOptions& o) {
                                    " minus -n " + std::to_string(o.n_predict) + ", at most " + std::to_string(per) +
                                    " bytes per token; see docs/files.md");
     }
-    std::vector<int32_t> enc;
+    std::vector<TokenId> enc;
     if (o.chat) {
       text::ChatOptions co;
       co.thinking = o.think == "on";
       co.reasoning_effort = co.thinking ? text::kEffortHigh : 0;
-      enc = tok->encode(text::render_chat({text::ChatMessage{"user", text, "", {}, ""}}, co), false, true);
+      enc = text::encode_chat_text(*tok, text::render_chat({text::ChatMessage{"user", text, "", {}, ""}}, co));
     } else {
-      enc = tok->encode(text, tok->add_bos_default(), false);
+      enc = text::encode_prompt_text(*tok, text, text::SpecialTokens::AsText);
     }
     ids.assign(enc.begin(), enc.end());
     if (ids.empty()) throw UsageError("the prompt is empty");
@@ -453,7 +453,7 @@ int run_run(const RunOptions& o) {
   const double load_s = seconds_since(t_load);
   EvalObserver obs;
   obs.want_trace = trace != nullptr;
-  obs.on_eval = [&](uint32_t pos, std::span<const uint32_t> toks, const float* logits, const std::vector<TokenTrace>* tr) {
+  obs.on_eval = [&](uint32_t pos, std::span<const TokenId> toks, const float* logits, const std::vector<TokenTrace>* tr) {
     if (dump) dump->rows(toks, logits);
     if (trace) trace->positions(pos, toks, *tr);
   };
@@ -467,7 +467,9 @@ int run_run(const RunOptions& o) {
 
   IdPrinter out_ids;
   std::unique_ptr<text::OutputDecoder> decoder;
-  if (text_mode) decoder = std::make_unique<text::OutputDecoder>(*tok, text::OutputMode::Plain);
+  if (text_mode)
+    decoder = std::make_unique<text::OutputDecoder>(*tok, text::OutputMode::Plain,
+                                                    o.ignore_eos ? std::vector<TokenId>{} : std::vector<TokenId>{cfg.eos_token_id});
   const bool show_prefill = isatty(2) && prompt_n > 2ull * session.plan().chunk;
   std::string stop_note;
   const auto on_prefill = [&](uint32_t done, uint32_t total) {
@@ -478,13 +480,11 @@ int run_run(const RunOptions& o) {
     }
     return true;
   };
-  const auto on_token = [&](uint32_t id) {
+  const auto on_token = [&](TokenId id) {
     if (decoder) {
-      if (o.ignore_eos || id != cfg.eos_token_id) {
-        const std::string piece = decoder->push((int32_t)id);
-        std::fwrite(piece.data(), 1, piece.size(), stdout);
-        std::fflush(stdout);
-      }
+      const std::string piece = decoder->push(id);
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
     } else {
       out_ids.id(id);
     }

@@ -62,7 +62,7 @@ int run_tokenize(const TokenizeOptions& o) {
     input = read_fd_bounded(0, "standard input", kMaxStdinBytes,
                             "tokenize reads at most 64 MiB; split larger inputs");
   }
-  const std::vector<int32_t> ids = tok.encode(input, !o.no_bos && tok.add_bos_default(), !o.no_special);
+  const std::vector<TokenId> ids = tok.encode(input, !o.no_bos && tok.add_bos_default(), !o.no_special);
   std::string out;
   if (o.ids_only) {
     for (size_t i = 0; i < ids.size(); ++i) {
@@ -71,7 +71,7 @@ int run_tokenize(const TokenizeOptions& o) {
     }
     out += '\n';
   } else {
-    for (int32_t id : ids) out += std::to_string(id) + "\t" + quoted(tok.token_to_piece(id)) + "\n";
+    for (TokenId id : ids) out += std::to_string(id) + "\t" + quoted(tok.token_to_piece(id)) + "\n";
   }
   std::fwrite(out.data(), 1, out.size(), stdout);
   return std::fflush(stdout) == 0 ? 0 : 1;

@@ -16,17 +16,18 @@ size_t PromptCache::reused_for(std::string_view text) const {
   return k > 0 ? k - 1 : 0;
 }
 
-std::vector<uint32_t> PromptCache::tokens_for(const text::Tokenizer& tok, std::string_view text, bool add_bos) const {
+std::vector<TokenId> PromptCache::tokens_for(const text::Tokenizer& tok, std::string_view text, bool add_bos) const {
   const size_t k = reused_for(text);
-  std::vector<uint32_t> out(tokens_.begin(), tokens_.begin() + (std::ptrdiff_t)k);
+  std::vector<TokenId> out(tokens_.begin(), tokens_.begin() + (std::ptrdiff_t)k);
   const std::string_view rest = k == 0 ? text : text.substr(k == tokens_.size() ? text_.size() : ends_[k - 1]);
   if (k) add_bos = false;
-  for (int32_t id : tok.encode(rest, add_bos, /*parse_special=*/true)) out.push_back((uint32_t)id);
+  const std::vector<TokenId> more = tok.encode(rest, add_bos, /*parse_special=*/true);
+  out.insert(out.end(), more.begin(), more.end());
   return out;
 }
 
 void PromptCache::remember(const text::Tokenizer& tok, std::string_view prompt_text,
-                           std::span<const uint32_t> prompt_tokens, std::span<const uint32_t> generated) {
+                           std::span<const TokenId> prompt_tokens, std::span<const TokenId> generated) {
   text_.assign(prompt_text);
   tokens_.assign(prompt_tokens.begin(), prompt_tokens.end());
   ends_.clear();
@@ -34,14 +35,14 @@ void PromptCache::remember(const text::Tokenizer& tok, std::string_view prompt_t
   size_t at = 0;
   bool spelled = true;
   for (size_t i = 0; i < tokens_.size() && spelled; ++i) {
-    const std::string_view piece = tok.token_to_piece((int32_t)tokens_[i], /*render_special=*/true);
+    const std::string_view piece = tok.token_to_piece(tokens_[i], /*render_special=*/true);
     if (std::string_view(text_).substr(at, piece.size()) == piece) at += piece.size();
-    else spelled = i == 0 && (int32_t)tokens_[i] == tok.bos();  // an added BOS: not in the text
+    else spelled = i == 0 && tokens_[i] == tok.bos();  // an added BOS: not in the text
     if (spelled) ends_.push_back(at);
   }
   spelled = spelled && at == text_.size();
-  for (uint32_t id : generated) {
-    text_ += tok.token_to_piece((int32_t)id, /*render_special=*/true);
+  for (TokenId id : generated) {
+    text_ += tok.token_to_piece(id, /*render_special=*/true);
     tokens_.push_back(id);
     if (spelled) ends_.push_back(text_.size());
   }

@@ -17,6 +17,8 @@
 #include <string_view>
 #include <vector>
 
+#include "util/token_id.h"
+
 namespace sluice::text { class Tokenizer; }
 
 namespace sluice {
@@ -25,21 +27,21 @@ class PromptCache {
  public:
   // Tokens for a rendered prompt (special tokens parsed; BOS added when add_bos and the
   // vocabulary has one, unless remembered tokens start the prompt).
-  std::vector<uint32_t> tokens_for(const text::Tokenizer& tok, std::string_view text, bool add_bos) const;
+  std::vector<TokenId> tokens_for(const text::Tokenizer& tok, std::string_view text, bool add_bos) const;
   // After a generation: what was asked and what came out (generated tokens decoded with their
   // special tokens, as the chat renderer writes them back).
-  void remember(const text::Tokenizer& tok, std::string_view prompt_text, std::span<const uint32_t> prompt_tokens,
-                std::span<const uint32_t> generated);
+  void remember(const text::Tokenizer& tok, std::string_view prompt_text, std::span<const TokenId> prompt_tokens,
+                std::span<const TokenId> generated);
   void clear();
   // How many leading remembered tokens tokens_for(text) keeps (for tests and the docs' claims).
   size_t reused_for(std::string_view text) const;
   uint64_t bytes() const {
-    return text_.capacity() + tokens_.capacity() * sizeof(uint32_t) + ends_.capacity() * sizeof(size_t);
+    return text_.capacity() + tokens_.capacity() * sizeof(TokenId) + ends_.capacity() * sizeof(size_t);
   }
 
  private:
   std::string text_;
-  std::vector<uint32_t> tokens_;
+  std::vector<TokenId> tokens_;
   // ends_[i]: the offset in text_ where token i's text ends. Only for the leading tokens whose
   // pieces spell text_ (a BOS the text does not carry takes no bytes); shorter than tokens_
   // when the prompt tokens do not spell the prompt text from some token on (then a divergence

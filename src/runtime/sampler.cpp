@@ -45,13 +45,13 @@ void validate(const SamplerOptions& o) {
   check_sampling(r);
 }
 
-uint32_t argmax_lowest(std::span<const float> logits) {
+TokenId argmax_lowest(std::span<const float> logits) {
   bool found = false;
-  uint32_t best = 0;
+  TokenId best = 0;
   for (size_t i = 0; i < logits.size(); ++i) {
     if (std::isnan(logits[i])) continue;
     // Strictly greater: an equal value later in the row never displaces the lower id.
-    if (!found || logits[i] > logits[best]) best = (uint32_t)i, found = true;
+    if (!found || logits[i] > logits[best]) best = (TokenId)i, found = true;
   }
   if (!found) throw Error("sampler: no usable logit (" + std::to_string(logits.size()) + " entries, all NaN or none)");
   return best;
@@ -75,7 +75,7 @@ std::vector<TokenProb> nucleus(std::span<const float> logits, float temp, float 
   for (size_t i = 0; i < logits.size(); ++i) {
     // Shift by the max first: exp never overflows, and the max token gets exactly 1.
     const double e = std::exp(((double)logits[i] - mx) / (double)temp);
-    if (e > 0) v.push_back({(uint32_t)i, e});
+    if (e > 0) v.push_back({(TokenId)i, e});
     sum += e;
   }
   for (TokenProb& t : v) t.p /= sum;
@@ -105,7 +105,7 @@ double uniform01(std::mt19937_64& rng) {
 
 Sampler::Sampler(const SamplerOptions& o) : opt_(o), rng_(o.seed) { validate(o); }
 
-uint32_t Sampler::sample(std::span<const float> logits) {
+TokenId Sampler::sample(std::span<const float> logits) {
   if (opt_.temp == 0) return argmax_lowest(logits);
   const std::vector<TokenProb> keep = nucleus(logits, opt_.temp, opt_.top_p, opt_.top_k, opt_.min_p);
   double mass = 0;

@@ -11,6 +11,8 @@
 #include <span>
 #include <vector>
 
+#include "util/token_id.h"
+
 namespace sluice {
 
 struct SamplerOptions {
@@ -43,10 +45,10 @@ void validate(const SamplerOptions& o);
 
 // Index of the largest logit; ties go to the lowest id. NaN entries are never chosen.
 // Throws Error when the row is empty or has no non-NaN entry.
-uint32_t argmax_lowest(std::span<const float> logits);
+TokenId argmax_lowest(std::span<const float> logits);
 
 struct TokenProb {
-  uint32_t id = 0;
+  TokenId id = 0;
   double p = 0;
   bool operator==(const TokenProb&) const = default;
 };
@@ -67,7 +69,7 @@ class Sampler {
  public:
   explicit Sampler(const SamplerOptions& o);  // validates o
   // Greedy consumes no randomness; otherwise exactly one draw per call.
-  uint32_t sample(std::span<const float> logits);
+  TokenId sample(std::span<const float> logits);
   const SamplerOptions& options() const { return opt_; }
 
  private:

@@ -49,7 +49,7 @@ struct Session::Impl {
   std::unique_ptr<StreamedExperts> streamed;
   std::unique_ptr<Engine> engine;
   SequenceState state;
-  std::vector<uint32_t> history;  // tokens evaluated into `state`
+  std::vector<TokenId> history;  // tokens evaluated into `state`
   std::vector<float> last_logits; // the row after history.back()
   mutable std::mutex prompt_mu;   // prompt_cache is read by handler threads
   PromptCache prompt_cache;
@@ -62,7 +62,7 @@ struct Session::Impl {
   // them) the output head runs and the last row is kept; otherwise it is skipped, which saves
   // chunk x vocab x hidden work per prefill chunk that no one reads. With interval_checkpoint,
   // passing a multiple of checkpoint_interval takes a checkpoint.
-  void eval(std::span<const uint32_t> toks, const EvalObserver* obs, bool want_logits, bool interval_checkpoint) {
+  void eval(std::span<const TokenId> toks, const EvalObserver* obs, bool want_logits, bool interval_checkpoint) {
     const uint32_t V = model->config.vocab_size;
     const uint32_t pos = state.position();
     const bool observed = obs && obs->on_eval;
@@ -100,7 +100,7 @@ struct Session::Impl {
   }
   // Where a prompt starts: the kept sequence when the prompt extends it, else the newest
   // checkpoint at or before the first differing token, else position 0.
-  void start_for(std::span<const uint32_t> prompt) {
+  void start_for(std::span<const TokenId> prompt) {
     const size_t n = std::min(history.size(), prompt.size());
     const size_t common = (size_t)(std::mismatch(history.begin(), history.begin() + (std::ptrdiff_t)n, prompt.begin()).first -
                                    history.begin());
@@ -223,13 +223,13 @@ void Session::reset() {
   impl_->prompt_cache.clear();
 }
 
-std::vector<uint32_t> Session::tokenize_prompt(std::string_view text, bool add_bos) const {
+std::vector<TokenId> Session::tokenize_prompt(std::string_view text, bool add_bos) const {
   const std::lock_guard<std::mutex> lock(impl_->prompt_mu);
   return impl_->prompt_cache.tokens_for(*impl_->tokenizer, text, add_bos);
 }
 
 GenerateResult Session::generate(const GenerateRequest& r, const std::function<bool(uint32_t, uint32_t)>& on_prefill,
-                                 const std::function<bool(uint32_t)>& on_token) {
+                                 const std::function<bool(TokenId)>& on_token) {
   using Clock = std::chrono::steady_clock;
   Impl& s = *impl_;
   const ModelConfig& c = s.model->config;
@@ -263,7 +263,7 @@ GenerateResult Session::generate(const GenerateRequest& r, const std::function<b
     size_t n = std::min<size_t>(s.plan.chunk, r.prompt.size() - s.history.size());
     if (s.history.size() < before_last && s.history.size() + n > before_last) n = before_last - s.history.size();
     const bool last_piece = s.history.size() + n == r.prompt.size();
-    s.eval(std::span<const uint32_t>(r.prompt.data() + s.history.size(), n), r.observer, last_piece, !last_piece);
+    s.eval(std::span<const TokenId>(r.prompt.data() + s.history.size(), n), r.observer, last_piece, !last_piece);
     if (s.history.size() == before_last) s.take_checkpoint(/*prompt_end=*/true);
     cancelled = on_prefill && !on_prefill((uint32_t)s.history.size(), total);
   }
@@ -278,7 +278,7 @@ GenerateResult Session::generate(const GenerateRequest& r, const std::function<b
   if (cancelled) res.finish = Finish::Cancelled;
   while (!cancelled) {
     if (res.tokens.size() >= r.max_tokens) { res.finish = Finish::Length; break; }
-    const uint32_t next = sampler.sample(std::span<const float>(s.last_logits.data(), V));
+    const TokenId next = sampler.sample(std::span<const float>(s.last_logits.data(), V));
     res.tokens.push_back(next);
     ++s.generated_tokens;
     const bool keep_going = !on_token || on_token(next);
@@ -287,7 +287,7 @@ GenerateResult Session::generate(const GenerateRequest& r, const std::function<b
     if (!keep_going) { res.finish = Finish::Cancelled; break; }
     if (res.tokens.size() >= r.max_tokens) { res.finish = Finish::Length; break; }
     if (s.history.size() >= ctx) { res.finish = Finish::Context; break; }
-    s.eval(std::span<const uint32_t>(&next, 1), r.observer, true, true);
+    s.eval(std::span<const TokenId>(&next, 1), r.observer, true, true);
     ++res.decode_steps;
   }
   res.decode_s = seconds_since(t_decode);

@@ -25,6 +25,7 @@
 #include "runtime/sampler.h"
 #include "storage/eviction_policy.h"
 #include "storage/store_stats.h"
+#include "util/token_id.h"
 
 namespace sluice {
 namespace text { class Tokenizer; }
@@ -68,16 +69,16 @@ struct TokenTrace;
 // (tokens.size() x vocab) and, when want_trace, their routing traces.
 struct EvalObserver {
   bool want_trace = false;
-  std::function<void(uint32_t first_pos, std::span<const uint32_t> tokens, const float* logits,
+  std::function<void(uint32_t first_pos, std::span<const TokenId> tokens, const float* logits,
                      const std::vector<TokenTrace>* trace)> on_eval;
 };
 
 struct GenerateRequest {
-  std::vector<uint32_t> prompt;  // must not be empty
+  std::vector<TokenId> prompt;   // must not be empty
   uint32_t max_tokens = 256;     // generated tokens at most (0: only prefill)
   SamplerOptions sampling;
   bool ignore_eos = false;
-  std::vector<uint32_t> stop_tokens;  // besides eos: generation ends after one of these
+  std::vector<TokenId> stop_tokens;  // besides eos: generation ends after one of these
   const EvalObserver* observer = nullptr;  // for dumps and traces; null: none
   // The text `prompt` encodes, when it came from tokenize_prompt(). After the request the
   // session remembers it with the generated tokens, so a later prompt text that extends it is
@@ -97,7 +98,7 @@ enum class Finish : uint8_t {
 const char* finish_name(Finish f);
 
 struct GenerateResult {
-  std::vector<uint32_t> tokens;  // generated, including a final eos/stop token
+  std::vector<TokenId> tokens;   // generated, including a final eos/stop token
   Finish finish = Finish::None;
   uint32_t prompt_tokens = 0;
   // Prompt tokens not evaluated again: the kept sequence's when the prompt extends it, else the
@@ -156,7 +157,7 @@ class Session {
   // Tokens for a rendered prompt text (special tokens parsed). When the text extends the last
   // remembered prompt + generation, those exact tokens are reused, so generate() can keep its
   // sequence. Safe from any thread.
-  std::vector<uint32_t> tokenize_prompt(std::string_view text, bool add_bos) const;
+  std::vector<TokenId> tokenize_prompt(std::string_view text, bool add_bos) const;
 
   // Callbacks may be empty. on_prefill(done, total) is called after each prefill chunk (and once
   // at 0 before the first); returning false cancels. on_token(id) is called for each generated
@@ -165,7 +166,7 @@ class Session {
   // longer than the context) before touching the sequence; an Error while evaluating (I/O)
   // leaves the sequence as it was before the failing step.
   GenerateResult generate(const GenerateRequest& r, const std::function<bool(uint32_t, uint32_t)>& on_prefill,
-                          const std::function<bool(uint32_t)>& on_token);
+                          const std::function<bool(TokenId)>& on_token);
   // Forget the kept sequence (the next prompt is evaluated from position 0).
   void reset();
   // Safe to call from any thread, also while generate() runs.

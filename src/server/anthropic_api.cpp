@@ -4,10 +4,14 @@
 #include <vector>
 
 #include "server/api_error.h"
-#include "server/generation.h"
+#include "server/chat_encode.h"
+#include "server/job_follow.h"
+#include "server/request_build.h"
+#include "server/response_id.h"
+#include "server/sse.h"
 #include "server/stop_strings.h"
 #include "server/token_endpoints.h"
-#include "server/sse.h"
+#include "server/worker_access.h"
 #include "text/chat.h"
 #include "text/json_text.h"
 
@@ -82,7 +86,7 @@ int handle_messages(ServerContext& ctx, const HttpRequest& req, Connection& conn
   const bool stream = c.stream;
   const std::vector<std::string>& stops = c.stops;
   std::string prompt_text;
-  std::vector<uint32_t> prompt = encode_chat(s, c.messages, c.options, &prompt_text);
+  std::vector<TokenId> prompt = encode_chat(s, c.messages, c.options, &prompt_text);
   const uint32_t n_prompt = (uint32_t)prompt.size();
   RequestInfo info{req.path, req.body.size(), c.tools, {}};
   GenerateRequest gr = make_request(ctx, std::move(prompt), c.max_tokens, c.sampling, chat_stop_tokens(s.tokenizer()),

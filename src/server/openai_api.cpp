@@ -5,10 +5,15 @@
 #include <vector>
 
 #include "server/api_error.h"
-#include "server/generation.h"
-#include "server/stop_strings.h"
+#include "server/chat_encode.h"
+#include "server/job_follow.h"
+#include "server/request_build.h"
+#include "server/response_id.h"
 #include "server/sse.h"
+#include "server/stop_strings.h"
+#include "server/worker_access.h"
 #include "text/chat.h"
+#include "text/token_text.h"
 
 namespace sluice::server {
 
@@ -83,7 +88,7 @@ int handle_chat_completions(ServerContext& ctx, const HttpRequest& req, Connecti
   const bool stream = cr.stream;
   const std::vector<std::string>& stops = cr.stops;
   std::string prompt_text;
-  std::vector<uint32_t> prompt = encode_chat(s, cr.messages, cr.options, &prompt_text);
+  std::vector<TokenId> prompt = encode_chat(s, cr.messages, cr.options, &prompt_text);
   RequestInfo info{req.path, req.body.size(), cr.tools, {}};
   GenerateRequest gr = make_request(ctx, std::move(prompt), cr.max_tokens, cr.sampling, chat_stop_tokens(s.tokenizer()),
                                     &info.max_tokens);
@@ -197,14 +202,15 @@ int handle_completions(ServerContext& ctx, const HttpRequest& req, Connection& c
   json prompt = *it;
   // A batch of one is accepted; larger batches are not (one sequence).
   if (prompt.is_array() && prompt.size() == 1 && (prompt[0].is_string() || prompt[0].is_array())) prompt = prompt[0];
-  std::vector<uint32_t> ids;
+  std::vector<TokenId> ids;
   if (prompt.is_string()) {
-    ids = to_ids(s.tokenizer().encode(prompt.get<std::string>(), s.tokenizer().add_bos_default()));
+    // Control tokens spelled in a completions prompt are the tokens, as in llama.cpp's server.
+    ids = text::encode_prompt_text(s.tokenizer(), prompt.get<std::string>(), text::SpecialTokens::Parse);
   } else if (prompt.is_array() && !prompt.empty() && prompt[0].is_number_integer()) {
     for (const json& t : prompt) {
       if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= s.tokenizer().n_vocab())
         throw bad_request("'prompt': token ids must be integers in [0, " + std::to_string(s.tokenizer().n_vocab()) + ")");
-      ids.push_back(t.get<uint32_t>());
+      ids.push_back(t.get<TokenId>());
     }
   } else {
     throw bad_request("'prompt' must be a string, an array of token ids, or an array with one of those");

@@ -8,11 +8,16 @@
 #include <vector>
 
 #include "server/api_error.h"
-#include "server/generation.h"
+#include "server/chat_encode.h"
+#include "server/job_follow.h"
 #include "server/openai_api.h"
+#include "server/request_build.h"
+#include "server/response_id.h"
 #include "server/responses_events.h"
 #include "server/responses_request.h"
 #include "server/sse.h"
+#include "server/worker_access.h"
+#include "text/token_text.h"
 
 namespace sluice::server {
 
@@ -50,7 +55,7 @@ json usage_json(const GenerateResult& r, uint64_t reasoning_tokens) {
 // model's own tokenizer produced.
 uint64_t count_reasoning_tokens(const Session& s, const std::string& reasoning, bool closed) {
   if (reasoning.empty()) return 0;
-  return s.tokenizer().encode(reasoning, false, false).size() + (closed ? 1 : 0);
+  return text::count_text_tokens(s.tokenizer(), reasoning) + (closed ? 1 : 0);
 }
 
 // Incomplete only for limits the client (or nobody) chose: its own max_output_tokens, or the
@@ -82,7 +87,7 @@ int handle_responses(ServerContext& ctx, const HttpRequest& req, Connection& con
   const ChatRequest& cr = rr.chat;
   const Session& s = ready_session(ctx);
   std::string prompt_text;
-  std::vector<uint32_t> prompt = encode_chat(s, cr.messages, cr.options, &prompt_text);
+  std::vector<TokenId> prompt = encode_chat(s, cr.messages, cr.options, &prompt_text);
   const size_t n_prompt = prompt.size();
   ResponseMeta meta{new_id(ctx, "resp_"), ctx.model_id, (int64_t)std::time(nullptr),
                     cr.sampling.temperature.value_or(ctx.opts.temp), cr.sampling.top_p.value_or(ctx.opts.top_p)};

@@ -12,7 +12,6 @@
 #include "server/anthropic_api.h"
 #include "server/api_error.h"
 #include "server/auth.h"
-#include "server/generation.h"
 #include "server/openai_api.h"
 #include "server/responses_api.h"
 #include "server/token_endpoints.h"

@@ -7,8 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "server/api_error.h"
-#include "server/generation.h"
 #include "server/request_json.h"
+#include "server/worker_access.h"
 #include "text/json_text.h"
 #include "text/tokenizer.h"
 #include "text/utf8.h"
@@ -80,7 +80,7 @@ int handle_tokenize(ServerContext& ctx, const HttpRequest& req, Connection& conn
   const bool add_special = get_bool(body, "add_special").value_or(false);
   const bool parse_special = get_bool(body, "parse_special").value_or(true);
   const bool with_pieces = get_bool(body, "with_pieces").value_or(false);
-  const std::vector<int32_t> ids = tok.encode(it->get_ref<const std::string&>(), add_special, parse_special);
+  const std::vector<TokenId> ids = tok.encode(it->get_ref<const std::string&>(), add_special, parse_special);
   ChunkedJson out(conn);
   std::string& b = out.buf();
   b.reserve(kWriteChunk + 4096);
@@ -117,12 +117,12 @@ int handle_detokenize(ServerContext& ctx, const HttpRequest& req, Connection& co
   const json body = parse_body(req.body, ctx.opts.max_json_depth);
   const text::Tokenizer& tok = ready_session(ctx).tokenizer();
   if (!body.contains("tokens") || !body["tokens"].is_array()) throw bad_request("'tokens' (an array of ids) is required");
-  std::vector<int32_t> ids;
+  std::vector<TokenId> ids;
   ids.reserve(body["tokens"].size());
   for (const json& t : body["tokens"]) {
     if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= tok.n_vocab())
       throw bad_request("'tokens' must hold ids in [0, " + std::to_string(tok.n_vocab()) + ")");
-    ids.push_back(t.get<int32_t>());
+    ids.push_back(t.get<TokenId>());
   }
   ChunkedJson out(conn);
   out.buf() = "{\"content\":" + text::py_json_string(tok.decode(ids)) + "}";

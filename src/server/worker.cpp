@@ -139,7 +139,7 @@ void Worker::run(Factory factory) {
       job->push(JobEvent::make(JobEvent::Kind::Prefill, done, total));
       return !job->cancelled.load();
     };
-    auto on_token = [&](uint32_t id) {
+    auto on_token = [&](TokenId id) {
       job->push(JobEvent::make(JobEvent::Kind::Token, id));
       // Refresh the /metrics snapshot now and then during long generations.
       const auto now = std::chrono::steady_clock::now();

@@ -7,7 +7,7 @@ namespace sluice::text {
 
 uint64_t prompt_bytes_per_token(const Tokenizer& tok) {
   uint64_t longest = 1;
-  for (int32_t id = 0; id < tok.n_vocab(); ++id)
+  for (TokenId id = 0; id < (TokenId)tok.n_vocab(); ++id)
     longest = std::max<uint64_t>(longest, tok.token_to_piece(id, /*render_special=*/true).size());
   return std::min(longest, kMaxPromptBytesPerToken);
 }

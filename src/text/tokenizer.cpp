@@ -55,18 +55,23 @@ std::string unmap_bytes(const std::string& s) {
   return out;
 }
 
-uint64_t pair_key(int32_t a, int32_t b) { return ((uint64_t)(uint32_t)a << 32) | (uint32_t)b; }
+uint64_t pair_key(TokenId a, TokenId b) { return ((uint64_t)a << 32) | b; }
 
 bool renders_as_text(TokenType t) {
   return t == TokenType::Normal || t == TokenType::Byte || t == TokenType::UserDefined;
 }
 
+// A symbol merged into its left neighbour.
+constexpr TokenId kMerged = UINT32_MAX;
+
 struct Sym {
-  int32_t id, prev, next;
+  TokenId id;
+  int32_t prev, next;  // positions, -1 at the ends
 };
 struct Cand {
   uint32_t rank;
-  int32_t left, lid, rid, result;
+  int32_t left;
+  TokenId lid, rid, result;
 };
 // Heap order: lowest rank first, then leftmost.
 bool later(const Cand& a, const Cand& b) {
@@ -96,7 +101,7 @@ Tokenizer::Tokenizer(VocabData v) {
     }
     const TokenType t = type_[i];
     bytes_[i] = (t == TokenType::Normal || t == TokenType::Byte) ? unmap_bytes(text_[i]) : text_[i];
-    ids_.emplace(text_[i], (int32_t)i);  // a duplicate string keeps its first id
+    ids_.emplace(text_[i], (TokenId)i);  // a duplicate string keeps its first id
   }
 
   const ByteMap& m = byte_map();
@@ -128,8 +133,8 @@ Tokenizer::Tokenizer(VocabData v) {
     merges_.emplace(pair_key(l->second, rr->second), Merge{(uint32_t)r, res->second});
   }
 
-  if (v.bos >= (int64_t)n || v.bos < -1) throw Error("bos token id " + std::to_string(v.bos) + " out of range");
-  if (v.eos >= (int64_t)n || v.eos < -1) throw Error("eos token id " + std::to_string(v.eos) + " out of range");
+  if (v.bos && *v.bos >= n) throw Error("bos token id " + std::to_string(*v.bos) + " out of range");
+  if (v.eos && *v.eos >= n) throw Error("eos token id " + std::to_string(*v.eos) + " out of range");
   bos_ = v.bos;
   eos_ = v.eos;
   add_bos_ = v.add_bos;
@@ -152,8 +157,8 @@ Tokenizer::Tokenizer(VocabData v) {
       }
       node = child;
     }
-    if (trie_[node].token < 0) {
-      trie_[node].token = (int32_t)i;
+    if (!trie_[node].token) {
+      trie_[node].token = (TokenId)i;
       trie_[node].needs_special = type_[i] == TokenType::Control;
     }
     first_byte_[(unsigned char)s[0]] = true;
@@ -209,9 +214,9 @@ Tokenizer Tokenizer::from_gguf(const gguf::File& f) {
                                                   " entries for " + std::to_string(v.tokens.size()) +
                                                   " tokens");
   }
-  auto id_key = [&](const char* key) -> int32_t {
+  auto id_key = [&](const char* key) -> std::optional<TokenId> {
     const gguf::Value* x = f.find(key);
-    if (!x) return -1;
+    if (!x) return std::nullopt;
     uint64_t id = 0;
     try {
       id = x->as_uint();
@@ -221,7 +226,7 @@ Tokenizer Tokenizer::from_gguf(const gguf::File& f) {
     if (id >= v.tokens.size())
       throw fail(key, "is " + std::to_string(id) + ", out of range for " +
                           std::to_string(v.tokens.size()) + " tokens");
-    return (int32_t)id;
+    return (TokenId)id;
   };
   v.bos = id_key("tokenizer.ggml.bos_token_id");
   v.eos = id_key("tokenizer.ggml.eos_token_id");
@@ -236,29 +241,29 @@ Tokenizer Tokenizer::from_gguf(const gguf::File& f) {
   }
 }
 
-void Tokenizer::check_id(int32_t id) const {
-  if (id < 0 || id >= n_vocab())
+void Tokenizer::check_id(TokenId id) const {
+  if (id >= (TokenId)n_vocab())
     throw Error("token id " + std::to_string(id) + " is out of range (vocabulary has " +
                 std::to_string(n_vocab()) + " tokens)");
 }
 
-TokenType Tokenizer::type(int32_t id) const {
+TokenType Tokenizer::type(TokenId id) const {
   check_id(id);
   return type_[id];
 }
 
-const std::string& Tokenizer::token_text(int32_t id) const {
+const std::string& Tokenizer::token_text(TokenId id) const {
   check_id(id);
   return text_[id];
 }
 
-std::optional<int32_t> Tokenizer::find(std::string_view token_text) const {
+std::optional<TokenId> Tokenizer::find(std::string_view token_text) const {
   auto it = ids_.find(std::string(token_text));
   if (it == ids_.end()) return std::nullopt;
   return it->second;
 }
 
-size_t Tokenizer::match_added(std::string_view text, size_t i, bool parse_special, int32_t* id) const {
+size_t Tokenizer::match_added(std::string_view text, size_t i, bool parse_special, TokenId* id) const {
   size_t best = 0;
   int32_t node = 0;
   for (size_t j = i; j < text.size(); ++j) {
@@ -272,15 +277,15 @@ size_t Tokenizer::match_added(std::string_view text, size_t i, bool parse_specia
     if (child < 0) break;
     node = child;
     const TrieNode& t = trie_[node];
-    if (t.token >= 0 && (parse_special || !t.needs_special)) {
+    if (t.token && (parse_special || !t.needs_special)) {
       best = j + 1 - i;
-      *id = t.token;
+      *id = *t.token;
     }
   }
   return best;
 }
 
-void Tokenizer::bpe(std::string_view piece, std::vector<int32_t>& out) const {
+void Tokenizer::bpe(std::string_view piece, std::vector<TokenId>& out) const {
   const size_t n = piece.size();
   if (n == 1) {
     out.push_back(byte_token_[(unsigned char)piece[0]]);
@@ -313,19 +318,19 @@ void Tokenizer::bpe(std::string_view piece, std::vector<int32_t>& out) const {
     left.id = c.result;
     left.next = right.next;
     if (right.next >= 0) syms[right.next].prev = c.left;
-    right.id = -1;
+    right.id = kMerged;
     consider(left.prev);
     consider(c.left);
   }
   for (int32_t k = 0; k >= 0; k = syms[k].next) out.push_back(syms[k].id);
 }
 
-std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos, bool parse_special) const {
+std::vector<TokenId> Tokenizer::encode(std::string_view text, bool add_bos, bool parse_special) const {
   if (text.size() >= std::numeric_limits<uint32_t>::max())
     throw Error("text of " + std::to_string(text.size()) + " bytes is too long to tokenize");
-  std::vector<int32_t> out;
+  std::vector<TokenId> out;
   out.reserve(text.size() / 3 + 2);
-  if (add_bos && bos_ >= 0) out.push_back(bos_);
+  if (add_bos && bos_) out.push_back(*bos_);
   std::vector<std::pair<uint32_t, uint32_t>> pieces;
   auto plain = [&](std::string_view s) {
     pieces.clear();
@@ -334,7 +339,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos, bool
   };
   size_t start = 0;
   for (size_t i = 0; i < text.size();) {
-    int32_t id = -1;
+    TokenId id = 0;
     const size_t len = first_byte_[(unsigned char)text[i]] ? match_added(text, i, parse_special, &id) : 0;
     if (len == 0) {
       ++i;
@@ -349,19 +354,19 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos, bool
   return out;
 }
 
-std::string_view Tokenizer::token_to_piece(int32_t id, bool render_special) const {
+std::string_view Tokenizer::token_to_piece(TokenId id, bool render_special) const {
   check_id(id);
   if (!render_special && !renders_as_text(type_[id])) return {};
   return bytes_[id];
 }
 
-std::string Tokenizer::decode(std::span<const int32_t> ids, bool render_special) const {
+std::string Tokenizer::decode(std::span<const TokenId> ids, bool render_special) const {
   std::string out;
-  for (int32_t id : ids) out += token_to_piece(id, render_special);
+  for (TokenId id : ids) out += token_to_piece(id, render_special);
   return out;
 }
 
-std::string StreamDecoder::push(int32_t id) {
+std::string StreamDecoder::push(TokenId id) {
   pending_ += tok_->token_to_piece(id, render_special_);
   std::string out;
   const size_t used = utf8_sanitize_append(pending_, false, out);

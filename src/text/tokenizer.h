@@ -14,6 +14,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "util/token_id.h"
+
 namespace sluice::gguf { class File; }
 
 namespace sluice::text {
@@ -28,7 +30,7 @@ struct VocabData {
   std::vector<std::string> tokens;
   std::vector<int32_t> token_type;   // empty: every token Normal
   std::vector<std::string> merges;   // "left right", highest priority first
-  int32_t bos = -1, eos = -1;        // -1: none
+  std::optional<TokenId> bos, eos;
   bool add_bos = true;
 };
 
@@ -47,51 +49,51 @@ class Tokenizer {
   // parse_special = false: control tokens in the text are ordinary text (user-defined ones
   // still match, as in llama.cpp). add_bos prepends bos() when the vocabulary has one.
   // Throws Error when the text is 4 GiB or larger.
-  std::vector<int32_t> encode(std::string_view text, bool add_bos, bool parse_special = true) const;
+  std::vector<TokenId> encode(std::string_view text, bool add_bos, bool parse_special = true) const;
 
   // Concatenated token bytes. render_special = false drops control/unused/unknown tokens
   // (user-defined ones are text and always render). Throws Error on an id out of range.
   // The result may end inside a UTF-8 character (or hold ill-formed bytes) when the ids
   // do; see StreamDecoder and utf8_sanitize.
-  std::string decode(std::span<const int32_t> ids, bool render_special = true) const;
+  std::string decode(std::span<const TokenId> ids, bool render_special = true) const;
 
   // The bytes one token stands for (see decode for render_special). Throws on a bad id.
-  std::string_view token_to_piece(int32_t id, bool render_special = true) const;
+  std::string_view token_to_piece(TokenId id, bool render_special = true) const;
 
   int32_t n_vocab() const { return (int32_t)text_.size(); }
-  int32_t bos() const { return bos_; }
-  int32_t eos() const { return eos_; }
+  std::optional<TokenId> bos() const { return bos_; }
+  std::optional<TokenId> eos() const { return eos_; }
   bool add_bos_default() const { return add_bos_; }
-  TokenType type(int32_t id) const;                       // throws on a bad id
-  const std::string& token_text(int32_t id) const;         // as stored in the vocabulary
-  std::optional<int32_t> find(std::string_view token_text) const;  // exact vocabulary string
+  TokenType type(TokenId id) const;                       // throws on a bad id
+  const std::string& token_text(TokenId id) const;         // as stored in the vocabulary
+  std::optional<TokenId> find(std::string_view token_text) const;  // exact vocabulary string
   size_t n_merges() const { return merges_.size(); }
 
  private:
   struct Merge {
     uint32_t rank;
-    int32_t result;
+    TokenId result;
   };
   struct TrieNode {
     std::vector<std::pair<uint8_t, int32_t>> next;  // byte -> node index
-    int32_t token = -1;                             // token ending here
+    std::optional<TokenId> token;                   // token ending here
     bool needs_special = false;                     // control token: only with parse_special
   };
 
-  void check_id(int32_t id) const;
-  void bpe(std::string_view piece, std::vector<int32_t>& out) const;
+  void check_id(TokenId id) const;
+  void bpe(std::string_view piece, std::vector<TokenId>& out) const;
   // Length of the longest added token starting at text[i] (0: none), its id in *id.
-  size_t match_added(std::string_view text, size_t i, bool parse_special, int32_t* id) const;
+  size_t match_added(std::string_view text, size_t i, bool parse_special, TokenId* id) const;
 
   std::vector<std::string> text_;    // token strings as in the vocabulary
   std::vector<std::string> bytes_;   // the bytes each token decodes to
   std::vector<TokenType> type_;
-  std::unordered_map<std::string, int32_t> ids_;
+  std::unordered_map<std::string, TokenId> ids_;
   std::unordered_map<uint64_t, Merge> merges_;  // (left id << 32 | right id) -> merge
-  int32_t byte_token_[256];
+  TokenId byte_token_[256];
   std::vector<TrieNode> trie_;       // added tokens; node 0 is the root
   bool first_byte_[256] = {};        // some added token starts with this byte
-  int32_t bos_ = -1, eos_ = -1;
+  std::optional<TokenId> bos_, eos_;
   bool add_bos_ = true;
 };
 
@@ -103,7 +105,7 @@ class StreamDecoder {
  public:
   explicit StreamDecoder(const Tokenizer& tok, bool render_special = true)
       : tok_(&tok), render_special_(render_special) {}
-  std::string push(int32_t id);   // throws Error on a bad id
+  std::string push(TokenId id);   // throws Error on a bad id
   std::string finish();           // flushes held bytes (as U+FFFD) and resets
   size_t pending_bytes() const { return pending_.size(); }
 

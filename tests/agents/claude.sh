@@ -34,9 +34,4 @@ turn() {
     }' "$out" "$n" "${CHECK_CACHED:-}" || fail "claude turn $n did not complete as expected"
 }
 
-turn 1 "Say hello in one word."
-from=$(log_lines)
-CHECK_CACHED=cached turn 2 "And once more." --continue
-cached=$(max_cached_since "$from")
-[ "${cached:-0}" -gt 0 ] || fail "the server log shows no cached prompt tokens for the continued turn"
-echo "   continued turn: server log cached=$cached"
+two_turns_reading_the_cache

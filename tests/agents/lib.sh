@@ -24,3 +24,16 @@ max_cached_since() {
 log_lines() { wc -l <"$SLUICE_SERVER_LOG"; }
 
 fail() { echo "   FAIL: $*" >&2; exit 1; }
+
+# The two turns of an agent with --continue: the script's turn() runs one (turn N PROMPT
+# [ARGS...]; CHECK_CACHED=cached asks it to check the agent's own usage), and the continued
+# turn must also show cached prompt tokens in the server's request log.
+two_turns_reading_the_cache() {
+  turn 1 "Say hello in one word."
+  local from cached
+  from=$(log_lines)
+  CHECK_CACHED=cached turn 2 "And once more." --continue
+  cached=$(max_cached_since "$from")
+  [ "${cached:-0}" -gt 0 ] || fail "the server log shows no cached prompt tokens for the continued turn"
+  echo "   continued turn: server log cached=$cached"
+}

@@ -52,12 +52,7 @@ turn() {
     fail "opencode turn $n did not complete"
 }
 
-turn 1 "Say hello in one word."
-from=$(log_lines)
-CHECK_CACHED=cached turn 2 "And once more." --continue
-cached=$(max_cached_since "$from")
-[ "${cached:-0}" -gt 0 ] || fail "the server log shows no cached prompt tokens for the continued turn"
-echo "   continued turn: server log cached=$cached"
+two_turns_reading_the_cache
 if find "$XDG_CACHE_HOME" -name package.json 2>/dev/null | grep -q .; then
   echo "   note: opencode downloaded packages into its cache:"; find "$XDG_CACHE_HOME" -name package.json | sed 's/^/     /'
 fi

@@ -15,6 +15,7 @@ if [ $# -ne 1 ]; then echo "usage: $0 SLUICE_BINARY" >&2; exit 2; fi
 bin=$(realpath "$1")
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
+. "$here/../serve_lib.sh"
 for tool in node npm curl; do
   command -v "$tool" >/dev/null || { echo "tests/agents: error: '$tool' not found" >&2; exit 1; }
 done
@@ -36,18 +37,7 @@ log="$tmp/server.log"
 "$bin" serve -m "$tmp/model.gguf" --port 0 --resident-experts --allow-swap -c 65536 --max-tokens-limit 64 \
   --thinking off --stop e 2>"$log" &
 pid=$!
-url=""
-for _ in $(seq 1 400); do
-  url=$(grep -o 'listening on http://[^ ]*' "$log" | sed 's/listening on //' || true)
-  [ -n "$url" ] && break
-  kill -0 "$pid" 2>/dev/null || { cat "$log" >&2; echo "tests/agents: server exited" >&2; exit 1; }
-  sleep 0.05
-done
-[ -n "$url" ] || { cat "$log" >&2; echo "tests/agents: server did not start" >&2; exit 1; }
-for _ in $(seq 1 400); do
-  [ "$(curl -s -o /dev/null -w '%{http_code}' "$url/health")" = 200 ] && break
-  sleep 0.05
-done
+wait_for_server tests/agents "$pid" "$log" 400
 echo "== server at $url (pid $pid)"
 
 failed=0

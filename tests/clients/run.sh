@@ -8,6 +8,7 @@ set -euo pipefail
 if [ $# -ne 1 ]; then echo "usage: $0 SLUICE_BINARY" >&2; exit 2; fi
 bin=$(realpath "$1")
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/../serve_lib.sh"
 for tool in node npm; do
   if ! command -v "$tool" >/dev/null; then
     echo "tests/clients: error: '$tool' not found; install Node.js 18+ and npm (Debian: apt-get install nodejs npm)" >&2
@@ -33,18 +34,7 @@ echo "== npm install (tests/clients)"
 "$bin" serve -m "$tmp/tiny.gguf" --port 0 --queue 4 --max-body 1MiB --max-tokens-limit 4000 \
   --sse-ping-interval 1 --resident-experts --allow-swap 2>"$tmp/server.log" &
 pid=$!
-url=""
-for _ in $(seq 1 200); do
-  url=$(grep -o 'listening on http://[^ ]*' "$tmp/server.log" | sed 's/listening on //' || true)
-  [ -n "$url" ] && break
-  kill -0 "$pid" 2>/dev/null || { cat "$tmp/server.log" >&2; echo "tests/clients: server exited" >&2; exit 1; }
-  sleep 0.05
-done
-[ -n "$url" ] || { cat "$tmp/server.log" >&2; echo "tests/clients: server did not start" >&2; exit 1; }
-for _ in $(seq 1 200); do
-  [ "$(curl -s -o /dev/null -w '%{http_code}' "$url/health")" = 200 ] && break
-  sleep 0.05
-done
+wait_for_server tests/clients "$pid" "$tmp/server.log" 200
 export SLUICE_URL=$url
 echo "== server at $url (pid $pid)"
 

@@ -1,5 +1,6 @@
-#include "text/output_text.h"
+#include "text/token_text.h"
 
+#include <algorithm>
 #include <string_view>
 
 #include "text/dsml.h"
@@ -24,15 +25,31 @@ bool is_markup(std::string_view piece) {
 
 }  // namespace
 
-bool shows_in_output(const Tokenizer& tok, int32_t id, OutputMode mode) {
+bool shows_in_output(const Tokenizer& tok, TokenId id, OutputMode mode) {
   const TokenType t = tok.type(id);
   if (t == TokenType::Normal || t == TokenType::Byte || t == TokenType::UserDefined) return true;
   return mode == OutputMode::Chat && t == TokenType::Control && is_markup(tok.token_to_piece(id, true));
 }
 
-std::string OutputDecoder::push(int32_t id) {
-  if (!shows_in_output(*tok_, id, mode_)) return {};
+bool OutputDecoder::shows(TokenId id) const {
+  return std::find(end_.begin(), end_.end(), id) == end_.end() && shows_in_output(*tok_, id, mode_);
+}
+
+std::string OutputDecoder::push(TokenId id) {
+  if (!shows(id)) return {};
   return dec_.push(id);
+}
+
+std::vector<TokenId> encode_chat_text(const Tokenizer& tok, std::string_view rendered) {
+  return tok.encode(rendered, /*add_bos=*/false, /*parse_special=*/true);
+}
+
+std::vector<TokenId> encode_prompt_text(const Tokenizer& tok, std::string_view text, SpecialTokens special) {
+  return tok.encode(text, tok.add_bos_default(), special == SpecialTokens::Parse);
+}
+
+size_t count_text_tokens(const Tokenizer& tok, std::string_view text) {
+  return tok.encode(text, /*add_bos=*/false, /*parse_special=*/false).size();
 }
 
 }  // namespace sluice::text

@@ -1,0 +1,29 @@
+#include "server/chat_encode.h"
+
+#include "server/api_error.h"
+#include "util/error.h"
+
+namespace sluice::server {
+
+std::vector<TokenId> encode_chat(const Session& s, const std::vector<text::ChatMessage>& messages,
+                                 const text::ChatOptions& options, std::string* text_out) {
+  std::string prompt;
+  try {
+    prompt = text::render_chat(messages, options);
+  } catch (const Error& e) {
+    throw bad_request(e.what());
+  }
+  // The BOS is part of the rendered text. The session reuses the model's own tokens for a
+  // conversation that extends the previous request (tokenize_prompt), so it keeps its state.
+  std::vector<TokenId> ids = s.tokenize_prompt(prompt, /*add_bos=*/false);
+  if (text_out) *text_out = std::move(prompt);
+  return ids;
+}
+
+std::vector<TokenId> chat_stop_tokens(const text::Tokenizer& tok) {
+  std::vector<TokenId> stops;
+  if (auto id = tok.find("<｜User｜>")) stops.push_back(*id);
+  return stops;
+}
+
+}  // namespace sluice::server
