@@ -19,6 +19,7 @@
 
 #include "backend/expert_source.h"
 #include "backend/weight.h"
+#include "util/token_id.h"
 
 namespace sluice {
 
@@ -152,7 +153,7 @@ class Backend {
   // (numerics.md 2-3). x.width == W.cols.
   virtual void linear(const Weight& W, CMat x, Mat y, bool round, uint64_t row0 = 0) const = 0;
   // Token rows of an embedding table, decoded and rounded to BF16, `copies` times per row (spec 3.1).
-  virtual void embed(const Weight& table, std::span<const uint32_t> tokens, uint32_t copies, Mat X) const = 0;
+  virtual void embed(const Weight& table, std::span<const TokenId> tokens, uint32_t copies, Mat X) const = 0;
 
   // --- elementwise / per row ------------------------------------------------------------------
   // Row-wise y = bf16((x * rms(x)) * w) in place (numerics.md 4).

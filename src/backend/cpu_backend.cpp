@@ -32,7 +32,7 @@ void CpuBackend::linear(const Weight& W, CMat x, Mat y, bool round, uint64_t row
   lin(pool_, W, x.p, x.stride, x.n, y.p, y.stride, round, row0, y.width);
 }
 
-void CpuBackend::embed(const Weight& table, std::span<const uint32_t> tokens, uint32_t copies, Mat X) const {
+void CpuBackend::embed(const Weight& table, std::span<const TokenId> tokens, uint32_t copies, Mat X) const {
   const size_t H = table.cols;
   std::vector<float> e(H);
   for (size_t i = 0; i < tokens.size(); ++i) {

@@ -22,7 +22,7 @@ class CpuBackend : public Backend {
   void sync() const override {}
 
   void linear(const Weight& W, CMat x, Mat y, bool round, uint64_t row0) const override;
-  void embed(const Weight& table, std::span<const uint32_t> tokens, uint32_t copies, Mat X) const override;
+  void embed(const Weight& table, std::span<const TokenId> tokens, uint32_t copies, Mat X) const override;
   void rms_norm(Mat x, const float* w, float eps) const override;
   void rope(Mat x, uint32_t head_dim, RopeTable t, std::span<const uint64_t> pos, bool inverse) const override;
   void fake_quant(Mat x, FakeQuant kind) const override;

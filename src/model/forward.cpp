@@ -109,7 +109,7 @@ void Engine::Impl::run_chunk(SequenceState& s, Chunk& ch, float* logits) const {
   const Mat X = ws(Ws::X, n), X2 = ws(Ws::X2, n), xin = ws(Ws::Xin, n), out = ws(Ws::Out, n);
   const Mat A = ws(Ws::MixA, n), F = ws(Ws::MixF, n), P0 = ws(Ws::P0, n);
   // spec 3.1: X = hc copies of bf16(embedding row); P = [1, 0, 0, 0].
-  be.embed(m.token_embd, std::span<const uint32_t>(ch.tokens, n), hc, X);
+  be.embed(m.token_embd, std::span<const TokenId>(ch.tokens, n), hc, X);
   std::vector<float> first(hc, 0.0f);
   first[0] = 1.0f;
   be.fill_rows(P0, first);
@@ -155,12 +155,12 @@ void Engine::Impl::run_chunk(SequenceState& s, Chunk& ch, float* logits) const {
   be.sync();
 }
 
-void Engine::eval(SequenceState& s, std::span<const uint32_t> tokens, float* logits,
+void Engine::eval(SequenceState& s, std::span<const TokenId> tokens, float* logits,
                   std::vector<TokenTrace>* trace) const {
   eval_masked(s, tokens, {}, logits, trace);
 }
 
-void Engine::eval_masked(SequenceState& s, std::span<const uint32_t> tokens,
+void Engine::eval_masked(SequenceState& s, std::span<const TokenId> tokens,
                          std::span<const uint8_t> masked, float* logits,
                          std::vector<TokenTrace>* trace) const {
   const Impl& im = *impl_;

@@ -15,6 +15,7 @@
 #include "model/config.h"
 #include "model/model.h"
 #include "model/sequence_state.h"
+#include "util/token_id.h"
 
 namespace sluice {
 
@@ -95,11 +96,11 @@ class Engine {
   // position (appended). Throws Error when the context would be exceeded or a token id is out of
   // range; on any exception the state is left exactly as it was before the call.
   // One call at a time per Engine (its thread pool is shared); use one Engine per thread.
-  void eval(SequenceState& s, std::span<const uint32_t> tokens, float* logits,
+  void eval(SequenceState& s, std::span<const TokenId> tokens, float* logits,
             std::vector<TokenTrace>* trace = nullptr) const;
   // Same with a per-token "masked" (non-text, e.g. image) flag: Engram ids DEAD / gate 0 and
   // the image routing bias exp_probs_b_vl (spec 3.6, 4.3, 4.5). masked.size() == tokens.size().
-  void eval_masked(SequenceState& s, std::span<const uint32_t> tokens,
+  void eval_masked(SequenceState& s, std::span<const TokenId> tokens,
                    std::span<const uint8_t> masked, float* logits,
                    std::vector<TokenTrace>* trace = nullptr) const;
 

@@ -26,7 +26,7 @@ struct NewSourceRows {         // compressed rows a KV-source layer produced in 
 struct Chunk {
   uint32_t index = 0;          // chunk number within the eval() call (test hook)
   uint32_t p0 = 0, n = 0;      // positions p0 .. p0 + n - 1
-  const uint32_t* tokens = nullptr;
+  const TokenId* tokens = nullptr;
   const uint8_t* masked = nullptr;  // may be null: nothing masked
   bool tracing = false;
   std::vector<uint64_t> pos;                       // [n] p0 + i
