@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "format/gguf.h"
+#include "model/forward_workspace.h"
 #include "model/config.h"
 #include "model/forward.h"
 #include "synth/generate.h"
@@ -237,23 +238,7 @@ TEST(AdmissionSequenceState, PublishedSizesMatchTheSpec) {
   EXPECT_EQ(odd.compressed_kv, (3ull * 2 + 5) * 512 * 2);
 }
 
-TEST(AdmissionSequenceState, MatchesWhatTheEngineAllocates) {
-  TempDir dir(kTmpPrefix);
-  const ModelConfig c = tiny_config();
-  const std::string path = dir / "tiny.gguf";
-  generate_model(c, synthetic_vocab(c.vocab_size), path, GenerateOptions{3, false});
-  const std::unique_ptr<Model> m = load_model(path);
-  for (uint32_t ctx : {1u, 37u, 64u, 1000u}) {
-    EngineOptions eo;
-    eo.ctx = ctx;
-    const Engine e(*m, eo);
-    const SequenceState s = e.new_sequence();
-    uint64_t bytes = s.window_kv.size() * sizeof(uint16_t) + s.engram_tail.size() * sizeof(int64_t);
-    for (const SourceCache& sc : s.sources)
-      bytes += (sc.kv.size() + sc.index_k.size()) * sizeof(uint16_t) + (sc.carry_k.size() + sc.carry_s.size()) * sizeof(float);
-    EXPECT_EQ(sequence_state_bytes(c, ctx).total(), bytes) << "ctx " << ctx;
-  }
-}
+// What the engine allocates for a sequence equals the reported bytes: tests/engine_footprint_test.cpp.
 
 TEST(AdmissionPlan, PublishedAdmitsAt116GiBWith128KContext) {
   const ModelFootprint& fp = published_footprint();
@@ -428,7 +413,9 @@ TEST(AdmissionPlan, ScratchAndStateGrowWithChunkAndContext) {
   EXPECT_EQ(a.logits, 64ull * 129280 * 4);
   EXPECT_EQ(b.logits, 2 * a.logits);
   EXPECT_EQ(a.indexer_scores, 64ull * 4096 * 4);  // layer 20 has ratio 1: ctx visible rows
-  EXPECT_EQ(b.activations, 2 * a.activations);
+  EXPECT_EQ(b.workspace, 2 * a.workspace);
+  EXPECT_EQ(a.workspace, workspace_bytes(c, 64));
+  EXPECT_EQ(b.op_temporaries, 2 * a.op_temporaries);
   EXPECT_EQ(d.indexer_scores, 2 * b.indexer_scores);
   EXPECT_GT(d.chunk_rows, b.chunk_rows);
   EXPECT_GT(sequence_state_bytes(c, 8192).total(), sequence_state_bytes(c, 4096).total());

@@ -3,6 +3,8 @@
 #include "cli/cmd_plan.h"
 
 #include <cstdio>
+#include <memory>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -14,6 +16,7 @@
 #include "runtime/admission.h"
 #include "runtime/session.h"
 #include "runtime/store_plan.h"
+#include "text/tokenizer.h"
 #include "util/error.h"
 
 namespace sluice::cli {
@@ -68,6 +71,15 @@ int run_plan(const PlanCommandOptions& o) {
   const ModelConfig cfg = read_model_config(o.model, f);
   check_ctx(o.ctx, cfg.max_position_embeddings);
   spo.plan.ctx = o.ctx ? o.ctx : default_context(cfg.max_position_embeddings);
+  // run/chat/serve plan with the tokenizer parsed (open_model_header), and the plan's runtime
+  // overhead is this process's resident set: parse it here too, so plan measures what run does.
+  std::string tokenizer_problem;
+  std::unique_ptr<text::Tokenizer> tokenizer;
+  try {
+    tokenizer = std::make_unique<text::Tokenizer>(text::Tokenizer::from_gguf(f));
+  } catch (const Error& e) {
+    tokenizer_problem = e.what();
+  }
   Plan p;
   try {
     p = plan_for_file(f, spo);
@@ -79,6 +91,9 @@ int run_plan(const PlanCommandOptions& o) {
   if (const std::vector<std::string> problems = load_problems(f); !problems.empty())
     p.warnings.push_back("the file has " + std::to_string(problems.size()) +
                          " problem(s) run would refuse it for, first: " + problems.front() + " (see sluice inspect)");
+  if (!tokenizer_problem.empty())
+    p.warnings.push_back("the tokenizer could not be read (" + tokenizer_problem +
+                         "): the measured runtime overhead lacks it");
   if (o.json) std::printf("%s\n", plan_to_json(p).dump(2).c_str());
   else std::fputs(format_plan(p).c_str(), stdout);
   std::fflush(stdout);

@@ -232,7 +232,9 @@ std::vector<int32_t> top_indices(std::span<const float> scores, size_t n, uint32
 std::vector<int32_t> topk_ascending(std::span<const float> scores, uint32_t k) {
   std::vector<int32_t> idx = top_indices(scores, scores.size(), k);
   std::sort(idx.begin(), idx.end());
-  return idx;
+  // top_indices reserved a slot per score: returned as is, every token's selection kept
+  // n_vis x 4 B alive for the whole chunk (measured: tests/heap/eval_heap_test.cpp). A copy holds k.
+  return std::vector<int32_t>(idx.begin(), idx.end());
 }
 
 std::vector<uint8_t> candidate_blocks(std::span<const float> scores, uint32_t n_vis,

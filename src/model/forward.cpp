@@ -33,6 +33,10 @@ uint32_t sequence_position(const SequenceState& s) { return s.pos; }
 
 SequenceState Engine::new_sequence() const { return impl_->new_sequence(); }
 
+EngineFootprint Engine::footprint() const {
+  return engine_footprint(model_.config, opt_.ctx, opt_.chunk, model_.loaded_bytes);
+}
+
 void Engine::reset(SequenceState& s) const {
   impl_->check_state(s);
   s.pos = 0;
@@ -46,25 +50,26 @@ void Engine::reset(SequenceState& s) const {
   std::fill(s.engram_tail.begin(), s.engram_tail.end(), kEngramDead);
 }
 
-// spec 7: everything sized for ctx up front, so a copy is a full snapshot.
+// spec 7: everything sized for ctx up front, so a copy is a full snapshot. The sizes come from
+// sequence_shape, which admission's figures come from too (model/engine_footprint.h).
 SequenceState Engine::Impl::new_sequence() const {
+  const SequenceShape sh = sequence_shape(c, roles, opt.ctx);
   SequenceState s;
-  s.ctx = opt.ctx;
-  s.window = c.sliding_window;
-  s.head_dim = c.head_dim;
-  s.window_kv.assign((size_t)c.num_hidden_layers * c.sliding_window * c.head_dim, 0);
-  for (uint32_t L : c.kv_source_layer_ids) {
+  s.ctx = sh.ctx;
+  s.window = sh.window;
+  s.head_dim = sh.head_dim;
+  s.window_kv.assign(sh.window_values, 0);
+  for (const SourceShape& ss : sh.sources) {
     SourceCache sc;
-    sc.layer = L;
-    sc.ratio = roles[L].ratio;
-    const size_t rows = opt.ctx / sc.ratio;
-    sc.kv.assign(rows * c.head_dim, 0);
-    sc.index_k.assign(rows * c.index_head_dim, 0);
-    sc.carry_k.assign((size_t)(sc.ratio - 1) * c.head_dim, 0.0f);
-    sc.carry_s.assign((size_t)(sc.ratio - 1) * c.head_dim, 0.0f);
+    sc.layer = ss.layer;
+    sc.ratio = ss.ratio;
+    sc.kv.assign(ss.rows * ss.kv_width, 0);
+    sc.index_k.assign(ss.rows * ss.index_width, 0);
+    sc.carry_k.assign(ss.carry_values, 0.0f);
+    sc.carry_s.assign(ss.carry_values, 0.0f);
     s.sources.push_back(std::move(sc));
   }
-  s.engram_tail.assign(c.engram_max_ngram_size - 1, kEngramDead);
+  s.engram_tail.assign(sh.engram_history, kEngramDead);
   return s;
 }
 

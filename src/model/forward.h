@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/engine_footprint.h"
 #include "model/model.h"
 #include "model/sequence_state.h"
 #include "util/token_id.h"
@@ -80,6 +81,9 @@ class Engine {
   // A fresh sequence at position 0, allocated for options.ctx positions. Copying a state is a
   // snapshot; assigning a copy back restores it.
   SequenceState new_sequence() const;
+  // What this engine allocates: one sequence's state, eval()'s undo copy, one chunk's scratch,
+  // and the weights its model loaded (model/engine_footprint.h).
+  EngineFootprint footprint() const;
   // Back to position 0 without reallocating (same result as new_sequence() for s's ctx).
   void reset(SequenceState& s) const;
   // The parts of s that a later eval overwrites (see SequenceCheckpoint), at s's position.

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "backend/cpu_backend.h"
+#include "model/engine_footprint.h"
 #include "model/load_checks.h"
 #include "model/schema.h"
 #include "util/error.h"
@@ -51,10 +52,11 @@ class Loader {
 
   uint8_t* read(const gguf::TensorInfo& t) {
     // 64-byte alignment for the SIMD kernels; rounded up because aligned_alloc requires it.
-    const size_t size = (size_t)((t.nbytes + 63) / 64 * 64);
-    auto* p = static_cast<uint8_t*>(std::aligned_alloc(64, std::max<size_t>(size, 64)));
+    const size_t size = (size_t)aligned_tensor_bytes(t.nbytes);
+    auto* p = static_cast<uint8_t*>(std::aligned_alloc(64, size));
     if (!p) throw Error("out of memory loading tensor " + t.name + " (" + std::to_string(t.nbytes) + " bytes)");
     m_.buffers.emplace_back(p);
+    m_.loaded_bytes += size;
     constexpr uint64_t kChunk = 64ull << 20;  // bounded single reads
     for (uint64_t off = 0; off < t.nbytes; off += kChunk) {
       const uint64_t n = std::min(kChunk, t.nbytes - off);
@@ -92,6 +94,7 @@ class Loader {
     m_.file.read_bytes(t, 0, raw.data(), t.nbytes);
     std::vector<float> out(t.n_elements());
     tr.dequant(raw.data(), out.data(), (int64_t)out.size());
+    m_.loaded_bytes += out.size() * sizeof(float);
     advance(t.nbytes);
     return out;
   }

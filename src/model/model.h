@@ -67,6 +67,9 @@ class Model {
   explicit Model(gguf::File f) : file(std::move(f)) {}
   struct FreeDeleter { void operator()(uint8_t* p) const; };
   std::vector<std::unique_ptr<uint8_t, FreeDeleter>> buffers;  // owned tensor bytes
+  // Bytes the loader allocated for resident weights (buffers + decoded F32 vectors), each
+  // tensor counted as loaded_tensor_bytes (model/engine_footprint.h) would.
+  uint64_t loaded_bytes = 0;
 };
 
 const ExpertSource& resident_expert_source(const Model& m);  // throws if experts not resident

@@ -49,11 +49,13 @@ void note_expert_slice(ModelFootprint& fp, const std::string& name, uint64_t byt
   else if (name.find("ffn_down_exps") != std::string::npos) fp.expert_down_bytes = std::max(fp.expert_down_bytes, slice);
 }
 
-void add_tensor(ModelFootprint& fp, const std::string& name, uint64_t bytes, uint64_t n_expert, uint64_t file_offset) {
+void add_tensor(ModelFootprint& fp, const std::string& name, GgmlType type, uint64_t bytes, uint64_t n_expert,
+                uint64_t file_offset) {
   switch (class_of_name(name)) {
     case ByteClass::Engram: fp.engram_bytes += bytes; break;
     case ByteClass::RoutedExpert: {
       fp.routed_expert_bytes += bytes;
+      fp.routed_loaded_bytes += loaded_tensor_bytes(type, bytes);
       note_expert_slice(fp, name, bytes, n_expert);
       const int part = name.find("ffn_gate_exps") != std::string::npos ? 0
                        : name.find("ffn_up_exps") != std::string::npos ? 1
@@ -63,21 +65,10 @@ void add_tensor(ModelFootprint& fp, const std::string& name, uint64_t bytes, uin
     }
     case ByteClass::Resident:
       fp.resident_bytes += bytes;
+      fp.resident_loaded_bytes += loaded_tensor_bytes(type, bytes);
       ++fp.resident_tensors;
       break;
   }
-}
-
-// Largest KV-source ratio divisor seen by any index-source layer: visible rows <= ctx / ratio.
-uint64_t max_visible_rows(const ModelConfig& c, const std::vector<LayerRole>& roles, uint32_t ctx) {
-  uint64_t rows = 0;
-  for (uint32_t L = 0; L < c.num_hidden_layers; ++L) {
-    const LayerRole& r = roles[L];
-    if (!r.is_index_source || r.kv_source < 0) continue;
-    const uint32_t ratio = std::max<uint32_t>(1, roles[(size_t)r.kv_source].ratio);
-    rows = std::max<uint64_t>(rows, ctx / ratio);
-  }
-  return rows;
 }
 
 }  // namespace
@@ -105,7 +96,7 @@ ModelFootprint footprint_from_specs(const ModelConfig& c, const std::vector<Tens
   ModelFootprint fp;
   fp.config = c;
   fp.source = "config";
-  for (const TensorSpec& t : tensors) add_tensor(fp, t.name, t.nbytes(), c.n_routed_experts, 0);
+  for (const TensorSpec& t : tensors) add_tensor(fp, t.name, t.type, t.nbytes(), c.n_routed_experts, 0);
   return fp;
 }
 
@@ -117,73 +108,13 @@ ModelFootprint footprint_from_gguf(const gguf::File& f) {
   for (const gguf::TensorInfo& t : f.tensors()) {
     // A routed tensor's last dimension is the expert count whatever the config says.
     const uint64_t n_expert = t.n_dims >= 3 ? t.ne[2] : fp.config.n_routed_experts;
-    add_tensor(fp, t.name, t.nbytes, n_expert, t.file_offset);
+    add_tensor(fp, t.name, t.type, t.nbytes, n_expert, t.file_offset);
   }
   return fp;
 }
 
-SequenceStateBytes sequence_state_bytes(const ModelConfig& c, uint32_t ctx) {
-  // Mirrors Engine::Impl::new_sequence: uint16 (BF16) rows, f32 carry, int64 Engram ids.
-  const std::vector<LayerRole> roles = layer_roles(c);
-  SequenceStateBytes b;
-  b.window = (uint64_t)c.num_hidden_layers * c.sliding_window * c.head_dim * 2;
-  for (uint32_t L : c.kv_source_layer_ids) {
-    const uint32_t ratio = std::max<uint32_t>(1, roles[L].ratio);
-    const uint64_t rows = ctx / ratio;
-    b.compressed_kv += rows * c.head_dim * 2;
-    b.index_keys += rows * c.index_head_dim * 2;
-    b.carry += 2ull * (ratio - 1) * c.head_dim * 4;
-  }
-  b.engram_history = (uint64_t)(c.engram_max_ngram_size > 0 ? c.engram_max_ngram_size - 1 : 0) * 8;
-  return b;
-}
-
 uint64_t largest_checkpoint_bytes(const ModelConfig& c) {
   return checkpoint_bytes(c, c.sliding_window) + (uint64_t)c.vocab_size * sizeof(float);
-}
-
-ScratchBytes scratch_bytes(const ModelConfig& c, uint32_t chunk, uint32_t ctx) {
-  const std::vector<LayerRole> roles = layer_roles(c);
-  const uint64_t n = chunk, H = c.hidden_size, hc = c.hc_mult, hd = c.head_dim;
-  const uint64_t qw = (uint64_t)c.num_attention_heads * hd;
-  const uint64_t nmix = (2 + hc) * hc;
-  const uint64_t F = c.moe_intermediate_size, Fs = F * std::max<uint32_t>(1, c.n_shared_experts);
-  const uint64_t iw = (uint64_t)c.index_n_heads * c.index_head_dim;
-  const uint64_t ecols = (uint64_t)c.engram_columns() * c.engram_head_dim;
-
-  // f32 values per token. Alive for the whole chunk: the two stream buffers, the collapsed
-  // input/output rows, the pre-weights and two sets of mixes. Then the widest sublayer.
-  const uint64_t persistent = 2 * hc * H + 2 * H + hc + 3 * nmix;
-  // Attention: q_a rows, q and o (heads x head_dim), the new KV row, the grouped output-a rows,
-  // indexer queries and weights, row pointers (8 B each), the quantized copy of the widest input.
-  const uint64_t attention = c.q_lora_rank + 2 * qw + hd + (uint64_t)c.o_groups * c.o_lora_rank + iw +
-                             c.index_n_heads + 2ull * (c.sliding_window + c.index_topk) + qw;
-  // MoE: router logits, shared gate/up/out, routed sum, one expert's gate/up/down rows (at most
-  // every token of the chunk), routing pairs, quantized input.
-  const uint64_t moe = c.n_routed_experts + 2 * Fs + H + H + 2 * F + H + 2ull * c.num_experts_per_tok + std::max(H, F);
-  // Engram: gathered rows decoded to f32, the key/value projection, quantized input.
-  const uint64_t engram = ecols + (hc + 1) * H + ecols;
-  ScratchBytes s;
-  s.activations = n * (persistent + std::max({attention, moe, engram})) * 4;
-
-  // The chunk's own rows until commit: window rows (BF16) of every layer, new compressed rows and
-  // index keys per KV source, top-k selections (int32) of index layers, candidate masks, Engram ids.
-  uint64_t rows = n * c.num_hidden_layers * hd * 2;
-  for (uint32_t L : c.kv_source_layer_ids) {
-    const uint32_t ratio = std::max<uint32_t>(1, roles[L].ratio);
-    rows += (n / ratio + 1) * (hd + c.index_head_dim) * 2 + 2ull * (ratio - 1) * hd * 4;
-  }
-  rows += n * c.index_source_layer_ids.size() * c.index_topk * 4;
-  const uint64_t vis = max_visible_rows(c, roles, ctx);
-  rows += n * (vis / std::max<uint32_t>(1, c.candidate_block_size) + 1);
-  rows += n * c.engram_layer_ids.size() * c.engram_columns() * 8;
-  s.chunk_rows = rows;
-
-  // The indexer scores every visible compressed row for each query; reserved in the batched
-  // form (all queries of the chunk at once) so a faster indexer needs no new admission.
-  s.indexer_scores = n * vis * 4;
-  s.logits = n * c.vocab_size * 4;
-  return s;
 }
 
 HostFacts read_host_facts() {
@@ -225,23 +156,26 @@ Eval evaluate(const ModelFootprint& fp, const PlanOptions& o, uint32_t chunk, in
     e.mandatory.push_back({std::move(name), bytes, std::move(detail)});
     e.mandatory_bytes += bytes;
   };
-  add("resident weights", fp.resident_bytes,
-      num(fp.resident_tensors) + " tensors: everything but routed experts (" + format_bytes(fp.routed_expert_bytes) +
-          ") and Engram tables (" + format_bytes(fp.engram_bytes) + ")");
+  // The engine's own figures for these options (model/engine_footprint.h).
+  const EngineFootprint ef = engine_footprint(c, o.ctx, chunk, fp.resident_loaded_bytes);
+  add("resident weights", ef.weights,
+      num(fp.resident_tensors) + " tensors as loaded (64-byte aligned): everything but routed experts (" +
+          format_bytes(fp.routed_expert_bytes) + ") and Engram tables (" + format_bytes(fp.engram_bytes) + ")");
 
-  const SequenceStateBytes st = sequence_state_bytes(c, o.ctx);
+  const SequenceStateBytes& st = ef.sequence;
   add("sequence state", st.total() * o.sequences,
       std::to_string(o.sequences) + " x ctx " + num(o.ctx) + ": window rings " + format_bytes(st.window) +
           ", compressed KV " + format_bytes(st.compressed_kv) + ", index keys " + format_bytes(st.index_keys) +
           ", carry " + format_bytes(st.carry) + " (BF16 rows)");
-  add("state undo copy", st.window + st.compressed_kv + st.index_keys + st.carry,
-      "rows a multi-chunk eval saves to roll back (a prompt filling the context)");
+  add("state undo copy", ef.undo, "rows a multi-chunk eval saves to roll back (a prompt filling the context)");
 
-  const ScratchBytes sc = scratch_bytes(c, chunk, o.ctx);
+  const ScratchBytes& sc = ef.scratch;
   add("scratch", sc.total(),
-      "chunk " + num(chunk) + ": activations " + format_bytes(sc.activations) + ", chunk rows " +
-          format_bytes(sc.chunk_rows) + ", indexer scores " + format_bytes(sc.indexer_scores) + ", logits " +
-          format_bytes(sc.logits));
+      "chunk " + num(chunk) + ": activation tensors " + format_bytes(sc.workspace) + ", op temporaries " +
+          format_bytes(sc.op_temporaries) + ", chunk rows " +
+          format_bytes(sc.chunk_rows) + ", indexer scores " + format_bytes(sc.indexer_scores) +
+          (sc.engram_reads ? ", Engram reads " + format_bytes(sc.engram_reads) : std::string()) +
+          ", logits " + format_bytes(sc.logits));
 
   const uint64_t per_thread =
       o.thread_stack_bytes + (uint64_t)(c.sliding_window + c.index_topk + c.head_dim) * 4 + (64u << 10);
@@ -251,17 +185,21 @@ Eval evaluate(const ModelFootprint& fp, const PlanOptions& o, uint32_t chunk, in
   const uint64_t n_tables = c.engram_layer_ids.size();
   const uint64_t row_slot = align_up(c.engram_row_bytes(), 8) + 48;  // row + key/LRU links
   const uint64_t cache_rows = o.engram_cache_rows * n_tables;
-  const uint64_t batch_rows = std::min<uint64_t>((uint64_t)chunk * c.engram_columns(), 4096);
-  const uint64_t engram_staging = n_tables ? cache_rows * row_slot + batch_rows * 2 * o.io_align : 0;
-  add("Engram staging", engram_staging,
-      n_tables ? num(cache_rows) + " cached rows + a read batch of " + num(batch_rows) +
-                     " rows (2 aligned pages each)"
-               : "no Engram layers");
+  add("Engram staging", n_tables ? cache_rows * row_slot : 0,
+      n_tables ? num(cache_rows) + " cached rows (a chunk's read staging is in the scratch)" : "no Engram layers");
 
-  const uint64_t tables = (uint64_t)c.engram_token_map.size() * 4 + c.engram_primes.size() * 8 +
-                          c.engram_multipliers.size() * 8;
-  add("runtime overhead", o.overhead_bytes + 2 * fp.metadata_bytes + tables,
-      format_bytes(o.overhead_bytes) + " allocator/binary/tokenizer slack + parsed metadata and tables");
+  // Long-lived allocations: every loaded tensor, every vector of each sequence, and a few store
+  // and session buffers (slab, slot table, checkpoint set, logits rows).
+  const uint64_t allocations = fp.resident_tensors + fp.routed_tensors.size() +
+                               (uint64_t)o.sequences * (2 + 4 * c.kv_source_layer_ids.size()) + 16;
+  const uint64_t slack = allocations * o.allocation_slack_bytes;
+  add("runtime overhead", o.overhead_bytes + slack,
+      (o.overhead_bytes ? format_bytes(o.overhead_bytes) +
+                              " measured (this process's resident set when planning: binary, libraries, header, "
+                              "tokenizer) + "
+                        : std::string("not measured (no process) + ")) +
+          format_bytes(slack) + " allocator bound (" + num(allocations) + " allocations x " +
+          format_bytes(o.allocation_slack_bytes) + ")");
 
   // At most one checkpoint per position, so ctx of the largest bound them below the budget.
   const uint64_t one_checkpoint = largest_checkpoint_bytes(c);

@@ -2,17 +2,20 @@
 // options before any large allocation, and the verdict (admit, or refuse with a breakdown).
 //
 // The budget is split into a mandatory part and the routed-expert cache:
-//   resident weights   every tensor that is neither a routed expert nor an Engram table
+//   resident weights   every tensor that is neither a routed expert nor an Engram table, as the
+//                      loader allocates it (64-byte aligned buffers, decoded F32 vectors)
 //   sequence state     window rings, compressed KV, index keys, compressor carry, Engram history,
-//                      exactly as Engine::new_sequence allocates them (BF16 rows), per sequence
+//                      the engine's own figure (model/engine_footprint.h), per sequence
 //   state undo copy    what a multi-chunk eval() saves to roll back (worst case: a prompt that
 //                      fills the context)
-//   scratch            one chunk's activations (chunk x widths), the chunk's new cache rows and
-//                      selections, indexer score rows (chunk x visible rows, f32), logits
-//                      (chunk x vocab x 4)
+//   scratch            the engine's figure for one chunk (model/engine_footprint.h): activations,
+//                      the chunk's new cache rows and selections, indexer scores (chunk x visible
+//                      rows, f32), Engram read staging, per-token vectors, logits (chunk x vocab x 4)
 //   threads            stack + per-thread scratch of every compute thread
-//   Engram staging     Engram row cache + the page-aligned read batch of one chunk
-//   runtime overhead   allocator slack, parsed metadata, tokenizer and config tables
+//   Engram staging     Engram row cache (a chunk's read staging is part of the scratch)
+//   runtime overhead   measured: the process's resident set when it plans (binary, libraries,
+//                      parsed header, tokenizer, config tables), plus a per-allocation bound
+//                      of the allocator's rounding for every long-lived allocation
 //   prefix checkpoints the Session's checkpoints of its kept sequence (runtime/session.h): the
 //                      checkpoint budget, or less when ctx checkpoints of the largest size
 //                      (model/forward.h checkpoint_bytes + a logits row) need less
@@ -36,6 +39,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "model/config.h"
+#include "model/engine_footprint.h"
 #include "model/schema.h"
 #include "runtime/meminfo.h"
 
@@ -47,7 +51,9 @@ struct ModelFootprint {
   ModelConfig config;
   uint64_t resident_bytes = 0;      // every tensor neither routed expert nor Engram table
   uint64_t resident_tensors = 0;
+  uint64_t resident_loaded_bytes = 0;  // what the loader allocates for them (loaded_tensor_bytes)
   uint64_t routed_expert_bytes = 0;
+  uint64_t routed_loaded_bytes = 0;    // the same for the routed tensors (--resident-experts)
   uint64_t engram_bytes = 0;
   // One expert of one layer: its slice of ffn_{gate,up,down}_exps (largest over the layers).
   uint64_t expert_gate_bytes = 0, expert_up_bytes = 0, expert_down_bytes = 0;
@@ -75,27 +81,8 @@ ModelFootprint footprint_from_specs(const ModelConfig& c, const std::vector<Tens
 // classed by name like the schema does (".engram_embd." Engram, "_exps." routed expert).
 ModelFootprint footprint_from_gguf(const gguf::File& f);
 
-// Per-sequence state, as the engine allocates it (src/model/forward.cpp, new_sequence).
-// sequence_state.h has no size function, so the same formulas live here; keep them in step.
-struct SequenceStateBytes {
-  uint64_t window = 0;          // n_layer x sliding_window x head_dim BF16
-  uint64_t compressed_kv = 0;   // per KV source: ctx/ratio rows x head_dim BF16
-  uint64_t index_keys = 0;      // per KV source: ctx/ratio rows x index_head_dim BF16
-  uint64_t carry = 0;           // per KV source: 2 x (ratio-1) x head_dim f32
-  uint64_t engram_history = 0;  // (max_ngram-1) int64
-  uint64_t total() const { return window + compressed_kv + index_keys + carry + engram_history; }
-};
-SequenceStateBytes sequence_state_bytes(const ModelConfig& c, uint32_t ctx);
-
-// One chunk's working set (see the file comment).
-struct ScratchBytes {
-  uint64_t activations = 0;     // f32 hidden streams and the widest sublayer's temporaries
-  uint64_t chunk_rows = 0;      // new window / compressed rows, selections, candidate masks, Engram ids
-  uint64_t indexer_scores = 0;  // chunk x visible compressed rows x 4 (the batched form)
-  uint64_t logits = 0;          // chunk x vocab x 4
-  uint64_t total() const { return activations + chunk_rows + indexer_scores + logits; }
-};
-ScratchBytes scratch_bytes(const ModelConfig& c, uint32_t chunk, uint32_t ctx);
+// Sequence state, undo copy, scratch and the loader's weight bytes come from the engine's own
+// figures (model/engine_footprint.h: engine_footprint, sequence_state_bytes, scratch_bytes).
 
 // The host facts admission looks at.
 struct HostFacts {
@@ -147,7 +134,16 @@ struct PlanOptions {
   uint32_t io_align = 4096;     // direct-I/O alignment (slab and buffer padding)
   uint64_t engram_cache_rows = 65536;  // per Engram table
   uint64_t thread_stack_bytes = 8ull << 20;
-  uint64_t overhead_bytes = 256ull << 20;  // allocator slack, binary, libc, tokenizer
+  // The runtime overhead (docs/storage.md, "Runtime overhead"): what the process holds besides
+  // the lines above. overhead_bytes is measured, not guessed: plan_for_file sets it (when 0) to
+  // this process's resident set when it plans, rounded up to a MiB: the binary, the libraries,
+  // the parsed header, the tokenizer and config tables are all in memory by then. A plan made
+  // from figures alone (no process) leaves it 0. On top, the allocator's bound per long-lived
+  // allocation: glibc serves a large request by mmap rounded up to a page plus a 16 B header
+  // (a heap chunk loses at most 16 B + alignment), for every weight tensor, every sequence
+  // vector and the store's buffers.
+  uint64_t overhead_bytes = 0;
+  uint64_t allocation_slack_bytes = 4096 + 16;
   uint64_t slot_record_bytes = 256;         // per-slot table, index and LRU entries
   uint64_t checkpoint_budget = kDefaultCheckpointBudget;  // per sequence; 0: no checkpoints
   // Hook for the expert store: its own bytes (cache of `slots` experts + bounce buffers +

@@ -11,11 +11,13 @@ namespace sluice {
 Plan plan_for_file(const gguf::File& f, const StorePlanOptions& o) {
   ModelFootprint fp = footprint_from_gguf(f);
   PlanOptions po = o.plan;
+  if (po.overhead_bytes == 0) po.overhead_bytes = measured_process_overhead();
   po.cache_per_layer = o.store.policy == storage::EvictionKind::LruPerLayer;
   po.io_depth = o.store.queue_depth;
   if (!o.stream_experts) {
     // Every expert is read at load: it is resident memory, and there is no store to size.
     fp.resident_bytes += fp.routed_expert_bytes;
+    fp.resident_loaded_bytes += fp.routed_loaded_bytes;
     po.store_bytes = [](uint64_t) { return uint64_t{0}; };
     Plan p = make_plan(fp, po, read_host_facts());
     p.warnings.push_back("routed experts are loaded whole (no expert store): " +
@@ -33,6 +35,12 @@ Plan plan_for_file(const gguf::File& f, const StorePlanOptions& o) {
     return storage::bytes_needed(g, so).total;
   };
   return make_plan(fp, po, read_host_facts());
+}
+
+uint64_t measured_process_overhead() {
+  // Whole MiB: page-level noise from run to run must not move a plan across a slot boundary.
+  constexpr uint64_t MiB = 1ull << 20;
+  return (read_self_status().rss + MiB - 1) / MiB * MiB;
 }
 
 storage::StoreOptions store_options_for(const Plan& p, storage::StoreOptions base) {

@@ -20,6 +20,11 @@ struct StorePlanOptions {
 // the store may hold. Throws Error for invalid options or a file whose experts do not match.
 Plan plan_for_file(const gguf::File& f, const StorePlanOptions& o);
 
+// PlanOptions::overhead_bytes as plan_for_file measures it: this process's resident set now
+// (/proc/self/status VmRSS), rounded up to a whole MiB. Call it once the header and tokenizer
+// are open and before the weights are loaded (what plan_for_file's callers do).
+uint64_t measured_process_overhead();
+
 // Store options for an admitted plan: max_slots = cache_slots, prefetch budget sized from the
 // cache (at most a layer's share, at most a quarter of the cache).
 storage::StoreOptions store_options_for(const Plan& p, storage::StoreOptions base);
