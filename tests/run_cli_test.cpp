@@ -136,7 +136,8 @@ TEST_F(RunCli, HelpDocumentsTheOutputs) {
   r = sluice("run --help");
   EXPECT_EQ(r.rc, 0);
   for (const char* s : {"--tokens", "-n", "--temp", "--top-p", "--seed", "--chunk", "-t", "-c", "--dump-logits",
-                        "--trace", "vocab_size", "no header", "little-endian", "--top-p 0.95", "trace.jsonl", "SIGTERM"})
+                        "--trace", "vocab_size", "no header", "little-endian", "--top-p 0.95", "trace.jsonl", "SIGTERM",
+                        "--dump-tensors", "--dump-filter", "index.json", "regex_search"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s;
 }
 

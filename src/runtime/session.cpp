@@ -59,14 +59,14 @@ struct Session::Impl {
   std::atomic<uint64_t> ck_count{0}, ck_bytes{0}, ck_taken{0}, ck_dropped{0}, ck_skipped{0}, ck_rollbacks{0};
 
   // Evaluates tokens at the end of the sequence. With want_logits (or an observer that sees
-  // them) the output head runs and the last row is kept; otherwise it is skipped, which saves
-  // chunk x vocab x hidden work per prefill chunk that no one reads. With interval_checkpoint,
-  // passing a multiple of checkpoint_interval takes a checkpoint.
+  // them, or a tensor observer) the output head runs and the last row is kept; otherwise it is
+  // skipped, which saves chunk x vocab x hidden work per prefill chunk that no one reads. With
+  // interval_checkpoint, passing a multiple of checkpoint_interval takes a checkpoint.
   void eval(std::span<const uint32_t> toks, const EvalObserver* obs, bool want_logits, bool interval_checkpoint) {
     const uint32_t V = model->config.vocab_size;
     const uint32_t pos = state.position();
     const bool observed = obs && obs->on_eval;
-    std::vector<float> logits(want_logits || observed ? toks.size() * (size_t)V : 0);
+    std::vector<float> logits(want_logits || observed || opt.tensors ? toks.size() * (size_t)V : 0);
     std::vector<TokenTrace> trace;
     const bool tracing = obs && obs->want_trace;
     engine->eval(state, toks, logits.empty() ? nullptr : logits.data(), tracing ? &trace : nullptr);
@@ -187,6 +187,7 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
   eo.ctx = s.plan.ctx;
   eo.chunk = s.plan.chunk;
   eo.prefetch = opt.prefetch;
+  eo.observer = opt.tensors;
   if (opt.stream_experts) {
     storage::StoreOptions so;
     so.policy = opt.policy;

@@ -29,6 +29,7 @@
 namespace sluice {
 namespace text { class Tokenizer; }
 class Model;
+class TensorObserver;
 
 // The context a session gets for ctx 0 (what chat, serve and plan use without -c).
 inline uint32_t default_context(uint64_t max_position_embeddings) {
@@ -58,6 +59,10 @@ struct SessionOptions {
   // oldest on ties), so the positions left stay spread and the work a rollback redoes is small.
   uint32_t checkpoint_interval = 1024;
   uint64_t checkpoint_budget = kDefaultCheckpointBudget;
+  // Shown every named intermediate of every eval (model/forward.h; `run --dump-tensors`). With
+  // one set, the output head runs for every prompt chunk, not only the last, so "out_norm" and
+  // "logits" cover every evaluated position like the rest. Must outlive the Session.
+  TensorObserver* tensors = nullptr;
   // Load progress: stage name and done/total bytes (total 0: unknown). May be empty.
   std::function<void(const std::string& stage, uint64_t done, uint64_t total)> progress;
 };
