@@ -1,12 +1,14 @@
 // `sluice run --dump-tensors DIR [--dump-filter REGEX]` on the tiny preset: every layer's named
 // intermediates are in DIR/index.json with files of positions x width f32, the "logits" file is
 // what --dump-logits writes for the same run, the files do not depend on the chunk size, the
-// filter selects names, and DIR follows the output rules (docs/files.md).
+// filter selects names, and DIR follows the output rules (docs/files.md); and the writer alone
+// (cli/tensor_dump.h): strided rows, repeated or skipped positions.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -17,8 +19,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/commands.h"
+#include "cli/tensor_dump.h"
 #include "format/gguf.h"
 #include "model/config.h"
+#include "util/error.h"
 
 #include "test_util.h"
 
@@ -260,4 +265,45 @@ TEST_F(DumpTensors, FailedRunLeavesNothing) {
   }
   EXPECT_EQ(names_in(dir.path), std::set<std::string>{"empty"});
   EXPECT_TRUE(fs::is_empty(dir / "empty"));
+}
+
+// The writer on its own: rows taken at the engine's stride, and a position shown twice, out of
+// order or with another width is an error rather than a silently wrong file.
+TEST(TensorDumpWriter, WritesStridedRowsInOrderAndRefusesRepeatsAndGaps) {
+  TempDir dir("sluice_tensor_dump_writer");
+  const std::string out = dir / "d";
+  {
+    sluice::cli::TensorDump d(out, "^a", sluice::Existing::Refuse);
+    EXPECT_TRUE(d.wants("a.x"));
+    EXPECT_FALSE(d.wants("b"));
+    // Two positions of width 3 at stride 5: only the first 3 floats of each row are the tensor.
+    const float rows[10] = {1, 2, 3, -1, -1, 4, 5, 6, -1, -1};
+    d.observe("a.x", 7, 2, rows, 3, 5);
+    const float next[3] = {7, 8, 9};
+    d.observe("a.x", 9, 1, next, 3, 3);
+    EXPECT_THROW(d.observe("a.x", 9, 1, next, 3, 3), sluice::Error);   // position 9 again
+    EXPECT_THROW(d.observe("a.x", 11, 1, next, 3, 3), sluice::Error);  // position 10 skipped
+    EXPECT_THROW(d.observe("a.x", 10, 1, next, 2, 2), sluice::Error);  // another width
+    d.observe("a/y", 0, 1, next, 3, 3);                               // a name that is not a file name
+    EXPECT_EQ(d.finish(nlohmann::json::object()), 2u);
+  }
+  const nlohmann::json index = index_of(out);
+  const std::map<std::string, nlohmann::json> t = tensors_of(index);
+  ASSERT_EQ(t.size(), 2u);
+  EXPECT_EQ(t.at("a.x").at("first").get<uint32_t>(), 7u);
+  EXPECT_EQ(t.at("a.x").at("count").get<uint64_t>(), 3u);
+  EXPECT_EQ(t.at("a/y").at("file").get<std::string>(), "a_y.f32");
+  EXPECT_EQ(index.at("not_dumped").get<std::vector<std::string>>(), std::vector<std::string>{"b"});
+  const std::string bytes = slurp(out + "/a.x.f32");
+  ASSERT_EQ(bytes.size(), 9 * sizeof(float));
+  float got[9];
+  std::memcpy(got, bytes.data(), sizeof got);
+  for (int i = 0; i < 9; ++i) EXPECT_EQ(got[i], (float)(i + 1)) << i;
+  EXPECT_EQ(names_in(out), (std::set<std::string>{"index.json", "a.x.f32", "a_y.f32"}));
+}
+
+TEST(TensorDumpWriter, InvalidFilterIsAUsageErrorBeforeTheDirectoryExists) {
+  TempDir dir("sluice_tensor_dump_regex");
+  EXPECT_THROW(sluice::cli::TensorDump(dir / "d", "[a-", sluice::Existing::Refuse), sluice::cli::UsageError);
+  EXPECT_FALSE(fs::exists(dir / "d"));
 }
