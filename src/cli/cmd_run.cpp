@@ -397,7 +397,7 @@ int run_run(const RunOptions& o) {
       text::ChatOptions co;
       co.thinking = o.think == "on";
       co.reasoning_effort = co.thinking ? text::kEffortHigh : 0;
-      enc = tok->encode(text::render_chat({text::ChatMessage{"user", text, "", {}, ""}}, co), false, true);
+      enc = tok->encode(header.arch->render_chat({text::ChatMessage{"user", text, "", {}, ""}}, co), false, true);
     } else {
       enc = tok->encode(text, tok->add_bos_default(), false);
     }
@@ -497,7 +497,7 @@ int run_run(const RunOptions& o) {
     evaluated.insert(evaluated.end(), res.tokens.begin(), res.tokens.begin() + res.decode_steps);
     nlohmann::json info;
     info["model"] = o.model;
-    info["architecture"] = kArchitecture;
+    info["architecture"] = header.arch->name;
     info["config"] = {{"hidden_size", cfg.hidden_size},
                       {"hc_mult", cfg.hc_mult},
                       {"num_hidden_layers", cfg.num_hidden_layers},

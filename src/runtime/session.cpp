@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "format/gguf.h"
+#include "model/architecture.h"
 #include "model/forward.h"
 #include "model/load_checks.h"
 #include "model/model.h"
@@ -42,6 +43,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 struct Session::Impl {
   SessionOptions opt;
+  const Architecture* arch = nullptr;
   Plan plan;
   std::shared_ptr<const text::Tokenizer> tokenizer;
   std::unique_ptr<Model> model;
@@ -139,8 +141,9 @@ struct Session::Impl {
 
 ModelHeader open_model_header(const std::string& path) {
   try {
-    ModelHeader h{path, gguf::File::open(path), {}, nullptr};
-    h.config = config_from_gguf(h.file);
+    ModelHeader h{path, gguf::File::open(path), nullptr, {}, nullptr};
+    h.arch = &architecture_of(h.file);
+    h.config = h.arch->config(h.file, nullptr);
     h.tokenizer = std::make_shared<const text::Tokenizer>(text::Tokenizer::from_gguf(h.file));
     // Before planning and loading, as inspect reports it (model/load_checks.h).
     if (const std::string p = vocab_fit_problem(*h.tokenizer, h.config); !p.empty()) throw Error(p);
@@ -160,6 +163,7 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
   if (header.path != opt.model_path)
     throw Error("session for " + opt.model_path + " given the header of " + header.path);
   const ModelConfig& cfg = header.config;
+  s.arch = header.arch;
   s.tokenizer = header.tokenizer;
   try {
     StorePlanOptions spo;
@@ -197,7 +201,7 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
     s.streamed = std::make_unique<StreamedExperts>(*s.store);
     eo.experts = s.streamed.get();
   }
-  s.engine = std::make_unique<Engine>(*s.model, eo);
+  s.engine = s.arch->make_engine(*s.model, eo);
   s.state = s.engine->new_sequence();
   s.checkpoints = CheckpointSet(opt.checkpoint_budget);
 }
@@ -208,6 +212,7 @@ Session::~Session() {
 
 const text::Tokenizer& Session::tokenizer() const { return *impl_->tokenizer; }
 const ModelConfig& Session::config() const { return impl_->model->config; }
+const Architecture& Session::architecture() const { return *impl_->arch; }
 const Plan& Session::plan() const { return impl_->plan; }
 const SessionOptions& Session::options() const { return impl_->opt; }
 uint32_t Session::ctx() const { return impl_->plan.ctx; }

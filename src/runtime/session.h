@@ -30,6 +30,7 @@ namespace sluice {
 namespace text { class Tokenizer; }
 class Model;
 class TensorObserver;
+struct Architecture;
 
 // The context a session gets for ctx 0 (what chat, serve and plan use without -c).
 inline uint32_t default_context(uint64_t max_position_embeddings) {
@@ -136,6 +137,7 @@ struct SessionStats {
 struct ModelHeader {
   std::string path;
   gguf::File file;  // metadata and tensor records only; no payload is read
+  const Architecture* arch = nullptr;  // from general.architecture (model/architecture.h)
   ModelConfig config;
   std::shared_ptr<const text::Tokenizer> tokenizer;
 };
@@ -152,6 +154,7 @@ class Session {
   Session& operator=(const Session&) = delete;
 
   const text::Tokenizer& tokenizer() const;
+  const Architecture& architecture() const;  // the file's (its chat format, its engine)
   const ModelConfig& config() const;
   const Plan& plan() const;
   const SessionOptions& options() const;

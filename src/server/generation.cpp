@@ -6,6 +6,7 @@
 #include <cmath>
 #include <random>
 
+#include "model/architecture.h"
 #include "runtime/sampler.h"
 #include "server/api_error.h"
 #include "server/stop_strings.h"
@@ -276,7 +277,7 @@ std::vector<uint32_t> encode_chat(const Session& s, const std::vector<text::Chat
                                   const text::ChatOptions& options, std::string* text_out) {
   std::string prompt;
   try {
-    prompt = text::render_chat(messages, options);
+    prompt = s.architecture().render_chat(messages, options);
   } catch (const Error& e) {
     throw bad_request(e.what());
   }
