@@ -163,7 +163,7 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
   if (header.path != opt.model_path)
     throw Error("session for " + opt.model_path + " given the header of " + header.path);
   const ModelConfig& cfg = header.config;
-  s.arch = header.arch;
+  s.arch = header.arch ? header.arch : &architecture_of(header.file);  // a header built by hand
   s.tokenizer = header.tokenizer;
   try {
     StorePlanOptions spo;
