@@ -12,12 +12,12 @@
 
 #include "format/gguf.h"
 #include "model/architecture.h"
-#include "model/config.h"
+#include "model/deepseek41/config.h"
 #include "model/forward.h"
-#include "model/load_checks.h"
+#include "model/deepseek41/load_checks.h"
 #include "model/model.h"
-#include "model/schema.h"
-#include "text/chat.h"
+#include "model/deepseek41/schema.h"
+#include "text/deepseek41/chat.h"
 #include "util/error.h"
 
 #include "test_util.h"

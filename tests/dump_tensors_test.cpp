@@ -22,7 +22,7 @@
 #include "cli/commands.h"
 #include "cli/tensor_dump.h"
 #include "format/gguf.h"
-#include "model/config.h"
+#include "model/deepseek41/config.h"
 #include "util/error.h"
 
 #include "test_util.h"

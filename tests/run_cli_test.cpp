@@ -24,7 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "format/gguf.h"
-#include "model/config.h"
+#include "model/deepseek41/config.h"
 #include "text/tokenizer.h"
 #include "text/utf8.h"
 

@@ -10,8 +10,8 @@
 
 #include "format/gguf.h"
 #include "model/architecture.h"
-#include "model/config.h"
-#include "model/load_checks.h"
+#include "model/deepseek41/config.h"
+#include "model/deepseek41/load_checks.h"
 #include "util/error.h"
 
 namespace sluice::cli {

@@ -1,11 +1,11 @@
 #include "model/architecture.h"
 
 #include "format/gguf.h"
-#include "model/config.h"
+#include "model/deepseek41/config.h"
 #include "model/forward.h"
-#include "model/load_checks.h"
-#include "model/schema.h"
-#include "text/chat.h"
+#include "model/deepseek41/load_checks.h"
+#include "model/deepseek41/schema.h"
+#include "text/deepseek41/chat.h"
 #include "text/utf8.h"
 #include "util/error.h"
 

@@ -7,8 +7,8 @@
 
 #include "kernels/cpu.h"
 #include "model/architecture.h"
-#include "model/load_checks.h"
-#include "model/schema.h"
+#include "model/deepseek41/load_checks.h"
+#include "model/deepseek41/schema.h"
 #include "util/error.h"
 
 namespace sluice {

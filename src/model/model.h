@@ -11,7 +11,7 @@
 
 #include "format/gguf.h"
 #include "kernels/types.h"
-#include "model/config.h"
+#include "model/deepseek41/config.h"
 #include "model/expert_source.h"
 
 namespace sluice {

@@ -35,8 +35,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "model/config.h"
-#include "model/schema.h"
+#include "model/deepseek41/config.h"
+#include "model/deepseek41/schema.h"
 #include "runtime/meminfo.h"
 
 namespace sluice {

@@ -9,7 +9,7 @@
 #include "format/gguf.h"
 #include "model/architecture.h"
 #include "model/forward.h"
-#include "model/load_checks.h"
+#include "model/deepseek41/load_checks.h"
 #include "model/model.h"
 #include "model/streamed_experts.h"
 #include "runtime/checkpoint_set.h"
@@ -145,7 +145,7 @@ ModelHeader open_model_header(const std::string& path) {
     h.arch = &architecture_of(h.file);
     h.config = h.arch->config(h.file, nullptr);
     h.tokenizer = std::make_shared<const text::Tokenizer>(text::Tokenizer::from_gguf(h.file));
-    // Before planning and loading, as inspect reports it (model/load_checks.h).
+    // Before planning and loading, as inspect reports it (model/deepseek41/load_checks.h).
     if (const std::string p = vocab_fit_problem(*h.tokenizer, h.config); !p.empty()) throw Error(p);
     return h;
   } catch (const Error& e) {  // every error about the file names it once, as run's do

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "format/gguf.h"
-#include "model/config.h"
+#include "model/deepseek41/config.h"
 #include "runtime/admission.h"
 #include "runtime/sampler.h"
 #include "storage/eviction_policy.h"

@@ -8,7 +8,7 @@
 #include "server/stop_strings.h"
 #include "server/token_endpoints.h"
 #include "server/sse.h"
-#include "text/chat.h"
+#include "text/deepseek41/chat.h"
 #include "text/json_text.h"
 
 namespace sluice::server {

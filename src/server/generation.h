@@ -17,8 +17,8 @@
 #include "server/context.h"
 #include "server/request_json.h"
 #include "server/http.h"
-#include "text/chat.h"
-#include "text/dsml.h"
+#include "text/deepseek41/chat.h"
+#include "text/deepseek41/dsml.h"
 #include "text/tokenizer.h"
 
 namespace sluice::server {

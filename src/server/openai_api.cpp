@@ -8,7 +8,7 @@
 #include "server/generation.h"
 #include "server/stop_strings.h"
 #include "server/sse.h"
-#include "text/chat.h"
+#include "text/deepseek41/chat.h"
 
 namespace sluice::server {
 

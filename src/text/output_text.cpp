@@ -2,7 +2,7 @@
 
 #include <string_view>
 
-#include "text/dsml.h"
+#include "text/deepseek41/dsml.h"
 
 namespace sluice::text {
 

@@ -3,7 +3,7 @@
 #include <set>
 
 #include "model/architecture.h"
-#include "model/schema.h"
+#include "model/deepseek41/schema.h"
 #include "util/error.h"
 
 namespace sluice {

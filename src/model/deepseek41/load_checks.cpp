@@ -1,9 +1,9 @@
-#include "model/load_checks.h"
+#include "model/deepseek41/load_checks.h"
 
 #include "format/gguf.h"
 #include "kernels/types.h"
 #include "model/architecture.h"
-#include "model/schema.h"
+#include "model/deepseek41/schema.h"
 #include "text/tokenizer.h"
 #include "util/error.h"
 
