@@ -16,7 +16,7 @@
 #include "server/chat_request.h"
 #include "server/request_json.h"
 #include "server/responses_request.h"
-#include "text/chat.h"
+#include "text/deepseek41/chat.h"
 #include "util/error.h"
 
 namespace {

@@ -13,12 +13,12 @@
 #include <nlohmann/json.hpp>
 
 #include "format/gguf.h"
+#include "model/deepseek41/config.h"
 #include "model/forward_workspace.h"
-#include "model/config.h"
 #include "model/forward.h"
 #include "synth/generate.h"
 #include "model/model.h"
-#include "model/schema.h"
+#include "model/deepseek41/schema.h"
 #include "synth/vocab.h"
 #include "runtime/admission.h"
 #include "runtime/meminfo.h"

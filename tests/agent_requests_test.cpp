@@ -8,7 +8,7 @@
 #include "server/api_error.h"
 #include "server/chat_request.h"
 #include "server/max_tokens.h"
-#include "text/chat.h"
+#include "text/deepseek41/chat.h"
 
 namespace {
 

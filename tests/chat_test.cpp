@@ -9,8 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "format/gguf.h"
-#include "text/chat.h"
-#include "text/dsml.h"
+#include "text/deepseek41/chat.h"
+#include "text/deepseek41/dsml.h"
 #include "text/json_text.h"
 #include "text/tokenizer.h"
 #include "util/error.h"

@@ -16,8 +16,8 @@
 #include <nlohmann/json.hpp>
 
 #include "format/gguf.h"
-#include "model/config.h"
-#include "model/schema.h"
+#include "model/deepseek41/config.h"
+#include "model/deepseek41/schema.h"
 
 #include "test_util.h"
 

@@ -10,8 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/config.h"
-#include "model/schema.h"
+#include "model/deepseek41/config.h"
+#include "model/deepseek41/schema.h"
 #include "util/error.h"
 
 namespace sluice {

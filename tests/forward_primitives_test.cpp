@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "format/gguf.h"
-#include "model/config.h"
+#include "model/deepseek41/config.h"
 #include "model/engram.h"
 #include "model/primitives.h"
 #include "util/error.h"

@@ -11,9 +11,9 @@
 
 #include "format/gguf.h"
 #include "kernels/types.h"
-#include "model/config.h"
+#include "model/deepseek41/config.h"
 #include "synth/generate.h"
-#include "model/schema.h"
+#include "model/deepseek41/schema.h"
 #include "synth/vocab.h"
 #include "util/error.h"
 

@@ -43,5 +43,19 @@ TEST(LayerMap, UpwardIncludesDoNotCompile) {
   EXPECT_FALSE(compiles_in("runtime", "cli/commands.h", dir));
 }
 
+// One architecture's subfolders (model/deepseek41, text/deepseek41) belong to their layer: they
+// are reachable where the layer is and nowhere else.
+TEST(LayerMap, ArchitectureSubfoldersFollowTheirLayer) {
+  test::TempDir tmp("layer_map_sub");
+  const std::string dir = tmp.path.string();
+  EXPECT_TRUE(compiles_in("model", "model/deepseek41/schema.h", dir));
+  EXPECT_TRUE(compiles_in("runtime", "model/deepseek41/config.h", dir));
+  EXPECT_TRUE(compiles_in("model", "text/deepseek41/chat.h", dir));
+  EXPECT_TRUE(compiles_in("server", "text/deepseek41/dsml.h", dir));
+  EXPECT_FALSE(compiles_in("text", "model/deepseek41/config.h", dir));
+  EXPECT_FALSE(compiles_in("storage", "text/deepseek41/chat.h", dir));
+  EXPECT_FALSE(compiles_in("format", "text/deepseek41/dsml.h", dir));
+}
+
 }  // namespace
 }  // namespace sluice

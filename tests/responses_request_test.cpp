@@ -13,7 +13,7 @@
 #include "server/responses_events.h"
 #include "server/responses_request.h"
 #include "server_harness.h"
-#include "text/chat.h"
+#include "text/deepseek41/chat.h"
 
 namespace sluice::server {
 namespace {

@@ -24,7 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "format/gguf.h"
-#include "model/config.h"
+#include "model/deepseek41/config.h"
 #include "text/tokenizer.h"
 #include "text/utf8.h"
 
@@ -137,7 +137,8 @@ TEST_F(RunCli, HelpDocumentsTheOutputs) {
   r = sluice("run --help");
   EXPECT_EQ(r.rc, 0);
   for (const char* s : {"--tokens", "-n", "--temp", "--top-p", "--seed", "--chunk", "-t", "-c", "--dump-logits",
-                        "--trace", "vocab_size", "no header", "little-endian", "--top-p 0.95", "trace.jsonl", "SIGTERM"})
+                        "--trace", "vocab_size", "no header", "little-endian", "--top-p 0.95", "trace.jsonl", "SIGTERM",
+                        "--dump-tensors", "--dump-filter", "index.json", "regex_search"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s;
 }
 

@@ -15,8 +15,8 @@
 #include <nlohmann/json.hpp>
 
 #include "format/gguf.h"
-#include "model/config.h"
-#include "model/schema.h"
+#include "model/deepseek41/config.h"
+#include "model/deepseek41/schema.h"
 #include "util/error.h"
 
 namespace sluice {

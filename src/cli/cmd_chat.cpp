@@ -11,9 +11,10 @@
 #include "cli/commands.h"
 #include "cli/context_option.h"
 #include "cli/stop_signals.h"
+#include "model/architecture.h"
 #include "runtime/session.h"
-#include "text/chat.h"
-#include "text/dsml.h"
+#include "text/deepseek41/chat.h"
+#include "text/deepseek41/dsml.h"
 #include "text/prompt_limit.h"
 #include "text/token_text.h"
 #include "text/tokenizer.h"
@@ -64,7 +65,7 @@ int run_chat(const ChatCommandOptions& o) {
     // plus one reply token must fit, or no message ever could: say so now, not at the first one.
     std::vector<text::ChatMessage> empty = history;
     empty.push_back({"user", "", "", {}, ""});
-    const size_t frame = text::encode_chat_text(tok, text::render_chat(empty, co)).size() + 1;
+    const size_t frame = text::encode_chat_text(tok, session.architecture().render_chat(empty, co)).size() + 1;
     if (session.ctx() < frame)
       throw UsageError(std::string(kCtxFlag) + " " + std::to_string(session.ctx()) +
                        " is too small for chat: the chat format around an empty message and one reply token take " +
@@ -90,7 +91,7 @@ int run_chat(const ChatCommandOptions& o) {
     }
     if (line.empty()) continue;
     history.push_back({"user", line, "", {}, ""});
-    const std::string rendered = text::render_chat(history, co);
+    const std::string rendered = session.architecture().render_chat(history, co);
     GenerateRequest req;
     // The session keeps the model's own tokens for the turns it generated (see tokenize_prompt).
     req.prompt = session.tokenize_prompt(rendered, /*add_bos=*/false);  // the rendering has BOS

@@ -9,8 +9,8 @@
 #include "cli/commands.h"
 #include "format/gguf.h"
 #include "kernels/types.h"
-#include "model/load_checks.h"
-#include "model/schema.h"
+#include "model/deepseek41/load_checks.h"
+#include "model/deepseek41/schema.h"
 #include "util/error.h"
 
 namespace sluice::cli {

@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "model/config.h"
+#include "model/deepseek41/config.h"
 #include "synth/generate.h"
 #include "synth/vocab.h"
 #include "util/error.h"

@@ -12,7 +12,7 @@
 #include "cli/commands.h"
 #include "cli/context_option.h"
 #include "format/gguf.h"
-#include "model/schema.h"
+#include "model/deepseek41/schema.h"
 #include "runtime/admission.h"
 #include "runtime/session.h"
 #include "runtime/store_plan.h"

@@ -5,20 +5,16 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
-#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
-#include <cstring>
-#include <filesystem>
 #include <memory>
 #include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -27,17 +23,20 @@
 #include "cli/commands.h"
 #include "cli/context_option.h"
 #include "cli/stop_signals.h"
-#include "model/config.h"
+#include "cli/tensor_dump.h"
+#include "model/architecture.h"
+#include "model/deepseek41/config.h"
 #include "model/forward.h"
 #include "model/model.h"
 #include "runtime/meminfo.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
-#include "text/chat.h"
+#include "text/deepseek41/chat.h"
 #include "text/prompt_limit.h"
 #include "text/token_text.h"
 #include "text/tokenizer.h"
 #include "util/error.h"
+#include "util/output_dir.h"
 #include "util/output_file.h"
 #include "util/read_file.h"
 
@@ -100,42 +99,13 @@ class LogitsDump {
   std::vector<TokenId> tokens_;
 };
 
-// --trace DIR: DIR must be absent (it is created, its parent must exist) or an empty directory;
-// with --force any existing directory. A link, file or device is never used. DIR/trace.jsonl is
-// an AtomicOutputFile, renamed into place when the run ends well; a failed run removes its
-// temporary file and the directory too if this run created it (rmdir: only when empty).
+// --trace DIR (util/output_dir.h): DIR/trace.jsonl is an AtomicOutputFile, renamed into place
+// when the run ends well; a failed run removes its temporary file and the directory too if this
+// run created it.
 class TraceFile {
  public:
-  TraceFile(const std::string& dir, Existing existing) : dir_(dir) {
-    struct stat st {};
-    if (::lstat(dir.c_str(), &st) == 0) {
-      if (!S_ISDIR(st.st_mode))
-        throw Error("refusing to use " + dir + " as the --trace directory: it is " + file_kind(st.st_mode) +
-                    ", not a directory");
-      std::error_code ec;
-      const bool empty = std::filesystem::is_empty(dir, ec);
-      if (ec) throw Error("cannot read --trace directory " + dir + ": " + ec.message());
-      if (existing == Existing::Refuse && !empty)
-        throw Error("refusing to use " + dir + " as the --trace directory: it is not empty (--force writes " +
-                    "trace.jsonl into it)");
-    } else if (errno != ENOENT) {
-      throw Error("cannot check --trace directory " + dir + ": " + std::strerror(errno));
-    } else if (::mkdir(dir.c_str(), 0777) != 0) {
-      throw Error("cannot create --trace directory " + dir + ": " + std::strerror(errno));
-    } else {
-      created_ = true;
-    }
-    try {
-      file_ = std::make_unique<AtomicOutputFile>((std::filesystem::path(dir) / "trace.jsonl").string(), existing);
-    } catch (...) {
-      if (created_) ::rmdir(dir.c_str());
-      throw;
-    }
-  }
-  ~TraceFile() {
-    file_.reset();  // removes the temporary file unless committed
-    if (created_ && !committed_) ::rmdir(dir_.c_str());
-  }
+  TraceFile(const std::string& dir, Existing existing)
+      : dir_(dir, existing, "--trace directory", "trace.jsonl"), file_(dir_.file("trace.jsonl"), existing) {}
   TraceFile(const TraceFile&) = delete;
   TraceFile& operator=(const TraceFile&) = delete;
 
@@ -153,17 +123,16 @@ class TraceFile {
       j["selected_rows"] = tr[i].selected_rows;
       lines += j.dump() + "\n";
     }
-    file_->write(lines);
+    file_.write(lines);
   }
   void finish() {
-    file_->commit();
-    committed_ = true;
+    file_.commit();
+    dir_.keep();
   }
 
  private:
-  std::string dir_;
-  bool created_ = false, committed_ = false;
-  std::unique_ptr<AtomicOutputFile> file_;
+  OutputDir dir_;  // first: destroyed after the file, so an unused DIR it created is empty again
+  AtomicOutputFile file_;
 };
 
 // Generated ids go to stdout as they come (one line, space-separated), so a reader sees progress
@@ -350,6 +319,11 @@ CLI::App* setup_run(CLI::App& app, RunOptions& o) {
       "\"engram_rows\": [Engram layer][column] table rows, \"experts\": [layer][k] routed expert ids\n"
       "(descending score), \"expert_weights\": [layer][k], \"selected_rows\": [layer][...] compressed rows\n"
       "chosen by the indexer (ascending; empty for layers that are not index sources)}.\n"
+      "--dump-tensors DIR: the forward pass's named intermediates (embd, l<L>.attn_in, l<L>.out,\n"
+      "out_norm, logits, ...), one file DIR/<name>.f32 each: f32 little-endian rows of the tensor's\n"
+      "width, one per evaluated position in order (prompt, then each token fed back); DIR/index.json\n"
+      "lists name, file, width, first, count, dtype and the run. --dump-filter REGEX keeps the names\n"
+      "an ECMAScript regex matches anywhere in (std::regex_search; anchor with ^...$).\n"
       "Output files appear only when the run ends well (written beside, then renamed); an existing\n"
       "OUT, OUT.json or non-empty DIR is refused unless --force; links and devices never are\n"
       "replaced (docs/files.md).\n"
@@ -373,7 +347,13 @@ CLI::App* setup_run(CLI::App& app, RunOptions& o) {
   sub->add_flag("--ignore-eos", o.ignore_eos, "keep generating after eos_token_id");
   sub->add_option("--dump-logits", o.dump_logits, "write every evaluated position's logits to this file");
   sub->add_option("--trace", o.trace_dir, "write per-position routing to DIR/trace.jsonl");
-  sub->add_flag("--force", o.force, "replace existing regular files at --dump-logits / DIR/trace.jsonl (never links or devices)");
+  sub->add_option("--dump-tensors", o.dump_tensors,
+                  "write the forward pass's named intermediates to DIR (one f32 file each + index.json)");
+  sub->add_option("--dump-filter", o.dump_filter,
+                  "with --dump-tensors: only names this ECMAScript regex matches (searched, not anchored)");
+  sub->add_flag("--force", o.force,
+                "replace existing regular files at --dump-logits / DIR/trace.jsonl / the --dump-tensors files "
+                "(never links or devices)");
   sub->add_flag("--expert-stats", o.expert_stats, "after the summary, print the expert store's statistics per layer");
   add_engine_options(sub, o.engine);
   return sub;
@@ -387,6 +367,7 @@ int run_run(const RunOptions& o) {
   if (o.tokens.empty() && o.prompt.empty() && o.prompt_file.empty())
     throw UsageError("give a prompt: -p TEXT, -f FILE or --tokens IDS");
   if (o.chat && !o.tokens.empty()) throw UsageError("--chat needs a text prompt (-p or -f), not --tokens");
+  if (!o.dump_filter.empty() && o.dump_tensors.empty()) throw UsageError("--dump-filter needs --dump-tensors DIR");
   const bool text_mode = o.tokens.empty();
   const SamplerOptions so = sampler_options(o.temp, o.top_p, o.seed, o.top_k, o.min_p);
   // Usage checks that do not need the model come before it is opened.
@@ -416,7 +397,7 @@ int run_run(const RunOptions& o) {
       text::ChatOptions co;
       co.thinking = o.think == "on";
       co.reasoning_effort = co.thinking ? text::kEffortHigh : 0;
-      enc = text::encode_chat_text(*tok, text::render_chat({text::ChatMessage{"user", text, "", {}, ""}}, co));
+      enc = text::encode_chat_text(*tok, header.arch->render_chat({text::ChatMessage{"user", text, "", {}, ""}}, co));
     } else {
       enc = text::encode_prompt_text(*tok, text, text::SpecialTokens::AsText);
     }
@@ -447,8 +428,12 @@ int run_run(const RunOptions& o) {
   if (!o.dump_logits.empty()) dump = std::make_unique<LogitsDump>(o.dump_logits, cfg.vocab_size, (uint32_t)prompt_n, existing);
   std::unique_ptr<TraceFile> trace;
   if (!o.trace_dir.empty()) trace = std::make_unique<TraceFile>(o.trace_dir, existing);
+  std::unique_ptr<TensorDump> tensors;
+  if (!o.dump_tensors.empty()) tensors = std::make_unique<TensorDump>(o.dump_tensors, o.dump_filter, existing);
 
-  Session session(session_options(o.engine, o.model, (uint32_t)ctx), header);
+  SessionOptions sopt = session_options(o.engine, o.model, (uint32_t)ctx);
+  sopt.tensors = tensors.get();
+  Session session(std::move(sopt), header);
   maybe_print_plan(o.engine, session);
   const double load_s = seconds_since(t_load);
   EvalObserver obs;
@@ -505,6 +490,31 @@ int run_run(const RunOptions& o) {
   }
   if (dump) dump->finish();
   if (trace) trace->finish();
+  if (tensors) {
+    // What was evaluated: the prompt (all of it unless a signal stopped the prefill), then each
+    // generated token that was fed back.
+    std::vector<uint32_t> evaluated(ids.begin(), ids.begin() + res.prompt_evaluated);
+    evaluated.insert(evaluated.end(), res.tokens.begin(), res.tokens.begin() + res.decode_steps);
+    nlohmann::json info;
+    info["model"] = o.model;
+    info["architecture"] = header.arch->name;
+    info["config"] = {{"hidden_size", cfg.hidden_size},
+                      {"hc_mult", cfg.hc_mult},
+                      {"num_hidden_layers", cfg.num_hidden_layers},
+                      {"vocab_size", cfg.vocab_size},
+                      {"engram_layer_ids", cfg.engram_layer_ids}};
+    info["prompt_tokens"] = res.prompt_evaluated;
+    info["positions"] = evaluated.size();
+    info["tokens"] = evaluated;
+    info["generated"] = res.tokens;
+    info["chunk"] = session.plan().chunk;
+    const size_t n = tensors->finish(std::move(info));
+    std::fprintf(stderr, "sluice run: dumped %zu tensors (%s) to %s\n", n, format_bytes(tensors->bytes_written()).c_str(),
+                 o.dump_tensors.c_str());
+    if (n == 0)
+      std::fprintf(stderr, "sluice run: --dump-filter '%s' matched no tensor; %s/index.json lists the names under "
+                   "\"not_dumped\"\n", o.dump_filter.c_str(), o.dump_tensors.c_str());
+  }
 
   const std::string stop = !stop_note.empty() ? stop_note : res.finish == Finish::Stop ? "eos" : finish_name(res.finish);
   const uint64_t prefilled = res.prompt_evaluated;

@@ -61,7 +61,9 @@ struct RunOptions {
   bool ignore_eos = false;
   std::string dump_logits;     // file of f32 rows, plus <file>.json
   std::string trace_dir;       // <dir>/trace.jsonl
-  bool force = false;          // --dump-logits / --trace may replace existing regular files
+  std::string dump_tensors;    // <dir>/index.json + one f32 file per named intermediate
+  std::string dump_filter;     // ECMAScript regex searched for in tensor names; empty: all
+  bool force = false;          // --dump-logits / --trace / --dump-tensors may replace existing regular files
   bool expert_stats = false;   // per-layer store statistics after the summary
   EngineCliOptions engine;
 };

@@ -9,8 +9,9 @@
 #include <CLI/CLI.hpp>
 
 #include "format/gguf.h"
-#include "model/config.h"
-#include "model/load_checks.h"
+#include "model/architecture.h"
+#include "model/deepseek41/config.h"
+#include "model/deepseek41/load_checks.h"
 #include "util/error.h"
 
 namespace sluice::cli {
@@ -62,7 +63,7 @@ inline gguf::File open_gguf(const std::string& path) {
 // first, then config_from_gguf; errors name the path once.
 inline ModelConfig read_model_config(const std::string& path, const gguf::File& f) {
   try {
-    return config_from_gguf(f);
+    return architecture_of(f).config(f, nullptr);
   } catch (const Error& e) {
     throw Error(with_path(path, e.what()));
   }

@@ -6,9 +6,10 @@
 #include <cstring>
 
 #include "backend/cpu_backend.h"
+#include "model/architecture.h"
+#include "model/deepseek41/load_checks.h"
+#include "model/deepseek41/schema.h"
 #include "model/engine_footprint.h"
-#include "model/load_checks.h"
-#include "model/schema.h"
 #include "util/error.h"
 
 namespace sluice {
@@ -115,17 +116,24 @@ class Loader {
 std::unique_ptr<Model> load_model(const std::string& gguf_path, const LoadOptions& o) {
   auto model = std::make_unique<Model>(gguf::File::open(gguf_path));
   Model& m = *model;
-  const SchemaReport rep = validate_deepseek41(m.file);
+  const Architecture& arch = [&]() -> const Architecture& {
+    try {
+      return architecture_of(m.file);
+    } catch (const Error& e) {
+      throw Error(with_path(gguf_path, e.what()));
+    }
+  }();
+  const SchemaReport rep = arch.validate(m.file);
   if (!rep.errors.empty()) {
-    std::string msg = gguf_path + " does not match the deepseek41 schema:";
+    std::string msg = gguf_path + " does not match the " + std::string(arch.name) + " schema:";
     for (size_t i = 0; i < rep.errors.size() && i < 5; ++i) msg += "\n  " + rep.errors[i];
     if (rep.errors.size() > 5) msg += "\n  (" + std::to_string(rep.errors.size() - 5) + " more)";
     throw Error(msg);
   }
-  m.config = config_from_gguf(m.file);
+  m.config = arch.config(m.file, nullptr);
   m.roles = layer_roles(m.config);
   const ModelConfig& c = m.config;
-  if (const std::vector<std::string> unsupported = support_problems(c); !unsupported.empty())
+  if (const std::vector<std::string> unsupported = arch.support_problems(c); !unsupported.empty())
     throw Error(gguf_path + ": " + unsupported.front());
 
   Loader ld(m, o);

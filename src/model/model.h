@@ -11,9 +11,9 @@
 
 #include "format/gguf.h"
 #include "backend/backend.h"
-#include "backend/weight.h"
-#include "model/config.h"
 #include "backend/expert_source.h"
+#include "backend/weight.h"
+#include "model/deepseek41/config.h"
 
 namespace sluice {
 

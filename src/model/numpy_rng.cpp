@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/config.h"
+#include "model/deepseek41/config.h"
 #include "util/error.h"
 
 namespace sluice {

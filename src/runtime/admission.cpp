@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "format/gguf.h"
+#include "model/architecture.h"
 #include "model/forward.h"
 #include "util/error.h"
 
@@ -102,7 +103,7 @@ ModelFootprint footprint_from_specs(const ModelConfig& c, const std::vector<Tens
 
 ModelFootprint footprint_from_gguf(const gguf::File& f) {
   ModelFootprint fp;
-  fp.config = config_from_gguf(f);
+  fp.config = architecture_of(f).config(f, nullptr);
   fp.source = f.path();
   fp.metadata_bytes = f.data_offset();
   for (const gguf::TensorInfo& t : f.tensors()) {

@@ -38,9 +38,9 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "model/config.h"
+#include "model/deepseek41/config.h"
+#include "model/deepseek41/schema.h"
 #include "model/engine_footprint.h"
-#include "model/schema.h"
 #include "runtime/meminfo.h"
 
 namespace sluice {

@@ -7,8 +7,9 @@
 #include <thread>
 
 #include "format/gguf.h"
+#include "model/architecture.h"
 #include "model/forward.h"
-#include "model/load_checks.h"
+#include "model/deepseek41/load_checks.h"
 #include "model/model.h"
 #include "model/streamed_experts.h"
 #include "runtime/checkpoint_set.h"
@@ -42,6 +43,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 struct Session::Impl {
   SessionOptions opt;
+  const Architecture* arch = nullptr;
   Plan plan;
   std::shared_ptr<const text::Tokenizer> tokenizer;
   std::unique_ptr<Model> model;
@@ -59,14 +61,14 @@ struct Session::Impl {
   std::atomic<uint64_t> ck_count{0}, ck_bytes{0}, ck_taken{0}, ck_dropped{0}, ck_skipped{0}, ck_rollbacks{0};
 
   // Evaluates tokens at the end of the sequence. With want_logits (or an observer that sees
-  // them) the output head runs and the last row is kept; otherwise it is skipped, which saves
-  // chunk x vocab x hidden work per prefill chunk that no one reads. With interval_checkpoint,
-  // passing a multiple of checkpoint_interval takes a checkpoint.
+  // them, or a tensor observer) the output head runs and the last row is kept; otherwise it is
+  // skipped, which saves chunk x vocab x hidden work per prefill chunk that no one reads. With
+  // interval_checkpoint, passing a multiple of checkpoint_interval takes a checkpoint.
   void eval(std::span<const TokenId> toks, const EvalObserver* obs, bool want_logits, bool interval_checkpoint) {
     const uint32_t V = model->config.vocab_size;
     const uint32_t pos = state.position();
     const bool observed = obs && obs->on_eval;
-    std::vector<float> logits(want_logits || observed ? toks.size() * (size_t)V : 0);
+    std::vector<float> logits(want_logits || observed || opt.tensors ? toks.size() * (size_t)V : 0);
     std::vector<TokenTrace> trace;
     const bool tracing = obs && obs->want_trace;
     engine->eval(state, toks, logits.empty() ? nullptr : logits.data(), tracing ? &trace : nullptr);
@@ -139,10 +141,11 @@ struct Session::Impl {
 
 ModelHeader open_model_header(const std::string& path) {
   try {
-    ModelHeader h{path, gguf::File::open(path), {}, nullptr};
-    h.config = config_from_gguf(h.file);
+    ModelHeader h{path, gguf::File::open(path), nullptr, {}, nullptr};
+    h.arch = &architecture_of(h.file);
+    h.config = h.arch->config(h.file, nullptr);
     h.tokenizer = std::make_shared<const text::Tokenizer>(text::Tokenizer::from_gguf(h.file));
-    // Before planning and loading, as inspect reports it (model/load_checks.h).
+    // Before planning and loading, as inspect reports it (model/deepseek41/load_checks.h).
     if (const std::string p = vocab_fit_problem(*h.tokenizer, h.config); !p.empty()) throw Error(p);
     return h;
   } catch (const Error& e) {  // every error about the file names it once, as run's do
@@ -160,6 +163,7 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
   if (header.path != opt.model_path)
     throw Error("session for " + opt.model_path + " given the header of " + header.path);
   const ModelConfig& cfg = header.config;
+  s.arch = header.arch ? header.arch : &architecture_of(header.file);  // a header built by hand
   s.tokenizer = header.tokenizer;
   try {
     StorePlanOptions spo;
@@ -187,6 +191,7 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
   eo.ctx = s.plan.ctx;
   eo.chunk = s.plan.chunk;
   eo.prefetch = opt.prefetch;
+  eo.observer = opt.tensors;
   if (opt.stream_experts) {
     storage::StoreOptions so;
     so.policy = opt.policy;
@@ -196,7 +201,7 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
     s.streamed = std::make_unique<StreamedExperts>(*s.store);
     eo.experts = s.streamed.get();
   }
-  s.engine = std::make_unique<Engine>(*s.model, eo);
+  s.engine = s.arch->make_engine(*s.model, eo);
   s.state = s.engine->new_sequence();
   s.checkpoints = CheckpointSet(opt.checkpoint_budget);
 }
@@ -207,6 +212,7 @@ Session::~Session() {
 
 const text::Tokenizer& Session::tokenizer() const { return *impl_->tokenizer; }
 const ModelConfig& Session::config() const { return impl_->model->config; }
+const Architecture& Session::architecture() const { return *impl_->arch; }
 const Plan& Session::plan() const { return impl_->plan; }
 const SessionOptions& Session::options() const { return impl_->opt; }
 uint32_t Session::ctx() const { return impl_->plan.ctx; }

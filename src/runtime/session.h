@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "format/gguf.h"
-#include "model/config.h"
+#include "model/deepseek41/config.h"
 #include "runtime/admission.h"
 #include "runtime/sampler.h"
 #include "storage/eviction_policy.h"
@@ -30,6 +30,8 @@
 namespace sluice {
 namespace text { class Tokenizer; }
 class Model;
+class TensorObserver;
+struct Architecture;
 
 // The context a session gets for ctx 0 (what chat, serve and plan use without -c).
 inline uint32_t default_context(uint64_t max_position_embeddings) {
@@ -59,6 +61,10 @@ struct SessionOptions {
   // oldest on ties), so the positions left stay spread and the work a rollback redoes is small.
   uint32_t checkpoint_interval = 1024;
   uint64_t checkpoint_budget = kDefaultCheckpointBudget;
+  // Shown every named intermediate of every eval (model/forward.h; `run --dump-tensors`). With
+  // one set, the output head runs for every prompt chunk, not only the last, so "out_norm" and
+  // "logits" cover every evaluated position like the rest. Must outlive the Session.
+  TensorObserver* tensors = nullptr;
   // Load progress: stage name and done/total bytes (total 0: unknown). May be empty.
   std::function<void(const std::string& stage, uint64_t done, uint64_t total)> progress;
 };
@@ -132,6 +138,7 @@ struct SessionStats {
 struct ModelHeader {
   std::string path;
   gguf::File file;  // metadata and tensor records only; no payload is read
+  const Architecture* arch = nullptr;  // from general.architecture (model/architecture.h)
   ModelConfig config;
   std::shared_ptr<const text::Tokenizer> tokenizer;
 };
@@ -148,6 +155,7 @@ class Session {
   Session& operator=(const Session&) = delete;
 
   const text::Tokenizer& tokenizer() const;
+  const Architecture& architecture() const;  // the file's (its chat format, its engine)
   const ModelConfig& config() const;
   const Plan& plan() const;
   const SessionOptions& options() const;

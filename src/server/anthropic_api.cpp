@@ -11,8 +11,9 @@
 #include "server/sse.h"
 #include "server/stop_strings.h"
 #include "server/token_endpoints.h"
+#include "server/sse.h"
 #include "server/worker_access.h"
-#include "text/chat.h"
+#include "text/deepseek41/chat.h"
 #include "text/json_text.h"
 
 namespace sluice::server {

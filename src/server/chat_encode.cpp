@@ -1,5 +1,6 @@
 #include "server/chat_encode.h"
 
+#include "model/architecture.h"
 #include "server/api_error.h"
 #include "util/error.h"
 
@@ -9,7 +10,7 @@ std::vector<TokenId> encode_chat(const Session& s, const std::vector<text::ChatM
                                  const text::ChatOptions& options, std::string* text_out) {
   std::string prompt;
   try {
-    prompt = text::render_chat(messages, options);
+    prompt = s.architecture().render_chat(messages, options);
   } catch (const Error& e) {
     throw bad_request(e.what());
   }

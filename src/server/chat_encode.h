@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "runtime/session.h"
-#include "text/chat.h"
+#include "text/deepseek41/chat.h"
 #include "text/tokenizer.h"
 #include "util/token_id.h"
 

@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "text/chat.h"
+#include "text/deepseek41/chat.h"
 
 namespace sluice::server {
 

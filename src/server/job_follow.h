@@ -12,7 +12,7 @@
 #include "server/context.h"
 #include "server/http.h"
 #include "server/max_tokens.h"
-#include "text/dsml.h"
+#include "text/deepseek41/dsml.h"
 
 namespace sluice::server {
 

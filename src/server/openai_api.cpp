@@ -12,7 +12,7 @@
 #include "server/sse.h"
 #include "server/stop_strings.h"
 #include "server/worker_access.h"
-#include "text/chat.h"
+#include "text/deepseek41/chat.h"
 #include "text/token_text.h"
 
 namespace sluice::server {

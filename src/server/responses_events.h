@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "server/responses_request.h"
-#include "text/dsml.h"
+#include "text/deepseek41/dsml.h"
 
 namespace sluice::server {
 

@@ -11,8 +11,8 @@
 #include <string_view>
 
 #include "format/gguf.h"
-#include "model/config.h"
-#include "model/schema.h"
+#include "model/deepseek41/config.h"
+#include "model/deepseek41/schema.h"
 #include "synth/vocab.h"
 
 namespace sluice {

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <string_view>
 
-#include "text/dsml.h"
+#include "text/deepseek41/dsml.h"
 
 namespace sluice::text {
 

@@ -3,7 +3,7 @@
 #include <set>
 
 #include "model/architecture.h"
-#include "model/schema.h"
+#include "model/deepseek41/schema.h"
 #include "util/error.h"
 
 namespace sluice {
@@ -91,7 +91,7 @@ SchemaReport validate_deepseek41(const gguf::File& f) {
   }
 
   // Nothing else is checked in a file of another architecture: its keys mean something else.
-  if (auto problem = architecture_problem(f)) {
+  if (auto problem = deepseek41_problem(f)) {
     err(*problem);
     return rep;
   }

@@ -1,8 +1,9 @@
-#include "model/load_checks.h"
+#include "model/deepseek41/load_checks.h"
 
 #include "format/gguf.h"
 #include "kernels/types.h"
-#include "model/schema.h"
+#include "model/architecture.h"
+#include "model/deepseek41/schema.h"
 #include "text/tokenizer.h"
 #include "util/error.h"
 
@@ -49,19 +50,22 @@ std::vector<std::string> tokenizer_problems(const gguf::File& f, const ModelConf
 }
 
 std::vector<std::string> load_problems(const gguf::File& f) {
+  // A file of another architecture: that is the one problem; its keys mean something else.
+  if (auto problem = architecture_problem(f)) return {*problem};
+  const Architecture& arch = architecture_of(f);
   std::vector<std::string> out;
   try {
-    out = validate_deepseek41(f).errors;
+    out = arch.validate(f).errors;
   } catch (const Error& e) {  // the schema check lists problems, but never let it abort the list
     out.push_back(e.what());
   }
   ModelConfig c;
   try {
-    c = config_from_gguf(f);
+    c = arch.config(f, nullptr);
   } catch (const Error&) {
-    return out;  // validate_deepseek41 has reported why
+    return out;  // the schema check has reported why
   }
-  for (auto& p : support_problems(c)) out.push_back(std::move(p));
+  for (auto& p : arch.support_problems(c)) out.push_back(std::move(p));
   for (auto& p : tokenizer_problems(f, c)) out.push_back(std::move(p));
   return out;
 }

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "format/gguf.h"
-#include "model/config.h"
+#include "model/deepseek41/config.h"
 
 namespace sluice {
 

@@ -1,5 +1,5 @@
 // The deepseek41 tensor list and metadata (spec 2.2-2.3), for any ModelConfig.
-#include "model/schema.h"
+#include "model/deepseek41/schema.h"
 
 #include <nlohmann/json.hpp>
 

@@ -19,7 +19,7 @@
 #include <string_view>
 #include <vector>
 
-#include "text/dsml.h"
+#include "text/deepseek41/dsml.h"
 
 namespace sluice::text {
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "model/config.h"
+#include "model/deepseek41/config.h"
 
 namespace sluice {
 namespace gguf { class File; }

@@ -1,4 +1,4 @@
-#include "text/dsml.h"
+#include "text/deepseek41/dsml.h"
 
 #include <algorithm>
 

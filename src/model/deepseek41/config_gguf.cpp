@@ -6,7 +6,7 @@
 
 #include "format/gguf.h"
 #include "model/architecture.h"
-#include "model/config.h"
+#include "model/deepseek41/config.h"
 #include "util/error.h"
 
 namespace sluice {

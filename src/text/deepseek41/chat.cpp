@@ -1,4 +1,4 @@
-#include "text/chat.h"
+#include "text/deepseek41/chat.h"
 
 #include <algorithm>
 #include <map>

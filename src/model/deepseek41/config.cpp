@@ -1,5 +1,5 @@
 // Presets, config.json in/out, finalize() (derivations + validation) and per-layer roles.
-#include "model/config.h"
+#include "model/deepseek41/config.h"
 
 #include <algorithm>
 #include <charconv>
@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/schema.h"
+#include "model/deepseek41/schema.h"
 #include "util/error.h"
 
 namespace sluice {
