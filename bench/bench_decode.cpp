@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "kernels/cpu.h"
-#include "model/forward.h"
-#include "model/primitives.h"
+#include "model/deepseek41/forward.h"
+#include "model/deepseek41/primitives.h"
 
 using namespace sluice;
 

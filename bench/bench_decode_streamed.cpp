@@ -24,7 +24,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "model/forward.h"
+#include "model/deepseek41/forward.h"
 #include "synth/generate.h"
 #include "model/model.h"
 #include "model/streamed_experts.h"

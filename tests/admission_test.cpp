@@ -14,8 +14,8 @@
 
 #include "format/gguf.h"
 #include "model/deepseek41/config.h"
-#include "model/forward_workspace.h"
-#include "model/forward.h"
+#include "model/deepseek41/forward_workspace.h"
+#include "model/deepseek41/forward.h"
 #include "synth/generate.h"
 #include "model/model.h"
 #include "model/deepseek41/schema.h"

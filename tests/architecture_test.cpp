@@ -13,7 +13,7 @@
 #include "format/gguf.h"
 #include "model/architecture.h"
 #include "model/deepseek41/config.h"
-#include "model/forward.h"
+#include "model/deepseek41/forward.h"
 #include "model/deepseek41/load_checks.h"
 #include "model/model.h"
 #include "model/deepseek41/schema.h"

@@ -1,4 +1,4 @@
-// The engine reports what it allocates (model/engine_footprint.h), and admission plans with
+// The engine reports what it allocates (model/deepseek41/engine_footprint.h), and admission plans with
 // those figures: a fresh sequence's vectors hold exactly the reported bytes, the loader's weight
 // buffers exactly the reported weights, and the plan's lines are the engine's figures.
 // (The scratch bound is measured by counting the heap: tests/heap/eval_heap_test.cpp.)
@@ -11,9 +11,9 @@
 #include <nlohmann/json.hpp>
 
 #include "format/gguf.h"
-#include "model/config.h"
-#include "model/engine_footprint.h"
-#include "model/forward.h"
+#include "model/deepseek41/config.h"
+#include "model/deepseek41/engine_footprint.h"
+#include "model/deepseek41/forward.h"
 #include "model/model.h"
 #include "runtime/admission.h"
 #include "synth/generate.h"

@@ -1,4 +1,4 @@
-// Determinism of the forward pass (src/model/forward.h), bit for bit: whole-prompt prefill ==
+// Determinism of the forward pass (src/model/deepseek41/forward.h), bit for bit: whole-prompt prefill ==
 // chunks of 1, 3 and 16 tokens == token-by-token decode; 1 vs 2 threads; two runs;
 // snapshot/restore; an injected failure leaves the state unchanged and a retry gives the same
 // logits. Run on the tiny preset and on configs/tiny-alt.json with a prompt long enough that the
@@ -17,9 +17,9 @@
 
 #include <unistd.h>
 
-#include "model/forward.h"
+#include "model/deepseek41/forward.h"
 #include "model/model.h"
-#include "model/primitives.h"
+#include "model/deepseek41/primitives.h"
 #include "util/error.h"
 
 namespace sluice {

@@ -1,4 +1,4 @@
-// Hand-worked checks of the forward pass primitives (src/model/primitives.h, engram.h) against
+// Hand-worked checks of the forward pass primitives (src/model/deepseek41/primitives.h, engram.h) against
 // docs/numerics.md: fake-quant grids, RoPE/YaRN frequencies, Sinkhorn, hyper-connection
 // collapse/expand, top-k and candidate tie rules, the router, the Engram hash and row decode,
 // and the bounded, deduplicated Engram row reader.
@@ -14,8 +14,8 @@
 
 #include "format/gguf.h"
 #include "model/deepseek41/config.h"
-#include "model/engram.h"
-#include "model/primitives.h"
+#include "model/deepseek41/engram.h"
+#include "model/deepseek41/primitives.h"
 #include "util/error.h"
 
 namespace sluice {

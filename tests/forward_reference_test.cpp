@@ -1,5 +1,5 @@
 // The independent reference forward (tests/reference_forward.*) on its own and against the
-// engine (src/model/forward.h). See docs/numerics.md section 9 for the bounds and the figures.
+// engine (src/model/deepseek41/forward.h). See docs/numerics.md section 9 for the bounds and the figures.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,7 +17,7 @@
 
 #include "format/gguf.h"
 #include "kernels/fp.h"
-#include "model/forward.h"
+#include "model/deepseek41/forward.h"
 #include "model/model.h"
 #include "reference_forward.h"
 

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "model/forward.h"
+#include "model/deepseek41/forward.h"
 #include "model/model.h"
 #include "model/streamed_experts.h"
 #include "storage/expert_store.h"

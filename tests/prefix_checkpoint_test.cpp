@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "model/forward.h"
+#include "model/deepseek41/forward.h"
 #include "model/model.h"
-#include "model/primitives.h"
+#include "model/deepseek41/primitives.h"
 #include "util/error.h"
 
 namespace sluice {

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "model/forward.h"
-#include "model/primitives.h"
+#include "model/deepseek41/forward.h"
+#include "model/deepseek41/primitives.h"
 #include "runtime/admission.h"
 #include "runtime/checkpoint_set.h"
 #include "runtime/session.h"

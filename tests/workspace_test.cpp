@@ -1,5 +1,5 @@
 // The forward pass allocates its activation tensors once, from the shapes it reports
-// (model/forward_workspace.h): a backend that counts what it is asked to allocate sees exactly
+// (model/deepseek41/forward_workspace.h): a backend that counts what it is asked to allocate sees exactly
 // workspace_bytes(config, chunk) when the Engine is made, and nothing more while it evaluates.
 #include <gtest/gtest.h>
 
@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "backend/cpu_backend.h"
-#include "model/forward.h"
-#include "model/forward_workspace.h"
+#include "model/deepseek41/forward.h"
+#include "model/deepseek41/forward_workspace.h"
 #include "model/model.h"
 #include "test_util.h"
 

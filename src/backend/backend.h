@@ -1,4 +1,4 @@
-// The seam between the forward pass and the hardware. The forward pass (src/model/forward*.cpp)
+// The seam between the forward pass and the hardware. The forward pass (src/model/deepseek41/forward*.cpp)
 // says what to compute as a sequence of these ops; a Backend decides how and where. An op is
 // here because a backend must implement it as one unit: a GPU runs each without a round trip,
 // and the CPU backend's loops are the scalar-defined reference (docs/numerics.md) that every

@@ -26,7 +26,7 @@
 #include "cli/tensor_dump.h"
 #include "model/architecture.h"
 #include "model/deepseek41/config.h"
-#include "model/forward.h"
+#include "model/deepseek41/forward.h"
 #include "model/model.h"
 #include "runtime/meminfo.h"
 #include "runtime/sampler.h"

@@ -1,5 +1,5 @@
 // `sluice run --dump-tensors DIR [--dump-filter REGEX]`: the engine's named intermediates
-// (model/forward.h TensorObserver), one raw f32 file per tensor holding [position][width] in
+// (model/deepseek41/forward.h TensorObserver), one raw f32 file per tensor holding [position][width] in
 // position order, and DIR/index.json describing them (docs/numerics.md, "Tensor dumps").
 //
 // Bounded: each chunk the engine shows is written to its file at once (nothing is held in
@@ -19,7 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/forward.h"
+#include "model/deepseek41/forward.h"
 #include "util/output_dir.h"
 #include "util/output_file.h"
 

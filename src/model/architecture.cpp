@@ -2,7 +2,7 @@
 
 #include "format/gguf.h"
 #include "model/deepseek41/config.h"
-#include "model/forward.h"
+#include "model/deepseek41/forward.h"
 #include "model/deepseek41/load_checks.h"
 #include "model/deepseek41/schema.h"
 #include "text/deepseek41/chat.h"

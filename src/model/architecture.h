@@ -19,7 +19,7 @@
 
 namespace sluice {
 // Declared only: the readers of the table include what they call (model/deepseek41/config.h,
-// schema.h, model/forward.h, text/deepseek41/chat.h), and the files that only check a name stay light.
+// schema.h, model/deepseek41/forward.h, text/deepseek41/chat.h), and the files that only check a name stay light.
 namespace gguf { class File; }
 namespace text { struct ChatMessage; struct ChatOptions; }
 struct ModelConfig;

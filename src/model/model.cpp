@@ -9,7 +9,7 @@
 #include "model/architecture.h"
 #include "model/deepseek41/load_checks.h"
 #include "model/deepseek41/schema.h"
-#include "model/engine_footprint.h"
+#include "model/deepseek41/engine_footprint.h"
 #include "util/error.h"
 
 namespace sluice {

@@ -1,6 +1,6 @@
 // The resident weights of a deepseek41 GGUF, as the forward pass consumes them. Tensors are read
 // once with pread into owned, 64-byte-aligned memory; the Engram tables are never read here (the
-// forward pass reads their rows on demand, model/engram.h). Small F32 vectors are decoded to
+// forward pass reads their rows on demand, model/deepseek41/engram.h). Small F32 vectors are decoded to
 // float vectors.
 #pragma once
 #include <cstdint>
@@ -68,7 +68,7 @@ class Model {
   struct FreeDeleter { void operator()(uint8_t* p) const; };
   std::vector<std::unique_ptr<uint8_t, FreeDeleter>> buffers;  // owned tensor bytes
   // Bytes the loader allocated for resident weights (buffers + decoded F32 vectors), each
-  // tensor counted as loaded_tensor_bytes (model/engine_footprint.h) would.
+  // tensor counted as loaded_tensor_bytes (model/deepseek41/engine_footprint.h) would.
   uint64_t loaded_bytes = 0;
 };
 

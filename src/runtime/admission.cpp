@@ -9,7 +9,7 @@
 
 #include "format/gguf.h"
 #include "model/architecture.h"
-#include "model/forward.h"
+#include "model/deepseek41/forward.h"
 #include "util/error.h"
 
 namespace sluice {
@@ -157,7 +157,7 @@ Eval evaluate(const ModelFootprint& fp, const PlanOptions& o, uint32_t chunk, in
     e.mandatory.push_back({std::move(name), bytes, std::move(detail)});
     e.mandatory_bytes += bytes;
   };
-  // The engine's own figures for these options (model/engine_footprint.h).
+  // The engine's own figures for these options (model/deepseek41/engine_footprint.h).
   const EngineFootprint ef = engine_footprint(c, o.ctx, chunk, fp.resident_loaded_bytes);
   add("resident weights", ef.weights,
       num(fp.resident_tensors) + " tensors as loaded (64-byte aligned): everything but routed experts (" +

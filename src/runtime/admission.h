@@ -5,10 +5,10 @@
 //   resident weights   every tensor that is neither a routed expert nor an Engram table, as the
 //                      loader allocates it (64-byte aligned buffers, decoded F32 vectors)
 //   sequence state     window rings, compressed KV, index keys, compressor carry, Engram history,
-//                      the engine's own figure (model/engine_footprint.h), per sequence
+//                      the engine's own figure (model/deepseek41/engine_footprint.h), per sequence
 //   state undo copy    what a multi-chunk eval() saves to roll back (worst case: a prompt that
 //                      fills the context)
-//   scratch            the engine's figure for one chunk (model/engine_footprint.h): activations,
+//   scratch            the engine's figure for one chunk (model/deepseek41/engine_footprint.h): activations,
 //                      the chunk's new cache rows and selections, indexer scores (chunk x visible
 //                      rows, f32), Engram read staging, per-token vectors, logits (chunk x vocab x 4)
 //   threads            stack + per-thread scratch of every compute thread
@@ -18,7 +18,7 @@
 //                      of the allocator's rounding for every long-lived allocation
 //   prefix checkpoints the Session's checkpoints of its kept sequence (runtime/session.h): the
 //                      checkpoint budget, or less when ctx checkpoints of the largest size
-//                      (model/forward.h checkpoint_bytes + a logits row) need less
+//                      (model/deepseek41/forward.h checkpoint_bytes + a logits row) need less
 // then, from what is left,
 //   bounce buffers     io_depth direct-I/O buffers of the largest expert slice + one page
 //   expert cache       whole experts (gate+up+down slice of one expert in one layer, each
@@ -40,7 +40,7 @@
 
 #include "model/deepseek41/config.h"
 #include "model/deepseek41/schema.h"
-#include "model/engine_footprint.h"
+#include "model/deepseek41/engine_footprint.h"
 #include "runtime/meminfo.h"
 
 namespace sluice {
@@ -82,7 +82,7 @@ ModelFootprint footprint_from_specs(const ModelConfig& c, const std::vector<Tens
 ModelFootprint footprint_from_gguf(const gguf::File& f);
 
 // Sequence state, undo copy, scratch and the loader's weight bytes come from the engine's own
-// figures (model/engine_footprint.h: engine_footprint, sequence_state_bytes, scratch_bytes).
+// figures (model/deepseek41/engine_footprint.h: engine_footprint, sequence_state_bytes, scratch_bytes).
 
 // The host facts admission looks at.
 struct HostFacts {

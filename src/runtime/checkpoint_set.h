@@ -7,7 +7,7 @@
 #include <span>
 #include <vector>
 
-#include "model/sequence_state.h"
+#include "model/deepseek41/sequence_state.h"
 
 namespace sluice {
 

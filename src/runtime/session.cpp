@@ -8,7 +8,7 @@
 
 #include "format/gguf.h"
 #include "model/architecture.h"
-#include "model/forward.h"
+#include "model/deepseek41/forward.h"
 #include "model/deepseek41/load_checks.h"
 #include "model/model.h"
 #include "model/streamed_experts.h"

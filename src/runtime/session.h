@@ -61,7 +61,7 @@ struct SessionOptions {
   // oldest on ties), so the positions left stay spread and the work a rollback redoes is small.
   uint32_t checkpoint_interval = 1024;
   uint64_t checkpoint_budget = kDefaultCheckpointBudget;
-  // Shown every named intermediate of every eval (model/forward.h; `run --dump-tensors`). With
+  // Shown every named intermediate of every eval (model/deepseek41/forward.h; `run --dump-tensors`). With
   // one set, the output head runs for every prompt chunk, not only the last, so "out_norm" and
   // "logits" cover every evaluated position like the rest. Must outlive the Session.
   TensorObserver* tensors = nullptr;

@@ -23,9 +23,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/config.h"
-#include "model/engine_footprint.h"
-#include "model/forward.h"
+#include "model/deepseek41/config.h"
+#include "model/deepseek41/engine_footprint.h"
+#include "model/deepseek41/forward.h"
 #include "model/model.h"
 #include "synth/generate.h"
 #include "synth/vocab.h"

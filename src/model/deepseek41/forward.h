@@ -12,10 +12,10 @@
 #include <string_view>
 #include <vector>
 
-#include "model/config.h"
-#include "model/engine_footprint.h"
+#include "model/deepseek41/config.h"
+#include "model/deepseek41/engine_footprint.h"
 #include "model/model.h"
-#include "model/sequence_state.h"
+#include "model/deepseek41/sequence_state.h"
 #include "util/token_id.h"
 
 namespace sluice {
@@ -82,7 +82,7 @@ class Engine {
   // snapshot; assigning a copy back restores it.
   SequenceState new_sequence() const;
   // What this engine allocates: one sequence's state, eval()'s undo copy, one chunk's scratch,
-  // and the weights its model loaded (model/engine_footprint.h).
+  // and the weights its model loaded (model/deepseek41/engine_footprint.h).
   EngineFootprint footprint() const;
   // Back to position 0 without reallocating (same result as new_sequence() for s's ctx).
   void reset(SequenceState& s) const;

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "format/tensor_type.h"
-#include "model/config.h"
+#include "model/deepseek41/config.h"
 
 namespace sluice {
 

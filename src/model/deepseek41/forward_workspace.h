@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "model/config.h"
+#include "model/deepseek41/config.h"
 
 namespace sluice {
 

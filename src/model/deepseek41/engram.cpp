@@ -1,10 +1,10 @@
-#include "model/engram.h"
+#include "model/deepseek41/engram.h"
 
 #include <algorithm>
 #include <cstring>
 #include <string>
 
-#include "model/primitives.h"
+#include "model/deepseek41/primitives.h"
 #include "util/error.h"
 
 namespace sluice {

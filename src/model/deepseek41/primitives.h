@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "kernels/numerics.h"
-#include "model/config.h"
+#include "model/deepseek41/config.h"
 
 namespace sluice {
 

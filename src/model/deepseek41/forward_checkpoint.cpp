@@ -18,7 +18,7 @@
 #include <cstring>
 #include <string>
 
-#include "model/forward_impl.h"
+#include "model/deepseek41/forward_impl.h"
 #include "util/error.h"
 
 namespace sluice {

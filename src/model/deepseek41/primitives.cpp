@@ -1,5 +1,5 @@
 // The config-dependent primitives of the forward pass; the rest are in kernels/numerics.h.
-#include "model/primitives.h"
+#include "model/deepseek41/primitives.h"
 
 #include <algorithm>
 #include <cmath>

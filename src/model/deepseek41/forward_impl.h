@@ -8,11 +8,11 @@
 
 #include "backend/backend.h"
 #include "backend/cpu_backend.h"
-#include "model/forward.h"
-#include "model/forward_chunk.h"
-#include "model/forward_workspace.h"
+#include "model/deepseek41/forward.h"
+#include "model/deepseek41/forward_chunk.h"
+#include "model/deepseek41/forward_workspace.h"
 #include "model/model.h"
-#include "model/primitives.h"
+#include "model/deepseek41/primitives.h"
 
 namespace sluice {
 

@@ -9,7 +9,7 @@
 // the output is rotated back (inverse RoPE) and projected through grouped low-rank outputs.
 #include <cmath>
 
-#include "model/forward_impl.h"
+#include "model/deepseek41/forward_impl.h"
 
 namespace sluice {
 

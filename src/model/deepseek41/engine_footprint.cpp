@@ -1,9 +1,9 @@
-#include "model/engine_footprint.h"
+#include "model/deepseek41/engine_footprint.h"
 
 #include <algorithm>
 
-#include "model/engram.h"
-#include "model/forward_workspace.h"
+#include "model/deepseek41/engram.h"
+#include "model/deepseek41/forward_workspace.h"
 
 namespace sluice {
 
@@ -104,7 +104,7 @@ ScratchBytes scratch_bytes(const ModelConfig& c, uint32_t chunk, uint32_t ctx) {
   // form (all queries of the chunk at once) so a faster indexer needs no new admission.
   s.indexer_scores = n * vis * 4;
 
-  // engram_gather (model/engram.cpp) per Engram layer, one at a time: a staging buffer of whole
+  // engram_gather (model/deepseek41/engram.cpp) per Engram layer, one at a time: a staging buffer of whole
   // rows within kEngramStagingBytes, a sorted reference per row id (4 B) and the distinct ids of
   // a batch (8 B each, at most one per reference).
   if (!c.engram_layer_ids.empty()) {

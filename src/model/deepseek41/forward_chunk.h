@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "model/config.h"
-#include "model/forward.h"
-#include "model/sequence_state.h"
+#include "model/deepseek41/config.h"
+#include "model/deepseek41/forward.h"
+#include "model/deepseek41/sequence_state.h"
 
 namespace sluice {
 

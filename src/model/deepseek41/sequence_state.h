@@ -51,7 +51,7 @@ struct SequenceCheckpoint {
   std::vector<std::vector<float>> carry_k, carry_s;  // per KV source, as in SourceCache
   std::vector<int64_t> engram_tail;
 
-  // Bytes held (the vectors' payloads); equals checkpoint_bytes(config, pos) (model/forward.h).
+  // Bytes held (the vectors' payloads); equals checkpoint_bytes(config, pos) (model/deepseek41/forward.h).
   uint64_t bytes() const {
     uint64_t b = window_kv.size() * sizeof(uint16_t) + engram_tail.size() * sizeof(int64_t);
     for (const std::vector<float>& v : carry_k) b += v.size() * sizeof(float);

@@ -1,7 +1,7 @@
 // Engram (spec 4): per-token row ids from the hashed n-gram history, rows read from the file,
 // the gated residual update of the four streams. docs/numerics.md 8.
-#include "model/engram.h"
-#include "model/forward_impl.h"
+#include "model/deepseek41/engram.h"
+#include "model/deepseek41/forward_impl.h"
 
 namespace sluice {
 

@@ -8,7 +8,7 @@
 // routed sum is accumulated in.
 #include <algorithm>
 
-#include "model/forward_impl.h"
+#include "model/deepseek41/forward_impl.h"
 
 namespace sluice {
 

@@ -4,7 +4,7 @@
 #include <cstring>
 #include <string>
 
-#include "model/forward_impl.h"
+#include "model/deepseek41/forward_impl.h"
 #include "util/error.h"
 
 namespace sluice {
@@ -51,7 +51,7 @@ void Engine::reset(SequenceState& s) const {
 }
 
 // spec 7: everything sized for ctx up front, so a copy is a full snapshot. The sizes come from
-// sequence_shape, which admission's figures come from too (model/engine_footprint.h).
+// sequence_shape, which admission's figures come from too (model/deepseek41/engine_footprint.h).
 SequenceState Engine::Impl::new_sequence() const {
   const SequenceShape sh = sequence_shape(c, roles, opt.ctx);
   SequenceState s;

@@ -1,4 +1,4 @@
-#include "model/forward_chunk.h"
+#include "model/deepseek41/forward_chunk.h"
 
 #include <algorithm>
 #include <cstring>

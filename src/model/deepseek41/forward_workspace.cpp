@@ -1,4 +1,4 @@
-#include "model/forward_workspace.h"
+#include "model/deepseek41/forward_workspace.h"
 
 namespace sluice {
 
