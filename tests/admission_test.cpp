@@ -506,6 +506,11 @@ TEST(AdmissionPlan, FileFootprintEqualsTheSchemaFootprint) {
 }
 
 TEST(AdmissionCli, PlanOnThePublishedSparseFile) {
+#if defined(__SANITIZE_ADDRESS__)
+  // The plan's runtime overhead is this process's measured resident set, which under
+  // AddressSanitizer includes shadow memory; these figures are checked in the optimized build.
+  GTEST_SKIP() << "the measured runtime overhead includes ASan shadow memory";
+#endif
   TempDir dir(kTmpPrefix);
   const std::string model = dir / "published.gguf";
   CmdResult r = run_sluice(dir, "make-model --preset published --sparse -o " + q(model));

@@ -27,6 +27,11 @@ std::string squeeze(const std::string& s) {
 }  // namespace
 
 TEST(DocFigures, StorageMdQuotesWhatPlanPrints) {
+#if defined(__SANITIZE_ADDRESS__)
+  // The plan's runtime overhead is this process's measured resident set, which under
+  // AddressSanitizer includes shadow memory; these figures are checked in the optimized build.
+  GTEST_SKIP() << "the measured runtime overhead includes ASan shadow memory";
+#endif
   const std::string root = std::string(SLUICE_TEST_DATA) + "/../..";
   const std::string cmd = sluice::test::q(root + "/scripts/doc-figures") + " " + sluice::test::q(SLUICE_BINARY);
   std::FILE* p = ::popen(cmd.c_str(), "r");
