@@ -85,38 +85,44 @@ Peak run_measured(const std::vector<std::string>& args, const fs::path& dir) {
   return p;
 }
 
-TEST(MemoryBound, PeakRssStaysWithinTheBudgetWhenExpertsAreSeveralTimesIt) {
-  if (kSanitized) GTEST_SKIP() << "RSS under AddressSanitizer includes shadow memory; checked in the optimized build";
-  const fs::path dir = fs::temp_directory_path() / ("sluice-memory-bound-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  struct Cleanup {
-    fs::path d;
-    ~Cleanup() {
-      std::error_code ec;
-      fs::remove_all(d, ec);
-    }
-  } cleanup{dir};
-
-  // The tiny preset, widened: 8 layers x 160 experts of ~1.3 MB (IQ2_XXS gate/up, Q2_K down).
+// The tiny preset widened to `hidden` x `inter` with `experts` routed experts (top-6), written to
+// dir/<name>.gguf; returns its path.
+std::string widened_tiny(const fs::path& dir, const std::string& name, int hidden, int inter, int experts) {
   nlohmann::json cfg = nlohmann::json::parse(slurp(std::string(SLUICE_TEST_DATA) + "/../../configs/tiny.json"));
-  cfg["hidden_size"] = 1024;
-  cfg["moe_intermediate_size"] = 1536;
-  cfg["n_routed_experts"] = 160;
+  cfg["hidden_size"] = hidden;
+  cfg["moe_intermediate_size"] = inter;
+  cfg["n_routed_experts"] = experts;
   cfg["num_experts_per_tok"] = 6;
-  const std::string cfg_path = (dir / "wide.json").string(), model = (dir / "wide.gguf").string();
+  const std::string cfg_path = (dir / (name + ".json")).string(), model = (dir / (name + ".gguf")).string();
   std::ofstream(cfg_path) << cfg.dump(1);
   const std::string make = std::string(SLUICE_BINARY) + " make-model --config " + cfg_path + " -o " + model + " >/dev/null";
-  ASSERT_EQ(std::system(make.c_str()), 0) << make;
+  if (std::system(make.c_str()) != 0) ADD_FAILURE() << make;
+  return model;
+}
 
-  const uint64_t budget = 400ull << 20;
-  const ModelFootprint fp = footprint_from_gguf(gguf::File::open(model));
-  ASSERT_GE(fp.routed_expert_bytes, 3 * budget) << "the experts must be several times the budget";
-
+// 64 prompt ids for --tokens.
+std::string prompt_ids() {
   std::string prompt;
   for (int i = 0; i < 64; ++i) {
     if (i) prompt += ',';
     prompt += std::to_string((i * 37 + 5) % 512);
   }
+  return prompt;
+}
+
+TEST(MemoryBound, PeakRssStaysWithinTheBudgetWhenExpertsAreSeveralTimesIt) {
+  if (kSanitized) GTEST_SKIP() << "RSS under AddressSanitizer includes shadow memory; checked in the optimized build";
+  const test::TempDir tmp("sluice-memory-bound");
+  const fs::path dir = tmp.path;
+  // The tiny preset, widened: 8 layers x 160 experts of ~1.3 MB (IQ2_XXS gate/up, Q2_K down).
+  const std::string model = widened_tiny(dir, "wide", 1024, 1536, 160);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+
+  const uint64_t budget = 400ull << 20;
+  const ModelFootprint fp = footprint_from_gguf(gguf::File::open(model));
+  ASSERT_GE(fp.routed_expert_bytes, 3 * budget) << "the experts must be several times the budget";
+
+  const std::string prompt = prompt_ids();
   const Peak p = run_measured({"run", "-m", model, "--tokens", prompt, "-n", "32", "--ignore-eos", "--mem-budget",
                                "400MiB", "-t", "2", "--allow-swap"},
                               dir);
@@ -153,36 +159,18 @@ TEST(MemoryBound, PeakRssStaysWithinTheBudgetWhenExpertsAreSeveralTimesIt) {
 // left its cache 4 experts per layer (refused: a token needs 6); now it runs, within the budget.
 TEST(MemoryBound, TinyBudgetOfAQuarterOfTheExpertsPlus256MiBIsAdmittedAndHeld) {
   if (kSanitized) GTEST_SKIP() << "RSS under AddressSanitizer includes shadow memory; checked in the optimized build";
-  const fs::path dir = fs::temp_directory_path() / ("sluice-tiny-budget-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  struct Cleanup {
-    fs::path d;
-    ~Cleanup() {
-      std::error_code ec;
-      fs::remove_all(d, ec);
-    }
-  } cleanup{dir};
+  const test::TempDir tmp("sluice-tiny-budget");
+  const fs::path dir = tmp.path;
   // The tiny preset, widened: 8 layers x 128 experts of 432 KiB (IQ2_XXS gate/up, Q2_K down).
-  nlohmann::json cfg = nlohmann::json::parse(slurp(std::string(SLUICE_TEST_DATA) + "/../../configs/tiny.json"));
-  cfg["hidden_size"] = 512;
-  cfg["moe_intermediate_size"] = 1024;
-  cfg["n_routed_experts"] = 128;
-  cfg["num_experts_per_tok"] = 6;
-  const std::string cfg_path = (dir / "quarter.json").string(), model = (dir / "quarter.gguf").string();
-  std::ofstream(cfg_path) << cfg.dump(1);
-  const std::string make = std::string(SLUICE_BINARY) + " make-model --config " + cfg_path + " -o " + model + " >/dev/null";
-  ASSERT_EQ(std::system(make.c_str()), 0) << make;
+  const std::string model = widened_tiny(dir, "quarter", 512, 1024, 128);
+  ASSERT_FALSE(::testing::Test::HasFailure());
   const ModelFootprint fp = footprint_from_gguf(gguf::File::open(model));
   ASSERT_EQ(fp.routed_expert_bytes, 432ull << 20);
   ASSERT_EQ(fp.config.max_position_embeddings, 4096u);
   const uint64_t budget = fp.routed_expert_bytes / 4 + (256ull << 20);
   const std::string budget_arg = std::to_string(budget);
 
-  std::string prompt;
-  for (int i = 0; i < 64; ++i) {
-    if (i) prompt += ',';
-    prompt += std::to_string((i * 37 + 5) % 512);
-  }
+  const std::string prompt = prompt_ids();
   // The model's whole context (run would size a smaller one from the prompt, which needs less).
   const Peak p = run_measured({"run", "-m", model, "--tokens", prompt, "-n", "32", "--ignore-eos", "--mem-budget",
                                budget_arg, "-c", "4096", "-t", "2", "--allow-swap", "--cache-policy", "lru-per-layer"},
