@@ -47,7 +47,7 @@ void CpuBackend::rms_norm(Mat x, const float* w, float eps) const {
 }
 
 void CpuBackend::rope(Mat x, uint32_t head_dim, RopeTable t, std::span<const uint64_t> pos, bool inverse) const {
-  const std::vector<double> freqs(t.freqs, t.freqs + t.pairs);
+  const std::span<const double> freqs(t.freqs, t.pairs);  // no copy per call
   const size_t heads = x.width / head_dim;
   for (size_t i = 0; i < x.n; ++i) {
     const RopeAngles a = rope_angles(freqs, pos[i]);

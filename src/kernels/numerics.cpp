@@ -31,6 +31,10 @@ void rms_norm(const float* x, const float* w, float* y, size_t n, float eps) {
 }
 
 RopeAngles rope_angles(const std::vector<double>& freqs, uint64_t pos) {
+  return rope_angles(std::span<const double>(freqs), pos);
+}
+
+RopeAngles rope_angles(std::span<const double> freqs, uint64_t pos) {
   RopeAngles a;
   a.cos.resize(freqs.size());
   a.sin.resize(freqs.size());

@@ -26,6 +26,7 @@ struct RopeAngles {
   std::vector<float> cos, sin;
 };
 RopeAngles rope_angles(const std::vector<double>& freqs, uint64_t pos);
+RopeAngles rope_angles(std::span<const double> freqs, uint64_t pos);
 // Rotates the last 2*a.cos.size() dims of v (interleaved pairs) in f32, (re*c - im*s,
 // re*s + im*c) (inverse: s -> -s), then rounds those dims to BF16.
 void rope_apply(float* v, size_t dim, const RopeAngles& a, bool inverse = false);
