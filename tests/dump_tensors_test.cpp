@@ -306,4 +306,8 @@ TEST(TensorDumpWriter, InvalidFilterIsAUsageErrorBeforeTheDirectoryExists) {
   TempDir dir("sluice_tensor_dump_regex");
   EXPECT_THROW(sluice::cli::TensorDump(dir / "d", "[a-", sluice::Existing::Refuse), sluice::cli::UsageError);
   EXPECT_FALSE(fs::exists(dir / "d"));
+  // 20,000-deep nesting would overflow the stack of the recursive regex compiler: refused by size.
+  const std::string deep = std::string(20000, '(') + "a" + std::string(20000, ')');
+  EXPECT_THROW(sluice::cli::TensorDump(dir / "d", deep, sluice::Existing::Refuse), sluice::cli::UsageError);
+  EXPECT_FALSE(fs::exists(dir / "d"));
 }

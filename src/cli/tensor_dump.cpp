@@ -16,7 +16,14 @@ namespace {
 
 static_assert(std::endian::native == std::endian::little, "--dump-tensors writes host floats as little-endian");
 
+// libstdc++ compiles a regex recursively: a deeply nested pattern would overflow the stack, so
+// the filter is bounded (tensor names are short; no useful filter comes near this).
+constexpr size_t kMaxFilterBytes = 1024;
+
 std::regex compile_filter(const std::string& text) {
+  if (text.size() > kMaxFilterBytes)
+    throw UsageError("--dump-filter: " + std::to_string(text.size()) + " bytes; at most " +
+                     std::to_string(kMaxFilterBytes) + " are accepted");
   try {
     return text.empty() ? std::regex() : std::regex(text, std::regex::ECMAScript);
   } catch (const std::regex_error& e) {
