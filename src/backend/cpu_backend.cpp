@@ -17,6 +17,7 @@ CpuBackend::CpuBackend(int threads) : pool_(std::max(1, threads)), dot_bf16_(dot
 void prepare_cpu_weight(Weight& w) {
   if (!w.traits) w.traits = &type_traits(w.type);
   w.dot = dot_for(*w.traits);
+  w.gemm = gemm_for(*w.traits);
 }
 
 void CpuBackend::prepare_weight(Weight& w) const { prepare_cpu_weight(w); }

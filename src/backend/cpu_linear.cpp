@@ -21,6 +21,22 @@ void matmul(ThreadPool& pool, const Weight& W, std::span<const uint8_t* const> a
   const size_t n = acts.size();
   if (n == 0 || nrows == 0) return;
   const int64_t cols = (int64_t)W.cols;
+  if (W.gemm && n >= gemm_min_tokens(W.act())) {
+    // Threads take whole tiles of kGemmRowTile rows so that no kernel call gets a ragged tile
+    // except the last; the kernel gives each (row, token) the dot product's bits.
+    const size_t tiles = (nrows + kGemmRowTile - 1) / kGemmRowTile;
+    auto tile_body = [&](size_t b, size_t e) {
+      const size_t r0 = b * kGemmRowTile, r1 = std::min<size_t>(nrows, e * kGemmRowTile);
+      float* yt = y + r0;
+      W.gemm(W.row(row0 + r0), W.row_bytes, (int64_t)(r1 - r0), acts.data(), (int64_t)n, cols, yt, y_stride);
+      if (round)
+        for (size_t t = 0; t < n; ++t)
+          for (size_t r = 0; r < r1 - r0; ++r) yt[t * y_stride + r] = round_bf16(yt[t * y_stride + r]);
+    };
+    const size_t work_per_tile = (size_t)cols * n * kGemmRowTile;
+    pool.parallel_for(tiles, tile_body, std::max<size_t>(1, (size_t)(1u << 16) / std::max<size_t>(1, work_per_tile)));
+    return;
+  }
   // Rows outer, tokens inner: each weight row is read once per batch.
   auto body = [&](size_t b, size_t e) {
     for (size_t r = b; r < e; ++r) {

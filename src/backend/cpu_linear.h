@@ -1,7 +1,8 @@
 // The CPU backend's linear layers (docs/numerics.md 2): each activation row is quantized once
-// to the weight's activation type, then dotted with weight rows by the type's kernel. Threads
-// split output rows only, so every output element is one kernel call whatever the thread count
-// or the number of tokens in the batch.
+// to the weight's activation type, then dotted with weight rows by the type's kernel: the dot
+// product for one token, its GEMM (which reuses each decoded weight tile across the tokens) for
+// several. Threads split output rows only, and the GEMM gives every (row, token) the dot's bits,
+// so no output depends on the thread count or on how many tokens share the call.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -12,6 +13,14 @@
 #include "backend/weight.h"
 
 namespace sluice {
+
+// matmul uses the weight's GEMM (when it has one) from this many tokens on, and hands each
+// thread whole tiles of kGemmRowTile rows. Measured (issue 11): the float GEMMs beat their dot
+// loop already at one token (1.3-2.1x: several rows share each activation load, and one row's
+// fma chain, which the scalar bits fix, no longer limits the read), Q8_0 breaks even there and
+// the 2-bit GEMMs lose (0.3-0.9x: the decoded tile is used once); from two tokens every GEMM wins.
+inline size_t gemm_min_tokens(ActType a) { return a == ActType::F32 ? 1 : 2; }
+inline constexpr size_t kGemmRowTile = 16;
 
 // n activation rows of `cols` elements in one activation format.
 struct ActRows {

@@ -16,6 +16,7 @@ struct Weight {
   const uint8_t* data = nullptr;
   const TypeTraits* traits = nullptr;
   DotFn dot = nullptr;             // CPU backend: the type's kernel for this CPU
+  GemmFn gemm = nullptr;           // CPU backend: its GEMM for several tokens, if the type has one
   const void* device = nullptr;    // another backend's handle for this weight (not owned here)
   ActType act() const { return traits->act; }
   const uint8_t* row(uint64_t r) const { return data + r * row_bytes; }

@@ -62,4 +62,11 @@ DotFn dot_for(const TypeTraits& t, Isa isa) {
   return t.dot_scalar;
 }
 
+GemmFn gemm_for(const TypeTraits& t, Isa isa) {
+  isa = cap(isa);
+  if (isa == Isa::Avx512 && t.gemm_avx512) return t.gemm_avx512;
+  if (isa >= Isa::Avx2 && t.gemm_avx2) return t.gemm_avx2;
+  return nullptr;
+}
+
 }  // namespace sluice

@@ -16,5 +16,8 @@ std::string_view isa_name(Isa isa);
 // The dot product for type t at the given ISA (falls back to the best lower ISA available).
 DotFn dot_for(const TypeTraits& t, Isa isa);
 inline DotFn dot_for(const TypeTraits& t) { return dot_for(t, active_isa()); }
+// The GEMM for type t at the given ISA (best lower ISA that has one), or nullptr when none.
+GemmFn gemm_for(const TypeTraits& t, Isa isa);
+inline GemmFn gemm_for(const TypeTraits& t) { return gemm_for(t, active_isa()); }
 
 }  // namespace sluice

@@ -27,6 +27,13 @@ float dot_f32_avx512(const void* w, const void* x, int64_t n);
 float dot_f16_avx512(const void* w, const void* x, int64_t n);
 float dot_bf16_avx512(const void* w, const void* x, int64_t n);
 float dot_engram_avx512(const void* w, const void* x, int64_t n);
+// GEMMs (TypeTraits::gemm_*), defined in gemm_float_avx2.cpp / gemm_float_avx512.cpp.
+void gemm_f32_avx2(const void*, size_t, int64_t, const uint8_t* const*, int64_t, int64_t, float*, size_t);
+void gemm_f16_avx2(const void*, size_t, int64_t, const uint8_t* const*, int64_t, int64_t, float*, size_t);
+void gemm_bf16_avx2(const void*, size_t, int64_t, const uint8_t* const*, int64_t, int64_t, float*, size_t);
+void gemm_f32_avx512(const void*, size_t, int64_t, const uint8_t* const*, int64_t, int64_t, float*, size_t);
+void gemm_f16_avx512(const void*, size_t, int64_t, const uint8_t* const*, int64_t, int64_t, float*, size_t);
+void gemm_bf16_avx512(const void*, size_t, int64_t, const uint8_t* const*, int64_t, int64_t, float*, size_t);
 
 namespace {
 
@@ -170,13 +177,13 @@ void random_engram(void* dst, int64_t nblocks, uint64_t seed, float scale) {
 
 constexpr TypeTraits kRows[] = {
     {GgmlType::F32, "F32", 1, 4, ActType::F32, true, dequant_f32, random_f32, dot_f32_scalar,
-     dot_f32_avx2, dot_f32_avx512},
+     dot_f32_avx2, dot_f32_avx512, gemm_f32_avx2, gemm_f32_avx512},
     {GgmlType::F16, "F16", 1, 2, ActType::F32, true, dequant_f16, random_f16, dot_f16_scalar,
-     dot_f16_avx2, dot_f16_avx512},
+     dot_f16_avx2, dot_f16_avx512, gemm_f16_avx2, gemm_f16_avx512},
     {GgmlType::BF16, "BF16", 1, 2, ActType::F32, true, dequant_bf16, random_bf16, dot_bf16_scalar,
-     dot_bf16_avx2, dot_bf16_avx512},
+     dot_bf16_avx2, dot_bf16_avx512, gemm_bf16_avx2, gemm_bf16_avx512},
     {GgmlType::ENGRAM_ROW, "ENGRAM_ROW", kEngramBlock, kEngramBlock + 1, ActType::F32, true,
-     dequant_engram, random_engram, dot_engram_scalar, dot_engram_avx2, dot_engram_avx512},
+     dequant_engram, random_engram, dot_engram_scalar, dot_engram_avx2, dot_engram_avx512, nullptr, nullptr},
 };
 
 }  // namespace

@@ -14,6 +14,7 @@
 // subnormals included, so they agree bit for bit; with a NaN scale the result is NaN either way but
 // its payload is not promised.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 namespace sluice::iquant {
@@ -74,5 +75,9 @@ float dot_q2_0_avx512(const void* x, const void* y, int64_t n);
 float dot_iq2_xxs_avx512(const void* x, const void* y, int64_t n);
 float dot_iq2_xs_avx512(const void* x, const void* y, int64_t n);
 float dot_tq2_0_avx512(const void* x, const void* y, int64_t n);
+
+// GEMM (types.h GemmFn), gemm_iq2_xxs_avx512.cpp.
+void gemm_iq2_xxs_avx512(const void* w, size_t w_stride, int64_t nrows, const uint8_t* const* acts, int64_t nacts,
+                         int64_t n, float* y, size_t ldy);
 
 }  // namespace sluice::iquant

@@ -1,6 +1,8 @@
 // AVX-512 (F/BW/VL/DQ/VNNI) dot products of the iquant group. As in the AVX2 file, vectors only
 // produce the exact integer sums; each block's float part is the shared step function of
-// iquant_types.h, so the result is the scalar reference's bit for bit, for every byte pattern.
+// iquant_types.h (Q8_0 does step_q8_0's two products for eight blocks lane by lane, the same
+// operations in the same order, and only its sum block by block), so the result is the scalar
+// reference's bit for bit, for every byte pattern.
 // GCC 12's AVX-512 intrinsic headers seed results with _mm512_undefined_*(), which -O3 inlining
 // reports as maybe-uninitialized (a known false positive); silence it for this file only.
 #if defined(__GNUC__) && !defined(__clang__)
@@ -27,13 +29,6 @@ inline __m512i load512(const uint8_t* p) { return _mm512_loadu_si512(p); }
 // Two separate 32-byte runs as one vector (low half = a).
 inline __m512i load2x256(const uint8_t* a, const uint8_t* b) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(load256(a)), load256(b), 1);
-}
-
-// The four horizontal sums of a, b, c, d (8 int32 lanes each), in that order.
-inline void hsum4(__m256i a, __m256i b, __m256i c, __m256i d, int32_t out[4]) {
-  const __m256i abcd = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
-  const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(abcd), _mm256_extracti128_si256(abcd, 1));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), s);
 }
 
 inline int32_t hsum8(__m256i v) {
@@ -80,16 +75,42 @@ float dot_q8_0_avx512(const void* vx, const void* vy, int64_t n) {
   const uint8_t* x = bytes(vx);
   const uint8_t* y = bytes(vy);
   const int64_t nb = n / kQ8_0Elems;
+  const __m512i bias = _mm512_set1_epi8((char)0x80);
+  const __m512i zero = _mm512_setzero_si512();
   float sumf = 0.0f;
   int64_t i = 0;
-  for (; i + 4 <= nb; i += 4) {
-    __m256i s[4];
-    for (int k = 0; k < 4; ++k)
-      s[k] = dot32_i8(load256(x + kQ8_0Bytes * k + 2), load256(y + kQ8_0Bytes * k + 2));
-    int32_t sumi[4];
-    hsum4(s[0], s[1], s[2], s[3], sumi);
-    for (int k = 0; k < 4; ++k, x += kQ8_0Bytes, y += kQ8_0Bytes)
-      sumf = step_q8_0(sumf, sumi[k], f16(x), f16(y));
+  // The eight blocks' scales, 34 bytes apart (each gather lane reads d and two codes of its block).
+  const __m256i scale_at = _mm256_setr_epi32(0, 34, 68, 102, 136, 170, 204, 238);
+  // Block k's sum ends up in dword 4 * (k & 3) + (k >> 2) of the reduction below.
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+  // Eight blocks per step, two per zmm (block 2k in the low half of s[k], 2k + 1 in the high
+  // half); each block's 8 partial sums stay in their own lanes until the reduction.
+  for (; i + 8 <= nb; i += 8) {
+    __m512i s[4];
+    for (int k = 0; k < 4; ++k) {
+      const uint8_t* xk = x + kQ8_0Bytes * 2 * k + 2;
+      const uint8_t* yk = y + kQ8_0Bytes * 2 * k + 2;
+      const __m512i yv = load2x256(yk, yk + kQ8_0Bytes);
+      const __m512i xv = _mm512_xor_si512(load2x256(xk, xk + kQ8_0Bytes), bias);
+      s[k] = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, xv, yv), _mm512_dpbusd_epi32(zero, bias, yv));
+    }
+    // 128-bit lane k of p0 = 4 partial sums of block k, of p1 = of block 4 + k.
+    const __m512i p0 = _mm512_add_epi32(_mm512_shuffle_i32x4(s[0], s[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                        _mm512_shuffle_i32x4(s[0], s[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512i p1 = _mm512_add_epi32(_mm512_shuffle_i32x4(s[2], s[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                        _mm512_shuffle_i32x4(s[2], s[3], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512i q = _mm512_add_epi32(_mm512_unpacklo_epi32(p0, p1), _mm512_unpackhi_epi32(p0, p1));
+    const __m512i r = _mm512_add_epi32(q, _mm512_shuffle_epi32(q, _MM_PERM_BADC));
+    const __m256i sumi = _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, r));
+    // step_q8_0's two products for the eight blocks, lane by lane (the same IEEE operations on
+    // the same operands, so the same bits); only its sum runs block by block, in order.
+    const __m256 dx = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_i32gather_epi32((const int*)x, scale_at, 1)));
+    const __m256 dy = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_i32gather_epi32((const int*)y, scale_at, 1)));
+    alignas(32) float term[8];
+    _mm256_store_ps(term, _mm256_mul_ps(_mm256_cvtepi32_ps(sumi), _mm256_mul_ps(dx, dy)));
+    for (int k = 0; k < 8; ++k) sumf = sumf + term[k];
+    x += 8 * kQ8_0Bytes;
+    y += 8 * kQ8_0Bytes;
   }
   for (; i < nb; ++i, x += kQ8_0Bytes, y += kQ8_0Bytes)
     sumf = step_q8_0(sumf, hsum8(dot32_i8(load256(x + 2), load256(y + 2))), f16(x), f16(y));

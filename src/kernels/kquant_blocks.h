@@ -8,6 +8,7 @@
 // older CPU would then call. For the same reason the SIMD files decode fp16 through the
 // out-of-line kquant_f16() instead of fp.h's inline f16_to_f32().
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -110,5 +111,8 @@ float dot_q2_k_avx512(const void* x, const void* y, int64_t n);
 float dot_q3_k_avx512(const void* x, const void* y, int64_t n);
 float dot_q4_k_avx512(const void* x, const void* y, int64_t n);
 float dot_q6_k_avx512(const void* x, const void* y, int64_t n);
+// GEMM (types.h GemmFn), gemm_q2_k_avx512.cpp.
+void gemm_q2_k_avx512(const void* w, size_t w_stride, int64_t nrows, const uint8_t* const* acts, int64_t nacts,
+                      int64_t n, float* y, size_t ldy);
 
 }  // namespace sluice::kquant

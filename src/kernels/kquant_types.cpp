@@ -344,15 +344,15 @@ void random_q6_k(void* dst, int64_t nblocks, uint64_t seed, float scale) {
 
 const TypeTraits kRows[] = {
     {GgmlType::Q8_K, "Q8_K", kQK, q8k::kBytes, ActType::Q8_K, true, dequant_q8_k, random_q8_k,
-     dot_q8_k_scalar, dot_q8_k_avx2, dot_q8_k_avx512},
+     dot_q8_k_scalar, dot_q8_k_avx2, dot_q8_k_avx512, nullptr, nullptr},
     {GgmlType::Q2_K, "Q2_K", kQK, q2k::kBytes, ActType::Q8_K, true, dequant_q2_k, random_q2_k,
-     dot_q2_k_scalar, dot_q2_k_avx2, dot_q2_k_avx512},
+     dot_q2_k_scalar, dot_q2_k_avx2, dot_q2_k_avx512, nullptr, gemm_q2_k_avx512},
     {GgmlType::Q3_K, "Q3_K", kQK, q3k::kBytes, ActType::Q8_K, true, dequant_q3_k, random_q3_k,
-     dot_q3_k_scalar, dot_q3_k_avx2, dot_q3_k_avx512},
+     dot_q3_k_scalar, dot_q3_k_avx2, dot_q3_k_avx512, nullptr, nullptr},
     {GgmlType::Q4_K, "Q4_K", kQK, q4k::kBytes, ActType::Q8_K, true, dequant_q4_k, random_q4_k,
-     dot_q4_k_scalar, dot_q4_k_avx2, dot_q4_k_avx512},
+     dot_q4_k_scalar, dot_q4_k_avx2, dot_q4_k_avx512, nullptr, nullptr},
     {GgmlType::Q6_K, "Q6_K", kQK, q6k::kBytes, ActType::Q8_K, true, dequant_q6_k, random_q6_k,
-     dot_q6_k_scalar, dot_q6_k_avx2, dot_q6_k_avx512},
+     dot_q6_k_scalar, dot_q6_k_avx2, dot_q6_k_avx512, nullptr, nullptr},
 };
 
 }  // namespace

@@ -23,7 +23,7 @@ struct Table {
       for (const auto& x : rows) present |= x.type == f->type;
       if (!present)
         rows.push_back(TypeTraits{f->type, f->name, f->block_elems, f->block_bytes, ActType::F32, false, nullptr,
-                                  nullptr, nullptr, nullptr, nullptr});
+                                  nullptr, nullptr, nullptr, nullptr, nullptr, nullptr});
     }
   }
 };

@@ -24,6 +24,14 @@ using DequantFn = void (*)(const void* src, float* dst, int64_t n);
 // Fill nblocks valid blocks: finite scales, values of magnitude about `scale` (the rms of the
 // decoded elements is within a small factor of it), deterministic in `seed`.
 using RandomFn = void (*)(void* dst, int64_t nblocks, uint64_t seed, float scale);
+// Many weight rows times many activation rows (a prefill chunk, or the tokens routed to one
+// expert): y[t * ldy + r] = dot(w + r * w_stride, acts[t], n) for r < nrows, t < nacts. It must
+// equal the type's DotFn bit for bit for every (r, t): the integer block sums are exact and each
+// pair's float steps run in the scalar order, so only the reuse of decoded weights and loaded
+// activations across the tile differs. No heap; at most kGemmStackBytes of stack.
+using GemmFn = void (*)(const void* w, size_t w_stride, int64_t nrows, const uint8_t* const* acts, int64_t nacts,
+                        int64_t n, float* y, size_t ldy);
+inline constexpr size_t kGemmStackBytes = 64 * 1024;
 
 struct TypeTraits {
   GgmlType type;
@@ -37,6 +45,8 @@ struct TypeTraits {
   DotFn dot_scalar;  // the reference: defines the result bit for bit
   DotFn dot_avx2;    // nullptr when there is none; must equal dot_scalar bit for bit
   DotFn dot_avx512;
+  GemmFn gemm_avx2;  // nullptr: the backend loops over DotFn (there is no scalar GEMM: the
+  GemmFn gemm_avx512;  // reference is the dot loop itself)
 };
 
 // Row for a type id, or nullptr for ids the format table does not know. A type the format

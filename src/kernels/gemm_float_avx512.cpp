@@ -1,0 +1,154 @@
+// AVX-512 GEMMs of the FLOAT group (F32, F16, BF16 weights x F32 activations). Every (row, token)
+// pair keeps its own __m512: the 16 lanes of the canonical dot (float_types.cpp), fed by the same
+// fma in the same index order and reduced by the same tree, so each output has the dot's bits.
+// The speed comes from the register tile: kRows rows x kTokens tokens of accumulators, so each
+// converted weight vector is used kTokens times and each loaded activation vector kRows times.
+// Weights are converted in registers from the file's bytes (no repacked copy). The tail (n not a
+// multiple of 16) uses zero-filling masked loads: fma(0, 0, acc), the padding the scalar walks.
+// GCC 12's AVX-512 headers warn about a self-initialised "undefined" vector (GCC bug 105593).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+#include <cstddef>
+#include <cstdint>
+
+namespace sluice {
+namespace {
+
+// 4 x 6 = 24 accumulators + 4 weight vectors + 1-2 activation vectors fit the 32 zmm registers;
+// per 16 elements that is 24 fma against 4 conversions and 10 loads.
+constexpr int kRows = 4;
+constexpr int kTokens = 6;
+// Tokens are taken in blocks whose activations (n floats each) fit about this much of the 2 MiB
+// L2, so the weight rows of a row group, read once from memory, serve the whole block.
+constexpr int64_t kActBlockBytes = 768 * 1024;
+
+// Everything here has internal linkage: an inline helper from a shared header, emitted with this
+// file's ISA flags, could be the copy the linker keeps for the scalar code.
+inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+inline float reduce16(__m512 v) {
+  const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+}
+
+struct F32W {
+  static constexpr size_t kBytes = 4;
+  static __m512 load(const uint8_t* p) { return _mm512_loadu_ps(p); }
+  static __m512 load_tail(const uint8_t* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+};
+
+struct F16W {
+  static constexpr size_t kBytes = 2;
+  static __m512 load(const uint8_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static __m512 load_tail(const uint8_t* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
+};
+
+struct BF16W {
+  static constexpr size_t kBytes = 2;
+  static __m512 widen(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
+  static __m512 load(const uint8_t* p) { return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static __m512 load_tail(const uint8_t* p, __mmask16 m) { return widen(_mm256_maskz_loadu_epi16(m, p)); }
+};
+
+// R rows (stride bytes apart) x T tokens over all n elements; y[t * ldy + r].
+template <class W, int R, int T>
+void tile(const uint8_t* w, size_t stride, const float* const* x, int64_t n, float* y, size_t ldy) {
+  __m512 acc[R][T];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 wv[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) wv[r] = W::load(w + (size_t)r * stride + (size_t)i * W::kBytes);
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      const __m512 a = _mm512_loadu_ps(x[t] + i);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], a, acc[r][t]);
+    }
+  }
+  if (i < n) {
+    const __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+    __m512 wv[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) wv[r] = W::load_tail(w + (size_t)r * stride + (size_t)i * W::kBytes, m);
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      const __m512 a = _mm512_maskz_loadu_ps(m, x[t] + i);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], a, acc[r][t]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t)
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) y[(size_t)t * ldy + (size_t)r] = reduce16(acc[r][t]);
+}
+
+using TileFn = void (*)(const uint8_t*, size_t, const float* const*, int64_t, float*, size_t);
+
+template <class W, int R>
+constexpr TileFn tile_for(int t) {
+  return t == 1 ? tile<W, R, 1> : t == 2 ? tile<W, R, 2> : t == 3 ? tile<W, R, 3>
+       : t == 4 ? tile<W, R, 4> : t == 5 ? tile<W, R, 5> : tile<W, R, 6>;
+}
+
+template <class W>
+constexpr TileFn tile_for(int r, int t) {
+  return r == 1 ? tile_for<W, 1>(t) : r == 2 ? tile_for<W, 2>(t) : r == 3 ? tile_for<W, 3>(t) : tile_for<W, 4>(t);
+}
+
+template <class W>
+void gemm(const void* w, size_t w_stride, int64_t nrows, const uint8_t* const* acts, int64_t nacts, int64_t n,
+          float* y, size_t ldy) {
+  static_assert(kRows == 4 && kTokens == 6, "tile_for dispatches up to 4 x 6");
+  const auto* wb = static_cast<const uint8_t*>(w);
+  int64_t block = kActBlockBytes / (n * 4 > 0 ? n * 4 : 1) / kTokens * kTokens;
+  if (block < kTokens) block = kTokens;
+  for (int64_t t0 = 0; t0 < nacts; t0 += block) {
+    const int64_t t1 = min64(nacts, t0 + block);
+    for (int64_t r = 0; r < nrows; r += kRows) {
+      const int rr = (int)min64(kRows, nrows - r);
+      for (int64_t t = t0; t < t1; t += kTokens) {
+        const int tt = (int)min64(kTokens, t1 - t);
+        const float* x[kTokens];
+        for (int j = 0; j < tt; ++j) x[j] = reinterpret_cast<const float*>(acts[t + j]);
+        tile_for<W>(rr, tt)(wb + (size_t)r * w_stride, w_stride, x, n, y + (size_t)t * ldy + (size_t)r, ldy);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void gemm_f32_avx512(const void* w, size_t w_stride, int64_t nrows, const uint8_t* const* acts, int64_t nacts,
+                     int64_t n, float* y, size_t ldy) {
+  gemm<F32W>(w, w_stride, nrows, acts, nacts, n, y, ldy);
+}
+
+void gemm_f16_avx512(const void* w, size_t w_stride, int64_t nrows, const uint8_t* const* acts, int64_t nacts,
+                     int64_t n, float* y, size_t ldy) {
+  gemm<F16W>(w, w_stride, nrows, acts, nacts, n, y, ldy);
+}
+
+void gemm_bf16_avx512(const void* w, size_t w_stride, int64_t nrows, const uint8_t* const* acts, int64_t nacts,
+                      int64_t n, float* y, size_t ldy) {
+  gemm<BF16W>(w, w_stride, nrows, acts, nacts, n, y, ldy);
+}
+
+}  // namespace sluice
