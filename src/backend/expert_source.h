@@ -1,7 +1,8 @@
 // Where the forward pass gets routed-expert weights. The engine touches routed experts only
 // through this interface, once per layer per chunk: prepare() with the distinct experts the
-// chunk routes to (ascending), then get() for each of them. A streaming store can therefore
-// replace the resident weights without the engine knowing.
+// chunk routes to (ascending), then get() for each of them in that order. A streaming store can
+// therefore replace the resident weights without the engine knowing, and may hold a long
+// chunk's union a window at a time (model/streamed_experts.h).
 #pragma once
 #include <cstdint>
 #include <span>
@@ -20,7 +21,9 @@ class ExpertSource {
  public:
   virtual ~ExpertSource() = default;
   // Called before get() for a layer with the experts about to be used (ascending, distinct).
-  // Pointers returned by get() stay valid until the next prepare() call. May throw Error.
+  // Pointers returned by get() stay valid until the next prepare(), or until get() is asked for
+  // a later expert (a windowed source then moves on): callers finish with one expert's weights
+  // before they ask for the next. May throw Error.
   virtual void prepare(uint32_t layer, std::span<const uint32_t> experts) const {
     (void)layer;
     (void)experts;

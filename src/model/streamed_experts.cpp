@@ -1,18 +1,59 @@
 // StreamedExperts: the forward pass's ExpertSource backed by storage::ExpertStore.
 #include "model/streamed_experts.h"
 
+#include <algorithm>
+#include <string>
+
 #include "util/error.h"
 
 namespace sluice {
 
+namespace {
+// Half a layer's share per window (the other half is the read-ahead), at least one expert.
+size_t window_for(size_t union_size, uint32_t capacity) {
+  return union_size <= capacity ? union_size : std::max<size_t>(1, capacity / 2);
+}
+}  // namespace
+
+void StreamedExperts::lease_window(size_t first) const {
+  lease_.release();  // the previous window's pointers die here
+  begin_ = end_ = first;
+  const size_t last = std::min(order_.size(), first + window_);
+  lease_ = store_.acquire(layer_, std::span<const uint32_t>(order_.data() + first, last - first));
+  end_ = last;
+  if (last < order_.size()) {
+    const size_t ahead = std::min(order_.size(), last + window_);
+    store_.hint(layer_, std::span<const uint32_t>(order_.data() + last, ahead - last));
+  }
+}
+
 void StreamedExperts::prepare(uint32_t layer, std::span<const uint32_t> experts) const {
   lease_.release();  // the previous chunk/layer's pointers die here, as the interface promises
-  lease_ = store_.acquire(layer, experts);
+  layer_ = layer;
+  order_.assign(experts.begin(), experts.end());
+  begin_ = end_ = 0;
+  window_ = window_for(order_.size(), store_.max_union_experts(layer));
+  if (!order_.empty()) lease_window(0);
 }
 
 ExpertWeights StreamedExperts::get(uint32_t layer, uint32_t expert) const {
+  if (layer == layer_ && !std::binary_search(order_.begin() + (std::ptrdiff_t)begin_, order_.begin() + (std::ptrdiff_t)end_, expert)) {
+    const auto it = std::lower_bound(order_.begin() + (std::ptrdiff_t)end_, order_.end(), expert);
+    if (it != order_.end() && *it == expert) {
+      const size_t pos = (size_t)(it - order_.begin());
+      lease_window(end_ + (pos - end_) / window_ * window_);
+    } else if (std::binary_search(order_.begin(), order_.begin() + (std::ptrdiff_t)begin_, expert)) {
+      throw Error("expert " + std::to_string(expert) + " of layer " + std::to_string(layer) +
+                  " was asked for after a later window of the layer's experts was leased (get() must go in ascending order)");
+    }
+  }
   const storage::ExpertBytes b = lease_.get(layer, expert);
   return ExpertWeights{b.gate, b.up, b.down};
+}
+
+void StreamedExperts::hint(uint32_t layer, std::span<const uint32_t> experts) const {
+  const uint32_t cap = store_.max_union_experts(layer);
+  store_.hint(layer, experts.first(std::min(experts.size(), window_for(experts.size(), cap))));
 }
 
 std::unique_ptr<storage::ExpertStore> open_expert_store(const Model& m, storage::StoreOptions o) {

@@ -1,11 +1,22 @@
-// ExpertSource over the SSD expert store: prepare() leases the chunk's union of experts for a
-// layer (releasing the previous lease first, so the whole cache is available to it), get()
-// returns pointers into the leased slots. One StreamedExperts per Engine (the lease is
-// per-instance state); several may share one store.
+// ExpertSource over the SSD expert store. prepare() gets a layer's distinct experts for a chunk
+// (ascending); get() hands them out in that order.
+//
+// Windows: when the union fits what one layer may hold at once (ExpertStore::max_union_experts),
+// prepare() leases all of it, as one acquire. When it does not (a long prefill chunk can route to
+// every expert of a layer), the union streams through the layer's share in windows of half the
+// share: window k is leased while window k + 1 is hinted (read ahead into the other half), and
+// get() of the first expert past window k releases it and leases window k + 1. Every expert of
+// the union is in exactly one window, so it is requested (and read, when missing) once per layer
+// per chunk, and the backend still runs the experts in ascending order, so the routed sum of every
+// token keeps the decode order: windows change I/O, never bits. This is what lets a prefill chunk
+// be bounded by activation memory rather than by the expert cache.
+//
+// One StreamedExperts per Engine (the lease is per-instance state); several may share one store.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "backend/expert_source.h"
 #include "model/model.h"
@@ -16,19 +27,28 @@ namespace sluice {
 class StreamedExperts final : public ExpertSource {
  public:
   explicit StreamedExperts(storage::ExpertStore& store) : store_(store) {}
-  // Throws Error when the union does not fit (see ExpertStore::max_union_experts) or a read fails;
+  // Leases the first window (the whole union when it fits). Throws Error when a read fails;
   // afterwards nothing is leased and the store is usable.
   void prepare(uint32_t layer, std::span<const uint32_t> experts) const override;
-  // Throws Error for an expert the last successful prepare() did not cover.
+  // Throws Error for an expert the last prepare() did not cover, or one asked for after a later
+  // window was leased (get() must follow the ascending order).
   ExpertWeights get(uint32_t layer, uint32_t expert) const override;
-  // Predicted experts of a coming layer (e.g. the next layer's router on the current hidden state).
-  void hint(uint32_t layer, std::span<const uint32_t> experts) const override { store_.hint(layer, experts); }
+  // Predicted experts of a coming layer. At most what one window may read ahead is passed on:
+  // hinting more than a layer's share would evict guesses before they are used and read them twice.
+  void hint(uint32_t layer, std::span<const uint32_t> experts) const override;
   void release() const { lease_.release(); }
   storage::ExpertStore& store() const { return store_; }
+  // The window size prepare() chose for the last layer (its union's size when it fit at once).
+  size_t window() const { return window_; }
 
  private:
+  void lease_window(size_t first) const;
   storage::ExpertStore& store_;
   mutable storage::Lease lease_;
+  mutable uint32_t layer_ = 0;
+  mutable std::vector<uint32_t> order_;  // the last prepare()'s union, ascending
+  mutable size_t begin_ = 0, end_ = 0;   // the leased window: order_[begin_, end_)
+  mutable size_t window_ = 0;
 };
 
 // A store over m.file's routed experts (num_hidden_layers x n_routed_experts). Throws Error when

@@ -293,13 +293,15 @@ Plan make_plan(const ModelFootprint& fp, const PlanOptions& o, const HostFacts& 
 
   p.cache_per_layer = o.cache_per_layer;
   auto cap = [&](uint64_t slots) { return union_capacity(slots, c.num_hidden_layers, c.n_routed_experts, o.cache_per_layer); };
-  // Does a chunk fit: mandatory part within the budget, worst-case union within a layer's share?
+  // Does a chunk fit: mandatory part within the budget, and a layer's share holding one token's
+  // experts? A chunk's union larger than the share streams through it in windows
+  // (model/streamed_experts.h), so the cache no longer bounds the chunk.
   auto fits = [&](uint32_t ch, Eval& e) {
     e = evaluate(fp, o, ch, p.threads, p.budget);
-    return e.fits_mandatory && cap(e.slots) >= chunk_expert_union(ch, p.top_k, p.n_expert);
+    return e.fits_mandatory && cap(e.slots) >= p.top_k;
   };
   // The largest chunk in [1, top] that fits. Fitting is monotone (a bigger chunk needs more
-  // scratch, leaving fewer slots, and can route to more experts), so a binary search finds it.
+  // scratch, leaving fewer slots), so a binary search finds it.
   auto largest_fitting = [&](uint32_t top) -> uint32_t {
     Eval e;
     if (fits(top, e)) return top;
@@ -312,14 +314,13 @@ Plan make_plan(const ModelFootprint& fp, const PlanOptions& o, const HostFacts& 
     return lo;
   };
   Eval chosen;
-  bool found = false;
   if (o.chunk > 0) {
     p.chunk = std::min(o.chunk, o.ctx);
-    found = fits(p.chunk, chosen);
+    fits(p.chunk, chosen);  // fills chosen; the refusals below say why it may not fit
   } else {
     const uint32_t best = largest_fitting(std::max<uint32_t>(1, std::min(o.max_chunk, o.ctx)));
     p.chunk = best ? best : 1;  // nothing fits: report on the smallest chunk
-    found = fits(p.chunk, chosen);
+    fits(p.chunk, chosen);  // the same for the automatic choice
   }
   p.mandatory = std::move(chosen.mandatory);
   p.mandatory_bytes = chosen.mandatory_bytes;
@@ -331,6 +332,7 @@ Plan make_plan(const ModelFootprint& fp, const PlanOptions& o, const HostFacts& 
   p.chunk_union = chunk_expert_union(p.chunk, p.top_k, p.n_expert);
   p.union_capacity = cap(p.cache_slots);
   p.max_chunk_for_cache = p.union_capacity >= p.n_expert ? o.ctx : (uint32_t)(p.union_capacity / p.top_k);
+  p.stream_window = p.chunk_union > p.union_capacity ? std::max<uint64_t>(1, p.union_capacity / 2) : 0;
   p.unused_bytes = sat_sub(p.budget, p.planned_bytes());
 
   const std::string reduce = "raise --mem-budget or lower -c/--ctx-size, --chunk or --threads";
@@ -348,15 +350,6 @@ Plan make_plan(const ModelFootprint& fp, const PlanOptions& o, const HostFacts& 
     p.refusals.push_back("the expert cache left by the budget holds " + num(p.cache_slots) + " experts of " +
                          format_bytes(p.slot_bytes) + holds_per_layer + " but one token needs top_k = " +
                          std::to_string(p.top_k) + " experts of a layer; " + reduce);
-  } else if (!found) {
-    // What the automatic choice would admit (a smaller chunk also shrinks the scratch).
-    const uint32_t best = p.chunk > 1 ? largest_fitting(p.chunk - 1) : 0;
-    p.refusals.push_back("the expert cache holds " + num(p.cache_slots) + " experts" + holds_per_layer +
-                         " but a chunk of " + num(p.chunk) +
-                         " tokens can need min(" + num(p.chunk) + " x " + std::to_string(p.top_k) + ", " +
-                         num(p.n_expert) + ") = " + num(p.chunk_union) + " experts of one layer; " +
-                         (best ? "use --chunk " + num(best) + " (the largest that fits) or raise --mem-budget"
-                               : std::string("raise --mem-budget")));
   }
   p.swap_active = host.swap_active();
   if (p.swap_active) {
@@ -402,7 +395,10 @@ std::string format_plan(const Plan& p) {
          num(p.n_expert) + ") = " + num(p.chunk_union) + " experts of one layer; one layer can hold " +
          num(p.union_capacity) + (p.cache_per_layer ? " (lru-per-layer share)" : " (lru-global)") + ", " +
          (p.union_capacity < p.top_k ? std::string("not one token's experts")
-                                     : "enough for chunks up to " + num(p.max_chunk_for_cache)) +
+          : p.stream_window == 0
+              ? "so a chunk's experts are leased at once"
+              : "so a longer chunk's experts stream through it in windows of " + num(p.stream_window) +
+                    " (each read at most once per layer per chunk; at once up to chunk " + num(p.max_chunk_for_cache) + ")") +
          "\n";
   out += std::string("  swap: ") + (p.swap_active ? "active: " + p.swap_detail : "off") + "\n";
   for (const std::string& w : p.warnings) out += "  warning: " + w + "\n";
@@ -442,6 +438,7 @@ nlohmann::ordered_json plan_to_json(const Plan& p) {
   j["union_capacity"] = p.union_capacity;
   j["chunk_union"] = p.chunk_union;
   j["max_chunk_for_cache"] = p.max_chunk_for_cache;
+  j["stream_window"] = p.stream_window;
   j["unused_bytes"] = p.unused_bytes;
   j["planned_bytes"] = p.planned_bytes();
   j["swap_active"] = p.swap_active;

@@ -25,9 +25,10 @@
 //                      in the io_align-aligned file window a direct read of it covers, plus a
 //                      slot record), rounded down
 // and refuses when the mandatory part does not fit, when one layer's share of the cache cannot
-// hold one token's top_k experts, or (explicit --chunk) a chunk's worst-case union
-// min(chunk x top_k, n_expert), or when swap is active (unless allowed). With no --chunk, the
-// chunk is the largest (up to max_chunk and ctx) whose mandatory part and union fit.
+// hold one token's top_k experts, or when swap is active (unless allowed). With no --chunk, the
+// chunk is the largest (up to max_chunk and ctx) whose mandatory part fits. A chunk whose
+// worst-case union min(chunk x top_k, n_expert) exceeds a layer's share streams its experts
+// through the share in windows (model/streamed_experts.h), so the cache does not bound it.
 // The expert store (src/storage) can supply its own figure for bounce buffers + cache through
 // PlanOptions::store_bytes; otherwise the formulas above are used.
 #pragma once
@@ -178,7 +179,8 @@ struct Plan {
   bool cache_per_layer = true;
   uint64_t union_capacity = 0;          // experts one layer can hold at once (see PlanOptions)
   uint64_t chunk_union = 0;             // min(chunk x top_k, n_expert): worst-case experts of one layer
-  uint32_t max_chunk_for_cache = 0;     // the largest chunk whose worst-case union fits the cache
+  uint32_t max_chunk_for_cache = 0;     // the largest chunk whose worst-case union is leased at once
+  uint64_t stream_window = 0;           // 0: the chunk's union fits a layer's share; else experts per window
   uint64_t unused_bytes = 0;
   bool swap_active = false;
   std::string swap_detail;
