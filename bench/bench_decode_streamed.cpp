@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -29,13 +30,17 @@
 #include "model/model.h"
 #include "model/streamed_experts.h"
 #include "synth/vocab.h"
-#include "raw_direct_reads.h"
+#include "storage/raw_read_bandwidth.h"
 #include "runtime/sampler.h"
 #include "storage/expert_store.h"
 
 using namespace sluice;
 
 namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 struct Args {
   std::string file = "/var/tmp/sluice-bench-decode.gguf";
@@ -96,7 +101,7 @@ int main(int argc, char** argv) {
                 (double)g.load_bytes(0, 0) / 1e6, so.max_slots, 100.0 * so.max_slots / total_experts, a.qd);
 
     // (a)
-    const bench::RawResult raw = bench::raw_direct_reads(a.file, region_begin, region_end, a.qd, a.raw_seconds, 7);
+    const storage::RawReadResult raw = storage::raw_direct_reads(a.file, region_begin, region_end, a.qd, a.raw_seconds, 7);
     std::printf("(a) raw 1 MiB O_DIRECT random reads: %.3f GB/s, %.0f IOPS, latency mean %.0f us p99 %.0f us\n",
                 raw.gbps, raw.iops, raw.lat_mean_us, raw.lat_p99_us);
 
@@ -118,12 +123,12 @@ int main(int argc, char** argv) {
     uint32_t next = argmax_lowest(std::span<const float>(logits.data() + logits.size() - c.vocab_size, c.vocab_size));
     store->reset_stats();
     logits.resize(c.vocab_size);
-    const double t0 = bench::now_s();
+    const double t0 = now_s();
     for (uint32_t i = 0; i < a.gen; ++i) {
       eng.eval(s, std::span<const uint32_t>(&next, 1), logits.data(), &trace);
       next = argmax_lowest(logits);
     }
-    const double dt = bench::now_s() - t0;
+    const double dt = now_s() - t0;
     src.release();
     const storage::LayerStats d = total(*store);
     const uint64_t bytes = d.bytes_demand + d.bytes_prefetch;
@@ -137,7 +142,7 @@ int main(int argc, char** argv) {
     storage::StoreOptions ro = so;
     ro.prefetch_budget_bytes = 0;
     storage::ExpertStore replay(m->file, g, ro);
-    const double t1 = bench::now_s();
+    const double t1 = now_s();
     for (const TokenTrace& t : trace)
       for (uint32_t L = 0; L < c.num_hidden_layers; ++L) {
         std::vector<uint32_t> u(t.experts[L].begin(), t.experts[L].end());
@@ -145,7 +150,7 @@ int main(int argc, char** argv) {
         u.erase(std::unique(u.begin(), u.end()), u.end());
         storage::Lease l = replay.acquire(L, u);
       }
-    const double dt1 = bench::now_s() - t1;
+    const double dt1 = now_s() - t1;
     const storage::LayerStats r = total(replay);
     std::printf("(c) replay of (b)'s expert sequence, no compute: %.3f GB/s over %.1f MB, hit rate %.1f%%, "
                 "read latency mean %.0f us p99 %.0f us\n",

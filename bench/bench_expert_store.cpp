@@ -28,7 +28,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "raw_direct_reads.h"
+#include "storage/raw_read_bandwidth.h"
 #include "format/gguf.h"
 #include "storage/expert_store.h"
 #include "util/error.h"
@@ -36,6 +36,10 @@
 using namespace sluice;
 
 namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 struct Args {
   std::string file = "/var/tmp/sluice-bench-experts.gguf";
@@ -49,7 +53,6 @@ struct Args {
   std::string policy = "global";
 };
 
-using bench::now_s;
 
 void write_model(const Args& a) {
   gguf::Writer w;
@@ -95,7 +98,7 @@ struct Result {
 
 // (a) Random 1 MiB O_DIRECT reads over [begin, end) at queue depth qd.
 Result raw_reads(const Args& a, uint64_t begin, uint64_t end, uint64_t seed) {
-  const bench::RawResult raw = bench::raw_direct_reads(a.file, begin, end, a.queue_depth, a.seconds, seed);
+  const storage::RawReadResult raw = storage::raw_direct_reads(a.file, begin, end, a.queue_depth, a.seconds, seed);
   Result r;
   r.bytes = raw.bytes;
   r.gbps = raw.gbps;

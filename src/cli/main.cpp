@@ -9,6 +9,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli/cmd_bench.h"
 #include "cli/cmd_chat.h"
 #include "cli/cmd_plan.h"
 #include "cli/cmd_run.h"
@@ -145,6 +146,8 @@ int main(int argc, char** argv) {
   CLI::App* tokenize_cmd = sluice::cli::setup_tokenize(app, tokenize);
   sluice::cli::PlanCommandOptions plan;
   CLI::App* plan_cmd = sluice::cli::setup_plan(app, plan);
+  sluice::cli::BenchOptions bench;
+  CLI::App* bench_cmd = sluice::cli::setup_bench(app, bench);
   sluice::cli::WatchdogCommandOptions watchdog;
   CLI::App* watchdog_cmd = sluice::cli::setup_watchdog(app, watchdog);
 
@@ -182,6 +185,7 @@ int main(int argc, char** argv) {
     if (chat_cmd->parsed()) return sluice::cli::run_chat(chat);
     if (tokenize_cmd->parsed()) return sluice::cli::run_tokenize(tokenize);
     if (plan_cmd->parsed()) return sluice::cli::run_plan(plan);
+    if (bench_cmd->parsed()) return sluice::cli::run_bench(bench);
     if (watchdog_cmd->parsed()) return sluice::cli::run_watchdog(watchdog);
     std::fprintf(stderr, "sluice: error: no command given (run 'sluice --help')\n");
     return 2;

@@ -1,0 +1,135 @@
+// `sluice bench` on the tiny model: the JSON keys the issue names, figures that agree with each
+// other (the roofline is the measured bandwidth over the bytes a token reads; GFLOPS and GB/s
+// of one op describe the same time), the bytes per token counted independently from the file's
+// tensor records, and usage errors.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "format/gguf.h"
+#include "model/deepseek41/config.h"
+#include "test_util.h"
+
+namespace sluice {
+namespace {
+
+using test::CmdResult;
+using test::q;
+using test::TempDir;
+
+class BenchCli : public ::testing::Test {
+ protected:
+  static TempDir* dir_;
+  static std::string model_;
+  static void SetUpTestSuite() {
+    dir_ = new TempDir("sluice_bench_cli");
+    model_ = dir_->path / "tiny.gguf";
+    const std::string cmd = q(SLUICE_BINARY) + " make-model --preset tiny -o " + q(model_) + " --seed 3 >/dev/null";
+    ASSERT_EQ(std::system(cmd.c_str()), 0);
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+  static CmdResult bench(const std::string& args) { return test::run_sluice(*dir_, "bench " + args); }
+  static std::vector<nlohmann::json> lines(const std::string& out) {
+    std::vector<nlohmann::json> v;
+    std::stringstream in(out);
+    std::string l;
+    while (std::getline(in, l)) v.push_back(nlohmann::json::parse(l));
+    return v;
+  }
+};
+TempDir* BenchCli::dir_ = nullptr;
+std::string BenchCli::model_;
+
+// Counted here from the tensor records, the way the issue states it: every dense tensor once,
+// one embedding row, top_k of each layer's experts, the Engram rows a token looks up.
+uint64_t expected_decode_bytes(const std::string& path) {
+  const gguf::File f = gguf::File::open(path);
+  const ModelConfig c = config_from_gguf(f);
+  uint64_t dense = 0, experts = 0;
+  for (const auto& t : f.tensors()) {
+    const bool engram_table = t.name.find("engram_embd") != std::string::npos;
+    const bool routed = t.name.find("_exps.") != std::string::npos;
+    if (engram_table) continue;
+    if (routed) experts += t.nbytes / t.ne[2] * c.num_experts_per_tok;
+    else if (t.name == "token_embd.weight") dense += t.nbytes / t.ne[1];
+    else dense += t.nbytes;
+  }
+  const uint64_t engram = c.engram_layer_ids.size() * (uint64_t)c.engram_columns() * c.engram_row_bytes();
+  return dense + experts + engram;
+}
+
+TEST_F(BenchCli, ModelRunPrintsTheIssuesKeysAndAConsistentRoofline) {
+  const CmdResult r = bench("-m " + q(model_) + " -p 12 -n 3 -r 2 --read-mib 64 --disk-seconds 0.2 --allow-swap --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto js = lines(r.out);
+  ASSERT_EQ(js.size(), 1u) << r.out;
+  const nlohmann::json& j = js[0];
+  for (const char* k : {"prefill_tok_s", "decode_tok_s", "roofline_decode_tok_s", "read_gbps", "weight_bytes_per_token"})
+    ASSERT_TRUE(j.contains(k)) << k << " missing: " << r.out;
+  EXPECT_GT(j["prefill_tok_s"].get<double>(), 0);
+  EXPECT_GT(j["decode_tok_s"].get<double>(), 0);
+  EXPECT_LE(j["prefill_tok_s_min"].get<double>(), j["prefill_tok_s"].get<double>());
+  EXPECT_GE(j["decode_tok_s_max"].get<double>(), j["decode_tok_s"].get<double>());
+  EXPECT_EQ(j["weight_bytes_per_token"].get<uint64_t>(), expected_decode_bytes(model_));
+  // Memory-bound (the tiny model's experts stay cached, so no disk bytes per decode token).
+  const double mem_roof = j["read_gbps"].get<double>() * 1e9 / j["weight_bytes_per_token"].get<double>();
+  if (j["streaming"].get<bool>() && j["disk_bytes_per_token"].get<double>() > 0)
+    EXPECT_LE(j["roofline_decode_tok_s"].get<double>(), mem_roof * (1 + 1e-12));
+  else
+    EXPECT_NEAR(j["roofline_decode_tok_s"].get<double>(), mem_roof, mem_roof * 1e-12);
+  EXPECT_NEAR(j["decode_ratio"].get<double>(), j["decode_tok_s"].get<double>() / j["roofline_decode_tok_s"].get<double>(), 1e-12);
+}
+
+TEST_F(BenchCli, TextReportNamesTheRoofline) {
+  const CmdResult r = bench("-m " + q(model_) + " -p 8 -n 2 -r 1 --read-mib 64 --disk-seconds 0.2 --allow-swap");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("memory read"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("roofline"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("prefill     8 tokens"), std::string::npos) << r.out;
+}
+
+TEST_F(BenchCli, OpsRunCoversEveryShapeAndTokenCount) {
+  const CmdResult r = bench("--ops -m " + q(model_) + " -n 1,3 --type Q8_0 -r 1 --op-seconds 0 --read-mib 64 --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto js = lines(r.out);
+  ASSERT_GE(js.size(), 4u) << r.out;
+  int head = 0;
+  for (const auto& j : js) {
+    for (const char* k : {"type", "n", "rows", "cols", "threads", "gflops", "gbps"}) ASSERT_TRUE(j.contains(k)) << k;
+    EXPECT_EQ(j["type"], "Q8_0");
+    const uint64_t n = j["n"], rows = j["rows"], cols = j["cols"];
+    EXPECT_TRUE(n == 1 || n == 3) << n;
+    if (j["tensor"] == "output.weight") {
+      ++head;
+      EXPECT_EQ(n, 1u);
+    }
+    // GFLOPS and GB/s describe one time: flops / weight bytes (Q8_0: 34 bytes per 32).
+    const double flops_per_byte = 2.0 * (double)n * (double)rows * (double)cols / ((double)rows * (double)cols / 32 * 34);
+    EXPECT_NEAR(j["gflops"].get<double>() / j["gbps"].get<double>(), flops_per_byte, flops_per_byte * 1e-9);
+    EXPECT_GT(j["gflops"].get<double>(), 0);
+  }
+  EXPECT_EQ(head, 1);
+}
+
+TEST_F(BenchCli, UsageErrors) {
+  struct Case { std::string args, needle; };
+  for (const Case& c : {Case{"-r 1", "give a model"}, Case{"--ops -n 0 --read-mib 64", "token counts"},
+                        Case{"--ops --type NOPE --read-mib 64", "no kernels for type 'NOPE'"},
+                        Case{"-m " + q(model_) + " -n 1,2", "one token count"},
+                        Case{"-m " + q(model_) + " --type Q8_0", "--type needs --ops"},
+                        Case{"--ops --read-mib 1", "--read-mib"}}) {
+    const CmdResult r = bench(c.args);
+    EXPECT_EQ(r.rc, 2) << c.args << ": " << r.err;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << c.args << ": " << r.err;
+  }
+}
+
+}  // namespace
+}  // namespace sluice
