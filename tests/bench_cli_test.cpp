@@ -118,13 +118,48 @@ TEST_F(BenchCli, OpsRunCoversEveryShapeAndTokenCount) {
   EXPECT_EQ(head, 1);
 }
 
+// --route-bias on a cache that holds about half of each layer's experts (the budget is the plan's
+// mandatory bytes for the same context plus ~80 slots): exact routing first, then biased, in one
+// run. A bias far above any score gap keeps every decode request a hit, where exact routing
+// misses; the next-token distributions then differ (KL > 0), and the cost figures are consistent.
+TEST_F(BenchCli, RouteBiasReportsWhatItBuysAndWhatItCosts) {
+  const std::string common = " -m " + q(model_) + " -c 16 --checkpoint-budget 0 --json --allow-swap";
+  const CmdResult plan = test::run_sluice(*dir_, "plan" + common + " --mem-budget 1GiB");
+  ASSERT_EQ(plan.rc, 0) << plan.err;
+  const nlohmann::json pj = nlohmann::json::parse(plan.out);
+  const uint64_t budget = pj["mandatory_bytes"].get<uint64_t>() + 80 * pj["slot_bytes"].get<uint64_t>();
+  const CmdResult r = bench("-m " + q(model_) + " -p 12 -n 3 -r 1 --read-mib 64 --disk-seconds 0.2 --allow-swap "
+                            "--no-prefetch --route-bias 1000 --mem-budget " + std::to_string(budget) + " --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto js = lines(r.out);
+  ASSERT_EQ(js.size(), 1u) << r.out;
+  const nlohmann::json& j = js[0];
+  for (const char* k : {"route_bias", "exact_decode_tok_s", "exact_hit_rate", "hit_rate", "kl_mean", "kl_max",
+                        "top1_agreement", "quality_positions"})
+    ASSERT_TRUE(j.contains(k)) << k << " missing: " << r.out;
+  ASSERT_TRUE(j["streaming"].get<bool>());
+  EXPECT_EQ(j["route_bias"].get<double>(), 1000.0);
+  EXPECT_LT(j["exact_hit_rate"].get<double>(), 1.0) << "the cache held every expert: nothing to bias toward";
+  EXPECT_EQ(j["hit_rate"].get<double>(), 1.0);
+  EXPECT_GT(j["exact_decode_tok_s"].get<double>(), 0);
+  // Four prompts of up to ctx - 1 = 15 positions.
+  EXPECT_GT(j["quality_positions"].get<uint64_t>(), 4u * 8);
+  EXPECT_LE(j["quality_positions"].get<uint64_t>(), 4u * 15);
+  EXPECT_GT(j["kl_mean"].get<double>(), 0.0);
+  EXPECT_GE(j["kl_max"].get<double>(), j["kl_mean"].get<double>());
+  EXPECT_GE(j["top1_agreement"].get<double>(), 0.0);
+  EXPECT_LE(j["top1_agreement"].get<double>(), 1.0);
+}
+
 TEST_F(BenchCli, UsageErrors) {
   struct Case { std::string args, needle; };
   for (const Case& c : {Case{"-r 1", "give a model"}, Case{"--ops -n 0 --read-mib 64", "token counts"},
                         Case{"--ops --type NOPE --read-mib 64", "no kernels for type 'NOPE'"},
                         Case{"-m " + q(model_) + " -n 1,2", "one token count"},
                         Case{"-m " + q(model_) + " --type Q8_0", "--type needs --ops"},
-                        Case{"--ops --read-mib 1", "--read-mib"}}) {
+                        Case{"--ops --read-mib 1", "--read-mib"},
+                        Case{"-m " + q(model_) + " --route-bias -1", "--route-bias must be"},
+                        Case{"-m " + q(model_) + " --route-bias 1 --resident-experts", "needs streamed experts"}}) {
     const CmdResult r = bench(c.args);
     EXPECT_EQ(r.rc, 2) << c.args << ": " << r.err;
     EXPECT_NE(r.err.find(c.needle), std::string::npos) << c.args << ": " << r.err;

@@ -7,13 +7,17 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "backend/cpu_backend.h"
+#include "kernels/numerics.h"
 #include "model/deepseek41/forward.h"
 #include "model/model.h"
 #include "model/streamed_experts.h"
@@ -141,6 +145,88 @@ TEST_F(StoreEngine, LogitsAreBitIdenticalForEveryCacheSizePolicyPrefetchAndChunk
     }
   }
   EXPECT_EQ(configs, 24);
+}
+
+// --route-bias (lossy, opt-in): with a bias far above any score gap, decode picks only experts
+// the cache already holds, so once the prompt has left k per layer in it, every decode request
+// hits, where exact routing misses. Only the choice moves: each chosen expert's weight is still
+// its unbiased score normalized over the chosen ones (checked by re-running the router on the
+// traced FFN input). Bias 0, also after being set back, is exact routing, bit for bit.
+TEST_F(StoreEngine, RouteBiasFavoursCachedExpertsWithExactWeightsAndZeroIsExact) {
+  const uint32_t E = c().n_routed_experts, K = c().num_experts_per_tok, NL = c().num_hidden_layers;
+  ASSERT_GE(E, 2 * K) << "the tiny model needs room for a choice";
+  const uint32_t V = c().vocab_size;
+  // Decode steps of one engine over the prompt; returns (decode hit rate, logits of every step).
+  struct Out {
+    double hit_rate = 0;
+    std::vector<float> logits;
+    std::vector<TokenTrace> trace;
+  };
+  auto decode = [&](float bias, bool set_back) {
+    StoreOptions o;
+    o.cache_bytes = UINT64_MAX;
+    o.max_slots = (E / 2) * NL;  // half of each layer: exact routing has to miss
+    o.prefetch_budget_bytes = 0;  // what is held is what is resident: no reads race the routing
+    std::unique_ptr<storage::ExpertStore> store = open_expert_store(m(), o);
+    StreamedExperts src(*store);
+    EngineOptions eo;
+    eo.ctx = 64;
+    eo.chunk = 4;
+    eo.experts = &src;
+    eo.prefetch = false;
+    eo.threads = 2;
+    eo.trace_ffn_inputs = true;
+    eo.route_bias = bias;
+    Engine eng(m(), eo);
+    if (set_back) eng.set_route_bias(0.0f);
+    SequenceState s = eng.new_sequence();
+    const std::vector<uint32_t> p = prompt();
+    std::vector<float> pl(p.size() * (size_t)V);
+    eng.eval(s, p, pl.data());
+    const storage::LayerStats before = store->stats().total();
+    Out r;
+    std::vector<float> row(pl.end() - V, pl.end());
+    for (int g = 0; g < 10; ++g) {
+      const uint32_t next = argmax_lowest(std::span<const float>(row));
+      eng.eval(s, std::span<const uint32_t>(&next, 1), row.data(), &r.trace);
+      r.logits.insert(r.logits.end(), row.begin(), row.end());
+    }
+    src.release();
+    const storage::LayerStats after = store->stats().total();
+    r.hit_rate = (double)(after.hits - before.hits) / (double)(after.requests - before.requests);
+    return r;
+  };
+  const Out exact = decode(0.0f, false), back = decode(1000.0f, true), biased = decode(1000.0f, false);
+  EXPECT_TRUE(same_bits(exact.logits, back.logits)) << "route bias set back to 0 is not exact routing";
+  EXPECT_LT(exact.hit_rate, 1.0) << "exact routing never missed: the test cannot tell the bias works";
+  EXPECT_EQ(biased.hit_rate, 1.0) << "a huge bias still routed to experts the cache did not hold";
+  EXPECT_FALSE(same_bits(exact.logits, biased.logits));
+
+  // The weights: the router on the traced input, with the chosen set forced by a bias of its own.
+  CpuBackend be(1);
+  size_t checked = 0;
+  for (const TokenTrace& t : biased.trace)
+    for (uint32_t L = 0; L < NL; ++L) {
+      const LayerWeights& w = m().layers[L];
+      std::vector<float> logits(E);
+      be.linear(w.gate_inp, CMat(t.ffn_inputs[L].data(), 1, c().hidden_size, c().hidden_size), Mat{logits.data(), 1, E, E}, false, 0);
+      std::vector<float> force = w.exp_bias;
+      for (uint32_t e : t.experts[L]) force[e] += 1000.0f;
+      const Routing want = route(logits, force, K, c().norm_topk_prob, c().routed_scaling_factor);
+      std::vector<std::pair<uint32_t, float>> a, b;
+      for (size_t k = 0; k < K; ++k) {
+        a.emplace_back(t.experts[L][k], t.expert_weights[L][k]);
+        b.emplace_back(want.experts[k], want.weights[k]);
+      }
+      std::sort(a.begin(), a.end());
+      std::sort(b.begin(), b.end());
+      for (size_t k = 0; k < K; ++k) {
+        ASSERT_EQ(a[k].first, b[k].first);
+        EXPECT_NEAR(a[k].second, b[k].second, 1e-6f * std::fabs(b[k].second)) << "layer " << L;
+      }
+      ++checked;
+    }
+  EXPECT_EQ(checked, 10u * NL);
 }
 
 TEST_F(StoreEngine, ComparisonDetectsADifferentExpert) {

@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <span>
+#include <vector>
 
 namespace sluice {
 
@@ -35,6 +36,13 @@ class ExpertSource {
   virtual void hint(uint32_t layer, std::span<const uint32_t> experts) const {
     (void)layer;
     (void)experts;
+  }
+  // The experts of `layer` a prepare() would get without a new read (held in memory or already
+  // being read), ascending. Only cache-aware routing asks (EngineOptions::route_bias); a source
+  // that cannot tell returns none.
+  virtual std::vector<uint32_t> cached(uint32_t layer) const {
+    (void)layer;
+    return {};
   }
 };
 

@@ -1,6 +1,8 @@
 #include "cli/cmd_bench.h"
 
 #include <algorithm>
+#include <cmath>
+#include <iterator>
 #include <cstdio>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -24,6 +26,9 @@ CLI::App* setup_bench(CLI::App& app, BenchOptions& o) {
       "greedy tokens; figures are the median with min and max. The roofline is measured in the same\n"
       "run: memory read GB/s (a --read-mib buffer, all threads) and, when experts stream, the raw\n"
       "O_DIRECT read GB/s of the file's expert region.\n"
+      "--route-bias D (lossy): the same runs with exact routing first, then biased, with each one's decode\n"
+      "hit rate, and the cost: KL(exact || biased) of next-token distributions and top-1 agreement on a\n"
+      "fixed set of prompts evaluated token by token.\n"
       "--ops: the CPU backend's linear at the shapes of the model's first layer (the published model\n"
       "when no -m is given) in their own types or in each of --type, for each token count in -n.");
   sub->add_option("-m,--model", o.model, "deepseek41 GGUF file (required unless --ops)");
@@ -57,6 +62,128 @@ std::pair<uint64_t, uint64_t> expert_region(const gguf::File& f) {
       e = std::max(e, t.file_offset + t.nbytes);
     }
   return {b, e};
+}
+
+}  // namespace
+
+namespace {
+
+struct Timings {
+  std::vector<double> pre, dec, disk_bytes_tok, stall_frac, hit_rate;
+};
+
+// -r runs: reset, prefill -p pseudo-random tokens (the same ones for every mode), decode -n greedy
+// tokens. The decode figures count from the first generated token on.
+Timings time_runs(Session& session, const BenchOptions& o, uint32_t n_gen) {
+  const ModelConfig& c = session.config();
+  Timings t;
+  for (uint32_t r = 0; r < o.repetitions; ++r) {
+    session.reset();
+    GenerateRequest req;
+    uint64_t x = 1000 + r;
+    req.prompt.resize(o.n_prompt);
+    for (auto& tok : req.prompt) tok = (TokenId)((x = splitmix64(x)) % c.vocab_size);
+    req.max_tokens = n_gen;
+    req.ignore_eos = true;
+    storage::LayerStats at_first{};
+    bool first = true;
+    const GenerateResult res = session.generate(
+        req, [](uint32_t, uint32_t) { return true; },
+        [&](TokenId) {
+          if (first) at_first = session.stats().store.total(), first = false;
+          return true;
+        });
+    const storage::LayerStats end = session.stats().store.total();
+    t.pre.push_back(res.prompt_evaluated / res.prefill_s);
+    if (res.decode_steps > 0) {
+      t.dec.push_back(res.decode_steps / res.decode_s);
+      const double bytes = (double)(end.bytes_demand + end.bytes_prefetch - at_first.bytes_demand - at_first.bytes_prefetch);
+      t.disk_bytes_tok.push_back(bytes / res.decode_steps);
+      t.stall_frac.push_back((double)(end.stall_ns - at_first.stall_ns) / 1e9 / res.decode_s);
+      const uint64_t req_n = end.requests - at_first.requests;
+      if (req_n) t.hit_rate.push_back((double)(end.hits - at_first.hits) / (double)req_n);
+    }
+  }
+  return t;
+}
+
+// The fixed prompt set route-bias costs are measured on: code, prose, a chat turn, numbers. Each
+// is evaluated token by token (decode, where the bias acts on a warm cache), teacher-forced, so
+// both routings see the same tokens and only the next-token distributions can differ.
+constexpr const char* kQualityPrompts[] = {
+    "def merge_sorted(a, b):\n    out = []\n    i = j = 0\n    while i < len(a) and j < len(b):\n",
+    "The river had risen overnight, and by morning the old stone bridge stood alone in a field of water.",
+    "User: Why does my Rust program fail to compile with a borrow checker error when I push to a vector "
+    "while iterating over it?\n\nAssistant:",
+    "Quarterly revenue rose 12.4% to $3.81 billion, while operating costs fell from 1,204 to 1,131 million.",
+};
+constexpr uint32_t kQualityTokens = 32;  // positions per prompt at most
+
+struct RouteBiasCost {
+  double kl_mean = 0, kl_max = 0, top1 = 0;
+  uint64_t positions = 0;
+};
+
+// Next-token log-probabilities of each position of `prompt`, evaluated one token at a time.
+std::vector<std::vector<double>> teacher_forced_logprobs(Session& session, const std::vector<TokenId>& prompt) {
+  const uint32_t V = session.config().vocab_size;
+  std::vector<std::vector<double>> out;
+  EvalObserver obs;
+  obs.on_eval = [&](uint32_t, std::span<const TokenId> toks, const float* logits, const std::vector<TokenTrace>*) {
+    for (size_t i = 0; i < toks.size(); ++i) {
+      const float* l = logits + i * (size_t)V;
+      double mx = l[0];
+      for (uint32_t v = 1; v < V; ++v) mx = std::max(mx, (double)l[v]);
+      double z = 0;
+      for (uint32_t v = 0; v < V; ++v) z += std::exp((double)l[v] - mx);
+      const double lz = mx + std::log(z);
+      std::vector<double> lp(V);
+      for (uint32_t v = 0; v < V; ++v) lp[v] = (double)l[v] - lz;
+      out.push_back(std::move(lp));
+    }
+  };
+  session.reset();
+  for (size_t k = 1; k <= prompt.size(); ++k) {
+    GenerateRequest req;
+    req.prompt.assign(prompt.begin(), prompt.begin() + (std::ptrdiff_t)k);
+    req.max_tokens = 0;
+    req.observer = &obs;
+    session.generate(req, {}, {});
+  }
+  return out;
+}
+
+size_t argmax(const std::vector<double>& v) { return (size_t)(std::max_element(v.begin(), v.end()) - v.begin()); }
+
+// KL(exact || biased) of every position's next-token distribution, and how often the top-1 token
+// agrees, over the fixed prompt set. Leaves the session at route bias d.
+RouteBiasCost route_bias_cost(Session& session, float d) {
+  RouteBiasCost c;
+  uint64_t agree = 0;
+  double kl_sum = 0;
+  for (const char* text : kQualityPrompts) {
+    std::vector<TokenId> p = session.tokenize_prompt(text, /*add_bos=*/true);
+    p.resize(std::min<size_t>({p.size(), kQualityTokens, session.ctx() - 1}));
+    session.set_route_bias(0.0f);
+    const std::vector<std::vector<double>> ref = teacher_forced_logprobs(session, p);
+    session.set_route_bias(d);
+    const std::vector<std::vector<double>> got = teacher_forced_logprobs(session, p);
+    for (size_t i = 0; i < ref.size() && i < got.size(); ++i) {
+      double kl = 0;
+      for (size_t v = 0; v < ref[i].size(); ++v) kl += std::exp(ref[i][v]) * (ref[i][v] - got[i][v]);
+      kl = std::max(kl, 0.0);  // rounding can leave -1e-17 where the two agree
+      kl_sum += kl;
+      c.kl_max = std::max(c.kl_max, kl);
+      agree += argmax(ref[i]) == argmax(got[i]);
+      ++c.positions;
+    }
+  }
+  session.reset();
+  if (c.positions) {
+    c.kl_mean = kl_sum / (double)c.positions;
+    c.top1 = (double)agree / (double)c.positions;
+  }
+  return c;
 }
 
 }  // namespace
@@ -107,33 +234,19 @@ int run_bench(const BenchOptions& o) {
     }
   }
 
-  std::vector<double> pre, dec, disk_bytes_tok, stall_frac;
-  for (uint32_t r = 0; r < o.repetitions; ++r) {
-    session.reset();
-    GenerateRequest req;
-    uint64_t x = 1000 + r;
-    req.prompt.resize(o.n_prompt);
-    for (auto& t : req.prompt) t = (TokenId)((x = splitmix64(x)) % c.vocab_size);
-    req.max_tokens = n_gen;
-    req.ignore_eos = true;
-    storage::LayerStats at_first{};
-    bool first = true;
-    const GenerateResult res = session.generate(
-        req, [](uint32_t, uint32_t) { return true; },
-        [&](TokenId) {
-          if (first) at_first = session.stats().store.total(), first = false;
-          return true;
-        });
-    const storage::LayerStats end = session.stats().store.total();
-    pre.push_back(res.prompt_evaluated / res.prefill_s);
-    if (res.decode_steps > 0) {
-      dec.push_back(res.decode_steps / res.decode_s);
-      const double bytes = (double)(end.bytes_demand + end.bytes_prefetch - at_first.bytes_demand - at_first.bytes_prefetch);
-      disk_bytes_tok.push_back(bytes / res.decode_steps);
-      stall_frac.push_back((double)(end.stall_ns - at_first.stall_ns) / 1e9 / res.decode_s);
-    }
+  const float bias = o.engine.route_bias;
+  Timings exact;
+  if (bias != 0.0f) {  // the exact baseline of the same run, on the same prompts
+    session.set_route_bias(0.0f);
+    exact = time_runs(session, o, n_gen);
+    session.set_route_bias(bias);
   }
-  const Figure fp = figure(pre), fd = figure(dec), fdisk = figure(disk_bytes_tok), fstall = figure(stall_frac);
+  const Timings t = time_runs(session, o, n_gen);
+  RouteBiasCost cost;
+  if (bias != 0.0f) cost = route_bias_cost(session, bias);
+  const std::vector<double>&pre = t.pre, &dec = t.dec, &disk_bytes_tok = t.disk_bytes_tok, &stall_frac = t.stall_frac;
+  const Figure fp = figure(pre), fd = figure(dec), fdisk = figure(disk_bytes_tok), fstall = figure(stall_frac),
+               fhit = figure(t.hit_rate);
   // Time per decode token cannot beat reading its weights from memory, nor (streaming) reading
   // its missed experts from the disk; with the two overlapped, the slower one is the limit.
   const double mem_s = (double)db.total() / (rb.median_gbps * 1e9);
@@ -166,7 +279,18 @@ int run_bench(const BenchOptions& o) {
       j["disk_gbps"] = disk.gbps;
       j["disk_bytes_per_token"] = fdisk.median;
       j["stall_fraction"] = fstall.median;
+      j["hit_rate"] = fhit.median;
       if (!disk_note.empty()) j["disk_note"] = disk_note;
+    }
+    if (bias != 0.0f) {
+      j["route_bias"] = bias;
+      j["exact_prefill_tok_s"] = figure(exact.pre).median;
+      j["exact_decode_tok_s"] = figure(exact.dec).median;
+      j["exact_hit_rate"] = figure(exact.hit_rate).median;
+      j["kl_mean"] = cost.kl_mean;
+      j["kl_max"] = cost.kl_max;
+      j["top1_agreement"] = cost.top1;
+      j["quality_positions"] = cost.positions;
     }
     std::printf("%s\n", j.dump().c_str());
     return 0;
@@ -190,6 +314,21 @@ int run_bench(const BenchOptions& o) {
   if (!dec.empty())
     std::printf("decode  %5u tokens: %8.2f tok/s (min %.2f, max %.2f); roofline %.2f tok/s (%s-bound), ratio %.2f\n",
                 n_gen, fd.median, fd.min, fd.max, roof, disk_s > mem_s ? "disk" : "memory", fd.median / roof);
+  if (streaming && !t.hit_rate.empty())
+    std::printf("decode expert-cache hit rate %.1f%% (min %.1f, max %.1f)\n", 100 * fhit.median, 100 * fhit.min,
+                100 * fhit.max);
+  if (bias != 0.0f) {
+    const Figure ep = figure(exact.pre), ed = figure(exact.dec), eh = figure(exact.hit_rate);
+    std::printf("route bias %g (LOSSY) against exact routing in the same run:\n", (double)bias);
+    std::printf("  exact   prefill %.2f tok/s, decode %.2f tok/s (min %.2f, max %.2f), hit rate %.1f%%\n", ep.median,
+                ed.median, ed.min, ed.max, 100 * eh.median);
+    std::printf("  biased  prefill %.2f tok/s, decode %.2f tok/s (min %.2f, max %.2f), hit rate %.1f%%\n", fp.median,
+                fd.median, fd.min, fd.max, 100 * fhit.median);
+    std::printf("  cost on %llu teacher-forced positions of %zu fixed prompts: KL(exact || biased) mean %.4g nats, "
+                "max %.4g; top-1 agreement %.1f%%\n",
+                (unsigned long long)cost.positions, std::size(kQualityPrompts), cost.kl_mean, cost.kl_max,
+                100 * cost.top1);
+  }
   return 0;
 }
 

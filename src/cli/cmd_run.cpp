@@ -182,6 +182,10 @@ void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
   sub->add_flag("--no-direct-io", o.no_direct_io, "buffered expert reads (drops the pages after reading)");
   sub->add_flag("--resident-experts", o.resident_experts,
                 "read every routed expert into memory at load instead of streaming them (small models)");
+  sub->add_option("--route-bias", o.route_bias,
+                  "LOSSY, off by default: add D to the routing score of experts already in the cache, so near-ties "
+                  "cost no read (mixing weights stay exact; `sluice bench --route-bias D` measures what it buys and "
+                  "costs)");
   sub->add_option("--checkpoint-every", o.checkpoint_every,
                   "prefix checkpoints of the kept sequence every N tokens, for prompts that share only a prefix "
                   "with it; 0 = only at the end of each prompt (default 1024)");
@@ -220,6 +224,10 @@ SessionOptions session_options(const EngineCliOptions& e, const std::string& mod
   so.io_depth = e.io_depth;
   so.prefetch = !e.no_prefetch;
   so.direct_io = !e.no_direct_io;
+  if (!(e.route_bias >= 0.0f && e.route_bias <= 1e6f)) throw UsageError("--route-bias must be in [0, 1e6]");
+  if (e.route_bias != 0.0f && e.resident_experts)
+    throw UsageError("--route-bias needs streamed experts (with --resident-experts every expert is cached)");
+  so.route_bias = e.route_bias;
   if (isatty(2)) {
     so.progress = [last = std::chrono::steady_clock::time_point{}](const std::string& stage, uint64_t done,
                                                                      uint64_t total) mutable {
@@ -275,7 +283,10 @@ std::string session_summary(const Session& s, uint64_t tokens_evaluated) {
                 format_bytes(bytes).c_str(), format_bytes(tokens_evaluated ? bytes / tokens_evaluated : 0).c_str(),
                 format_bytes(t.bytes_prefetch).c_str(), (double)t.stall_ns / 1e9, format_bytes(pm.hwm).c_str(),
                 format_bytes(st.budget_bytes).c_str());
-  return buf;
+  std::string out = buf;
+  if (s.options().route_bias != 0.0f)
+    out += " | route bias " + std::to_string(s.options().route_bias) + " (lossy: routing favours cached experts)";
+  return out;
 }
 
 std::string expert_stats_table(const SessionStats& st) {

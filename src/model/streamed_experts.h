@@ -36,6 +36,7 @@ class StreamedExperts final : public ExpertSource {
   // Predicted experts of a coming layer. At most what one window may read ahead is passed on:
   // hinting more than a layer's share would evict guesses before they are used and read them twice.
   void hint(uint32_t layer, std::span<const uint32_t> experts) const override;
+  std::vector<uint32_t> cached(uint32_t layer) const override { return store_.held(layer); }
   void release() const { lease_.release(); }
   storage::ExpertStore& store() const { return store_; }
   // The window size prepare() chose for the last layer (its union's size when it fit at once).

@@ -192,6 +192,9 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
   eo.chunk = s.plan.chunk;
   eo.prefetch = opt.prefetch;
   eo.observer = opt.tensors;
+  if (opt.route_bias != 0.0f && !opt.stream_experts)
+    throw Error("route bias needs streamed experts (with resident experts every expert is cached)");
+  eo.route_bias = opt.route_bias;
   if (opt.stream_experts) {
     storage::StoreOptions so;
     so.policy = opt.policy;
@@ -227,6 +230,13 @@ void Session::reset() {
   impl_->forget();
   const std::lock_guard<std::mutex> lock(impl_->prompt_mu);
   impl_->prompt_cache.clear();
+}
+
+void Session::set_route_bias(float d) {
+  if (d != 0.0f && !impl_->opt.stream_experts)
+    throw Error("route bias needs streamed experts (with resident experts every expert is cached)");
+  impl_->engine->set_route_bias(d);
+  impl_->opt.route_bias = d;
 }
 
 std::vector<TokenId> Session::tokenize_prompt(std::string_view text, bool add_bos) const {

@@ -52,6 +52,8 @@ struct SessionOptions {
   uint32_t io_depth = 16;
   bool prefetch = true;          // next-layer router hints
   bool direct_io = true;
+  // Cache-aware routing, lossy, off at 0 (EngineOptions::route_bias); needs stream_experts.
+  float route_bias = 0.0f;
   // Prefix checkpoints: one each time the sequence passes a multiple of checkpoint_interval
   // tokens (at the end of the prefill chunk or decode step that passes it; 0: none) and two at
   // the end of each prompt's prefill: before its last token and after it (with that prompt's
@@ -177,6 +179,9 @@ class Session {
                           const std::function<bool(TokenId)>& on_token);
   // Forget the kept sequence (the next prompt is evaluated from position 0).
   void reset();
+  // Cache-aware routing from the next generate() on (EngineOptions::route_bias; 0: exact). Throws
+  // Error for a bad value, or a non-zero one without streamed experts. Not during generate().
+  void set_route_bias(float d);
   // Safe to call from any thread, also while generate() runs.
   SessionStats stats() const;
 

@@ -401,6 +401,15 @@ std::vector<uint32_t> ExpertStore::resident(uint32_t layer) const {
   return out;
 }
 
+std::vector<uint32_t> ExpertStore::held(uint32_t layer) const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  std::vector<uint32_t> out;
+  for (const Slot& s : impl_->slots)
+    if ((s.state == Slot::State::Ready || s.state == Slot::State::Loading) && s.layer == layer) out.push_back(s.expert);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 void ExpertStore::wait_idle() const {
   std::unique_lock<std::mutex> lk(impl_->mu);
   impl_->cv.wait(lk, [&] {

@@ -151,6 +151,10 @@ class ExpertStore {
   void reset_stats();
   // Experts of `layer` whose bytes are resident and complete, ascending.
   std::vector<uint32_t> resident(uint32_t layer) const;
+  // Experts of `layer` that are resident or being read (a slot is theirs), ascending: what a
+  // later acquire() finds without starting a read. Cache-aware routing (--route-bias) favours
+  // these; unlike resident() it does not depend on how far the reads in flight have got.
+  std::vector<uint32_t> held(uint32_t layer) const;
   // Blocks until no read is queued or in flight (finished prefetches become resident).
   void wait_idle() const;
 

@@ -21,13 +21,26 @@ Engine::Impl::Impl(const Model& model, const EngineOptions& o)
   for (size_t i = 0; i < c.kv_source_layer_ids.size(); ++i) slot[c.kv_source_layer_ids[i]] = (int)i;
 }
 
+namespace {
+void check_route_bias(float d) {
+  if (!(d >= 0.0f && d <= 1e6f)) throw Error("engine: route_bias must be in [0, 1e6] (got " + std::to_string(d) + ")");
+}
+}  // namespace
+
 Engine::Engine(const Model& m, EngineOptions o) : model_(m), opt_(o) {
   if (o.ctx == 0) throw Error("engine: ctx must be at least 1");
   if (o.chunk == 0) throw Error("engine: chunk must be at least 1");
+  check_route_bias(o.route_bias);
   impl_ = std::make_unique<Impl>(m, o);
 }
 
 Engine::~Engine() = default;
+
+void Engine::set_route_bias(float d) {
+  check_route_bias(d);
+  opt_.route_bias = d;
+  impl_->opt.route_bias = d;
+}
 
 uint32_t sequence_position(const SequenceState& s) { return s.pos; }
 

@@ -51,6 +51,13 @@ struct EngineOptions {
   // overlap it) and the next layer's predicted experts (its router on this layer's FFN input).
   // Results are the same either way; only what is read, and when, changes.
   bool prefetch = true;
+  // Cache-aware routing, LOSSY, off at 0 (--route-bias D): with `experts` set, D is added to the
+  // selection score of each expert the source already holds (ExpertSource::cached, one snapshot
+  // per layer per chunk), so a near-tie goes to an expert that costs no read. Only the choice
+  // moves; the mixing weights of the chosen experts are still their unbiased scores, normalized.
+  // With it on, results depend on what the cache holds (its size, its history, prefetch), so the
+  // bit-identity guarantees across cache sizes and chunkings no longer hold.
+  float route_bias = 0.0f;
   // Test hook: fill TokenTrace::ffn_inputs (copies; results are unchanged).
   bool trace_ffn_inputs = false;
   // Shown every named intermediate when set (one eval() at a time). Must outlive the Engine.
@@ -109,6 +116,9 @@ class Engine {
                    std::vector<TokenTrace>* trace = nullptr) const;
 
   const EngineOptions& options() const { return opt_; }
+  // Changes EngineOptions::route_bias between evals (bench compares exact and biased routing on
+  // one loaded model). Throws Error for a negative or non-finite d.
+  void set_route_bias(float d);
   const Model& model() const { return model_; }
 
  private:

@@ -43,6 +43,8 @@ struct Engine::Impl {
   void moe(Chunk& ch, uint32_t L, CMat x, Mat out) const;
   bool prefetching() const;
   // Experts layer L's router picks for the chunk's tokens given FFN input x (ascending, distinct).
+  // The layer's selection bias (text or image), plus route_bias on the experts the source holds.
+  std::vector<float> selection_bias(uint32_t L, const std::vector<float>& base) const;
   std::vector<uint32_t> predict_experts(uint32_t L, const Chunk& ch, CMat x) const;
 
   RopeTable rope_table(uint32_t L) const { return RopeTable{freqs[L].data(), freqs[L].size()}; }

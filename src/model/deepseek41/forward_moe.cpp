@@ -6,6 +6,10 @@
 // expert (weight 1) runs for every token. Routed experts are fetched through the ExpertSource
 // once per layer per chunk and run in ascending expert id, which is also the order each token's
 // routed sum is accumulated in.
+//
+// Cache-aware routing (EngineOptions::route_bias, off by default, lossy) adds D to the selection
+// bias of the experts the source already holds, taken once per layer per chunk; like the image
+// bias it moves only the choice, never the weights.
 #include <algorithm>
 
 #include "model/deepseek41/forward_impl.h"
@@ -14,6 +18,14 @@ namespace sluice {
 
 bool Engine::Impl::prefetching() const { return opt.experts != nullptr && opt.prefetch; }
 
+std::vector<float> Engine::Impl::selection_bias(uint32_t L, const std::vector<float>& base) const {
+  std::vector<float> b = base;
+  if (opt.route_bias == 0.0f || opt.experts == nullptr) return b;
+  for (uint32_t e : experts->cached(L))
+    if (e < b.size()) b[e] += opt.route_bias;
+  return b;
+}
+
 std::vector<uint32_t> Engine::Impl::predict_experts(uint32_t L, const Chunk& ch, CMat x) const {
   const LayerWeights& w = m.layers[L];
   const uint32_t n = ch.n, E = c.n_routed_experts;
@@ -21,8 +33,9 @@ std::vector<uint32_t> Engine::Impl::predict_experts(uint32_t L, const Chunk& ch,
   be.linear(w.gate_inp, x, logits, /*round=*/false);
   be.sync();
   std::vector<uint8_t> want(E, 0);
+  const std::vector<float> text_bias = selection_bias(L, w.exp_bias), image_bias = selection_bias(L, w.exp_bias_vl);
   for (uint32_t i = 0; i < n; ++i) {
-    const std::vector<float>& bias = ch.is_masked(i) ? w.exp_bias_vl : w.exp_bias;
+    const std::vector<float>& bias = ch.is_masked(i) ? image_bias : text_bias;
     const Routing rt = route(std::span<const float>(logits.row(i), E), bias, c.num_experts_per_tok,
                              c.norm_topk_prob, c.routed_scaling_factor);
     for (uint32_t e : rt.experts) want[e] = 1;
@@ -43,8 +56,9 @@ void Engine::Impl::moe(Chunk& ch, uint32_t L, CMat x, Mat out) const {
   be.linear(w.gate_inp, x, logits, /*round=*/false);
   be.sync();
   std::vector<ExpertTriple> triples;
+  const std::vector<float> text_bias = selection_bias(L, w.exp_bias), image_bias = selection_bias(L, w.exp_bias_vl);
   for (uint32_t i = 0; i < n; ++i) {
-    const std::vector<float>& bias = ch.is_masked(i) ? w.exp_bias_vl : w.exp_bias;
+    const std::vector<float>& bias = ch.is_masked(i) ? image_bias : text_bias;
     const Routing rt = route(std::span<const float>(logits.row(i), E), bias, c.num_experts_per_tok,
                              c.norm_topk_prob, c.routed_scaling_factor);
     for (size_t k = 0; k < rt.experts.size(); ++k) triples.push_back({rt.experts[k], i, rt.weights[k]});
