@@ -4,6 +4,7 @@
 // tensor records, and usage errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -85,6 +86,16 @@ TEST_F(BenchCli, ModelRunPrintsTheIssuesKeysAndAConsistentRoofline) {
   else
     EXPECT_NEAR(j["roofline_decode_tok_s"].get<double>(), mem_roof, mem_roof * 1e-12);
   EXPECT_NEAR(j["decode_ratio"].get<double>(), j["decode_tok_s"].get<double>() / j["roofline_decode_tok_s"].get<double>(), 1e-12);
+  // The per-token split: a stall is part of the token's time, and the overlap ratio is the time
+  // over the larger of compute and the disk's share.
+  ASSERT_TRUE(j["streaming"].get<bool>());
+  const double ms = j["decode_ms_per_token"], stall = j["stall_ms_per_token"], compute = j["compute_ms_per_token"];
+  const double io = j["io_ms_per_token"];
+  EXPECT_GT(ms, 0);
+  EXPECT_GE(stall, 0);
+  EXPECT_LE(stall, ms);
+  EXPECT_NEAR(compute + stall, ms, ms * 1e-12);
+  EXPECT_NEAR(j["overlap_ratio"].get<double>(), ms / std::max(compute, io), 1e-9);
 }
 
 TEST_F(BenchCli, TextReportNamesTheRoofline) {
