@@ -71,6 +71,7 @@ namespace {
 struct Timings {
   std::vector<double> pre, dec, disk_bytes_tok, stall_frac, hit_rate;
   std::vector<double> ms_tok, stall_ms_tok;  // decode: wall time and store stall per token
+  std::vector<double> engram_hit;             // decode: share of distinct Engram rows found cached
 };
 
 // -r runs: reset, prefill -p pseudo-random tokens (the same ones for every mode), decode -n greedy
@@ -87,14 +88,19 @@ Timings time_runs(Session& session, const BenchOptions& o, uint32_t n_gen) {
     req.max_tokens = n_gen;
     req.ignore_eos = true;
     storage::LayerStats at_first{};
+    SessionStats ss_first{};
     bool first = true;
     const GenerateResult res = session.generate(
         req, [](uint32_t, uint32_t) { return true; },
         [&](TokenId) {
-          if (first) at_first = session.stats().store.total(), first = false;
+          if (first) ss_first = session.stats(), at_first = ss_first.store.total(), first = false;
           return true;
         });
-    const storage::LayerStats end = session.stats().store.total();
+    const SessionStats ss_end = session.stats();
+    const storage::LayerStats end = ss_end.store.total();
+    if (ss_end.engram_unique > ss_first.engram_unique)
+      t.engram_hit.push_back((double)(ss_end.engram_hits - ss_first.engram_hits) /
+                             (double)(ss_end.engram_unique - ss_first.engram_unique));
     t.pre.push_back(res.prompt_evaluated / res.prefill_s);
     if (res.decode_steps > 0) {
       t.dec.push_back(res.decode_steps / res.decode_s);
@@ -286,6 +292,7 @@ int run_bench(const BenchOptions& o) {
     j["expert_bytes_per_token"] = db.experts;
     j["engram_bytes_per_token"] = db.engram;
     j["streaming"] = streaming;
+    if (!t.engram_hit.empty()) j["engram_hit_rate"] = figure(t.engram_hit).median;
     if (streaming) {
       j["disk_gbps"] = disk.gbps;
       j["disk_bytes_per_token"] = fdisk.median;
@@ -336,6 +343,11 @@ int run_bench(const BenchOptions& o) {
     std::printf("decode per token %.2f ms = compute %.2f + stall %.2f; its disk reads alone take %.2f ms at the raw "
                 "rate; time / max(compute, disk) = %.2f (1.00: reads fully hidden)\n",
                 ms, compute_ms, stall_ms, io_ms, overlap);
+  }
+  if (!t.engram_hit.empty()) {
+    const Figure fe = figure(t.engram_hit);
+    std::printf("decode Engram rows from the row cache %.1f%% (min %.1f, max %.1f; %llu rows per table)\n",
+                100 * fe.median, 100 * fe.min, 100 * fe.max, (unsigned long long)session.stats().engram_cache_rows);
   }
   if (bias != 0.0f) {
     const Figure ep = figure(exact.pre), ed = figure(exact.dec), eh = figure(exact.hit_rate);

@@ -284,6 +284,12 @@ std::string session_summary(const Session& s, uint64_t tokens_evaluated) {
                 format_bytes(t.bytes_prefetch).c_str(), (double)t.stall_ns / 1e9, format_bytes(pm.hwm).c_str(),
                 format_bytes(st.budget_bytes).c_str());
   std::string out = buf;
+  if (st.engram_unique) {
+    std::snprintf(buf, sizeof buf, " | Engram rows %.1f%% from cache (%llu of %llu distinct), read %s",
+                  100.0 * (double)st.engram_hits / (double)st.engram_unique, (unsigned long long)st.engram_hits,
+                  (unsigned long long)st.engram_unique, format_bytes(st.engram_bytes).c_str());
+    out += buf;
+  }
   if (s.options().route_bias != 0.0f)
     out += " | route bias " + std::to_string(s.options().route_bias) + " (lossy: routing favours cached experts)";
   return out;

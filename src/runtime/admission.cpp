@@ -9,6 +9,7 @@
 
 #include "format/gguf.h"
 #include "model/architecture.h"
+#include "model/deepseek41/engram_cache.h"
 #include "model/deepseek41/forward.h"
 #include "util/error.h"
 
@@ -184,10 +185,10 @@ Eval evaluate(const ModelFootprint& fp, const PlanOptions& o, uint32_t chunk, in
       std::to_string(threads) + " x (" + format_bytes(o.thread_stack_bytes) + " stack + per-thread scratch)");
 
   const uint64_t n_tables = c.engram_layer_ids.size();
-  const uint64_t row_slot = align_up(c.engram_row_bytes(), 8) + 48;  // row + key/LRU links
   const uint64_t cache_rows = o.engram_cache_rows * n_tables;
-  add("Engram staging", n_tables ? cache_rows * row_slot : 0,
-      n_tables ? num(cache_rows) + " cached rows (a chunk's read staging is in the scratch)" : "no Engram layers");
+  add("Engram row cache", n_tables ? engram_cache_bytes(o.engram_cache_rows, n_tables, c.engram_row_bytes()) : 0,
+      n_tables ? num(cache_rows) + " rows as read, LRU per table (a chunk's read staging is in the scratch)"
+               : "no Engram layers");
 
   // Long-lived allocations: every loaded tensor, every vector of each sequence, and a few store
   // and session buffers (slab, slot table, checkpoint set, logits rows).
@@ -262,6 +263,7 @@ Plan make_plan(const ModelFootprint& fp, const PlanOptions& o, const HostFacts& 
   p.ctx = o.ctx;
   p.sequences = o.sequences;
   p.threads = o.threads > 0 ? o.threads : std::max(1, (int)std::thread::hardware_concurrency());
+  p.engram_cache_rows = c.engram_layer_ids.empty() ? 0 : o.engram_cache_rows;
   p.top_k = c.num_experts_per_tok;
   p.n_expert = c.n_routed_experts;
   p.total_experts = fp.total_experts();

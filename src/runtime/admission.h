@@ -12,7 +12,7 @@
 //                      the chunk's new cache rows and selections, indexer scores (chunk x visible
 //                      rows, f32), Engram read staging, per-token vectors, logits (chunk x vocab x 4)
 //   threads            stack + per-thread scratch of every compute thread
-//   Engram staging     Engram row cache (a chunk's read staging is part of the scratch)
+//   Engram row cache   rows kept after they are read (a chunk's read staging is part of the scratch)
 //   runtime overhead   measured: the process's resident set when it plans (binary, libraries,
 //                      parsed header, tokenizer, config tables), plus a per-allocation bound
 //                      of the allocator's rounding for every long-lived allocation
@@ -178,6 +178,7 @@ struct Plan {
   uint32_t top_k = 0, n_expert = 0;
   bool cache_per_layer = true;
   uint64_t union_capacity = 0;          // experts one layer can hold at once (see PlanOptions)
+  uint64_t engram_cache_rows = 0;       // per Engram table, accounted (0: the model has none)
   uint64_t chunk_union = 0;             // min(chunk x top_k, n_expert): worst-case experts of one layer
   uint32_t max_chunk_for_cache = 0;     // the largest chunk whose worst-case union is leased at once
   uint64_t stream_window = 0;           // 0: the chunk's union fits a layer's share; else experts per window

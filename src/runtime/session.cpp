@@ -59,6 +59,7 @@ struct Session::Impl {
   // Read by stats() from other threads while generate() runs.
   std::atomic<uint64_t> requests{0}, prompt_tokens{0}, generated_tokens{0}, prefill_ns{0}, decode_ns{0};
   std::atomic<uint64_t> ck_count{0}, ck_bytes{0}, ck_taken{0}, ck_dropped{0}, ck_skipped{0}, ck_rollbacks{0};
+  std::atomic<uint64_t> engram_rows{0}, engram_unique{0}, engram_hits{0}, engram_reads{0}, engram_bytes{0};
 
   // Evaluates tokens at the end of the sequence. With want_logits (or an observer that sees
   // them, or a tensor observer) the output head runs and the last row is kept; otherwise it is
@@ -71,13 +72,24 @@ struct Session::Impl {
     std::vector<float> logits(want_logits || observed || opt.tensors ? toks.size() * (size_t)V : 0);
     std::vector<TokenTrace> trace;
     const bool tracing = obs && obs->want_trace;
-    engine->eval(state, toks, logits.empty() ? nullptr : logits.data(), tracing ? &trace : nullptr);
+    try {
+      engine->eval(state, toks, logits.empty() ? nullptr : logits.data(), tracing ? &trace : nullptr);
+    } catch (...) {
+      publish_engram();  // the rows a failed eval read are in the cache and the counts
+      throw;
+    }
+    publish_engram();
     history.insert(history.end(), toks.begin(), toks.end());
     if (logits.empty()) last_logits.clear();
     else last_logits.assign(logits.end() - V, logits.end());
     if (observed) obs->on_eval(pos, toks, logits.data(), tracing ? &trace : nullptr);
     const uint32_t every = opt.checkpoint_interval;
     if (interval_checkpoint && every && state.position() / every > pos / every) take_checkpoint(false);
+  }
+  void publish_engram() {
+    const EngramReadStats es = engine->engram_stats();
+    engram_rows = es.requested, engram_unique = es.unique, engram_hits = es.hits, engram_reads = es.reads;
+    engram_bytes = es.bytes;
   }
   // A checkpoint of the sequence as it is; at a prompt's end with its logits row. Room is made
   // (older ones dropped) before anything is copied.
@@ -195,6 +207,7 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
   if (opt.route_bias != 0.0f && !opt.stream_experts)
     throw Error("route bias needs streamed experts (with resident experts every expert is cached)");
   eo.route_bias = opt.route_bias;
+  eo.engram_cache_rows = s.plan.engram_cache_rows;
   if (opt.stream_experts) {
     storage::StoreOptions so;
     so.policy = opt.policy;
@@ -335,6 +348,12 @@ SessionStats Session::stats() const {
   st.checkpoints_dropped = s.ck_dropped;
   st.checkpoints_skipped = s.ck_skipped;
   st.checkpoint_rollbacks = s.ck_rollbacks;
+  st.engram_rows = s.engram_rows;
+  st.engram_unique = s.engram_unique;
+  st.engram_hits = s.engram_hits;
+  st.engram_reads = s.engram_reads;
+  st.engram_bytes = s.engram_bytes;
+  st.engram_cache_rows = s.plan.engram_cache_rows;
   return st;
 }
 

@@ -130,6 +130,10 @@ struct SessionStats {
   // how many requests rolled back to one.
   uint64_t checkpoints = 0, checkpoint_bytes = 0, checkpoint_budget = 0;
   uint64_t checkpoints_taken = 0, checkpoints_dropped = 0, checkpoints_skipped = 0, checkpoint_rollbacks = 0;
+  // Engram rows: looked up (one per token, table and column), distinct per read batch, found in
+  // the row cache, pread calls and bytes read; the cache's rows per table (0: no Engram).
+  uint64_t engram_rows = 0, engram_unique = 0, engram_hits = 0, engram_reads = 0, engram_bytes = 0;
+  uint64_t engram_cache_rows = 0;
 };
 
 // A model file's header opened once, with what is derived from it: the config and the

@@ -4,13 +4,15 @@
 #include <cstring>
 #include <string>
 
+#include "model/deepseek41/engram_cache.h"
 #include "model/deepseek41/primitives.h"
 #include "util/error.h"
 
 namespace sluice {
 
 EngramReadStats engram_gather(const gguf::File& f, const gguf::TensorInfo& table, uint32_t head_dim,
-                              std::span<const uint64_t> rows, float* out, size_t staging_bytes) {
+                              std::span<const uint64_t> rows, float* out, size_t staging_bytes,
+                              EngramRowCache* cache, uint32_t cache_table) {
   EngramReadStats st;
   st.requested = rows.size();
   const uint64_t rb = head_dim + head_dim / 32;
@@ -46,13 +48,30 @@ EngramReadStats engram_gather(const gguf::File& f, const gguf::TensorInfo& table
     }
     ++st.batches;
     st.unique += ids.size();
-    for (size_t a = 0; a < ids.size();) {  // coalesce runs of consecutive rows into one pread
+    // Cached rows are copied; the rest are read, runs of consecutive missing rows in one pread.
+    std::vector<uint8_t> hit(ids.size(), 0);
+    if (cache)
+      for (size_t a = 0; a < ids.size(); ++a)
+        if (const uint8_t* p = cache->find(cache_table, ids[a])) {
+          std::memcpy(staging.data() + a * rb, p, rb);
+          hit[a] = 1;
+          ++st.hits;
+        }
+    for (size_t a = 0; a < ids.size();) {
+      if (hit[a]) {
+        ++a;
+        continue;
+      }
       size_t b = a + 1;
-      while (b < ids.size() && ids[b] == ids[b - 1] + 1) ++b;
+      while (b < ids.size() && !hit[b] && ids[b] == ids[b - 1] + 1) ++b;
       f.read_bytes(table, ids[a] * rb, staging.data() + a * rb, (b - a) * rb);
       ++st.reads;
+      st.bytes += (b - a) * rb;
       a = b;
     }
+    if (cache)
+      for (size_t a = 0; a < ids.size(); ++a)
+        if (!hit[a]) cache->insert(cache_table, ids[a], staging.data() + a * rb);
     size_t slot = 0;
     for (size_t k = i; k < j; ++k) {
       const uint64_t r = rows[refs[k]];

@@ -19,6 +19,9 @@ Engine::Impl::Impl(const Model& model, const EngineOptions& o)
   slot.assign(c.num_hidden_layers, -1);
   for (uint32_t L = 0; L < c.num_hidden_layers; ++L) freqs[L] = rope_frequencies(c, roles[L].ratio);
   for (size_t i = 0; i < c.kv_source_layer_ids.size(); ++i) slot[c.kv_source_layer_ids[i]] = (int)i;
+  if (o.engram_cache_rows && !c.engram_layer_ids.empty())
+    engram_cache = std::make_unique<EngramRowCache>(o.engram_cache_rows, (uint32_t)c.engram_layer_ids.size(),
+                                                    (uint32_t)c.engram_row_bytes());
 }
 
 namespace {
@@ -35,6 +38,8 @@ Engine::Engine(const Model& m, EngineOptions o) : model_(m), opt_(o) {
 }
 
 Engine::~Engine() = default;
+
+EngramReadStats Engine::engram_stats() const { return impl_->engram_stats; }
 
 void Engine::set_route_bias(float d) {
   check_route_bias(d);

@@ -14,6 +14,7 @@
 
 #include "model/deepseek41/config.h"
 #include "model/deepseek41/engine_footprint.h"
+#include "model/deepseek41/engram.h"
 #include "model/model.h"
 #include "model/deepseek41/sequence_state.h"
 #include "util/token_id.h"
@@ -58,6 +59,9 @@ struct EngineOptions {
   // With it on, results depend on what the cache holds (its size, its history, prefetch), so the
   // bit-identity guarantees across cache sizes and chunkings no longer hold.
   float route_bias = 0.0f;
+  // Engram rows kept per Engram table after they are read (model/deepseek41/engram_cache.h;
+  // engram_cache_bytes() is its size, allocated at construction); 0: none. Only I/O changes.
+  uint64_t engram_cache_rows = 0;
   // Test hook: fill TokenTrace::ffn_inputs (copies; results are unchanged).
   bool trace_ffn_inputs = false;
   // Shown every named intermediate when set (one eval() at a time). Must outlive the Engine.
@@ -119,6 +123,8 @@ class Engine {
   // Changes EngineOptions::route_bias between evals (bench compares exact and biased routing on
   // one loaded model). Throws Error for a negative or non-finite d.
   void set_route_bias(float d);
+  // Engram rows looked up, read and found in the row cache since construction. Same thread as eval().
+  EngramReadStats engram_stats() const;
   const Model& model() const { return model_; }
 
  private:

@@ -34,7 +34,8 @@ void Engine::Impl::engram(Chunk& ch, uint32_t L, Mat X) const {
   const int e = roles[L].engram_index;
   const uint32_t n = ch.n, hc = c.hc_mult;
   const Mat rows = ws(Ws::EngramRows, n), kv = ws(Ws::EngramKv, n);
-  engram_gather(m.file, *w.engram_table, c.engram_head_dim, ch.engram_rows[(size_t)e], rows.p);  // host-visible
+  engram_stats += engram_gather(m.file, *w.engram_table, c.engram_head_dim, ch.engram_rows[(size_t)e], rows.p,
+                                kEngramStagingBytes, engram_cache.get(), (uint32_t)e);  // host-visible
   be.linear(w.engram_kv, rows, kv, /*round=*/true);
   be.engram_gate(X, hc, kv, w.engram_q_norm.data(), w.engram_k_norm.data(), c.rms_norm_eps, ch.masked);
 }

@@ -12,6 +12,7 @@
 #include "model/deepseek41/forward_chunk.h"
 #include "model/deepseek41/forward_workspace.h"
 #include "model/model.h"
+#include "model/deepseek41/engram_cache.h"
 #include "model/deepseek41/primitives.h"
 
 namespace sluice {
@@ -27,6 +28,8 @@ struct Engine::Impl {
   const ExpertSource* experts;
   std::vector<std::vector<double>> freqs;  // per layer RoPE table
   std::vector<int> slot;                   // per layer: KV-source slot, -1 if not a source
+  mutable std::unique_ptr<EngramRowCache> engram_cache;  // null: opt.engram_cache_rows == 0
+  mutable EngramReadStats engram_stats;     // since construction
 
   Impl(const Model& model, const EngineOptions& o);
 
