@@ -146,6 +146,18 @@ float dot_q2_0_avx512(const void* vx, const void* vy, int64_t n) {
   return sumf;
 }
 
+// Four 7-bit sign indices (bits 0-27 of q) as four ksigns_iq2xs bytes: the index in bits 0-6 and
+// its parity in bit 7 (an even number of negated elements in every group of eight). Bit j of
+// byte k says whether element j of group k is negated, so two of these are the 64 sign bits of
+// two sub-blocks, usable directly as a byte mask, with no table.
+inline uint32_t iq2_sign_bytes(uint32_t q) {
+  const uint32_t x = _pdep_u32(q, 0x7f7f7f7fu);
+  uint32_t p = x ^ (x >> 4);
+  p ^= p >> 2;
+  p ^= p >> 1;
+  return x | ((p & 0x01010101u) << 7);
+}
+
 float dot_iq2_xxs_avx512(const void* vx, const void* vy, int64_t n) {
   const uint8_t* x = bytes(vx);
   const uint8_t* y = bytes(vy);
@@ -153,15 +165,25 @@ float dot_iq2_xxs_avx512(const void* vx, const void* vy, int64_t n) {
   for (int64_t i = 0; i < n / 256; ++i, x += kIq2xxsBytes, y += kQ8_KBytes) {
     __m512i acc = _mm512_setzero_si512();
     for (int ib = 0; ib < 8; ib += 2) {
-      const uint32_t a0 = ld32(x + 2 + 8 * ib), a1 = ld32(x + 6 + 8 * ib);
-      const uint32_t b0 = ld32(x + 10 + 8 * ib), b1 = ld32(x + 14 + 8 * ib);
-      const uint32_t gidx[8] = {a0 & 255, (a0 >> 8) & 255, (a0 >> 16) & 255, a0 >> 24,
-                                b0 & 255, (b0 >> 8) & 255, (b0 >> 16) & 255, b0 >> 24};
-      const uint32_t sidx[8] = {a1 & 127, (a1 >> 7) & 127, (a1 >> 14) & 127, (a1 >> 21) & 127,
-                                b1 & 127, (b1 >> 7) & 127, (b1 >> 14) & 127, (b1 >> 21) & 127};
-      acc = iq2_accumulate(acc, gather8(iq2xxs_grid, gidx), gather8(ksigns_mask_iq2xs, sidx),
-                           load512(y + kQ8_KQs + 32 * ib),
-                           halves16((int)(2 * (a1 >> 28) + 1), (int)(2 * (b1 >> 28) + 1)));
+      // Sub-block ib: four grid index bytes, then a1 (signs and scale); ib + 1: the same, b1.
+      const uint32_t a1 = ld32(x + 6 + 8 * ib), b1 = ld32(x + 14 + 8 * ib);
+      // Eight grid rows through the stack: one wide load after eight scalar ones costs fewer
+      // shuffle-port operations than building the vector lane by lane (or a gather).
+      alignas(64) uint64_t rows[8];
+      const uint8_t* gi = x + 2 + 8 * ib;  // the index bytes are read from memory, not shifted out
+      for (int k = 0; k < 4; ++k) {
+        rows[k] = iq2xxs_grid[gi[k]];
+        rows[4 + k] = iq2xxs_grid[gi[8 + k]];
+      }
+      const __m512i g = _mm512_load_si512(rows);
+      const __m512i yv = load512(y + kQ8_KQs + 32 * ib);
+      // The product's sign: the grid's sign bit xor y's; applied to the grid byte (<= 43, no wrap),
+      // with |y| as the unsigned operand (|-128| = 0x80 = 128 unsigned).
+      const __mmask64 neg = _cvtu64_mask64((uint64_t)iq2_sign_bytes(b1) << 32 | iq2_sign_bytes(a1)) ^
+                            _mm512_movepi8_mask(yv);
+      const __m512i w = _mm512_mask_sub_epi8(g, neg, _mm512_setzero_si512(), g);
+      const __m512i p = _mm512_maddubs_epi16(_mm512_abs_epi8(yv), w);  // |pair| <= 2*43*128
+      acc = _mm512_dpwssd_epi32(acc, p, halves16((int)(2 * (a1 >> 28) + 1), (int)(2 * (b1 >> 28) + 1)));
     }
     sumf = step_iq2(sumf, _mm512_reduce_add_epi32(acc), f16(x), ldf(y));
   }
