@@ -404,6 +404,14 @@ TEST(AdmissionPlan, CacheIsCappedAtEveryExpert) {
   EXPECT_EQ(p.cache_slots, 15360u);
   EXPECT_EQ(p.unused_bytes, p.budget - p.planned_bytes());
   EXPECT_GT(p.unused_bytes, 800 * GiB);
+  // --cache-experts caps it below what the budget leaves; the rest stays unused.
+  PlanOptions o = published_options(1000 * GiB);
+  o.max_cache_experts = 5000;
+  const Plan q = make_plan(published_footprint(), o, quiet_host());
+  ASSERT_TRUE(q.admitted);
+  EXPECT_EQ(q.cache_slots, 5000u);
+  EXPECT_EQ(q.cache_bytes, 5000u * q.slot_bytes);
+  EXPECT_EQ(q.unused_bytes, q.budget - q.planned_bytes());
 }
 
 TEST(AdmissionPlan, ScratchAndStateGrowWithChunkAndContext) {

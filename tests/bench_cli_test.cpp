@@ -129,18 +129,13 @@ TEST_F(BenchCli, OpsRunCoversEveryShapeAndTokenCount) {
   EXPECT_EQ(head, 1);
 }
 
-// --route-bias on a cache that holds about half of each layer's experts (the budget is the plan's
-// mandatory bytes for the same context plus ~80 slots): exact routing first, then biased, in one
-// run. A bias far above any score gap keeps every decode request a hit, where exact routing
-// misses; the next-token distributions then differ (KL > 0), and the cost figures are consistent.
+// --route-bias on a cache of 80 of the tiny model's 128 experts (--cache-experts): exact routing
+// first, then biased, in one run. A bias far above any score gap keeps every decode request a
+// hit, where exact routing misses; the next-token distributions then differ (KL > 0), and the
+// cost figures are consistent.
 TEST_F(BenchCli, RouteBiasReportsWhatItBuysAndWhatItCosts) {
-  const std::string common = " -m " + q(model_) + " -c 16 --checkpoint-budget 0 --json --allow-swap";
-  const CmdResult plan = test::run_sluice(*dir_, "plan" + common + " --mem-budget 1GiB");
-  ASSERT_EQ(plan.rc, 0) << plan.err;
-  const nlohmann::json pj = nlohmann::json::parse(plan.out);
-  const uint64_t budget = pj["mandatory_bytes"].get<uint64_t>() + 80 * pj["slot_bytes"].get<uint64_t>();
   const CmdResult r = bench("-m " + q(model_) + " -p 12 -n 3 -r 1 --read-mib 64 --disk-seconds 0.2 --allow-swap "
-                            "--no-prefetch --route-bias 1000 --mem-budget " + std::to_string(budget) + " --json");
+                            "--no-prefetch --route-bias 1000 --cache-experts 80 --json");
   ASSERT_EQ(r.rc, 0) << r.err;
   const auto js = lines(r.out);
   ASSERT_EQ(js.size(), 1u) << r.out;

@@ -41,6 +41,7 @@ CLI::App* setup_plan(CLI::App& app, PlanCommandOptions& o) {
   sub->add_option("--checkpoint-budget", o.checkpoint_budget,
                   "memory for prefix checkpoints, as run/chat/serve take it (default " +
                       format_bytes(kDefaultCheckpointBudget) + ")");
+  sub->add_option("--cache-experts", o.cache_experts, "hold at most N routed experts in the cache, as run/chat/serve take it");
   sub->add_flag("--json", o.json, "print one JSON object instead of the table");
   return sub;
 }
@@ -57,6 +58,7 @@ int run_plan(const PlanCommandOptions& o) {
   po.chunk = o.chunk;
   po.threads = o.threads;
   po.allow_swap = o.allow_swap;
+  po.max_cache_experts = o.cache_experts;
   try {
     if (!o.checkpoint_budget.empty()) po.checkpoint_budget = parse_bytes(o.checkpoint_budget, "--checkpoint-budget");
   } catch (const Error& e) {

@@ -18,6 +18,7 @@ struct PlanCommandOptions {
   std::string cache_policy = "lru-per-layer";  // or lru-global (the expert store's policies)
   bool allow_swap = false;
   std::string checkpoint_budget;  // empty: kDefaultCheckpointBudget, as run, chat and serve
+  uint64_t cache_experts = 0;     // --cache-experts, as run, chat and serve (0: no cap)
   bool json = false;
 };
 CLI::App* setup_plan(CLI::App& app, PlanCommandOptions& o);

@@ -182,6 +182,8 @@ void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
   sub->add_flag("--no-direct-io", o.no_direct_io, "buffered expert reads (drops the pages after reading)");
   sub->add_flag("--resident-experts", o.resident_experts,
                 "read every routed expert into memory at load instead of streaming them (small models)");
+  sub->add_option("--cache-experts", o.cache_experts,
+                  "hold at most N routed experts in the expert cache (default 0: as many as the budget leaves room for)");
   sub->add_option("--route-bias", o.route_bias,
                   "LOSSY, off by default: add D to the routing score of experts already in the cache, so near-ties "
                   "cost no read (mixing weights stay exact; `sluice bench --route-bias D` measures what it buys and "
@@ -228,6 +230,7 @@ SessionOptions session_options(const EngineCliOptions& e, const std::string& mod
   if (e.route_bias != 0.0f && e.resident_experts)
     throw UsageError("--route-bias needs streamed experts (with --resident-experts every expert is cached)");
   so.route_bias = e.route_bias;
+  so.max_cache_experts = e.cache_experts;
   if (isatty(2)) {
     so.progress = [last = std::chrono::steady_clock::time_point{}](const std::string& stage, uint64_t done,
                                                                      uint64_t total) mutable {

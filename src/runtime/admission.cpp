@@ -211,14 +211,16 @@ Eval evaluate(const ModelFootprint& fp, const PlanOptions& o, uint32_t chunk, in
                                : num(o.checkpoint_budget / one_checkpoint) + " x up to " + format_bytes(one_checkpoint) +
                                      " (window rings, carry, Engram history, logits row) per sequence");
 
-  const uint64_t total_experts = fp.total_experts();
+  // --cache-experts: the cache holds at most this many experts, whatever the budget leaves.
+  const uint64_t slot_limit =
+      o.max_cache_experts ? std::min<uint64_t>(fp.total_experts(), o.max_cache_experts) : fp.total_experts();
   e.slot_bytes = fp.slot_window_bytes(o.io_align) + o.slot_record_bytes;
   const uint64_t avail = sat_sub(budget, e.mandatory_bytes);
   if (o.store_bytes) {
     // The store's figure: the largest slot count whose total fits (non-decreasing in slots).
     e.fits_mandatory = budget >= e.mandatory_bytes && o.store_bytes(0) <= avail;
     if (e.fits_mandatory) {
-      uint64_t lo = 0, hi = total_experts;
+      uint64_t lo = 0, hi = slot_limit;
       while (lo < hi) {
         const uint64_t mid = lo + (hi - lo + 1) / 2;
         if (o.store_bytes(mid) <= avail) lo = mid;
@@ -231,7 +233,7 @@ Eval evaluate(const ModelFootprint& fp, const PlanOptions& o, uint32_t chunk, in
     e.bounce = (uint64_t)o.io_depth * (align_up(fp.largest_expert_slice(), o.io_align) + o.io_align);
     e.fits_mandatory = budget >= e.mandatory_bytes + e.bounce;
     if (e.fits_mandatory && e.slot_bytes > 0) {
-      e.slots = std::min(total_experts, (avail - e.bounce) / e.slot_bytes);
+      e.slots = std::min(slot_limit, (avail - e.bounce) / e.slot_bytes);
       e.cache_bytes = e.slots * e.slot_bytes;
     }
   }

@@ -134,6 +134,7 @@ struct PlanOptions {
   uint32_t io_depth = 8;        // expert reads in flight = bounce buffers
   uint32_t io_align = 4096;     // direct-I/O alignment (slab and buffer padding)
   uint64_t engram_cache_rows = 65536;  // per Engram table
+  uint64_t max_cache_experts = 0;      // the expert cache holds at most this many (0: what the budget leaves)
   uint64_t thread_stack_bytes = 8ull << 20;
   // The runtime overhead (docs/storage.md, "Runtime overhead"): what the process holds besides
   // the lines above. overhead_bytes is measured, not guessed: plan_for_file sets it (when 0) to

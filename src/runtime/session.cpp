@@ -185,6 +185,7 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
     spo.plan.budget = opt.budget;
     spo.plan.allow_swap = opt.allow_swap;
     spo.plan.checkpoint_budget = opt.checkpoint_budget;
+    spo.plan.max_cache_experts = opt.max_cache_experts;
     spo.store.policy = opt.policy;
     spo.store.queue_depth = opt.io_depth;
     spo.store.direct_io = opt.direct_io;

@@ -54,6 +54,7 @@ struct SessionOptions {
   bool direct_io = true;
   // Cache-aware routing, lossy, off at 0 (EngineOptions::route_bias); needs stream_experts.
   float route_bias = 0.0f;
+  uint64_t max_cache_experts = 0;  // --cache-experts: the expert cache's slots at most (0: the budget's)
   // Prefix checkpoints: one each time the sequence passes a multiple of checkpoint_interval
   // tokens (at the end of the prefill chunk or decode step that passes it; 0: none) and two at
   // the end of each prompt's prefill: before its last token and after it (with that prompt's
