@@ -31,6 +31,13 @@ inline __m512i load2x256(const uint8_t* a, const uint8_t* b) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(load256(a)), load256(b), 1);
 }
 
+// The cache lines of the next eight Q8_0 blocks (272 bytes), 2 KiB ahead of p (integer arithmetic: the address
+// may lie past the end of the row, which only a pointer could not).
+inline void prefetch_ahead(const uint8_t* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p) + 2048;
+  for (uintptr_t o = 0; o < 320; o += 64) _mm_prefetch(reinterpret_cast<const char*>(a + o), _MM_HINT_T0);
+}
+
 inline int32_t hsum8(__m256i v) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
@@ -86,6 +93,11 @@ float dot_q8_0_avx512(const void* vx, const void* vy, int64_t n) {
   // Eight blocks per step, two per zmm (block 2k in the low half of s[k], 2k + 1 in the high
   // half); each block's 8 partial sums stay in their own lanes until the reduction.
   for (; i + 8 <= nb; i += 8) {
+    // A row is 5-6 KiB, so its stream crosses a page every row or two, where the hardware
+    // prefetcher stops; ask for the weight bytes 2 KiB ahead (the activations stay in cache).
+    // Measured with `sluice bench --ops -n 1` (2 threads): the head from 0.54 to 0.70-0.75 of the
+    // read bandwidth. An address past the row is harmless: a prefetch never faults.
+    prefetch_ahead(x);
     __m512i s[4];
     for (int k = 0; k < 4; ++k) {
       const uint8_t* xk = x + kQ8_0Bytes * 2 * k + 2;
