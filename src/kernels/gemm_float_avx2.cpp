@@ -10,17 +10,14 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/gemm_float_blocked.h"
+
 namespace sluice {
 namespace {
 
 // 2 x 3 pairs = 12 accumulators + 2 weight vectors + 1 activation vector of the 16 ymm registers.
 constexpr int kRows = 2;
 constexpr int kTokens = 3;
-// Tokens are taken in blocks whose activations fit about this much of the L2 (see the AVX-512 file).
-constexpr int64_t kActBlockBytes = 768 * 1024;
-
-// Internal linkage throughout: see gemm_float_avx512.cpp.
-inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 inline float reduce16(__m256 lo, __m256 hi) {
   const __m256 s8 = _mm256_add_ps(lo, hi);
@@ -110,7 +107,7 @@ void tile(const uint8_t* w, size_t stride, const float* const* x, int64_t n, flo
     for (int r = 0; r < R; ++r) y[(size_t)t * ldy + (size_t)r] = reduce16(lo[r][t], hi[r][t]);
 }
 
-using TileFn = void (*)(const uint8_t*, size_t, const float* const*, int64_t, float*, size_t);
+using TileFn = FloatTileFn;
 
 template <class W>
 constexpr TileFn tile_for(int r, int t) {
@@ -118,42 +115,29 @@ constexpr TileFn tile_for(int r, int t) {
                 : (t == 1 ? tile<W, 2, 1> : t == 2 ? tile<W, 2, 2> : tile<W, 2, 3>);
 }
 
+// The tile for a group of r rows and t tokens (gemm_float_blocked's loop; internal linkage, as
+// everything here: a copy compiled with this file's ISA flags must not serve other code).
 template <class W>
-void gemm(const void* w, size_t w_stride, int64_t nrows, const uint8_t* const* acts, int64_t nacts, int64_t n,
-          float* y, size_t ldy) {
-  static_assert(kRows == 2 && kTokens == 3, "tile_for dispatches up to 2 x 3");
-  const auto* wb = static_cast<const uint8_t*>(w);
-  int64_t block = kActBlockBytes / (n * 4 > 0 ? n * 4 : 1) / kTokens * kTokens;
-  if (block < kTokens) block = kTokens;
-  for (int64_t t0 = 0; t0 < nacts; t0 += block) {
-    const int64_t t1 = min64(nacts, t0 + block);
-    for (int64_t r = 0; r < nrows; r += kRows) {
-      const int rr = (int)min64(kRows, nrows - r);
-      for (int64_t t = t0; t < t1; t += kTokens) {
-        const int tt = (int)min64(kTokens, t1 - t);
-        const float* x[kTokens];
-        for (int j = 0; j < tt; ++j) x[j] = reinterpret_cast<const float*>(acts[t + j]);
-        tile_for<W>(rr, tt)(wb + (size_t)r * w_stride, w_stride, x, n, y + (size_t)t * ldy + (size_t)r, ldy);
-      }
-    }
-  }
+FloatTileFn pick(int r, int t) {
+  static_assert(kRows == 2 && kTokens == 3 && kTokens <= kMaxFloatTileTokens, "tile_for dispatches up to 2 x 3");
+  return tile_for<W>(r, t);
 }
 
 }  // namespace
 
 void gemm_f32_avx2(const void* w, size_t w_stride, int64_t nrows, const uint8_t* const* acts, int64_t nacts,
                    int64_t n, float* y, size_t ldy) {
-  gemm<F32W>(w, w_stride, nrows, acts, nacts, n, y, ldy);
+  gemm_float_blocked(pick<F32W>, kRows, kTokens, w, w_stride, nrows, acts, nacts, n, y, ldy);
 }
 
 void gemm_f16_avx2(const void* w, size_t w_stride, int64_t nrows, const uint8_t* const* acts, int64_t nacts,
                    int64_t n, float* y, size_t ldy) {
-  gemm<F16W>(w, w_stride, nrows, acts, nacts, n, y, ldy);
+  gemm_float_blocked(pick<F16W>, kRows, kTokens, w, w_stride, nrows, acts, nacts, n, y, ldy);
 }
 
 void gemm_bf16_avx2(const void* w, size_t w_stride, int64_t nrows, const uint8_t* const* acts, int64_t nacts,
                     int64_t n, float* y, size_t ldy) {
-  gemm<BF16W>(w, w_stride, nrows, acts, nacts, n, y, ldy);
+  gemm_float_blocked(pick<BF16W>, kRows, kTokens, w, w_stride, nrows, acts, nacts, n, y, ldy);
 }
 
 }  // namespace sluice

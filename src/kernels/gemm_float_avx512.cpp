@@ -19,6 +19,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/gemm_float_blocked.h"
+
 namespace sluice {
 namespace {
 
@@ -26,13 +28,6 @@ namespace {
 // per 16 elements that is 24 fma against 4 conversions and 10 loads.
 constexpr int kRows = 4;
 constexpr int kTokens = 6;
-// Tokens are taken in blocks whose activations (n floats each) fit about this much of the 2 MiB
-// L2, so the weight rows of a row group, read once from memory, serve the whole block.
-constexpr int64_t kActBlockBytes = 768 * 1024;
-
-// Everything here has internal linkage: an inline helper from a shared header, emitted with this
-// file's ISA flags, could be the copy the linker keeps for the scalar code.
-inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 inline float reduce16(__m512 v) {
   const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
@@ -100,7 +95,7 @@ void tile(const uint8_t* w, size_t stride, const float* const* x, int64_t n, flo
     for (int r = 0; r < R; ++r) y[(size_t)t * ldy + (size_t)r] = reduce16(acc[r][t]);
 }
 
-using TileFn = void (*)(const uint8_t*, size_t, const float* const*, int64_t, float*, size_t);
+using TileFn = FloatTileFn;
 
 template <class W, int R>
 constexpr TileFn tile_for(int t) {
@@ -113,42 +108,29 @@ constexpr TileFn tile_for(int r, int t) {
   return r == 1 ? tile_for<W, 1>(t) : r == 2 ? tile_for<W, 2>(t) : r == 3 ? tile_for<W, 3>(t) : tile_for<W, 4>(t);
 }
 
+// The tile for a group of r rows and t tokens (gemm_float_blocked's loop; internal linkage, as
+// everything here: a copy compiled with this file's ISA flags must not serve other code).
 template <class W>
-void gemm(const void* w, size_t w_stride, int64_t nrows, const uint8_t* const* acts, int64_t nacts, int64_t n,
-          float* y, size_t ldy) {
-  static_assert(kRows == 4 && kTokens == 6, "tile_for dispatches up to 4 x 6");
-  const auto* wb = static_cast<const uint8_t*>(w);
-  int64_t block = kActBlockBytes / (n * 4 > 0 ? n * 4 : 1) / kTokens * kTokens;
-  if (block < kTokens) block = kTokens;
-  for (int64_t t0 = 0; t0 < nacts; t0 += block) {
-    const int64_t t1 = min64(nacts, t0 + block);
-    for (int64_t r = 0; r < nrows; r += kRows) {
-      const int rr = (int)min64(kRows, nrows - r);
-      for (int64_t t = t0; t < t1; t += kTokens) {
-        const int tt = (int)min64(kTokens, t1 - t);
-        const float* x[kTokens];
-        for (int j = 0; j < tt; ++j) x[j] = reinterpret_cast<const float*>(acts[t + j]);
-        tile_for<W>(rr, tt)(wb + (size_t)r * w_stride, w_stride, x, n, y + (size_t)t * ldy + (size_t)r, ldy);
-      }
-    }
-  }
+FloatTileFn pick(int r, int t) {
+  static_assert(kRows == 4 && kTokens == 6 && kTokens <= kMaxFloatTileTokens, "tile_for dispatches up to 4 x 6");
+  return tile_for<W>(r, t);
 }
 
 }  // namespace
 
 void gemm_f32_avx512(const void* w, size_t w_stride, int64_t nrows, const uint8_t* const* acts, int64_t nacts,
                      int64_t n, float* y, size_t ldy) {
-  gemm<F32W>(w, w_stride, nrows, acts, nacts, n, y, ldy);
+  gemm_float_blocked(pick<F32W>, kRows, kTokens, w, w_stride, nrows, acts, nacts, n, y, ldy);
 }
 
 void gemm_f16_avx512(const void* w, size_t w_stride, int64_t nrows, const uint8_t* const* acts, int64_t nacts,
                      int64_t n, float* y, size_t ldy) {
-  gemm<F16W>(w, w_stride, nrows, acts, nacts, n, y, ldy);
+  gemm_float_blocked(pick<F16W>, kRows, kTokens, w, w_stride, nrows, acts, nacts, n, y, ldy);
 }
 
 void gemm_bf16_avx512(const void* w, size_t w_stride, int64_t nrows, const uint8_t* const* acts, int64_t nacts,
                       int64_t n, float* y, size_t ldy) {
-  gemm<BF16W>(w, w_stride, nrows, acts, nacts, n, y, ldy);
+  gemm_float_blocked(pick<BF16W>, kRows, kTokens, w, w_stride, nrows, acts, nacts, n, y, ldy);
 }
 
 }  // namespace sluice
