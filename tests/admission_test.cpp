@@ -260,7 +260,7 @@ TEST(AdmissionPlan, PublishedAdmitsAt116GiBWith128KContext) {
   const PlanLine* resident = line_named(p, "resident weights");
   ASSERT_NE(resident, nullptr);
   EXPECT_EQ(resident->bytes, 10060841408ull);
-  for (const char* name : {"sequence state", "state undo copy", "scratch", "threads", "Engram row cache", "runtime overhead"})
+  for (const char* name : {"sequence state", "eval rollback point", "scratch", "threads", "Engram row cache", "runtime overhead"})
     EXPECT_NE(line_named(p, name), nullptr) << name;
   uint64_t sum = 0;
   for (const PlanLine& l : p.mandatory) sum += l.bytes;

@@ -69,8 +69,12 @@ TEST_P(EngineFootprintModel, SequenceStateHoldsExactlyTheReportedBytes) {
     EXPECT_EQ(ik, fp.sequence.index_keys) << "ctx " << ctx;
     EXPECT_EQ(carry, fp.sequence.carry) << "ctx " << ctx;
     EXPECT_EQ(s.engram_tail.size() * sizeof(int64_t), fp.sequence.engram_history) << "ctx " << ctx;
-    // The undo copy covers everything a prompt filling the context can make eval() save.
-    EXPECT_EQ(fp.undo, fp.sequence.total());
+    // The rollback point is a checkpoint at a full window: rings, carries and history, none
+    // of the compressed rows.
+    EXPECT_EQ(fp.rollback, ctx > eo.chunk ? checkpoint_bytes(c, ctx) : 0);
+    if (ctx > eo.chunk && ctx >= c.sliding_window) {
+      EXPECT_EQ(fp.rollback, fp.sequence.window + fp.sequence.carry + fp.sequence.engram_history) << "ctx " << ctx;
+    }
     // A copy (a snapshot) holds the same bytes.
     const SequenceState copy = s;
     EXPECT_EQ(allocated_bytes(copy), fp.sequence.total());
@@ -117,7 +121,7 @@ TEST_P(EngineFootprintModel, WeightsAreWhatTheLoaderAllocatedAndWhatAdmissionPla
     };
     EXPECT_EQ(line("resident weights"), fp.weights) << "ctx " << ctx;
     EXPECT_EQ(line("sequence state"), fp.sequence.total()) << "ctx " << ctx;
-    EXPECT_EQ(line("state undo copy"), fp.undo) << "ctx " << ctx;
+    EXPECT_EQ(line("eval rollback point"), fp.rollback) << "ctx " << ctx;
     EXPECT_EQ(line("scratch"), fp.scratch.total()) << "ctx " << ctx;
   }
 }

@@ -236,9 +236,11 @@ TEST_P(ForwardConsistencyModel, InjectedFailureLeavesStateUnchanged) {
   const ModelConfig& c = cfg();
   const auto toks = this->toks();
   const EvalRun& whole = reference();
-  const uint32_t start = 37;
-  const std::span<const uint32_t> next(toks.data() + start, 40);
+  // start 5 lies inside the first window (ring rows past it are empty), 37 past it; the failing
+  // call's later chunks have committed the earlier ones, which the rollback point undoes.
+  for (uint32_t start : {5u, 37u})
   for (uint32_t fail_chunk : {0u, 2u}) {
+    const std::span<const uint32_t> next(toks.data() + start, 40);
     Engine good(model(), opts(16));
     SequenceState s = good.new_sequence();
     good.eval(s, std::span<const uint32_t>(toks.data(), start), nullptr);
@@ -250,7 +252,7 @@ TEST_P(ForwardConsistencyModel, InjectedFailureLeavesStateUnchanged) {
     std::vector<float> junk(next.size() * (size_t)c.vocab_size);
     std::vector<TokenTrace> tr;
     EXPECT_THROW(bad.eval(s, next, junk.data(), &tr), Error);
-    EXPECT_TRUE(s == before) << "fail_chunk " << fail_chunk;
+    EXPECT_TRUE(s == before) << "start " << start << " fail_chunk " << fail_chunk;
     EXPECT_EQ(sequence_position(s), start);
     EXPECT_EQ(s.engram_tail, before.engram_tail);
     EXPECT_TRUE(tr.empty());
@@ -259,7 +261,7 @@ TEST_P(ForwardConsistencyModel, InjectedFailureLeavesStateUnchanged) {
     good.eval(s, next, got.data());
     const std::vector<float> ref(whole.logits.begin() + (size_t)start * c.vocab_size,
                                  whole.logits.begin() + (size_t)(start + next.size()) * c.vocab_size);
-    EXPECT_TRUE(same_bits(got, ref)) << "fail_chunk " << fail_chunk;
+    EXPECT_TRUE(same_bits(got, ref)) << "start " << start << " fail_chunk " << fail_chunk;
   }
 }
 

@@ -169,7 +169,8 @@ Eval evaluate(const ModelFootprint& fp, const PlanOptions& o, uint32_t chunk, in
       std::to_string(o.sequences) + " x ctx " + num(o.ctx) + ": window rings " + format_bytes(st.window) +
           ", compressed KV " + format_bytes(st.compressed_kv) + ", index keys " + format_bytes(st.index_keys) +
           ", carry " + format_bytes(st.carry) + " (BF16 rows)");
-  add("state undo copy", ef.undo, "rows a multi-chunk eval saves to roll back (a prompt filling the context)");
+  add("eval rollback point", ef.rollback,
+      "a multi-chunk eval's checkpoint of its start: window rings, carries, Engram history (compressed rows are append-only)");
 
   const ScratchBytes& sc = ef.scratch;
   add("scratch", sc.total(),

@@ -6,8 +6,8 @@
 //                      loader allocates it (64-byte aligned buffers, decoded F32 vectors)
 //   sequence state     window rings, compressed KV, index keys, compressor carry, Engram history,
 //                      the engine's own figure (model/deepseek41/engine_footprint.h), per sequence
-//   state undo copy    what a multi-chunk eval() saves to roll back (worst case: a prompt that
-//                      fills the context)
+//   eval rollback point the checkpoint a multi-chunk eval() keeps of its start to roll back to
+//                      (window rings, carries, Engram history: the compressed rows are append-only)
 //   scratch            the engine's figure for one chunk (model/deepseek41/engine_footprint.h): activations,
 //                      the chunk's new cache rows and selections, indexer scores (chunk x visible
 //                      rows, f32), Engram read staging, per-token vectors, logits (chunk x vocab x 4)

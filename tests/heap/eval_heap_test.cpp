@@ -143,19 +143,19 @@ TEST_P(EvalHeap, ScratchBoundsTheLiveHeapOfAFullChunk) {
   // The last full chunk of the context sees the most rows (window, compressed, indexer scores).
   SequenceState s = e.new_sequence();
   const std::vector<uint32_t> head = tokens_for(l.config, k.ctx - k.chunk, 1);
-  for (size_t off = 0; off < head.size(); off += k.chunk)  // one chunk per call: no undo copy
+  for (size_t off = 0; off < head.size(); off += k.chunk)  // one chunk per call: no rollback point
     e.eval(s, std::span<const uint32_t>(head).subspan(off, std::min<size_t>(k.chunk, head.size() - off)), nullptr);
   const uint64_t one = made + measured_eval_peak(e, s, tokens_for(l.config, k.chunk, 2));
   EXPECT_LE(one, scratch) << "one chunk: measured " << one << " B, scratch " << scratch << " B";
   EXPECT_LE(scratch, 2 * one) << "one chunk: measured " << one << " B, scratch " << scratch << " B";
 
-  // A prompt filling the context in one call: several chunks and the undo copy.
+  // A prompt filling the context in one call: several chunks and the rollback point.
   SequenceState t = e.new_sequence();
   const uint64_t all = made + measured_eval_peak(e, t, tokens_for(l.config, k.ctx, 3));
-  const uint64_t whole = scratch + fp.undo + (uint64_t)(k.ctx - k.chunk) * l.config.vocab_size * 4;
+  const uint64_t whole = scratch + fp.rollback + (uint64_t)(k.ctx - k.chunk) * l.config.vocab_size * 4;
   // The logits of the earlier chunks are the caller's rows of this call, not scratch.
-  EXPECT_LE(all, whole) << "whole context: measured " << all << " B, scratch + undo + logits " << whole << " B";
-  EXPECT_LE(whole, 2 * all) << "whole context: measured " << all << " B, scratch + undo + logits " << whole << " B";
+  EXPECT_LE(all, whole) << "whole context: measured " << all << " B, scratch + rollback + logits " << whole << " B";
+  EXPECT_LE(whole, 2 * all) << "whole context: measured " << all << " B, scratch + rollback + logits " << whole << " B";
   std::printf("[ heap ] %s chunk %u ctx %u: one chunk %llu B of scratch %llu B (%.2fx); whole %llu B of %llu B (%.2fx)\n",
               k.model, k.chunk, k.ctx, (unsigned long long)one, (unsigned long long)scratch,
               (double)scratch / (double)one, (unsigned long long)all, (unsigned long long)whole,

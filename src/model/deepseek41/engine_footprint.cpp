@@ -45,6 +45,14 @@ SequenceStateBytes sequence_state_bytes(const SequenceShape& s) {
   return b;
 }
 
+uint64_t checkpoint_bytes(const ModelConfig& c, uint32_t pos) {
+  const std::vector<LayerRole> roles = layer_roles(c);
+  uint64_t b = (uint64_t)c.num_hidden_layers * std::min(pos, c.sliding_window) * c.head_dim * sizeof(uint16_t);
+  for (uint32_t L : c.kv_source_layer_ids) b += 2ull * (std::max<uint32_t>(1, roles[L].ratio) - 1) * c.head_dim * sizeof(float);
+  b += (uint64_t)(c.engram_max_ngram_size > 0 ? c.engram_max_ngram_size - 1 : 0) * sizeof(int64_t);
+  return b;
+}
+
 SequenceStateBytes sequence_state_bytes(const ModelConfig& c, uint32_t ctx) {
   return sequence_state_bytes(sequence_shape(c, ctx));
 }
@@ -125,9 +133,10 @@ uint64_t loaded_tensor_bytes(GgmlType type, uint64_t nbytes) {
 EngineFootprint engine_footprint(const ModelConfig& c, uint32_t ctx, uint32_t chunk, uint64_t weight_bytes) {
   EngineFootprint f;
   f.sequence = sequence_state_bytes(c, ctx);
-  // eval() of more than one chunk saves the window rings, the Engram history, every carry and
-  // the compressed rows it may write; a prompt that fills the context writes all of them.
-  f.undo = f.sequence.total();
+  // eval() of more than one chunk keeps a checkpoint of its start to roll back to (the window
+  // rings, every carry and the Engram history; the compressed rows are append-only): at most
+  // its size at a full window.
+  f.rollback = ctx > chunk ? checkpoint_bytes(c, ctx) : 0;
   f.scratch = scratch_bytes(c, std::min(chunk, ctx), ctx);
   f.weights = weight_bytes;
   return f;

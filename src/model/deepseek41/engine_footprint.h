@@ -1,8 +1,8 @@
 // What an Engine allocates, from the shapes alone (no model loaded): the per-sequence state, the
-// undo copy a multi-chunk eval() keeps, one chunk's scratch and the resident weights. Engine's
+// checkpoint a multi-chunk eval() keeps to roll back to, one chunk's scratch and the resident weights. Engine's
 // new_sequence allocates from sequence_shape(), so the state's reported bytes cannot drift from
 // what it holds (tests/engine_footprint_test.cpp checks both, and tests/eval_heap_test.cpp
-// bounds eval()'s live heap by the scratch and undo figures). Memory admission
+// bounds eval()'s live heap by the scratch and rollback figures). Memory admission
 // (runtime/admission.*) plans with these figures.
 #pragma once
 #include <cstdint>
@@ -75,11 +75,16 @@ uint64_t aligned_tensor_bytes(uint64_t nbytes);
 // Everything one engine with one sequence holds.
 struct EngineFootprint {
   SequenceStateBytes sequence;  // one sequence
-  uint64_t undo = 0;            // a multi-chunk eval's saved rows (worst case: ctx positions)
+  uint64_t rollback = 0;        // a multi-chunk eval's checkpoint of its start (0 when ctx <= chunk)
   ScratchBytes scratch;
   uint64_t weights = 0;         // resident weights (given: from the tensor list or the loaded model)
-  uint64_t total() const { return sequence.total() + undo + scratch.total() + weights; }
+  uint64_t total() const { return sequence.total() + rollback + scratch.total() + weights; }
 };
+// Bytes of Engine::checkpoint at position pos, from the shapes alone (for budgets before any
+// checkpoint exists): min(pos, window) ring rows per layer (BF16), each KV source's carry
+// (2 x (ratio - 1) x head_dim f32), the Engram history (int64).
+uint64_t checkpoint_bytes(const ModelConfig& c, uint32_t pos);
+
 EngineFootprint engine_footprint(const ModelConfig& c, uint32_t ctx, uint32_t chunk, uint64_t weight_bytes);
 
 }  // namespace sluice

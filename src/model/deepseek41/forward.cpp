@@ -2,6 +2,7 @@
 // allocation and the transactional commit. The sublayers live in forward_{engram,attention,moe}.cpp.
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "model/deepseek41/forward_impl.h"
@@ -199,8 +200,11 @@ void Engine::eval_masked(SequenceState& s, std::span<const TokenId> tokens,
     if (t >= c.vocab_size) throw Error("engine: token id " + std::to_string(t) + " >= vocab size " + std::to_string(c.vocab_size));
 
   const size_t n_chunks = (tokens.size() + opt_.chunk - 1) / opt_.chunk;
-  std::unique_ptr<EvalUndo> undo;
-  if (n_chunks > 1) undo = std::make_unique<EvalUndo>(s, s.pos + (uint32_t)tokens.size(), c.index_head_dim);
+  // A multi-chunk call commits chunk by chunk; if a later chunk fails, rolling back to a
+  // checkpoint of the start undoes the earlier ones (the compressed rows are append-only, so
+  // the ring rows, the carries and the Engram history are all it must keep).
+  std::optional<SequenceCheckpoint> undo;
+  if (n_chunks > 1) undo = checkpoint(s);
   std::vector<TokenTrace> traces;
   try {
     for (size_t k = 0; k < n_chunks; ++k) {
@@ -217,7 +221,7 @@ void Engine::eval_masked(SequenceState& s, std::span<const TokenId> tokens,
       for (TokenTrace& t : ch.trace) traces.push_back(std::move(t));
     }
   } catch (...) {
-    if (undo) undo->restore(s);
+    if (undo) rollback(s, *undo);
     throw;
   }
   if (trace)

@@ -92,7 +92,7 @@ class Engine {
   // A fresh sequence at position 0, allocated for options.ctx positions. Copying a state is a
   // snapshot; assigning a copy back restores it.
   SequenceState new_sequence() const;
-  // What this engine allocates: one sequence's state, eval()'s undo copy, one chunk's scratch,
+  // What this engine allocates: one sequence's state, eval()'s rollback checkpoint, one chunk's scratch,
   // and the weights its model loaded (model/deepseek41/engine_footprint.h).
   EngineFootprint footprint() const;
   // Back to position 0 without reallocating (same result as new_sequence() for s's ctx).
@@ -136,9 +136,6 @@ class Engine {
 
 uint32_t sequence_position(const SequenceState&);
 
-// Bytes of Engine::checkpoint at position pos, from the shapes alone (for budgets before any
-// checkpoint exists): min(pos, window) ring rows per layer (BF16), each KV source's carry
-// (2 x (ratio - 1) x head_dim f32), the Engram history (int64).
-uint64_t checkpoint_bytes(const ModelConfig& c, uint32_t pos);
+// checkpoint_bytes(config, pos), the size of Engine::checkpoint at pos, is in engine_footprint.h.
 
 }  // namespace sluice

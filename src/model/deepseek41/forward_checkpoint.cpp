@@ -23,14 +23,6 @@
 
 namespace sluice {
 
-uint64_t checkpoint_bytes(const ModelConfig& c, uint32_t pos) {
-  const std::vector<LayerRole> roles = layer_roles(c);
-  uint64_t b = (uint64_t)c.num_hidden_layers * std::min(pos, c.sliding_window) * c.head_dim * sizeof(uint16_t);
-  for (uint32_t L : c.kv_source_layer_ids) b += 2ull * (std::max<uint32_t>(1, roles[L].ratio) - 1) * c.head_dim * sizeof(float);
-  b += (uint64_t)(c.engram_max_ngram_size > 0 ? c.engram_max_ngram_size - 1 : 0) * sizeof(int64_t);
-  return b;
-}
-
 SequenceCheckpoint Engine::checkpoint(const SequenceState& s) const {
   const Impl& im = *impl_;
   im.check_state(s);

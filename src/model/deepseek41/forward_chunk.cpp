@@ -52,32 +52,4 @@ void commit_chunk(SequenceState& s, Chunk& ch, uint32_t index_head_dim) {
   s.pos = ch.p0 + n;
 }
 
-EvalUndo::EvalUndo(const SequenceState& s, uint32_t end, uint32_t index_head_dim)
-    : pos_(s.pos), ihd_(index_head_dim), window_kv_(s.window_kv), tail_(s.engram_tail) {
-  for (const SourceCache& sc : s.sources) {
-    SourceCache u;
-    u.carry_k = sc.carry_k;
-    u.carry_s = sc.carry_s;
-    const size_t r0 = s.pos / sc.ratio, r1 = end / sc.ratio;
-    u.kv.assign(sc.kv.begin() + r0 * s.head_dim, sc.kv.begin() + r1 * s.head_dim);
-    u.index_k.assign(sc.index_k.begin() + r0 * ihd_, sc.index_k.begin() + r1 * ihd_);
-    sources_.push_back(std::move(u));
-  }
-}
-
-void EvalUndo::restore(SequenceState& s) {
-  s.pos = pos_;
-  s.window_kv = std::move(window_kv_);
-  s.engram_tail = std::move(tail_);
-  for (size_t i = 0; i < s.sources.size(); ++i) {
-    SourceCache& sc = s.sources[i];
-    SourceCache& u = sources_[i];
-    sc.carry_k = std::move(u.carry_k);
-    sc.carry_s = std::move(u.carry_s);
-    const size_t r0 = pos_ / sc.ratio;
-    std::copy(u.kv.begin(), u.kv.end(), sc.kv.begin() + r0 * s.head_dim);
-    std::copy(u.index_k.begin(), u.index_k.end(), sc.index_k.begin() + r0 * ihd_);
-  }
-}
-
 }  // namespace sluice

@@ -3,7 +3,7 @@
 // chunk has been computed: new window rows, new compressed rows, the compressor carry and the
 // Engram history live in the Chunk and are committed at its end (commit_chunk), so a throw
 // anywhere leaves the state as it was. An eval() of several chunks commits them one by one and
-// keeps an EvalUndo to restore the state if a later chunk fails.
+// rolls back to a checkpoint of its start (forward_checkpoint.cpp) if a later chunk fails.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -61,18 +61,5 @@ void begin_chunk(Chunk& ch, const SequenceState& s, uint32_t n_layer, size_t eng
 // Writes the chunk's new rows, carries and Engram history into s and advances its position.
 void commit_chunk(SequenceState& s, Chunk& ch, uint32_t index_head_dim);
 
-// What a multi-chunk eval() of positions [s.pos, end) may overwrite, saved before the first
-// chunk. Compressed rows are append-only, so only the rows the call may write are kept.
-class EvalUndo {
- public:
-  EvalUndo(const SequenceState& s, uint32_t end, uint32_t index_head_dim);
-  void restore(SequenceState& s);
-
- private:
-  uint32_t pos_ = 0, ihd_ = 0;
-  std::vector<uint16_t> window_kv_;
-  std::vector<SourceCache> sources_;  // kv / index_k hold only rows [first, end)
-  std::vector<int64_t> tail_;
-};
 
 }  // namespace sluice
