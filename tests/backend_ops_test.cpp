@@ -252,6 +252,28 @@ void op_fake_quant(const Backend& be, Rng& rng, Tolerance tol) {
     }
 }
 
+// store_fp4: the rows fake-quantized to the grid and packed; unpacked, the reference's BF16 bits.
+void op_store_fp4(const Backend& be, Rng& rng, Tolerance) {
+  for (const Fp4Grid grid : {Fp4Grid::Nvfp4, Fp4Grid::Mxfp4})
+    for (const size_t n : kTokens) {
+      const size_t w = 96, rb = fp4_row_bytes(grid, w);
+      const std::vector<float> x = randoms(rng, n * w, -40, 40, true);
+      const Strided xs = upload(be, x, n, w);
+      std::vector<uint8_t> packed(n * rb + 1, 0xa5);
+      be.store_fp4(xs.c(), grid, packed.data());
+      be.sync();
+      EXPECT_EQ(packed.back(), 0xa5) << "store_fp4 wrote past its rows";
+      for (size_t i = 0; i < n; ++i) {
+        std::vector<float> want(x.begin() + (long)(i * w), x.begin() + (long)((i + 1) * w));
+        grid == Fp4Grid::Nvfp4 ? fake_quant_nvfp4(want.data(), w) : fake_quant_mxfp4(want.data(), w);
+        std::vector<uint16_t> got(w);
+        fp4_unpack_row(grid, packed.data() + i * rb, w, got.data());
+        for (size_t k = 0; k < w; ++k)  // exact on every backend: a cache row is state
+          ASSERT_EQ(got[k], f32_to_bf16(want[k])) << "store_fp4 grid " << (int)grid << " row " << i << " element " << k;
+      }
+    }
+}
+
 void op_small(const Backend& be, Rng& rng, Tolerance tol) {  // store_bf16, add_round, fill_rows
   const size_t n = 5, w = 19;
   const std::vector<float> a = randoms(rng, n * w, -2, 2, true), b = randoms(rng, n * w, -2, 2);
@@ -374,16 +396,27 @@ void op_compress_pool(const Backend& be, Rng& rng, Tolerance tol) {
     }
 }
 
-// Bf16 cache rows split into committed (first rows) and fresh.
+// Packed FP4 cache rows split into committed (first rows) and fresh.
 struct Cache {
-  std::vector<uint16_t> old, fresh;
-  std::vector<float> all;  // every row as floats
-  CacheRows rows(uint32_t width) const { return CacheRows{old.data(), fresh.data(), (uint32_t)(old.size() / width), width}; }
+  std::vector<uint8_t> old, fresh;
+  std::vector<float> all;  // every row as floats: the fake-quantized values
+  Fp4Grid grid = Fp4Grid::Nvfp4;
+  CacheRows rows(uint32_t width) const {
+    return CacheRows{old.data(), fresh.data(), (uint32_t)(old.size() / fp4_row_bytes(grid, width)), width, grid};
+  }
 };
-Cache random_cache(Rng& rng, uint32_t committed, uint32_t fresh, uint32_t width) {
+Cache random_cache(Rng& rng, uint32_t committed, uint32_t fresh, uint32_t width, Fp4Grid grid) {
   Cache c;
+  c.grid = grid;
   c.all = randoms(rng, (size_t)(committed + fresh) * width, -1, 1, true);
-  for (size_t k = 0; k < c.all.size(); ++k) (k < (size_t)committed * width ? c.old : c.fresh).push_back(f32_to_bf16(c.all[k]));
+  const size_t rb = fp4_row_bytes(grid, width);
+  for (uint32_t r = 0; r < committed + fresh; ++r) {
+    float* v = c.all.data() + (size_t)r * width;
+    std::vector<uint8_t>& dst = r < committed ? c.old : c.fresh;
+    dst.resize(dst.size() + rb);
+    fp4_pack_row(grid, v, width, dst.data() + dst.size() - rb);
+    grid == Fp4Grid::Nvfp4 ? fake_quant_nvfp4(v, width) : fake_quant_mxfp4(v, width);
+  }
   return c;
 }
 float ref_bf16_dot(const float* row, const float* q, uint32_t n) {
@@ -395,7 +428,7 @@ float ref_bf16_dot(const float* row, const float* q, uint32_t n) {
 void op_index_select(const Backend& be, Rng& rng, Tolerance tol) {
   const uint32_t heads = 3, hd = 32, ratio = 2, p0 = 40, n = 5, topk = 6, block = 4, keep = 3;
   const uint32_t rows_total = (p0 + n) / ratio, first = p0 / ratio;
-  const Cache keys = random_cache(rng, first, rows_total - first, hd);
+  const Cache keys = random_cache(rng, first, rows_total - first, hd, Fp4Grid::Mxfp4);
   const std::vector<float> q = randoms(rng, (size_t)n * heads * hd, -1, 1, true), w = randoms(rng, n * heads, -1, 1, true);
   const Strided qs = upload(be, q, n, (size_t)heads * hd), ws = upload(be, w, n, heads);
   for (const int mode : {0, 1, 2}) {  // plain, candidate source, candidate consumer
@@ -455,14 +488,14 @@ void op_sparse_attention(const Backend& be, Rng& rng, Tolerance tol) {
   const uint32_t heads = 3, hd = 16, W = 5, ratio = 3;
   for (const uint32_t p0 : {0u, 9u})
     for (const bool with_comp : {false, true}) {
-      const uint32_t n = 4;
+      const uint32_t n = 11;  // more than one group of queries (kAttentionGroup)
       // Window: a ring of W committed rows (positions < p0) and n fresh rows.
       const std::vector<float> ring = randoms(rng, (size_t)W * hd, -1, 1, true), fresh = randoms(rng, (size_t)n * hd, -1, 1, true);
       std::vector<uint16_t> ring_b(ring.size()), fresh_b(fresh.size());
       for (size_t k = 0; k < ring.size(); ++k) ring_b[k] = f32_to_bf16(ring[k]);
       for (size_t k = 0; k < fresh.size(); ++k) fresh_b[k] = f32_to_bf16(fresh[k]);
       const uint32_t rows_total = (p0 + n) / ratio;
-      const Cache comp = random_cache(rng, p0 / ratio, rows_total - p0 / ratio, hd);
+      const Cache comp = random_cache(rng, p0 / ratio, rows_total - p0 / ratio, hd, Fp4Grid::Nvfp4);
       std::vector<std::vector<int32_t>> sel(n);
       for (uint32_t i = 0; i < n; ++i)
         for (uint32_t g = 0; g < rows_total; ++g)
@@ -612,6 +645,7 @@ const OpCase kOps[] = {
     {"linear", op_linear},           {"embed", op_embed},
     {"rms_norm", op_rms_norm},       {"rope", op_rope},
     {"fake_quant", op_fake_quant},   {"bf16_add_fill", op_small},
+    {"store_fp4", op_store_fp4},
     {"hc", op_hc},                   {"compress_pool", op_compress_pool},
     {"index_select", op_index_select}, {"sparse_attention", op_sparse_attention},
     {"ffn", op_ffn},                 {"engram_gate", op_engram_gate},

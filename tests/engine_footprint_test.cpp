@@ -36,7 +36,7 @@ ModelConfig config_named(const std::string& which) {
 uint64_t allocated_bytes(const SequenceState& s) {
   uint64_t b = s.window_kv.capacity() * sizeof(uint16_t) + s.engram_tail.capacity() * sizeof(int64_t);
   for (const SourceCache& sc : s.sources)
-    b += (sc.kv.capacity() + sc.index_k.capacity()) * sizeof(uint16_t) +
+    b += (sc.kv.capacity() + sc.index_k.capacity()) * sizeof(uint8_t) +
          (sc.carry_k.capacity() + sc.carry_s.capacity()) * sizeof(float);
   return b;
 }
@@ -60,8 +60,8 @@ TEST_P(EngineFootprintModel, SequenceStateHoldsExactlyTheReportedBytes) {
     // Each part on its own, so a drift in one is named.
     uint64_t kv = 0, ik = 0, carry = 0;
     for (const SourceCache& sc : s.sources) {
-      kv += sc.kv.size() * sizeof(uint16_t);
-      ik += sc.index_k.size() * sizeof(uint16_t);
+      kv += sc.kv.size();
+      ik += sc.index_k.size();
       carry += (sc.carry_k.size() + sc.carry_s.size()) * sizeof(float);
     }
     EXPECT_EQ(s.window_kv.size() * sizeof(uint16_t), fp.sequence.window) << "ctx " << ctx;

@@ -401,10 +401,15 @@ Figures compare_with_engine(const std::string& which, bool mimic, bool resync, s
       for (const sluice::SourceCache& src : state.sources) {
         if ((t + 1) % src.ratio != 0) continue;
         const uint32_t g = (uint32_t)(t / src.ratio);
-        cache_differ += compare_row(reference.compressed_row(src.layer, g),
-                                    src.kv.data() + (size_t)g * hp.head_dim, hp.head_dim, true, fig);
-        cache_differ += compare_row(reference.index_key(src.layer, g),
-                                    src.index_k.data() + (size_t)g * hp.idx_head_dim, hp.idx_head_dim, true, fig);
+        // The state holds them packed (kernels/fp4_rows.h); unpacked they are the BF16 bits.
+        std::vector<uint16_t> kv(hp.head_dim), ik(hp.idx_head_dim);
+        sluice::fp4_unpack_row(sluice::kKvGrid, src.kv.data() + (size_t)g * sluice::fp4_row_bytes(sluice::kKvGrid, hp.head_dim),
+                               hp.head_dim, kv.data());
+        sluice::fp4_unpack_row(sluice::kIndexGrid,
+                               src.index_k.data() + (size_t)g * sluice::fp4_row_bytes(sluice::kIndexGrid, hp.idx_head_dim),
+                               hp.idx_head_dim, ik.data());
+        cache_differ += compare_row(reference.compressed_row(src.layer, g), kv.data(), hp.head_dim, true, fig);
+        cache_differ += compare_row(reference.index_key(src.layer, g), ik.data(), hp.idx_head_dim, true, fig);
       }
     }
     const bool clean = experts_same && select_same && rel <= 1e-5 && cache_differ == 0;

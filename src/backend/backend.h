@@ -19,6 +19,7 @@
 
 #include "backend/expert_source.h"
 #include "backend/weight.h"
+#include "kernels/fp4_rows.h"
 #include "util/token_id.h"
 
 namespace sluice {
@@ -59,14 +60,17 @@ class Tensor {
   size_t n_ = 0, width_ = 0;
 };
 
-// BF16 rows of one compressed stream: rows [0, first) are committed (old), rows from `first`
-// on were produced by the current chunk (fresh).
+// Packed 4-bit rows of one compressed stream (kernels/fp4_rows.h: `width` values per row on
+// `grid`): rows [0, first) are committed (old), rows from `first` on were produced by the
+// current chunk (fresh).
 struct CacheRows {
-  const uint16_t* old = nullptr;
-  const uint16_t* fresh = nullptr;
+  const uint8_t* old = nullptr;
+  const uint8_t* fresh = nullptr;
   uint32_t first = 0, width = 0;
-  const uint16_t* row(uint32_t g) const {
-    return g < first ? old + (size_t)g * width : fresh + (size_t)(g - first) * width;
+  Fp4Grid grid = Fp4Grid::Nvfp4;
+  size_t row_bytes() const { return fp4_row_bytes(grid, width); }
+  const uint8_t* row(uint32_t g) const {
+    return g < first ? old + (size_t)g * row_bytes() : fresh + (size_t)(g - first) * row_bytes();
   }
 };
 
@@ -163,6 +167,9 @@ class Backend {
   virtual void fake_quant(Mat x, FakeQuant kind) const = 0;
   // dst row i = BF16 bits of x row i (x is BF16-exact, so this is lossless).
   virtual void store_bf16(CMat x, uint16_t* dst, size_t dst_stride) const = 0;
+  // dst row i (fp4_row_bytes(grid, x.width) bytes each, back to back) = x row i fake-quantized
+  // to `grid` and packed (fp4_pack_row): the cached form of compressed rows and index keys.
+  virtual void store_fp4(CMat x, Fp4Grid grid, uint8_t* dst) const = 0;
   // out = bf16(a + b).
   virtual void add_round(CMat a, CMat b, Mat out) const = 0;
   // Every row of x = row (width x.width).

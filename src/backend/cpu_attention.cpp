@@ -65,8 +65,10 @@ void CpuBackend::index_select(const IndexSelect& a, std::vector<std::vector<uint
     const uint32_t n_vis = (t + 1) / a.ratio;
     scores.assign(n_vis, 0.0f);
     pool_.parallel_for(n_vis, [&](size_t b, size_t e) {
+      std::vector<uint16_t> key(ihd);
       for (size_t j = b; j < e; ++j) {
-        const uint16_t* kj = a.keys.row((uint32_t)j);
+        unpack_fp4_(a.keys.grid, a.keys.row((uint32_t)j), ihd, key.data());  // exact: the BF16 bits
+        const uint16_t* kj = key.data();
         float acc = 0.0f;
         for (uint32_t h = 0; h < inh; ++h) {
           const float d = dot_bf16_(kj, q + (size_t)h * ihd, ihd);
@@ -86,25 +88,57 @@ void CpuBackend::index_select(const IndexSelect& a, std::vector<std::vector<uint
 }
 
 void CpuBackend::sparse_attention(const SparseAttention& a, Mat o) const {
-  const uint32_t n = (uint32_t)a.q.n, nh = a.heads, hd = a.head_dim, W = a.window.window;
-  // Rows per query: window rows ascending, then the selected compressed rows ascending.
-  std::vector<std::vector<const uint16_t*>> rows(n);
-  for (uint32_t i = 0; i < n; ++i) {
-    const uint32_t t = a.p0 + i;
-    for (uint32_t p = t + 1 > W ? t + 1 - W : 0; p <= t; ++p) rows[i].push_back(a.window.row(p));
-    if (a.sel) {
-      const uint32_t n_vis = (t + 1) / a.comp_ratio;
-      for (int32_t g : (*a.sel)[i])
-        if ((uint32_t)g < n_vis) rows[i].push_back(a.comp.row((uint32_t)g));
-    }
-  }
+  const uint32_t n = (uint32_t)a.q.n, hd = a.head_dim, W = a.window.window;
   const float scale = (float)(1.0 / std::sqrt((double)hd));
-  pool_.parallel_for((size_t)n * nh, [&](size_t b, size_t e) {
+  // Queries go in groups of kAttentionGroup: the compressed rows any of them selected are
+  // unpacked once (BF16, exactly the cached values) into a buffer bounded by the group, then
+  // each (query, head) attends its rows as one function, whatever the group.
+  std::vector<int32_t> wanted;
+  std::vector<uint16_t> unpacked;
+  std::vector<std::vector<const uint16_t*>> rows(std::min(n, kAttentionGroup));
+  for (uint32_t i0 = 0; i0 < n; i0 += kAttentionGroup) {
+    const uint32_t gn = std::min(n - i0, kAttentionGroup);
+    wanted.clear();
+    if (a.sel)
+      for (uint32_t i = i0; i < i0 + gn; ++i) {
+        const uint32_t n_vis = (a.p0 + i + 1) / a.comp_ratio;
+        for (int32_t g : (*a.sel)[i])
+          if ((uint32_t)g < n_vis) wanted.push_back(g);
+      }
+    std::sort(wanted.begin(), wanted.end());
+    wanted.erase(std::unique(wanted.begin(), wanted.end()), wanted.end());
+    unpacked.resize(wanted.size() * hd);
+    pool_.parallel_for(wanted.size(), [&](size_t b, size_t e) {
+      for (size_t k = b; k < e; ++k) unpack_fp4_(a.comp.grid, a.comp.row((uint32_t)wanted[k]), hd, unpacked.data() + k * hd);
+    }, 16);
+    // Rows per query: window rows ascending, then the selected compressed rows ascending.
+    for (uint32_t i = i0; i < i0 + gn; ++i) {
+      std::vector<const uint16_t*>& rw = rows[i - i0];
+      rw.clear();
+      const uint32_t t = a.p0 + i;
+      for (uint32_t p = t + 1 > W ? t + 1 - W : 0; p <= t; ++p) rw.push_back(a.window.row(p));
+      if (a.sel) {
+        const uint32_t n_vis = (t + 1) / a.comp_ratio;
+        for (int32_t g : (*a.sel)[i])
+          if ((uint32_t)g < n_vis) {
+            const size_t k = (size_t)(std::lower_bound(wanted.begin(), wanted.end(), g) - wanted.begin());
+            rw.push_back(unpacked.data() + k * hd);
+          }
+      }
+    }
+    attend_group(a, i0, gn, rows, scale, o);
+  }
+}
+
+void CpuBackend::attend_group(const SparseAttention& a, uint32_t i0, uint32_t gn,
+                              const std::vector<std::vector<const uint16_t*>>& rows, float scale, Mat o) const {
+  const uint32_t nh = a.heads, hd = a.head_dim;
+  pool_.parallel_for((size_t)gn * nh, [&](size_t b, size_t e) {
     std::vector<float> sc, acc(hd);
     for (size_t th = b; th < e; ++th) {
-      const size_t i = th / nh, h = th % nh;
+      const size_t i = i0 + th / nh, h = th % nh;
       const float* qh = a.q.row(i) + h * hd;
-      const std::vector<const uint16_t*>& rw = rows[i];
+      const std::vector<const uint16_t*>& rw = rows[th / nh];
       sc.resize(rw.size());
       float mx = -std::numeric_limits<float>::infinity();
       for (size_t k = 0; k < rw.size(); ++k) {

@@ -12,7 +12,8 @@
 
 namespace sluice {
 
-CpuBackend::CpuBackend(int threads) : pool_(std::max(1, threads)), dot_bf16_(dot_for(type_traits(GgmlType::BF16))) {}
+CpuBackend::CpuBackend(int threads) : pool_(std::max(1, threads)), dot_bf16_(dot_for(type_traits(GgmlType::BF16))),
+      unpack_fp4_(fp4_unpack_for(active_isa())) {}
 
 void prepare_cpu_weight(Weight& w) {
   if (!w.traits) w.traits = &type_traits(w.type);
@@ -69,6 +70,11 @@ void CpuBackend::fake_quant(Mat x, FakeQuant kind) const {
 void CpuBackend::store_bf16(CMat x, uint16_t* dst, size_t dst_stride) const {
   for (size_t i = 0; i < x.n; ++i)
     for (size_t k = 0; k < x.width; ++k) dst[i * dst_stride + k] = f32_to_bf16(x.row(i)[k]);
+}
+
+void CpuBackend::store_fp4(CMat x, Fp4Grid grid, uint8_t* dst) const {
+  const size_t rb = fp4_row_bytes(grid, x.width);
+  for (size_t i = 0; i < x.n; ++i) fp4_pack_row(grid, x.row(i), x.width, dst + i * rb);
 }
 
 void CpuBackend::add_round(CMat a, CMat b, Mat out) const {

@@ -11,6 +11,10 @@ namespace sluice {
 // CPU (no repacking yet). Usable without a CpuBackend (loading before an Engine exists).
 void prepare_cpu_weight(Weight& w);
 
+// sparse_attention unpacks the selected compressed rows of this many queries at a time: its
+// buffer holds at most kAttentionGroup x index_topk rows (engine_footprint.cpp counts it).
+inline constexpr uint32_t kAttentionGroup = 8;
+
 class CpuBackend : public Backend {
  public:
   explicit CpuBackend(int threads);
@@ -27,6 +31,7 @@ class CpuBackend : public Backend {
   void rope(Mat x, uint32_t head_dim, RopeTable t, std::span<const uint64_t> pos, bool inverse) const override;
   void fake_quant(Mat x, FakeQuant kind) const override;
   void store_bf16(CMat x, uint16_t* dst, size_t dst_stride) const override;
+  void store_fp4(CMat x, Fp4Grid grid, uint8_t* dst) const override;
   void add_round(CMat a, CMat b, Mat out) const override;
   void fill_rows(Mat x, std::span<const float> row) const override;
   void hc_mix(const Weight& fn, const float* base, const float* scale, HcParams p, CMat X, Mat mixes) const override;
@@ -45,8 +50,13 @@ class CpuBackend : public Backend {
                    const uint8_t* masked) const override;
 
  private:
+  // Queries i0 .. i0 + gn - 1 of a, each over its rows (rows[i - i0]), every head.
+  void attend_group(const SparseAttention& a, uint32_t i0, uint32_t gn,
+                    const std::vector<std::vector<const uint16_t*>>& rows, float scale, Mat o) const;
+
   mutable ThreadPool pool_;
   DotFn dot_bf16_;  // BF16 cache rows x f32 vectors
+  Fp4UnpackFn unpack_fp4_;  // packed compressed rows and index keys -> BF16
 };
 
 }  // namespace sluice

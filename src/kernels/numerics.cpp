@@ -73,20 +73,31 @@ float e4m3_rne(float x) {
   return std::copysign(q, x);
 }
 
-float e2m1_rne(float x) {
-  if (std::isnan(x)) return x;
+namespace {
+constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                             -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+}  // namespace
+
+uint8_t e2m1_code(float x) {
   const float a = std::fabs(x);
   // Midpoints go to the even code: codes 0,2,4,6 are 0, 1, 2, 4.
-  float q;
-  if (a <= 0.25f) q = 0.0f;
-  else if (a < 0.75f) q = 0.5f;
-  else if (a <= 1.25f) q = 1.0f;
-  else if (a < 1.75f) q = 1.5f;
-  else if (a <= 2.5f) q = 2.0f;
-  else if (a < 3.5f) q = 3.0f;
-  else if (a <= 5.0f) q = 4.0f;
-  else q = 6.0f;
-  return std::copysign(q, x);
+  uint8_t i;
+  if (a <= 0.25f) i = 0;
+  else if (a < 0.75f) i = 1;
+  else if (a <= 1.25f) i = 2;
+  else if (a < 1.75f) i = 3;
+  else if (a <= 2.5f) i = 4;
+  else if (a < 3.5f) i = 5;
+  else if (a <= 5.0f) i = 6;
+  else i = 7;
+  return (uint8_t)((std::signbit(x) ? 8u : 0u) | i);
+}
+
+float e2m1_value(uint8_t code) { return kE2m1[code & 15u]; }
+
+float e2m1_rne(float x) {
+  if (std::isnan(x)) return x;
+  return kE2m1[e2m1_code(x)];
 }
 
 namespace {
@@ -117,20 +128,28 @@ void fake_quant_fp8_window(float* v, size_t n) {
   }
 }
 
-void fake_quant_nvfp4(float* v, size_t n) {
+float nvfp4_block_scale(const float* p) {
   constexpr float kMinAmax = 6.0f / 512.0f;  // 6 * 2^-9
+  return e4m3_rne(std::max(block_amax(p, 16), kMinAmax) / 6.0f);
+}
+
+float mxfp4_block_scale(const float* p) {
+  const float kMinAmax = std::ldexp(6.0f, -126);
+  return pow2_ceil(std::max(block_amax(p, 32), kMinAmax) / 6.0f);
+}
+
+void fake_quant_nvfp4(float* v, size_t n) {
   for (size_t b = 0; b < n; b += 16) {
     float* p = v + b;
-    const float s = e4m3_rne(std::max(block_amax(p, 16), kMinAmax) / 6.0f);
+    const float s = nvfp4_block_scale(p);
     for (size_t i = 0; i < 16; ++i) p[i] = round_bf16(e2m1_rne(p[i] / s) * s);
   }
 }
 
 void fake_quant_mxfp4(float* v, size_t n) {
-  const float kMinAmax = std::ldexp(6.0f, -126);
   for (size_t b = 0; b < n; b += 32) {
     float* p = v + b;
-    const float s = pow2_ceil(std::max(block_amax(p, 32), kMinAmax) / 6.0f);
+    const float s = mxfp4_block_scale(p);
     for (size_t i = 0; i < 32; ++i) p[i] = round_bf16(e2m1_rne(p[i] / s) * s);
   }
 }

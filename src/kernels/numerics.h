@@ -37,6 +37,11 @@ float e2m1_rne(float x);   // nearest of {0,.5,1,1.5,2,3,4,6} (signed), ties to 
 void fake_quant_fp8_window(float* v, size_t n);    // blocks of 32, UE8M0 scale (n % 32 == 0)
 void fake_quant_nvfp4(float* v, size_t n);         // blocks of 16, E4M3 scale  (n % 16 == 0)
 void fake_quant_mxfp4(float* v, size_t n);         // blocks of 32, UE8M0 scale (n % 32 == 0)
+// The pieces of the two FP4 grids that the packed cache rows (fp4_rows.h) share with them:
+uint8_t e2m1_code(float x);              // e2m1_rne(x) as a code (x not NaN): sign << 3 | index
+float e2m1_value(uint8_t code);          // code (low 4 bits) -> its signed value (8: -0)
+float nvfp4_block_scale(const float* p); // s of a block of 16: e4m3_rne(max(amax, 6*2^-9) / 6)
+float mxfp4_block_scale(const float* p); // s of a block of 32: 2^ceil(log2(max(amax, 6*2^-126) / 6))
 
 // --- spec 3.2: hyper-connection mixes ---------------------------------------------------------
 struct HcMix {

@@ -168,7 +168,7 @@ Eval evaluate(const ModelFootprint& fp, const PlanOptions& o, uint32_t chunk, in
   add("sequence state", st.total() * o.sequences,
       std::to_string(o.sequences) + " x ctx " + num(o.ctx) + ": window rings " + format_bytes(st.window) +
           ", compressed KV " + format_bytes(st.compressed_kv) + ", index keys " + format_bytes(st.index_keys) +
-          ", carry " + format_bytes(st.carry) + " (BF16 rows)");
+          ", carry " + format_bytes(st.carry) + " (BF16 window rows, packed FP4 compressed rows and keys)");
   add("eval rollback point", ef.rollback,
       "a multi-chunk eval's checkpoint of its start: window rings, carries, Engram history (compressed rows are append-only)");
 

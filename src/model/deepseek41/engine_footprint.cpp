@@ -2,7 +2,9 @@
 
 #include <algorithm>
 
+#include "backend/cpu_backend.h"
 #include "model/deepseek41/engram.h"
+#include "model/deepseek41/sequence_state.h"
 #include "model/deepseek41/forward_workspace.h"
 
 namespace sluice {
@@ -18,8 +20,8 @@ SequenceShape sequence_shape(const ModelConfig& c, std::span<const LayerRole> ro
     sc.layer = L;
     sc.ratio = std::max<uint32_t>(1, roles[L].ratio);
     sc.rows = ctx / sc.ratio;
-    sc.kv_width = c.head_dim;
-    sc.index_width = c.index_head_dim;
+    sc.kv_row_bytes = (uint32_t)fp4_row_bytes(kKvGrid, c.head_dim);
+    sc.index_row_bytes = (uint32_t)fp4_row_bytes(kIndexGrid, c.index_head_dim);
     sc.carry_values = (uint64_t)(sc.ratio - 1) * c.head_dim;
     s.sources.push_back(sc);
   }
@@ -33,12 +35,13 @@ SequenceShape sequence_shape(const ModelConfig& c, uint32_t ctx) {
 }
 
 SequenceStateBytes sequence_state_bytes(const SequenceShape& s) {
-  // The element types of SequenceState: BF16 bits (uint16_t) rows, f32 carry, int64 Engram ids.
+  // The element types of SequenceState: BF16 bits (uint16_t) window rows, packed FP4 bytes,
+  // f32 carry, int64 Engram ids.
   SequenceStateBytes b;
   b.window = s.window_values * sizeof(uint16_t);
   for (const SourceShape& sc : s.sources) {
-    b.compressed_kv += sc.rows * sc.kv_width * sizeof(uint16_t);
-    b.index_keys += sc.rows * sc.index_width * sizeof(uint16_t);
+    b.compressed_kv += sc.rows * sc.kv_row_bytes;
+    b.index_keys += sc.rows * sc.index_row_bytes;
     b.carry += 2 * sc.carry_values * sizeof(float);
   }
   b.engram_history = (uint64_t)s.engram_history * sizeof(int64_t);
@@ -90,17 +93,21 @@ ScratchBytes scratch_bytes(const ModelConfig& c, uint32_t chunk, uint32_t ctx) {
                                           (uint64_t)c.o_groups * c.o_lora_rank});
   const uint64_t linear = widest_input + 2;
   const uint64_t mix = nmix + hc * H + 2;                                   // hc_mix: projections + input
-  const uint64_t attention = 2ull * (c.sliding_window + c.index_topk);      // row pointers per query
   const uint64_t shared = 2 * Fs + std::max(H, Fs) + 2;                      // gate, up, quantized input
   const uint64_t routed = 2 * H + 3 * F + H + 6;                             // inputs, gate/up/h, down rows
-  s.op_temporaries = n * std::max({linear, mix, attention, shared, routed}) * 4;
+  // sparse_attention works on groups of queries: their row pointers, and the compressed rows
+  // they selected unpacked to BF16 with their ids (cpu_attention.cpp).
+  const uint64_t group = std::min<uint64_t>(n, kAttentionGroup);
+  const uint64_t attention = group * ((uint64_t)(c.sliding_window + c.index_topk) * 8 + (uint64_t)c.index_topk * (hd * 2 + 4));
+  s.op_temporaries = std::max(n * std::max({linear, mix, shared, routed}) * 4, attention);
 
   // The chunk's own rows until commit: window rows (BF16) of every layer, new compressed rows and
   // index keys per KV source, top-k selections (int32) of index layers, candidate masks, Engram ids.
   uint64_t rows = n * c.num_hidden_layers * hd * 2;
   for (uint32_t L : c.kv_source_layer_ids) {
     const uint32_t ratio = std::max<uint32_t>(1, roles[L].ratio);
-    rows += (n / ratio + 1) * (hd + c.index_head_dim) * 2 + 2ull * (ratio - 1) * hd * 4;
+    rows += (n / ratio + 1) * (fp4_row_bytes(kKvGrid, hd) + fp4_row_bytes(kIndexGrid, c.index_head_dim)) +
+            2ull * (ratio - 1) * hd * 4;
   }
   rows += n * c.index_source_layer_ids.size() * c.index_topk * 4;
   const uint64_t vis = max_visible_rows(c, roles, ctx);

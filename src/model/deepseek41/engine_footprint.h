@@ -21,8 +21,8 @@ struct SourceShape {
   uint32_t layer = 0;
   uint32_t ratio = 1;           // compress ratio m: ctx / m compressed rows
   uint64_t rows = 0;            // compressed rows (and index-key rows) held
-  uint32_t kv_width = 0;        // head_dim BF16 values per compressed row
-  uint32_t index_width = 0;     // index_head_dim BF16 values per index key
+  uint32_t kv_row_bytes = 0;    // one packed compressed row: head_dim values on the NVFP4 grid
+  uint32_t index_row_bytes = 0; // one packed index key: index_head_dim values on the MXFP4 grid
   uint64_t carry_values = 0;    // (m - 1) x head_dim f32 each for carry_k and carry_s
 };
 
@@ -39,8 +39,8 @@ SequenceShape sequence_shape(const ModelConfig& c, uint32_t ctx);
 // Payload bytes of a SequenceState of that shape (the vectors' sizes x element sizes).
 struct SequenceStateBytes {
   uint64_t window = 0;          // BF16 window rings
-  uint64_t compressed_kv = 0;   // per KV source: ctx/ratio rows x head_dim BF16
-  uint64_t index_keys = 0;      // per KV source: ctx/ratio rows x index_head_dim BF16
+  uint64_t compressed_kv = 0;   // per KV source: ctx/ratio packed rows (head_dim/2 + head_dim/16 B)
+  uint64_t index_keys = 0;      // per KV source: ctx/ratio packed keys (index_head_dim/2 + /32 B)
   uint64_t carry = 0;           // per KV source: 2 x (ratio-1) x head_dim f32
   uint64_t engram_history = 0;  // (max_ngram-1) int64
   uint64_t total() const { return window + compressed_kv + index_keys + carry + engram_history; }

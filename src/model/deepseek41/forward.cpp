@@ -82,8 +82,8 @@ SequenceState Engine::Impl::new_sequence() const {
     SourceCache sc;
     sc.layer = ss.layer;
     sc.ratio = ss.ratio;
-    sc.kv.assign(ss.rows * ss.kv_width, 0);
-    sc.index_k.assign(ss.rows * ss.index_width, 0);
+    sc.kv.assign(ss.rows * ss.kv_row_bytes, 0);
+    sc.index_k.assign(ss.rows * ss.index_row_bytes, 0);
     sc.carry_k.assign(ss.carry_values, 0.0f);
     sc.carry_s.assign(ss.carry_values, 0.0f);
     s.sources.push_back(std::move(sc));
@@ -101,7 +101,8 @@ void Engine::Impl::check_state(const SequenceState& s) const {
     const SourceCache& sc = s.sources[i];
     const size_t rows = s.ctx / std::max<uint32_t>(1, sc.ratio);
     ok = sc.layer == c.kv_source_layer_ids[i] && sc.ratio == roles[sc.layer].ratio &&
-         sc.kv.size() == rows * c.head_dim && sc.index_k.size() == rows * c.index_head_dim;
+         sc.kv.size() == rows * fp4_row_bytes(kKvGrid, c.head_dim) &&
+         sc.index_k.size() == rows * fp4_row_bytes(kIndexGrid, c.index_head_dim);
   }
   if (!ok) throw Error("engine: the sequence state was not made by an engine for this model");
 }

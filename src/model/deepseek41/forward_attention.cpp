@@ -35,15 +35,15 @@ void Engine::Impl::compress(Chunk& ch, uint32_t L, CMat x) const {
   be.linear(w.idx_k, latents, ik, /*round=*/true);
   be.rms_norm(ik, w.idx_k_norm.data(), eps);
   be.rope(ik, ihd, rope_table(L), pos, false);
-  be.fake_quant(ik, FakeQuant::Mxfp4);
   be.rope(latents, hd, rope_table(L), pos, false);
-  be.fake_quant(latents, FakeQuant::Nvfp4);
 
-  const size_t base = nr.kv.size() / hd;
-  nr.kv.resize((base + G) * hd);
-  nr.ik.resize((base + G) * ihd);
-  be.store_bf16(ik, nr.ik.data() + base * ihd, ihd);
-  be.store_bf16(latents, nr.kv.data() + base * hd, hd);
+  // Both are cached on their FP4 grids, packed (store_fp4 fake-quantizes as it packs).
+  const size_t kb = fp4_row_bytes(kKvGrid, hd), ib = fp4_row_bytes(kIndexGrid, ihd);
+  const size_t base = nr.kv.size() / kb;
+  nr.kv.resize((base + G) * kb);
+  nr.ik.resize((base + G) * ib);
+  be.store_fp4(ik, kIndexGrid, nr.ik.data() + base * ib);
+  be.store_fp4(latents, kKvGrid, nr.kv.data() + base * kb);
   nr.count = (uint32_t)(base + G);
 }
 

@@ -63,8 +63,9 @@ void Engine::rollback(SequenceState& s, const SequenceCheckpoint& ck) const {
   for (size_t i = 0; i < s.sources.size(); ++i) {
     SourceCache& sc = s.sources[i];
     const size_t r0 = ck.pos / sc.ratio, r1 = s.pos / sc.ratio;
-    std::fill(sc.kv.begin() + r0 * hd, sc.kv.begin() + r1 * hd, uint16_t{0});
-    std::fill(sc.index_k.begin() + r0 * ihd, sc.index_k.begin() + r1 * ihd, uint16_t{0});
+    const size_t kb = fp4_row_bytes(kKvGrid, hd), ib = fp4_row_bytes(kIndexGrid, ihd);
+    std::fill(sc.kv.begin() + r0 * kb, sc.kv.begin() + r1 * kb, uint8_t{0});
+    std::fill(sc.index_k.begin() + r0 * ib, sc.index_k.begin() + r1 * ib, uint8_t{0});
     sc.carry_k = ck.carry_k[i];
     sc.carry_s = ck.carry_s[i];
   }

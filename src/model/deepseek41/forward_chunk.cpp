@@ -43,8 +43,8 @@ void commit_chunk(SequenceState& s, Chunk& ch, uint32_t index_head_dim) {
   for (size_t sl = 0; sl < s.sources.size(); ++sl) {
     SourceCache& sc = s.sources[sl];
     NewSourceRows& nr = ch.src[sl];
-    std::copy(nr.kv.begin(), nr.kv.end(), sc.kv.begin() + (size_t)nr.first * hd);
-    std::copy(nr.ik.begin(), nr.ik.end(), sc.index_k.begin() + (size_t)nr.first * index_head_dim);
+    std::copy(nr.kv.begin(), nr.kv.end(), sc.kv.begin() + (size_t)nr.first * fp4_row_bytes(kKvGrid, hd));
+    std::copy(nr.ik.begin(), nr.ik.end(), sc.index_k.begin() + (size_t)nr.first * fp4_row_bytes(kIndexGrid, index_head_dim));
     sc.carry_k = nr.carry_k;
     sc.carry_s = nr.carry_s;
   }

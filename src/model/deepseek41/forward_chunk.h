@@ -18,8 +18,8 @@ namespace sluice {
 struct NewSourceRows {         // compressed rows a KV-source layer produced in this chunk
   uint32_t first = 0;          // row index of the first new row (= committed rows)
   uint32_t count = 0;
-  std::vector<uint16_t> kv;    // [count][head_dim] BF16 bits
-  std::vector<uint16_t> ik;    // [count][index_head_dim]
+  std::vector<uint8_t> kv;     // [count] packed compressed rows (kKvGrid)
+  std::vector<uint8_t> ik;     // [count] packed index keys (kIndexGrid)
   std::vector<float> carry_k, carry_s;  // working copy of the compressor carry
 };
 
@@ -48,11 +48,11 @@ struct Chunk {
   // KV-source slot sl's compressed rows / index keys: committed in s, new in this chunk.
   CacheRows comp_kv(const SequenceState& s, int sl) const {
     const NewSourceRows& nr = src[(size_t)sl];
-    return CacheRows{s.sources[(size_t)sl].kv.data(), nr.kv.data(), nr.first, s.head_dim};
+    return CacheRows{s.sources[(size_t)sl].kv.data(), nr.kv.data(), nr.first, s.head_dim, kKvGrid};
   }
   CacheRows index_keys(const SequenceState& s, int sl, uint32_t index_head_dim) const {
     const NewSourceRows& nr = src[(size_t)sl];
-    return CacheRows{s.sources[(size_t)sl].index_k.data(), nr.ik.data(), nr.first, index_head_dim};
+    return CacheRows{s.sources[(size_t)sl].index_k.data(), nr.ik.data(), nr.first, index_head_dim, kIndexGrid};
   }
 };
 

@@ -2,19 +2,27 @@
 // compressed caches and index keys, the ratio-m compressor carry and the Engram history.
 // Everything is allocated for the context length up front, so a copy is a complete snapshot and
 // restore is assignment. A SequenceCheckpoint is the cheap form of a snapshot at one position
-// (Engine::checkpoint / Engine::rollback). Cached rows are stored as BF16 bits: every value is BF16-exact
-// (docs/numerics.md section 5: fake-quant outputs are bf16(q*s)), so this is lossless.
+// (Engine::checkpoint / Engine::rollback). Window rows are stored as BF16 bits: every value is BF16-exact
+// (docs/numerics.md section 5: fake-quant outputs are bf16(q*s)), so this is lossless. Compressed
+// rows and index keys are on FP4 grids and stored packed (kernels/fp4_rows.h: codes + scales,
+// 288 B per 512-wide row, 68 B per 128-wide key), which unpack to the same BF16 bits.
 #pragma once
 #include <cstdint>
 #include <vector>
 
+#include "kernels/fp4_rows.h"
+
 namespace sluice {
+
+// The grids of the cached compressed rows and index keys (docs/numerics.md 5).
+inline constexpr Fp4Grid kKvGrid = Fp4Grid::Nvfp4;
+inline constexpr Fp4Grid kIndexGrid = Fp4Grid::Mxfp4;
 
 struct SourceCache {              // one per KV-source layer
   uint32_t layer = 0;
   uint32_t ratio = 1;
-  std::vector<uint16_t> kv;       // [rows_cap][head_dim] compressed KV (BF16 bits)
-  std::vector<uint16_t> index_k;  // [rows_cap][index_head_dim] index keys (BF16 bits)
+  std::vector<uint8_t> kv;        // [rows_cap][fp4_row_bytes(Nvfp4, head_dim)] compressed KV
+  std::vector<uint8_t> index_k;   // [rows_cap][fp4_row_bytes(Mxfp4, index_head_dim)] index keys
   // Ratio m > 1: the f32 projections k, s of the first (pos mod m) tokens of the open group.
   std::vector<float> carry_k;     // [m-1][head_dim]
   std::vector<float> carry_s;     // [m-1][head_dim]
