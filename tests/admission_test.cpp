@@ -242,6 +242,24 @@ TEST(AdmissionSequenceState, PublishedSizesMatchTheSpec) {
 
 // What the engine allocates for a sequence equals the reported bytes: tests/engine_footprint_test.cpp.
 
+// At 524,288 positions the state is the packed FP4 rows (0.44 GiB, not 1.57 GiB of BF16 rows) and
+// a multi-chunk eval keeps no copy of it; what that frees goes to expert slots.
+TEST(AdmissionPlan, HalfMillionContextStateIsPackedWithoutUndoCopy) {
+  const ModelFootprint& fp = published_footprint();
+  const Plan p = make_plan(fp, published_options(116 * GiB, 524288), quiet_host());
+  ASSERT_TRUE(p.admitted) << format_plan(p);
+  const PlanLine* state = line_named(p, "sequence state");
+  ASSERT_NE(state, nullptr);
+  EXPECT_LE(state->bytes, (uint64_t)(0.45 * (double)GiB)) << format_plan(p);
+  EXPECT_EQ(line_named(p, "state undo copy"), nullptr);
+  const PlanLine* rollback = line_named(p, "eval rollback point");
+  ASSERT_NE(rollback, nullptr);
+  EXPECT_LE(rollback->bytes, 6ull << 20);  // window rings (5 MiB), carries, Engram history
+  // Against the same plan at 131,072: 393,216 more positions cost 890 B each in the state.
+  const Plan q = make_plan(fp, published_options(116 * GiB, 131072), quiet_host());
+  EXPECT_EQ(state->bytes - line_named(q, "sequence state")->bytes, 890ull * (524288 - 131072));
+}
+
 TEST(AdmissionPlan, PublishedAdmitsAt116GiBWith128KContext) {
   const ModelFootprint& fp = published_footprint();
   const Plan p = make_plan(fp, published_options(116 * GiB), quiet_host());
