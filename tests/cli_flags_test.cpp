@@ -56,6 +56,11 @@ TEST(CliFlags, ContextIsParsedAndBoundedTheSameEverywhere) {
       {"1", "must be at least 2"},
       {"12abc", "not a whole number"},
       {"5000", "exceeds the model's max_position_embeddings 4096"},
+      {"5k", "exceeds the model's max_position_embeddings 4096"},  // 5,120
+      {"k", "needs a number before its suffix"},
+      {"4096k", "exceeds the model's max_position_embeddings 4096"},
+      {"5000000M", "out of range"},
+      {"32kb", "not a whole number"},
   };
   for (const std::string& cmd : commands) {
     for (const Bad& b : bad) {
@@ -77,6 +82,17 @@ TEST(CliFlags, ContextIsParsedAndBoundedTheSameEverywhere) {
   CmdResult r = run_sluice(t.dir, "plan -m " + m + " --allow-swap --ctx 512");
   EXPECT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("ctx 512"), std::string::npos) << r.out;
+  // k and M are binary multiples: 4k = 4,096 (the model's maximum), 2K = 2,048.
+  const std::vector<std::pair<std::string, std::string>> suffixed = {
+      {"-c 4k", "ctx 4,096"}, {"--ctx-size 2K", "ctx 2,048"}, {"--ctx 1k", "ctx 1,024"}};
+  for (const auto& [args, want] : suffixed) {
+    r = run_sluice(t.dir, "plan -m " + m + " --allow-swap " + args);
+    EXPECT_EQ(r.rc, 0) << args << ": " << r.err;
+    EXPECT_NE(r.out.find(want), std::string::npos) << args << ": " << r.out;
+  }
+  r = run_sluice(t.dir, "run -m " + m + " --tokens 1 -n 1 -c 1k --allow-swap");
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("ctx 1024,"), std::string::npos) << r.err;
   r = run_sluice(t.dir, "run -m " + m + " --tokens 1 -n 1 -c 0 --allow-swap");
   EXPECT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.err.find("ctx 2,"), std::string::npos) << "run's default is prompt + n: " << r.err;

@@ -112,7 +112,7 @@ class ServerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     server_ = new Server({"--queue", "1", "--max-body", "65536", "--max-tokens-limit", "4000",
-                          "--sse-ping-interval", "0.2"});
+                          "--sse-ping-interval", "0.2", "-c", "4k"});
   }
   static void TearDownTestSuite() {
     delete server_;
@@ -144,6 +144,11 @@ TEST_F(ServerTest, HealthModelsTokenize) {
   const json mj = json::parse(m.body);
   EXPECT_EQ(mj["object"], "list");
   EXPECT_EQ(mj["data"][0]["id"], "tiny");
+  // The context (-c 4k) under the names clients read: llama.cpp's meta.n_ctx, context_length
+  // (OpenRouter, LiteLLM) and vLLM's max_model_len.
+  EXPECT_EQ(mj["data"][0]["meta"]["n_ctx"], 4096);
+  EXPECT_EQ(mj["data"][0]["context_length"], 4096);
+  EXPECT_EQ(mj["data"][0]["max_model_len"], 4096);
   Response t = server_->post("/tokenize", {{"content", "hello <｜User｜>"}, {"with_pieces", true}});
   ASSERT_EQ(t.status, 200);
   const json tj = json::parse(t.body);
@@ -152,6 +157,23 @@ TEST_F(ServerTest, HealthModelsTokenize) {
   for (const auto& p : tj["tokens"]) joined += p["piece"].get<std::string>();
   EXPECT_EQ(joined, "hello <｜User｜>");
   EXPECT_EQ(tj["tokens"].back()["piece"], "<｜User｜>") << "control tokens match as one token";
+}
+
+// A prompt longer than the context is refused with a 400 that says so, on every chat API;
+// nothing is cut silently.
+TEST_F(ServerTest, PromptBeyondTheContextIsA400) {
+  std::string text;
+  for (int i = 0; i < 5000; ++i) text += " hello";  // > 4096 tokens
+  json chat = kChat;
+  chat["messages"][0]["content"] = text;
+  Response r = server_->post("/v1/chat/completions", chat);
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_NE(r.body.find("context holds 4096"), std::string::npos) << r.body;
+  r = server_->post("/v1/messages", {{"model", "tiny"}, {"max_tokens", 4},
+                                     {"messages", json::array({{{"role", "user"}, {"content", text}}})}});
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_NE(r.body.find("context holds 4096"), std::string::npos) << r.body;
+  EXPECT_EQ(server_->get("/health").status, 200);  // and the server goes on
 }
 
 TEST_F(ServerTest, OpenAiStreamFraming) {

@@ -7,18 +7,28 @@
 
 namespace sluice::cli {
 
-std::string ctx_text_problem(const std::string& text) {
+std::string ctx_text_problem(std::string& text) {
   const std::string got = "got '" + text + "'";
   if (text.empty()) return "needs a number of positions (" + got + ")";
   if (text[0] == '-') return "must not be negative (" + got + "; 0 means the default)";
+  // 32k, 128K, 1M: binary multiples, as contexts are quoted (32k = 32,768 positions).
+  uint64_t mult = 1;
+  size_t digits = text.size();
+  const char last = text.back();
+  if (last == 'k' || last == 'K') mult = 1024, --digits;
+  else if (last == 'm' || last == 'M') mult = 1024 * 1024, --digits;
+  if (digits == 0) return "needs a number before its suffix (" + got + ")";
   uint64_t v = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec == std::errc::result_out_of_range ||
-      (ec == std::errc() && end == text.data() + text.size() && v > std::numeric_limits<uint32_t>::max()))
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + digits, v);
+  if (ec == std::errc() && end == text.data() + digits && v > std::numeric_limits<uint32_t>::max() / mult)
     return "is out of range (" + got + "; at most the model's max_position_embeddings)";
-  if (ec != std::errc() || end != text.data() + text.size()) return "is not a whole number (" + got + ")";
+  if (ec == std::errc::result_out_of_range) return "is out of range (" + got + "; at most the model's max_position_embeddings)";
+  if (ec != std::errc() || end != text.data() + digits)
+    return "is not a whole number (" + got + "; a number of positions, or with k / M: 32k = 32768)";
+  v *= mult;
   if (v != 0 && v < kMinCtx)
     return "must be at least " + std::to_string(kMinCtx) + ", one prompt token and one generated token (" + got + ")";
+  text = std::to_string(v);  // what the option's integer is parsed from
   return "";
 }
 

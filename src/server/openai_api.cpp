@@ -288,13 +288,15 @@ int handle_completions(ServerContext& ctx, const HttpRequest& req, Connection& c
 
 int handle_models(ServerContext& ctx, const HttpRequest&, Connection& conn) {
   json meta = json::object();
-  if (const Session* s = ctx.worker.session()) meta = {{"n_ctx", s->ctx()}, {"n_vocab", s->tokenizer().n_vocab()}};
-  const json resp = {{"object", "list"},
-                     {"data", json::array({{{"id", ctx.model_id},
-                                            {"object", "model"},
-                                            {"created", 0},
-                                            {"owned_by", "sluice"},
-                                            {"meta", meta}}})}};
+  json model = {{"id", ctx.model_id}, {"object", "model"}, {"created", 0}, {"owned_by", "sluice"}};
+  if (const Session* s = ctx.worker.session()) {
+    meta = {{"n_ctx", s->ctx()}, {"n_vocab", s->tokenizer().n_vocab()}};
+    // The context under the names clients look for it: OpenRouter / LiteLLM and vLLM.
+    model["context_length"] = s->ctx();
+    model["max_model_len"] = s->ctx();
+  }
+  model["meta"] = meta;
+  const json resp = {{"object", "list"}, {"data", json::array({model})}};
   send_response(conn, 200, "application/json", dump(resp));
   return 200;
 }
