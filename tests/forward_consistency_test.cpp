@@ -186,6 +186,52 @@ TEST_P(ForwardConsistencyModel, PrefillEqualsChunksAndDecode) {
   }
 }
 
+// Far into the sequence: past original_max_position_embeddings (YaRN-scaled frequencies at
+// angles beyond the original context on the compressed layers, plain RoPE on the window-only
+// ones) and with far more compressed rows than the candidate pool holds, a prefill in chunks
+// equals decoding token by token, bit for bit, and leaves the same state.
+TEST(ForwardConsistencyLong, ChunksEqualDecodePastOriginalContextAndCandidatePool) {
+  const Model& m = *loaded("tiny").model;
+  const ModelConfig& c = model_config(m);
+  const uint32_t len = 720, head = 400;  // positions 400 .. 719 compared
+  ASSERT_LT(c.rope_scaling.original_max_position_embeddings, head);
+  ASSERT_LT(c.candidate_topk_blocks * c.candidate_block_size * 16, head);
+  const std::vector<uint32_t> t = prompt(c, len, 11);
+  EngineOptions o;
+  o.ctx = 1024;
+  o.threads = 2;
+  o.chunk = 128;
+  const EvalRun whole = run_chunked(m, o, t, len);  // one call of 6 chunks
+  // The same head, then the rest one token per call; and uneven chunks and calls.
+  Engine e(m, o);
+  EvalRun mixed;
+  mixed.state = e.new_sequence();
+  mixed.logits.resize((size_t)len * c.vocab_size);
+  e.eval(mixed.state, std::span<const uint32_t>(t.data(), head), mixed.logits.data(), &mixed.trace);
+  for (uint32_t p = head; p < len; ++p)
+    e.eval(mixed.state, std::span<const uint32_t>(t.data() + p, 1), mixed.logits.data() + (size_t)p * c.vocab_size, &mixed.trace);
+  o.chunk = 37;
+  const EvalRun uneven = run_chunked(m, o, t, 101);
+  for (const EvalRun* r : {(const EvalRun*)&mixed, &uneven}) {
+    const char* what = r == &mixed ? "decode" : "chunk 37 call 101";
+    EXPECT_TRUE(same_bits(whole.logits, r->logits)) << what;
+    EXPECT_TRUE(same_trace(whole.trace, r->trace)) << what;
+    EXPECT_TRUE(whole.state == r->state) << what;
+  }
+  // What the positions exercise: at the end every index layer selects index_topk rows out of
+  // many more, and the candidate consumers stay within the pool's blocks.
+  const std::vector<LayerRole> roles = layer_roles(c);
+  for (uint32_t L = 0; L < c.num_hidden_layers; ++L) {
+    if (!roles[L].is_index_source) continue;
+    EXPECT_EQ(whole.trace.back().selected_rows[L].size(), c.index_topk) << "layer " << L;
+    if (roles[L].is_candidate_consumer) {
+      std::set<uint32_t> blocks;
+      for (int32_t g : whole.trace.back().selected_rows[L]) blocks.insert((uint32_t)g / c.candidate_block_size);
+      EXPECT_LE(blocks.size(), c.candidate_topk_blocks) << "layer " << L;
+    }
+  }
+}
+
 TEST_P(ForwardConsistencyModel, ThreadsAndRunsAgree) {
   const auto t = toks();
   const EvalRun& one = reference();

@@ -311,6 +311,8 @@ struct Figures {
   size_t agree = 0;              // positions whose own discrete choices all agree
   double max_rel_agree = 0, mean_rel_agree = 0;
   std::vector<bool> clean_at;    // per position: choices agree, logits within 1e-5, cached rows equal
+  std::vector<bool> agree_at;    // per position: its discrete choices agree
+  std::vector<double> rel_at;    // per position: logits relative L2
   double max_weight_diff_clean = 0;  // routing weights at clean positions, absolute
   size_t cache_values = 0, cache_mismatch = 0;  // cached KV / index-key values compared, differing
 };
@@ -379,6 +381,8 @@ Figures compare_with_engine(const std::string& which, bool mimic, bool resync, s
     const std::vector<float> el(logits.begin() + t * V, logits.begin() + (t + 1) * V);
     const double rel = rel_l2(el, r.logits);
     rels.push_back(rel);
+    fig.rel_at.push_back(rel);
+    fig.agree_at.push_back(experts_same && select_same);
     fig.max_rel = std::max(fig.max_rel, rel);
     fig.mean_rel += rel / (double)n;
     if (fig.first_diff == SIZE_MAX) {
@@ -481,6 +485,45 @@ TEST(ForwardReference, MimicMatchesEngine) {
     // Positions whose choices agree stay within what quantization error could explain.
     EXPECT_LE(f.max_rel_agree, kQuantBound);
   }
+}
+
+// Long enough for tiny's positions to run well past original_max_position_embeddings (256: the
+// YaRN-scaled frequencies of the compressed layers meet angles beyond the original context) and
+// for every compressed stream to outgrow what a query may attend: 640 ratio-1 rows against a
+// candidate pool of 4 blocks x 4 rows and a top-8, 320 ratio-2 rows against a top-8.
+constexpr size_t kLongPrompt = 640;
+
+// Mimic mode from the same history, at those positions: the same per-position figures as at the
+// start of the sequence (clean positions in every quarter past 320, choices that agree within
+// the quantization bound). The engine state is one token per eval; the prompt's first 320
+// positions only build the history. Slow (the reference is plain f64 loops): optimized build only.
+TEST(ForwardReference, MimicMatchesEnginePastOriginalContextAndCandidatePool) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "long reference run: checked in the optimized build";
+#endif
+  const std::string which = "tiny";
+  {
+    const std::unique_ptr<sluice::Model> m = sluice::load_model(model_path(which));
+    const sluice::ModelConfig& c = sluice::model_config(*m);
+    ASSERT_LE(c.rope_scaling.original_max_position_embeddings, 320u / 1.25);
+    ASSERT_LT(c.candidate_topk_blocks * c.candidate_block_size, 320u / 16);
+  }
+  const Figures f = compare_with_engine(which, true, true, kLongPrompt);
+  ASSERT_EQ(f.clean_at.size(), kLongPrompt);
+  const size_t from = 320, q = (kLongPrompt - from) / 4;
+  for (size_t k = 0; k < 4; ++k) {
+    const auto b = f.clean_at.begin() + (long)(from + k * q);
+    EXPECT_GE(std::count(b, b + (long)q, true), (long)(q / 4)) << "quarter " << k << " past position " << from;
+  }
+  double max_agree = 0;
+  size_t agree = 0;
+  for (size_t t = from; t < kLongPrompt; ++t)
+    if (f.agree_at[t]) {
+      ++agree;
+      max_agree = std::max(max_agree, f.rel_at[t]);
+    }
+  EXPECT_GE(agree, (kLongPrompt - from) / 2);
+  EXPECT_LE(max_agree, kQuantBound);
 }
 
 // Exact reference (unquantized activations), each position compared from the same history:
