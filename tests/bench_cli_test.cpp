@@ -96,6 +96,15 @@ TEST_F(BenchCli, ModelRunPrintsTheIssuesKeysAndAConsistentRoofline) {
   EXPECT_LE(stall, ms);
   EXPECT_NEAR(compute + stall, ms, ms * 1e-12);
   EXPECT_NEAR(j["overlap_ratio"].get<double>(), ms / std::max(compute, io), 1e-9);
+  // Memory against the plan: the session's peak (the read baseline's buffer excluded) within
+  // what admission planned, and the state the plan counted.
+  EXPECT_GT(j["sequence_state_bytes"].get<uint64_t>(), 0u);
+  EXPECT_GT(j["peak_rss_bytes"].get<uint64_t>(), 0u);
+#if !defined(__SANITIZE_ADDRESS__)  // the sanitizer's shadow memory is not in the plan
+  if (j["peak_rss_since_session"].get<bool>()) {
+    EXPECT_LE(j["peak_rss_bytes"].get<uint64_t>(), j["planned_bytes"].get<uint64_t>()) << r.out;
+  }
+#endif
 }
 
 TEST_F(BenchCli, TextReportNamesTheRoofline) {
@@ -104,6 +113,7 @@ TEST_F(BenchCli, TextReportNamesTheRoofline) {
   EXPECT_NE(r.out.find("memory read"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("roofline"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("prefill     8 tokens"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("peak RSS"), std::string::npos) << r.out;
 }
 
 TEST_F(BenchCli, OpsRunCoversEveryShapeAndTokenCount) {

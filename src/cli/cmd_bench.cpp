@@ -226,6 +226,8 @@ int run_bench(const BenchOptions& o) {
 
   // The memory baseline first, before the model takes its budget; the buffer is freed again.
   const ReadBandwidth rb = bench_read_bandwidth(o, threads);
+  // The session's peak resident set is compared with its plan: the baseline's buffer must not count.
+  const bool peak_reset = reset_peak_rss();
 
   SessionOptions so = session_options(o.engine, o.model, (uint32_t)ctx);
   so.checkpoint_budget = 0;  // every run starts from position 0: nothing to roll back to
@@ -270,6 +272,12 @@ int run_bench(const BenchOptions& o) {
   const double disk_s = streaming && disk.gbps > 0 ? fdisk.median / (disk.gbps * 1e9) : 0.0;
   const double roof = 1.0 / std::max(mem_s, disk_s);
   const uint32_t chunk = session.plan().chunk;
+  const Plan& plan = session.plan();
+  const uint64_t planned = plan.mandatory_bytes + plan.bounce_bytes + plan.cache_bytes;
+  const uint64_t peak = read_self_status().hwm;
+  uint64_t state_bytes = 0;
+  for (const PlanLine& l : plan.mandatory)
+    if (l.name == "sequence state") state_bytes = l.bytes;
   if (o.json) {
     nlohmann::json j;
     j["model"] = o.model;
@@ -292,6 +300,10 @@ int run_bench(const BenchOptions& o) {
     j["expert_bytes_per_token"] = db.experts;
     j["engram_bytes_per_token"] = db.engram;
     j["streaming"] = streaming;
+    j["peak_rss_bytes"] = peak;
+    j["peak_rss_since_session"] = peak_reset;  // false: the peak includes the read baseline's buffer
+    j["planned_bytes"] = planned;
+    j["sequence_state_bytes"] = state_bytes;
     if (!t.engram_hit.empty()) j["engram_hit_rate"] = figure(t.engram_hit).median;
     if (streaming) {
       j["disk_gbps"] = disk.gbps;
@@ -337,6 +349,9 @@ int run_bench(const BenchOptions& o) {
   if (!dec.empty())
     std::printf("decode  %5u tokens: %8.2f tok/s (min %.2f, max %.2f); roofline %.2f tok/s (%s-bound), ratio %.2f\n",
                 n_gen, fd.median, fd.min, fd.max, roof, disk_s > mem_s ? "disk" : "memory", fd.median / roof);
+  std::printf("memory        peak RSS %s of the plan's %s (sequence state %s at ctx %llu)%s\n",
+              format_bytes(peak).c_str(), format_bytes(planned).c_str(), format_bytes(state_bytes).c_str(),
+              (unsigned long long)ctx, peak_reset ? "" : "; the peak includes the read baseline's buffer");
   if (streaming && !t.hit_rate.empty()) {
     std::printf("decode expert-cache hit rate %.1f%% (min %.1f, max %.1f)\n", 100 * fhit.median, 100 * fhit.min,
                 100 * fhit.max);

@@ -214,6 +214,13 @@ ProcMemory parse_proc_status(std::string_view text) {
 
 ProcMemory read_self_status() { return parse_proc_status(read_text_or_throw("/proc/self/status")); }
 
+bool reset_peak_rss() {
+  std::FILE* f = std::fopen("/proc/self/clear_refs", "w");
+  if (!f) return false;
+  const bool ok = std::fputs("5", f) >= 0;
+  return std::fclose(f) == 0 && ok;
+}
+
 // Parsing and scanning below allocate nothing: the watchdog runs them every few milliseconds
 // over every process on the box, and churn would show up in its own footprint.
 namespace {

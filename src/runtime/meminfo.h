@@ -54,6 +54,9 @@ struct ProcMemory {
 };
 ProcMemory parse_proc_status(std::string_view text);
 ProcMemory read_self_status();
+// Resets this process's VmHWM to its current RSS (writes 5 to /proc/self/clear_refs), so a later
+// peak counts only what came after. False when the kernel refuses (the peak then includes before).
+bool reset_peak_rss();
 
 // The fields of /proc/<pid>/stat the watchdog needs. The command name may hold spaces and ')',
 // so fields are counted from the last ')'.
