@@ -439,7 +439,8 @@ TEST(AdmissionPlan, ScratchAndStateGrowWithChunkAndContext) {
   const ScratchBytes a = scratch_bytes(c, 64, 4096), b = scratch_bytes(c, 128, 4096), d = scratch_bytes(c, 128, 8192);
   EXPECT_EQ(a.logits, 64ull * 129280 * 4);
   EXPECT_EQ(b.logits, 2 * a.logits);
-  EXPECT_EQ(a.indexer_scores, 64ull * 4096 * 4);  // layer 20 has ratio 1: ctx visible rows
+  EXPECT_EQ(a.indexer_scores, 4096ull * 4);  // one query's scores; layer 20 has ratio 1: ctx visible rows
+  EXPECT_EQ(b.indexer_scores, a.indexer_scores);  // whatever the chunk
   EXPECT_EQ(b.workspace, 2 * a.workspace);
   EXPECT_EQ(a.workspace, workspace_bytes(c, 64));
   EXPECT_EQ(b.op_temporaries, 2 * a.op_temporaries);

@@ -49,7 +49,8 @@ void fp4_unpack_row(Fp4Grid g, const uint8_t* in, size_t n, uint16_t* bf16) {
     // The block's 16 possible values, then one lookup per element.
     const float s = scale_value(g, scales[b / B]);
     uint16_t lut[16];
-    for (uint8_t c = 0; c < 16; ++c) lut[c] = f32_to_bf16(e2m1_value(c) * s);
+    // A NaN scale unpacks as the one quiet NaN (a NaN's sign after a multiply is not defined).
+    for (uint8_t c = 0; c < 16; ++c) lut[c] = std::isnan(s) ? kBf16Nan : f32_to_bf16(e2m1_value(c) * s);
     const uint8_t* q = in + b / 2;
     uint16_t* o = bf16 + b;
     for (size_t j = 0; j < B / 2; ++j) {
@@ -59,6 +60,12 @@ void fp4_unpack_row(Fp4Grid g, const uint8_t* in, size_t n, uint16_t* bf16) {
   }
 }
 
-Fp4UnpackFn fp4_unpack_for(Isa isa) { return isa == Isa::Avx512 ? fp4_unpack_row_avx512 : fp4_unpack_row; }
+Fp4UnpackFn fp4_unpack_for(Isa isa) {
+  switch (isa) {
+    case Isa::Avx512: return fp4_unpack_row_avx512;
+    case Isa::Avx2: return fp4_unpack_row_avx2;
+    default: return fp4_unpack_row;
+  }
+}
 
 }  // namespace sluice

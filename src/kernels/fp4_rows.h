@@ -29,6 +29,9 @@ enum class Fp4Grid : uint8_t {
   Mxfp4,  // blocks of 32, E8M0 scale: index keys (and, unpacked, indexer queries)
 };
 
+// What a block with a NaN scale unpacks to, in every element and on every ISA.
+inline constexpr uint16_t kBf16Nan = 0x7fc0;
+
 constexpr size_t fp4_block(Fp4Grid g) { return g == Fp4Grid::Nvfp4 ? 16 : 32; }
 // Bytes of one packed row of n values (n a multiple of the block).
 constexpr size_t fp4_row_bytes(Fp4Grid g, size_t n) { return n / 2 + n / fp4_block(g); }
@@ -40,8 +43,9 @@ void fp4_pack_row(Fp4Grid g, const float* v, size_t n, uint8_t* out);
 void fp4_unpack_row(Fp4Grid g, const uint8_t* in, size_t n, uint16_t* bf16);
 
 using Fp4UnpackFn = void (*)(Fp4Grid g, const uint8_t* in, size_t n, uint16_t* bf16);
+void fp4_unpack_row_avx2(Fp4Grid g, const uint8_t* in, size_t n, uint16_t* bf16);
 void fp4_unpack_row_avx512(Fp4Grid g, const uint8_t* in, size_t n, uint16_t* bf16);
-// The unpacker for the given ISA: the best at or below it (AVX-512, else the scalar reference).
+// The unpacker for the given ISA: the best at or below it.
 Fp4UnpackFn fp4_unpack_for(Isa isa);
 
 }  // namespace sluice

@@ -9,7 +9,7 @@
 //   eval rollback point the checkpoint a multi-chunk eval() keeps of its start to roll back to
 //                      (window rings, carries, Engram history: the compressed rows are append-only)
 //   scratch            the engine's figure for one chunk (model/deepseek41/engine_footprint.h): activations,
-//                      the chunk's new cache rows and selections, indexer scores (chunk x visible
+//                      the chunk's new cache rows and selections, indexer scores (one query x visible
 //                      rows, f32), Engram read staging, per-token vectors, logits (chunk x vocab x 4)
 //   threads            stack + per-thread scratch of every compute thread
 //   Engram row cache   rows kept after they are read (a chunk's read staging is part of the scratch)

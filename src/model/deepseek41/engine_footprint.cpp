@@ -115,9 +115,10 @@ ScratchBytes scratch_bytes(const ModelConfig& c, uint32_t chunk, uint32_t ctx) {
   rows += n * c.engram_layer_ids.size() * c.engram_columns() * 8;
   s.chunk_rows = rows;
 
-  // The indexer scores every visible compressed row for each query; reserved in the batched
-  // form (all queries of the chunk at once) so a faster indexer needs no new admission.
-  s.indexer_scores = n * vis * 4;
+  // The indexer scores every visible compressed row of one query at a time (cpu_attention.cpp):
+  // one row of scores, whatever the chunk. (A batched indexer would hold chunk x visible rows and
+  // must say so here; reserving that unused cost 512 MiB at 524,288 positions, chunk 256.)
+  s.indexer_scores = vis * 4;
 
   // engram_gather (model/deepseek41/engram.cpp) per Engram layer, one at a time: a staging buffer of whole
   // rows within kEngramStagingBytes, a sorted reference per row id (4 B) and the distinct ids of

@@ -50,13 +50,12 @@ SequenceStateBytes sequence_state_bytes(const ModelConfig& c, uint32_t ctx);
 
 // One chunk's working set: what eval() allocates for a chunk of `chunk` tokens at positions up
 // to ctx, plus the caller's logits rows. An upper bound of the live heap of one chunk (measured:
-// tests/eval_heap_test.cpp); the batched indexer scores are reserved so that a batched indexer
-// needs no new admission.
+// tests/eval_heap_test.cpp).
 struct ScratchBytes {
   uint64_t workspace = 0;       // the forward's activation tensors (forward_workspace.h), exactly
   uint64_t op_temporaries = 0;  // the CPU backend's temporaries of its widest op
   uint64_t chunk_rows = 0;      // new window / compressed rows, selections, candidate masks, Engram ids
-  uint64_t indexer_scores = 0;  // chunk x visible compressed rows x 4 (the batched form)
+  uint64_t indexer_scores = 0;  // visible compressed rows x 4: one query's scores at a time
   uint64_t engram_reads = 0;    // engram_gather's staging buffer, sorted references and row ids
   uint64_t logits = 0;          // chunk x vocab x 4 (the caller's buffer)
   uint64_t total() const {
