@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -13,6 +15,7 @@
 
 #include "format/gguf.h"
 #include "model/deepseek41/config.h"
+#include "model/deepseek41/engine_footprint.h"
 #include "test_util.h"
 
 namespace sluice {
@@ -105,6 +108,35 @@ TEST_F(BenchCli, ModelRunPrintsTheIssuesKeysAndAConsistentRoofline) {
     EXPECT_LE(j["peak_rss_bytes"].get<uint64_t>(), j["planned_bytes"].get<uint64_t>()) << r.out;
   }
 #endif
+}
+
+// The short version of docs/context.md's runs: configs/long-context.json (the published attention
+// widths on 8 small layers) at a 1,024-token prompt. The state bench reports is the packed one for
+// that context, and the session's peak stays within its plan. The long runs are benchmarks.
+TEST_F(BenchCli, LongContextConfigShortRunWithinItsPlan) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "real attention widths: minutes under the sanitizer; checked in the optimized build";
+#endif
+  const std::string model = dir_->path / "long-context.gguf";
+  const std::string config = std::string(SLUICE_TEST_DATA) + "/../../configs/long-context.json";
+  ASSERT_EQ(test::run_sluice(*dir_, "make-model --config " + q(config) + " -o " + q(model)).rc, 0);
+  const uint32_t p = 1024, n = 2;
+  const CmdResult r = bench("-m " + q(model) + " -p " + std::to_string(p) + " -n " + std::to_string(n) +
+                            " -r 1 --read-mib 64 --resident-experts --allow-swap --json");
+  std::remove(model.c_str());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const nlohmann::json j = lines(r.out).at(0);
+  std::ifstream f(config);
+  const ModelConfig c = config_from_json(nlohmann::json::parse(f));
+  EXPECT_GT(j["prefill_tok_s"].get<double>(), 0);
+  EXPECT_GT(j["decode_tok_s"].get<double>(), 0);
+  // bench's context is prompt + generated + 1; packed rows: 288 + 68 B per compressed position.
+  const SequenceStateBytes want = sequence_state_bytes(c, p + n + 1);
+  EXPECT_EQ(j["sequence_state_bytes"].get<uint64_t>(), want.total());
+  EXPECT_EQ(want.compressed_kv, ((p + n + 1) / 2 + (p + n + 1)) * 288ull);
+  if (j["peak_rss_since_session"].get<bool>()) {
+    EXPECT_LE(j["peak_rss_bytes"].get<uint64_t>(), j["planned_bytes"].get<uint64_t>()) << r.out;
+  }
 }
 
 TEST_F(BenchCli, TextReportNamesTheRoofline) {
