@@ -31,7 +31,7 @@ SequenceCheckpoint Engine::checkpoint(const SequenceState& s) const {
   SequenceCheckpoint ck;
   ck.pos = s.pos;
   ck.window_kv.resize((size_t)nl * rows * hd);
-  for (uint32_t L = 0; L < nl; ++L)
+  for (uint32_t L = 0; rows && L < nl; ++L)  // rows 0 (position 0): nothing, and no null memcpy
     std::memcpy(ck.window_kv.data() + (size_t)L * rows * hd, s.window_kv.data() + (size_t)L * W * hd,
                 (size_t)rows * hd * sizeof(uint16_t));
   for (const SourceCache& sc : s.sources) {
@@ -57,7 +57,7 @@ void Engine::rollback(SequenceState& s, const SequenceCheckpoint& ck) const {
                 std::to_string(s.pos));
   for (uint32_t L = 0; L < nl; ++L) {
     uint16_t* ring = s.window_kv.data() + (size_t)L * W * hd;
-    std::memcpy(ring, ck.window_kv.data() + (size_t)L * rows * hd, (size_t)rows * hd * sizeof(uint16_t));
+    if (rows) std::memcpy(ring, ck.window_kv.data() + (size_t)L * rows * hd, (size_t)rows * hd * sizeof(uint16_t));
     std::fill(ring + (size_t)rows * hd, ring + (size_t)W * hd, uint16_t{0});
   }
   for (size_t i = 0; i < s.sources.size(); ++i) {
