@@ -1,17 +1,7 @@
 // AVX-512 kernels of the FLOAT group. One __m512 accumulator holds the 16 lanes of the canonical
 // dot (float_types.cpp); the tail uses zero-filling masked loads, which is exactly the zero
 // padding the scalar reference walks.
-// GCC 12's AVX-512 headers build some results from a self-initialised "undefined" vector and
-// then warn about it (GCC bug 105593, fixed in 12.3); the warning points into the header.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+#include "kernels/avx512_intrinsics.h"
 
 #include <cstdint>
 #include <cstring>

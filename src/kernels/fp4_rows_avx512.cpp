@@ -1,19 +1,8 @@
 // AVX-512 unpacking of packed FP4 cache rows: bit-identical to fp4_unpack_row (the scalar
 // reference). Per block the 16 possible values q * s are computed in f32 and narrowed to BF16 by
-// dropping the low half (exact: q * s has at most 6 significant bits, and a NaN scale gives quiet
-// NaNs, whose BF16 the reference also takes from the high half), then one 16-bit permute maps
-// the codes to their values.
-// GCC 12's AVX-512 headers initialise some intrinsics' pass-through operand from _mm512_undefined_*
-// then warn about it (GCC bug 105593, fixed in 12.3); the warning points into the header.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+// dropping the low half (exact: q * s has at most 6 significant bits; a NaN scale gives
+// kBf16Nan, as in the reference), then one 16-bit permute maps the codes to their values.
+#include "kernels/avx512_intrinsics.h"
 
 #include <cstring>
 

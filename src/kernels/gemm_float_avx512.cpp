@@ -5,16 +5,7 @@
 // converted weight vector is used kTokens times and each loaded activation vector kRows times.
 // Weights are converted in registers from the file's bytes (no repacked copy). The tail (n not a
 // multiple of 16) uses zero-filling masked loads: fma(0, 0, acc), the padding the scalar walks.
-// GCC 12's AVX-512 headers warn about a self-initialised "undefined" vector (GCC bug 105593).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+#include "kernels/avx512_intrinsics.h"
 
 #include <cstddef>
 #include <cstdint>

@@ -5,18 +5,7 @@
 // (Q3_K, Q6_K) are unsigned codes minus an offset, subtracted as a second dpbusd, so nothing
 // relies on the activation's bsums. The integer sums equal the scalar reference's exactly and
 // the float tail is the shared one from kquant_blocks.h, so the result has the same bits.
-//
-// GCC 12's AVX-512 headers build some results from a self-initialised "undefined" vector and
-// then warn about it (GCC bug 105593, fixed in 12.3); the warning points into the header.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+#include "kernels/avx512_intrinsics.h"
 
 #include "kernels/kquant_blocks.h"
 
