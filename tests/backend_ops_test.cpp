@@ -429,56 +429,62 @@ void op_index_select(const Backend& be, Rng& rng, Tolerance tol) {
   const uint32_t heads = 3, hd = 32, ratio = 2, p0 = 40, n = 5, topk = 6, block = 4, keep = 3;
   const uint32_t rows_total = (p0 + n) / ratio, first = p0 / ratio;
   const Cache keys = random_cache(rng, first, rows_total - first, hd, Fp4Grid::Mxfp4);
-  const std::vector<float> q = randoms(rng, (size_t)n * heads * hd, -1, 1, true), w = randoms(rng, n * heads, -1, 1, true);
-  const Strided qs = upload(be, q, n, (size_t)heads * hd), ws = upload(be, w, n, heads);
-  for (const int mode : {0, 1, 2}) {  // plain, candidate source, candidate consumer
-    IndexSelect a;
-    a.q = qs.c();
-    a.w = ws.c();
-    a.heads = heads;
-    a.head_dim = hd;
-    a.denom = std::sqrt((float)(hd * heads));
-    a.keys = keys.rows(hd);
-    a.ratio = ratio;
-    a.p0 = p0;
-    a.topk = topk;
-    a.candidate_source = mode == 1;
-    a.candidate_consumer = mode == 2;
-    a.block = block;
-    a.keep_blocks = keep;
-    std::vector<std::vector<uint8_t>> cand(n), want_cand(n);
-    if (mode == 2)
-      for (uint32_t i = 0; i < n; ++i) {
-        cand[i].assign((rows_total + block - 1) / block, 0);
-        for (auto& b : cand[i]) b = (uint8_t)(rng() % 2);
-        want_cand[i] = cand[i];
-      }
-    std::vector<std::vector<int32_t>> sel;
-    be.index_select(a, cand, sel);
-    ASSERT_EQ(sel.size(), n);
-    for (uint32_t i = 0; i < n; ++i) {
-      const uint32_t n_vis = (p0 + i + 1) / ratio;
-      std::vector<float> scores(n_vis);
-      for (uint32_t j = 0; j < n_vis; ++j) {
-        float acc = 0.0f;
-        for (uint32_t h = 0; h < heads; ++h) {
-          const float d = ref_bf16_dot(keys.all.data() + (size_t)j * hd, q.data() + ((size_t)i * heads + h) * hd, hd);
-          acc += std::max(d, 0.0f) * (w[i * heads + h] / a.denom);
-        }
-        scores[j] = acc;
-      }
-      if (mode == 1) want_cand[i] = candidate_blocks(scores, n_vis, block, keep);
+  std::vector<float> q = randoms(rng, (size_t)n * heads * hd, -1, 1, true);
+  const std::vector<float> w = randoms(rng, n * heads, -1, 1, true);
+  // Off the grid (the float path) and, as the model's queries are, on the MXFP4 grid (the CPU's
+  // integer indexer where the CPU has VNNI).
+  for (const bool grid : {false, true}) {
+    if (grid) fake_quant_mxfp4(q.data(), q.size());
+    const Strided qs = upload(be, q, n, (size_t)heads * hd), ws = upload(be, w, n, heads);
+    for (const int mode : {0, 1, 2}) {  // plain, candidate source, candidate consumer
+      IndexSelect a;
+      a.q = qs.c();
+      a.w = ws.c();
+      a.heads = heads;
+      a.head_dim = hd;
+      a.denom = std::sqrt((float)(hd * heads));
+      a.keys = keys.rows(hd);
+      a.ratio = ratio;
+      a.p0 = p0;
+      a.topk = topk;
+      a.candidate_source = mode == 1;
+      a.candidate_consumer = mode == 2;
+      a.block = block;
+      a.keep_blocks = keep;
+      std::vector<std::vector<uint8_t>> cand(n), want_cand(n);
       if (mode == 2)
-        for (uint32_t j = 0; j < n_vis; ++j)
-          if (!want_cand[i][j / block]) scores[j] = -std::numeric_limits<float>::infinity();
-      const std::vector<int32_t> want = topk_ascending(scores, topk);
-      if (tol.exact()) {
-        EXPECT_EQ(sel[i], want) << "index_select mode " << mode << " token " << i;
-      } else {  // near-ties may pick other rows; the count must agree
-        EXPECT_EQ(sel[i].size(), want.size()) << "index_select mode " << mode << " token " << i;
-      }
-      if (mode == 1) {
-        EXPECT_EQ(cand[i], want_cand[i]) << "candidate blocks of token " << i;
+        for (uint32_t i = 0; i < n; ++i) {
+          cand[i].assign((rows_total + block - 1) / block, 0);
+          for (auto& b : cand[i]) b = (uint8_t)(rng() % 2);
+          want_cand[i] = cand[i];
+        }
+      std::vector<std::vector<int32_t>> sel;
+      be.index_select(a, cand, sel);
+      ASSERT_EQ(sel.size(), n);
+      for (uint32_t i = 0; i < n; ++i) {
+        const uint32_t n_vis = (p0 + i + 1) / ratio;
+        std::vector<float> scores(n_vis);
+        for (uint32_t j = 0; j < n_vis; ++j) {
+          float acc = 0.0f;
+          for (uint32_t h = 0; h < heads; ++h) {
+            const float d = ref_bf16_dot(keys.all.data() + (size_t)j * hd, q.data() + ((size_t)i * heads + h) * hd, hd);
+            acc += std::max(d, 0.0f) * (w[i * heads + h] / a.denom);
+          }
+          scores[j] = acc;
+        }
+        if (mode == 1) want_cand[i] = candidate_blocks(scores, n_vis, block, keep);
+        if (mode == 2)
+          for (uint32_t j = 0; j < n_vis; ++j)
+            if (!want_cand[i][j / block]) scores[j] = -std::numeric_limits<float>::infinity();
+        const std::vector<int32_t> want = topk_ascending(scores, topk);
+        if (tol.exact()) {
+          EXPECT_EQ(sel[i], want) << "index_select mode " << mode << " token " << i;
+        } else {  // near-ties may pick other rows; the count must agree
+          EXPECT_EQ(sel[i].size(), want.size()) << "index_select mode " << mode << " token " << i;
+        }
+        if (mode == 1) {
+          EXPECT_EQ(cand[i], want_cand[i]) << "candidate blocks of token " << i;
+        }
       }
     }
   }

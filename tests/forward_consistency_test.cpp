@@ -17,6 +17,7 @@
 
 #include <unistd.h>
 
+#include "kernels/cpu.h"
 #include "model/deepseek41/forward.h"
 #include "model/model.h"
 #include "model/deepseek41/primitives.h"
@@ -244,6 +245,25 @@ TEST_P(ForwardConsistencyModel, ThreadsAndRunsAgree) {
   EXPECT_TRUE(one.state == again.state);
   const EvalRun two_decode = run_chunked(model(), opts(16, 2), std::vector<uint32_t>(t.begin(), t.begin() + 20), 1);
   EXPECT_EQ(0, std::memcmp(one.logits.data(), two_decode.logits.data(), two_decode.logits.size() * sizeof(float)));
+}
+
+// The integer indexer (VNNI, kernels/index_scores.h) and the float path give the same model:
+// an engine built under a lower ISA runs the backend's own cache kernels (FP4 unpack, BF16 dots,
+// indexer) at that ISA: AVX2 and scalar have no integer indexer. (The weights' kernels were
+// chosen when the model loaded; they have their own SIMD-equals-scalar tests.)
+TEST_P(ForwardConsistencyModel, IntegerAndFloatIndexerAgree) {
+  const auto t = toks();
+  const EvalRun& best = reference();
+  const Isa was = active_isa();
+  for (Isa isa : {Isa::Avx2, Isa::Scalar}) {
+    if (isa >= detect_isa()) continue;
+    set_active_isa(isa);
+    const EvalRun r = run_chunked(model(), opts(16, 2), t, 1024);
+    set_active_isa(was);
+    EXPECT_TRUE(same_bits(best.logits, r.logits)) << isa_name(isa);
+    EXPECT_TRUE(same_trace(best.trace, r.trace)) << isa_name(isa);
+    EXPECT_TRUE(best.state == r.state) << isa_name(isa);
+  }
 }
 
 TEST_P(ForwardConsistencyModel, SnapshotRestoreContinuesIdentically) {

@@ -53,36 +53,63 @@ std::vector<uint32_t> CpuBackend::compress_pool(CMat k, CMat g, uint32_t ratio, 
   return groups;
 }
 
+// The scores of one query. Its rows go to the threads in units (rows of kIndexUnit, or the
+// candidate blocks of a consumer: only the kept ones are scored, the rest stay -inf, which is what
+// masking after scoring would leave). A run of rows contiguous in memory is scored by the integer
+// kernel when the query is on the grid (kernels/index_scores.h: the float path's bits), its
+// fallback keys and everything else by the float path: unpack, 32 f32 dots, relu, weight.
 void CpuBackend::index_select(const IndexSelect& a, std::vector<std::vector<uint8_t>>& cand,
                               std::vector<std::vector<int32_t>>& sel) const {
+  constexpr uint32_t kIndexUnit = 256;
   const uint32_t inh = a.heads, ihd = a.head_dim;
   sel.assign(a.q.n, {});
   std::vector<float> scores, wi(inh);
+  IndexQuery iq;
   for (size_t i = 0; i < a.q.n; ++i) {
     const uint32_t t = a.p0 + (uint32_t)i;
     const float* q = a.q.row(i);
     for (uint32_t h = 0; h < inh; ++h) wi[h] = a.w.row(i)[h] / a.denom;  // w' (numerics.md 6)
     const uint32_t n_vis = (t + 1) / a.ratio;
-    scores.assign(n_vis, 0.0f);
-    pool_.parallel_for(n_vis, [&](size_t b, size_t e) {
+    const bool consumer = a.candidate_consumer;
+    scores.assign(n_vis, consumer ? -std::numeric_limits<float>::infinity() : 0.0f);
+    prepare_index_query(q, wi.data(), inh, ihd, iq);
+    const IndexScoresFn integer = iq.integer ? index_scores_ : nullptr;
+    const uint32_t unit = consumer ? a.block : kIndexUnit;
+    const uint32_t units = (n_vis + unit - 1) / unit;
+    const uint8_t* keep = consumer ? cand[i].data() : nullptr;
+    pool_.parallel_for(units, [&](size_t ub, size_t ue) {
       std::vector<uint16_t> key(ihd);
-      for (size_t j = b; j < e; ++j) {
-        unpack_fp4_(a.keys.grid, a.keys.row((uint32_t)j), ihd, key.data());  // exact: the BF16 bits
-        const uint16_t* kj = key.data();
+      std::vector<uint32_t> fallback;
+      auto float_score = [&](uint32_t j) {
+        unpack_fp4_(a.keys.grid, a.keys.row(j), ihd, key.data());  // exact: the BF16 bits
         float acc = 0.0f;
-        for (uint32_t h = 0; h < inh; ++h) {
-          const float d = dot_bf16_(kj, q + (size_t)h * ihd, ihd);
-          acc += std::max(d, 0.0f) * wi[h];
-        }
+        for (uint32_t h = 0; h < inh; ++h) acc += std::max(dot_bf16_(key.data(), q + (size_t)h * ihd, ihd), 0.0f) * wi[h];
         scores[j] = acc;
+      };
+      auto score_run = [&](uint32_t b, uint32_t e) {  // rows [b, e), contiguous in memory
+        if (!integer) {
+          for (uint32_t j = b; j < e; ++j) float_score(j);
+          return;
+        }
+        fallback.clear();
+        integer(iq, a.keys.row(b), e - b, scores.data() + b, fallback);
+        for (uint32_t o : fallback) float_score(b + o);
+      };
+      for (size_t u = ub; u < ue;) {
+        if (keep && !keep[u]) {
+          ++u;
+          continue;
+        }
+        size_t v = u + 1;  // a run of kept units
+        while (v < ue && (!keep || keep[v])) ++v;
+        const uint32_t b = (uint32_t)u * unit, e = std::min<uint32_t>((uint32_t)v * unit, n_vis);
+        const uint32_t split = std::clamp(a.keys.first, b, e);  // committed rows, then the chunk's
+        if (b < split) score_run(b, split);
+        if (split < e) score_run(split, e);
+        u = v;
       }
-    }, 64);
+    }, consumer ? 64 : 1);
     if (a.candidate_source) cand[i] = candidate_blocks(scores, n_vis, a.block, a.keep_blocks);
-    if (a.candidate_consumer) {
-      const std::vector<uint8_t>& keep = cand[i];
-      for (uint32_t j = 0; j < n_vis; ++j)
-        if (!keep[j / a.block]) scores[j] = -std::numeric_limits<float>::infinity();
-    }
     sel[i] = topk_ascending(scores, a.topk);
   }
 }

@@ -13,7 +13,7 @@
 namespace sluice {
 
 CpuBackend::CpuBackend(int threads) : pool_(std::max(1, threads)), dot_bf16_(dot_for(type_traits(GgmlType::BF16))),
-      unpack_fp4_(fp4_unpack_for(active_isa())) {}
+      unpack_fp4_(fp4_unpack_for(active_isa())), index_scores_(index_scores_for(active_isa())) {}
 
 void prepare_cpu_weight(Weight& w) {
   if (!w.traits) w.traits = &type_traits(w.type);

@@ -4,6 +4,7 @@
 #pragma once
 #include "backend/backend.h"
 #include "backend/thread_pool.h"
+#include "kernels/index_scores.h"
 
 namespace sluice {
 
@@ -57,6 +58,7 @@ class CpuBackend : public Backend {
   mutable ThreadPool pool_;
   DotFn dot_bf16_;  // BF16 cache rows x f32 vectors
   Fp4UnpackFn unpack_fp4_;  // packed compressed rows and index keys -> BF16
+  IndexScoresFn index_scores_;  // the integer indexer (VNNI), or nullptr: the float path
 };
 
 }  // namespace sluice
