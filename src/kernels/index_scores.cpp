@@ -11,8 +11,6 @@ namespace sluice {
 namespace {
 
 constexpr uint32_t kBlock = 32;
-// Exponent range of the integer form: 2^X a normal float, and 18,432 * 2^X far below FLT_MAX.
-constexpr int32_t kMinExp = -126, kMaxExp = 100;
 
 // m of a key code: 2 * its E2M1 value, an integer in [-12, 12].
 int32_t code_m(uint8_t c) {
@@ -58,7 +56,7 @@ void prepare_index_query(const float* q, const float* w_prime, uint32_t heads, u
       // not anywhere (a coarser step cannot help).
       int32_t x = std::ilogb(amax) - 4;
       while (std::ldexp(12.0, x) < (double)amax) ++x;
-      if (x < kMinExp || x > kMaxExp) return;
+      if (x < kIndexMinExp || x > kIndexMaxExp) return;
       int32_t sum = 0;
       for (uint32_t i = 0; i < kBlock; ++i) {
         const double m = std::ldexp((double)q[o + i], -x);
@@ -98,7 +96,7 @@ bool index_key_exact(const IndexQuery& q, const uint8_t* key) {
     any = true;
   }
   if (!any) return true;
-  return q.span + (kmax - kmin) <= q.span_limit && q.xmin + kmin >= kMinExp && q.xmax + kmax <= kMaxExp;
+  return q.span + (kmax - kmin) <= q.span_limit && q.xmin + kmin >= kIndexMinExp && q.xmax + kmax <= kIndexMaxExp;
 }
 
 void index_scores_int(const IndexQuery& q, const uint8_t* keys, size_t n, float* scores,

@@ -31,6 +31,8 @@
 namespace sluice {
 
 inline constexpr uint32_t kIndexMaxHeadDim = 256;
+// Exponent range of the integer form: 2^X a normal float, and 18,432 * 2^X far below FLT_MAX.
+inline constexpr int32_t kIndexMinExp = -126, kIndexMaxExp = 100;
 
 // The widest exponent span (binades) of one head's nonzero blocks for which every f32 partial sum
 // of a head dot of `blocks` blocks of 32 is exact: blocks * 4,608 * 2^span <= 2^24 (9 for 4 blocks).

@@ -26,9 +26,12 @@ struct Tile {
 };
 
 // Lane j of the tile from one key: codes to m + 12, scales to 2^x (0 for an all-zero block).
-void load_key(Tile& t, uint32_t j, const uint8_t* key, uint32_t nb) {
+// Returns index_key_exact(q, key), from the same pass (the lane is garbage when false).
+bool load_key(Tile& t, uint32_t j, const uint8_t* key, uint32_t nb, const IndexQuery& q) {
   const __m128i lut = _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
   const __m128i low = _mm_set1_epi8(0x0f), mag = _mm_set1_epi8(0x77);
+  int32_t kmin = 1000, kmax = -1000;
+  bool nan = false;
   for (uint32_t b = 0; b < nb; ++b) {  // a block of 32 is 16 bytes of codes
     const __m128i c = _mm_loadu_si128((const __m128i*)(key + b * kBlock / 2));
     const __m128i lo = _mm_and_si128(c, low), hi = _mm_and_si128(_mm_srli_epi16(c, 4), low);
@@ -36,15 +39,21 @@ void load_key(Tile& t, uint32_t j, const uint8_t* key, uint32_t nb) {
     _mm_store_si128((__m128i*)v, _mm_shuffle_epi8(lut, _mm_unpacklo_epi8(lo, hi)));
     _mm_store_si128((__m128i*)(v + 4), _mm_shuffle_epi8(lut, _mm_unpackhi_epi8(lo, hi)));
     for (uint32_t d = 0; d < 8; ++d) t.g[b * 8 + d][j] = v[d];
-    const bool nonzero = !_mm_testz_si128(c, mag);
-    const int32_t x = (int32_t)key[nb * kBlock / 2 + b] - 128;
+    const uint8_t code = key[nb * kBlock / 2 + b];
+    nan |= code == 0xff;
+    const int32_t x = (int32_t)code - 128;
     float s = 0.0f;
-    if (nonzero) {
+    if (!_mm_testz_si128(c, mag)) {
+      kmin = std::min(kmin, x);
+      kmax = std::max(kmax, x);
       const uint32_t bits = x >= -126 ? (uint32_t)(x + 127) << 23 : 1u << (x + 149);  // 2^x, exact
       std::memcpy(&s, &bits, 4);
     }
     t.sk[b][j] = s;
   }
+  if (nan) return false;
+  if (kmax < kmin) return true;  // all zero
+  return q.span + (kmax - kmin) <= q.span_limit && q.xmin + kmin >= kIndexMinExp && q.xmax + kmax <= kIndexMaxExp;
 }
 
 void clear_lane(Tile& t, uint32_t j, uint32_t nb) {
@@ -108,8 +117,7 @@ void scores_nb(const IndexQuery& q, const uint8_t* keys, size_t n, float* scores
     __mmask16 store = 0;
     for (uint32_t j = 0; j < kLanes; ++j) {
       const uint8_t* key = j < cnt ? keys + (j0 + j) * rb : nullptr;
-      if (key && index_key_exact(q, key)) {
-        load_key(t, j, key, NB);
+      if (key && load_key(t, j, key, NB, q)) {
         store = (__mmask16)(store | 1u << j);
       } else {
         if (j < cnt) fallback.push_back((uint32_t)(j0 + j));

@@ -5,11 +5,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <numbers>
 
+#include "kernels/cpu.h"
 #include "kernels/engram_row.h"
 #include "kernels/fp.h"
+#include "kernels/topk_collect.h"
 
 namespace sluice {
 
@@ -235,29 +238,48 @@ struct ByScoreThenIndex {
   }
 };
 
+// The k best of scores[0, n) by ByScoreThenIndex, ascending. A threshold from an even sample of
+// the scores lets one scan (topk_collect: SIMD compare and compress) keep only the scores at or
+// above it, a few times k of them; the exact order then runs on those alone. The threshold only
+// decides how many are kept: when fewer than k pass it, the scan runs again with none (every
+// selectable score), so the result is the plain selection's whatever the sample. An index
+// buffer of n is allocated, as the plain selection's, and a copy of k returned.
 std::vector<int32_t> top_indices(std::span<const float> scores, size_t n, uint32_t k) {
-  std::vector<int32_t> idx;
-  idx.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    const float v = scores[i];
-    if (std::isnan(v) || v == -std::numeric_limits<float>::infinity()) continue;
-    idx.push_back((int32_t)i);
+  static const TopkCollectFn collect = topk_collect_for(active_isa());
+  constexpr float kAll = -std::numeric_limits<float>::infinity();
+  float t = kAll;
+  if (n > 8 * (size_t)k + 1024) {
+    constexpr size_t kSamples = 1024;
+    std::vector<float> sample;
+    sample.reserve(kSamples);
+    for (size_t i = 0; i < kSamples; ++i) {
+      const float v = scores[i * n / kSamples];
+      if (v > kAll) sample.push_back(v);  // not -inf, not NaN
+    }
+    // Aim at about 2k + 256 kept rows: rank r of the sample's valid scores, descending.
+    const double valid = (double)n * (double)sample.size() / (double)kSamples;
+    const size_t r = (size_t)((2.0 * k + 256.0) / std::max(valid, 1.0) * (double)sample.size());
+    if (sample.size() >= 16 && r < sample.size()) {
+      std::nth_element(sample.begin(), sample.begin() + (ptrdiff_t)r, sample.end(), std::greater<float>());
+      t = sample[r];
+    }
   }
-  if (idx.size() > k) {
+  std::vector<int32_t> idx(n);
+  size_t c = collect(scores.data(), n, t, idx.data());
+  if (c < k && t != kAll) c = collect(scores.data(), n, kAll, idx.data());
+  idx.resize(c);
+  if (c > k) {
     std::nth_element(idx.begin(), idx.begin() + k, idx.end(), ByScoreThenIndex{scores});
     idx.resize(k);
+    std::sort(idx.begin(), idx.end());
   }
-  return idx;
+  return std::vector<int32_t>(idx.begin(), idx.end());
 }
 
 }  // namespace
 
 std::vector<int32_t> topk_ascending(std::span<const float> scores, uint32_t k) {
-  std::vector<int32_t> idx = top_indices(scores, scores.size(), k);
-  std::sort(idx.begin(), idx.end());
-  // top_indices reserved a slot per score: returned as is, every token's selection kept
-  // n_vis x 4 B alive for the whole chunk (measured: tests/heap/eval_heap_test.cpp). A copy holds k.
-  return std::vector<int32_t>(idx.begin(), idx.end());
+  return top_indices(scores, scores.size(), k);
 }
 
 std::vector<uint8_t> candidate_blocks(std::span<const float> scores, uint32_t n_vis,
