@@ -439,12 +439,14 @@ TEST(AdmissionPlan, ScratchAndStateGrowWithChunkAndContext) {
   const ScratchBytes a = scratch_bytes(c, 64, 4096), b = scratch_bytes(c, 128, 4096), d = scratch_bytes(c, 128, 8192);
   EXPECT_EQ(a.logits, 64ull * 129280 * 4);
   EXPECT_EQ(b.logits, 2 * a.logits);
-  EXPECT_EQ(a.indexer_scores, 4096ull * 4);  // one query's scores; layer 20 has ratio 1: ctx visible rows
+  // One query's scores and its top-k buffer (layer 20 has ratio 1: ctx visible rows), the
+  // selection's sample and the query's integer form.
+  EXPECT_EQ(a.indexer_scores, 4096ull * 8 + 1024 * 4 + (32 * 128 + 32 * 4 * 8 + 32 * 4));
   EXPECT_EQ(b.indexer_scores, a.indexer_scores);  // whatever the chunk
   EXPECT_EQ(b.workspace, 2 * a.workspace);
   EXPECT_EQ(a.workspace, workspace_bytes(c, 64));
   EXPECT_EQ(b.op_temporaries, 2 * a.op_temporaries);
-  EXPECT_EQ(d.indexer_scores, 2 * b.indexer_scores);
+  EXPECT_EQ(d.indexer_scores - b.indexer_scores, 4096ull * 8);
   EXPECT_GT(d.chunk_rows, b.chunk_rows);
   EXPECT_GT(sequence_state_bytes(c, 8192).total(), sequence_state_bytes(c, 4096).total());
 }

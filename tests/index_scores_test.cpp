@@ -80,8 +80,8 @@ std::vector<float> int_scores(const Case& c, IndexScoresFn fn, std::vector<uint3
   prepare_index_query(c.q.data(), c.w.data(), c.heads, c.hd, iq);
   EXPECT_TRUE(iq.integer);
   std::vector<float> s(c.n + 1, 12345.0f);
-  fallback.clear();
-  fn(iq, c.keys.data(), c.n, s.data(), fallback);
+  fallback.assign(c.n, 0);
+  fallback.resize(fn(iq, c.keys.data(), c.n, s.data(), fallback.data()));
   EXPECT_EQ(s[c.n], 12345.0f) << "wrote past the scores";
   const DotFn ref = type_traits(GgmlType::BF16).dot_scalar;
   for (uint32_t j : fallback) s[j] = float_score(c, j, ref);

@@ -79,7 +79,7 @@ void CpuBackend::index_select(const IndexSelect& a, std::vector<std::vector<uint
     const uint8_t* keep = consumer ? cand[i].data() : nullptr;
     pool_.parallel_for(units, [&](size_t ub, size_t ue) {
       std::vector<uint16_t> key(ihd);
-      std::vector<uint32_t> fallback;
+      uint32_t fallback[kIndexUnit];
       auto float_score = [&](uint32_t j) {
         unpack_fp4_(a.keys.grid, a.keys.row(j), ihd, key.data());  // exact: the BF16 bits
         float acc = 0.0f;
@@ -91,9 +91,11 @@ void CpuBackend::index_select(const IndexSelect& a, std::vector<std::vector<uint
           for (uint32_t j = b; j < e; ++j) float_score(j);
           return;
         }
-        fallback.clear();
-        integer(iq, a.keys.row(b), e - b, scores.data() + b, fallback);
-        for (uint32_t o : fallback) float_score(b + o);
+        for (uint32_t p = b; p < e; p += kIndexUnit) {
+          const uint32_t len = std::min(kIndexUnit, e - p);
+          const size_t nf = integer(iq, a.keys.row(p), len, scores.data() + p, fallback);
+          for (size_t f = 0; f < nf; ++f) float_score(p + fallback[f]);
+        }
       };
       for (size_t u = ub; u < ue;) {
         if (keep && !keep[u]) {

@@ -99,16 +99,16 @@ bool index_key_exact(const IndexQuery& q, const uint8_t* key) {
   return q.span + (kmax - kmin) <= q.span_limit && q.xmin + kmin >= kIndexMinExp && q.xmax + kmax <= kIndexMaxExp;
 }
 
-void index_scores_int(const IndexQuery& q, const uint8_t* keys, size_t n, float* scores,
-                      std::vector<uint32_t>& fallback) {
+size_t index_scores_int(const IndexQuery& q, const uint8_t* keys, size_t n, float* scores, uint32_t* fallback) {
   const uint32_t hd = q.head_dim, nb = q.blocks;
   const size_t rb = fp4_row_bytes(Fp4Grid::Mxfp4, hd);
   int32_t mk[kIndexMaxHeadDim];
   float sk[kIndexMaxHeadDim / kBlock];
+  size_t fb = 0;
   for (size_t j = 0; j < n; ++j) {
     const uint8_t* key = keys + j * rb;
     if (!index_key_exact(q, key)) {
-      fallback.push_back((uint32_t)j);
+      fallback[fb++] = (uint32_t)j;
       continue;
     }
     for (uint32_t i = 0; i < hd / 2; ++i) {
@@ -135,6 +135,7 @@ void index_scores_int(const IndexQuery& q, const uint8_t* keys, size_t n, float*
     }
     scores[j] = acc;
   }
+  return fb;
 }
 
 IndexScoresFn index_scores_for(Isa isa) { return isa == Isa::Avx512 ? index_scores_int_avx512 : nullptr; }

@@ -57,15 +57,18 @@ struct IndexQuery {
 void prepare_index_query(const float* q, const float* w_prime, uint32_t heads, uint32_t head_dim, IndexQuery& out);
 
 // Scores n packed keys at keys + j * fp4_row_bytes(Mxfp4, head_dim) into scores[j]. Keys the
-// integer form may not match (NaN scale, exponent span or range) are skipped and their j appended
-// to fallback. q.integer must hold.
-using IndexScoresFn = void (*)(const IndexQuery& q, const uint8_t* keys, size_t n, float* scores,
-                               std::vector<uint32_t>& fallback);
+// integer form may not match (NaN scale, exponent span or range) are skipped and their j written
+// to fallback (room for n), ascending; returns how many. q.integer must hold.
+using IndexScoresFn = size_t (*)(const IndexQuery& q, const uint8_t* keys, size_t n, float* scores,
+                                 uint32_t* fallback);
 // The scalar reference of the integer form.
-void index_scores_int(const IndexQuery& q, const uint8_t* keys, size_t n, float* scores,
-                      std::vector<uint32_t>& fallback);
-void index_scores_int_avx512(const IndexQuery& q, const uint8_t* keys, size_t n, float* scores,
-                             std::vector<uint32_t>& fallback);
+size_t index_scores_int(const IndexQuery& q, const uint8_t* keys, size_t n, float* scores, uint32_t* fallback);
+size_t index_scores_int_avx512(const IndexQuery& q, const uint8_t* keys, size_t n, float* scores,
+                               uint32_t* fallback);
+// Heap bytes of an IndexQuery's integer form (the engine's footprint counts them).
+constexpr uint64_t index_query_bytes(uint32_t heads, uint32_t head_dim) {
+  return (uint64_t)heads * head_dim + (uint64_t)heads * (head_dim / 32) * 8 + (uint64_t)heads * 4;
+}
 // The integer kernel worth using at this ISA (VNNI), or nullptr: below it the float path is faster.
 IndexScoresFn index_scores_for(Isa isa);
 

@@ -109,9 +109,10 @@ __m512 score_tile(const IndexQuery& q, const Tile& t) {
 }
 
 template <uint32_t NB>
-void scores_nb(const IndexQuery& q, const uint8_t* keys, size_t n, float* scores, std::vector<uint32_t>& fallback) {
+size_t scores_nb(const IndexQuery& q, const uint8_t* keys, size_t n, float* scores, uint32_t* fallback) {
   const size_t rb = fp4_row_bytes(Fp4Grid::Mxfp4, NB * kBlock);
   Tile t;
+  size_t fb = 0;
   for (size_t j0 = 0; j0 < n; j0 += kLanes) {
     const uint32_t cnt = (uint32_t)std::min<size_t>(kLanes, n - j0);
     __mmask16 store = 0;
@@ -120,18 +121,19 @@ void scores_nb(const IndexQuery& q, const uint8_t* keys, size_t n, float* scores
       if (key && load_key(t, j, key, NB, q)) {
         store = (__mmask16)(store | 1u << j);
       } else {
-        if (j < cnt) fallback.push_back((uint32_t)(j0 + j));
+        if (j < cnt) fallback[fb++] = (uint32_t)(j0 + j);
         clear_lane(t, j, NB);
       }
     }
     _mm512_mask_storeu_ps(scores + j0, store, score_tile<NB>(q, t));
   }
+  return fb;
 }
 
 }  // namespace
 
-void index_scores_int_avx512(const IndexQuery& q, const uint8_t* keys, size_t n, float* scores,
-                             std::vector<uint32_t>& fallback) {
+size_t index_scores_int_avx512(const IndexQuery& q, const uint8_t* keys, size_t n, float* scores,
+                               uint32_t* fallback) {
   switch (q.blocks) {
     case 1: return scores_nb<1>(q, keys, n, scores, fallback);
     case 2: return scores_nb<2>(q, keys, n, scores, fallback);

@@ -249,7 +249,7 @@ std::vector<int32_t> top_indices(std::span<const float> scores, size_t n, uint32
   constexpr float kAll = -std::numeric_limits<float>::infinity();
   float t = kAll;
   if (n > 8 * (size_t)k + 1024) {
-    constexpr size_t kSamples = 1024;
+    constexpr size_t kSamples = kTopkSamples;
     std::vector<float> sample;
     sample.reserve(kSamples);
     for (size_t i = 0; i < kSamples; ++i) {

@@ -61,6 +61,10 @@ void hc_post(const float* F, const float* X, const HcMix& mix, uint32_t hc, size
 // Indices of the k largest scores (-inf and NaN never selected); order by score descending,
 // ties to the lower index; the result is sorted ascending.
 std::vector<int32_t> topk_ascending(std::span<const float> scores, uint32_t k);
+// The selection's sample of the scores, and the heap a selection over n scores holds while it
+// runs (an index per score and the sample; the engine's footprint counts it).
+inline constexpr size_t kTopkSamples = 1024;
+constexpr uint64_t topk_scratch_bytes(uint64_t n) { return n * 4 + kTopkSamples * 4; }
 // Candidate blocks of the candidate-source layer: per-block mask (1 = kept) over
 // ceil(n_vis / block) blocks.
 std::vector<uint8_t> candidate_blocks(std::span<const float> scores, uint32_t n_vis,

@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "backend/cpu_backend.h"
+#include "kernels/index_scores.h"
+#include "kernels/numerics.h"
 #include "model/deepseek41/engram.h"
 #include "model/deepseek41/sequence_state.h"
 #include "model/deepseek41/forward_workspace.h"
@@ -116,9 +118,12 @@ ScratchBytes scratch_bytes(const ModelConfig& c, uint32_t chunk, uint32_t ctx) {
   s.chunk_rows = rows;
 
   // The indexer scores every visible compressed row of one query at a time (cpu_attention.cpp):
-  // one row of scores, whatever the chunk. (A batched indexer would hold chunk x visible rows and
-  // must say so here; reserving that unused cost 512 MiB at 524,288 positions, chunk 256.)
-  s.indexer_scores = vis * 4;
+  // one row of scores, whatever the chunk, then the top-k selection's index buffer over them, and
+  // the query in integer form (kernels/index_scores.h). (A batched indexer would hold chunk x
+  // visible rows and must say so here; reserving that unused cost 512 MiB at 524,288 positions,
+  // chunk 256.) The candidate source's block maxima and their selection, over visible / block
+  // rows, come before the top-k and are smaller than its buffer.
+  s.indexer_scores = vis * 4 + topk_scratch_bytes(vis) + index_query_bytes(c.index_n_heads, c.index_head_dim);
 
   // engram_gather (model/deepseek41/engram.cpp) per Engram layer, one at a time: a staging buffer of whole
   // rows within kEngramStagingBytes, a sorted reference per row id (4 B) and the distinct ids of
