@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_timing.h"
 #include "kernels/cpu.h"
 #include "kernels/fp.h"
 #include "kernels/fp4_rows.h"
@@ -35,22 +36,8 @@ using namespace sluice;
 
 namespace {
 
-struct Stat {
-  double med = 0, lo = 0, hi = 0;
-};
-
-template <class F>
-Stat time_reps(int reps, F&& pass) {
-  pass();  // warm-up
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    pass();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return {t[t.size() / 2], t.front(), t.back()};
-}
+using bench::Stat;
+using bench::time_reps;
 
 volatile uint32_t g_sink;
 
@@ -64,15 +51,6 @@ double fma_macs_per_s() {
   const size_t iters = 20'000'000;
   const Stat s = time_reps(3, [&] { g_sink = (uint32_t)peak_loop_fma_avx512(iters); });
   return (double)iters * 10 * 16 / s.med;
-}
-
-double memcpy_gbs(size_t bytes) {
-  std::vector<uint8_t> src(bytes, 1), dst(bytes, 0);
-  const Stat s = time_reps(5, [&] {
-    std::memcpy(dst.data(), src.data(), bytes);
-    src[0] = (uint8_t)(src[0] + dst[bytes - 1]);
-  });
-  return (double)bytes / s.med / 1e9;
 }
 
 }  // namespace
@@ -114,7 +92,7 @@ int main(int argc, char** argv) {
   std::printf("isa %s, %u heads x %u, %zu B per key, %d reps (median, min-max)\n", std::string(isa_name(isa)).c_str(),
               heads, hd, rb, reps);
   std::printf("limits, this core: vpdpbusd %.1f G int8 MAC/s, f32 FMA %.1f G MAC/s, memcpy %.1f GB/s\n",
-              peak_int / 1e9, peak_f32 / 1e9, memcpy_gbs(64u << 20));
+              peak_int / 1e9, peak_f32 / 1e9, bench::memcpy_gbs(64u << 20, 5));
   std::printf("\n%9s | %-26s | %-26s | %6s | %-28s | %s\n", "keys", "float path ns/key", "integer ns/key", "x",
               "top-512 ns/key / plain", "integer vs peak, key GB/s");
 

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_timing.h"
 #include "kernels/cpu.h"
 #include "kernels/engram_row.h"
 #include "kernels/types.h"
@@ -29,25 +30,10 @@ constexpr int kReps = 5;
 
 template <class F>
 double median_seconds(F&& pass) {
-  pass();  // warm-up: page faults, caches, frequency
-  std::vector<double> t;
-  for (int r = 0; r < kReps; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    pass();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[kReps / 2];
+  return bench::time_reps(kReps, pass).med;
 }
 
-double memcpy_gbs(size_t bytes) {
-  std::vector<uint8_t> src(bytes, 1), dst(bytes, 0);
-  const double s = median_seconds([&] {
-    std::memcpy(dst.data(), src.data(), bytes);
-    src[0] = (uint8_t)(src[0] + dst[bytes - 1]);  // keep the copy observable
-  });
-  return (double)bytes / s / 1e9;
-}
+double memcpy_gbs(size_t bytes) { return bench::memcpy_gbs(bytes, kReps); }
 
 int64_t row_elements(const TypeTraits& t) {
   if (t.type == GgmlType::ENGRAM_ROW) return kEngramRandomHeadDim;  // layout is per row

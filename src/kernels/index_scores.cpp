@@ -83,20 +83,16 @@ void prepare_index_query(const float* q, const float* w_prime, uint32_t heads, u
 
 bool index_key_exact(const IndexQuery& q, const uint8_t* key) {
   const uint8_t* scales = key + q.head_dim / 2;
-  int32_t kmin = 0, kmax = 0;
-  bool any = false;
+  int32_t kmin = 1000, kmax = -1000;
   for (uint32_t b = 0; b < q.blocks; ++b) {
     if (scales[b] == 0xff) return false;  // the NaN scale
     bool nonzero = false;
     for (uint32_t i = 0; i < kBlock / 2; ++i) nonzero |= (key[b * kBlock / 2 + i] & 0x77) != 0;
     if (!nonzero) continue;
-    const int32_t x = (int32_t)scales[b] - 128;
-    kmin = any ? std::min(kmin, x) : x;
-    kmax = any ? std::max(kmax, x) : x;
-    any = true;
+    kmin = std::min(kmin, (int32_t)scales[b] - 128);
+    kmax = std::max(kmax, (int32_t)scales[b] - 128);
   }
-  if (!any) return true;
-  return q.span + (kmax - kmin) <= q.span_limit && q.xmin + kmin >= kIndexMinExp && q.xmax + kmax <= kIndexMaxExp;
+  return index_exponents_exact(q, kmin, kmax);
 }
 
 size_t index_scores_int(const IndexQuery& q, const uint8_t* keys, size_t n, float* scores, uint32_t* fallback) {

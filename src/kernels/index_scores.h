@@ -75,5 +75,10 @@ IndexScoresFn index_scores_for(Isa isa);
 // Whether the integer form provably equals the float path for this query and key (the check the
 // kernels make).
 bool index_key_exact(const IndexQuery& q, const uint8_t* key);
+// The same check from a key's smallest and largest nonzero-block exponent (kmax < kmin: none).
+inline bool index_exponents_exact(const IndexQuery& q, int32_t kmin, int32_t kmax) {
+  if (kmax < kmin) return true;  // an all-zero key
+  return q.span + (kmax - kmin) <= q.span_limit && q.xmin + kmin >= kIndexMinExp && q.xmax + kmax <= kIndexMaxExp;
+}
 
 }  // namespace sluice

@@ -51,9 +51,7 @@ bool load_key(Tile& t, uint32_t j, const uint8_t* key, uint32_t nb, const IndexQ
     }
     t.sk[b][j] = s;
   }
-  if (nan) return false;
-  if (kmax < kmin) return true;  // all zero
-  return q.span + (kmax - kmin) <= q.span_limit && q.xmin + kmin >= kIndexMinExp && q.xmax + kmax <= kIndexMaxExp;
+  return !nan && index_exponents_exact(q, kmin, kmax);
 }
 
 void clear_lane(Tile& t, uint32_t j, uint32_t nb) {

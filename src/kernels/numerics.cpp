@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <numbers>
 
 #include "kernels/cpu.h"
@@ -243,37 +244,35 @@ struct ByScoreThenIndex {
 // above it, a few times k of them; the exact order then runs on those alone. The threshold only
 // decides how many are kept: when fewer than k pass it, the scan runs again with none (every
 // selectable score), so the result is the plain selection's whatever the sample. An index
-// buffer of n is allocated, as the plain selection's, and a copy of k returned.
+// buffer of n is allocated (not initialized: the scan writes what is read), and k are returned.
 std::vector<int32_t> top_indices(std::span<const float> scores, size_t n, uint32_t k) {
   static const TopkCollectFn collect = topk_collect_for(active_isa());
   constexpr float kAll = -std::numeric_limits<float>::infinity();
   float t = kAll;
   if (n > 8 * (size_t)k + 1024) {
-    constexpr size_t kSamples = kTopkSamples;
     std::vector<float> sample;
-    sample.reserve(kSamples);
-    for (size_t i = 0; i < kSamples; ++i) {
-      const float v = scores[i * n / kSamples];
+    sample.reserve(kTopkSamples);
+    for (size_t i = 0; i < kTopkSamples; ++i) {
+      const float v = scores[i * n / kTopkSamples];
       if (v > kAll) sample.push_back(v);  // not -inf, not NaN
     }
     // Aim at about 2k + 256 kept rows: rank r of the sample's valid scores, descending.
-    const double valid = (double)n * (double)sample.size() / (double)kSamples;
+    const double valid = (double)n * (double)sample.size() / (double)kTopkSamples;
     const size_t r = (size_t)((2.0 * k + 256.0) / std::max(valid, 1.0) * (double)sample.size());
     if (sample.size() >= 16 && r < sample.size()) {
       std::nth_element(sample.begin(), sample.begin() + (ptrdiff_t)r, sample.end(), std::greater<float>());
       t = sample[r];
     }
   }
-  std::vector<int32_t> idx(n);
-  size_t c = collect(scores.data(), n, t, idx.data());
-  if (c < k && t != kAll) c = collect(scores.data(), n, kAll, idx.data());
-  idx.resize(c);
+  const std::unique_ptr<int32_t[]> idx = std::make_unique_for_overwrite<int32_t[]>(n);
+  size_t c = collect(scores.data(), n, t, idx.get());
+  if (c < k && t != kAll) c = collect(scores.data(), n, kAll, idx.get());
   if (c > k) {
-    std::nth_element(idx.begin(), idx.begin() + k, idx.end(), ByScoreThenIndex{scores});
-    idx.resize(k);
-    std::sort(idx.begin(), idx.end());
+    std::nth_element(idx.get(), idx.get() + k, idx.get() + c, ByScoreThenIndex{scores});
+    std::sort(idx.get(), idx.get() + k);
+    c = k;
   }
-  return std::vector<int32_t>(idx.begin(), idx.end());
+  return std::vector<int32_t>(idx.get(), idx.get() + c);
 }
 
 }  // namespace
