@@ -21,9 +21,11 @@ Isa detect_isa() {
     __builtin_cpu_init();
     const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                       has_f16c() && __builtin_cpu_supports("bmi2");
+    // The AVX-512 tier is Ice Lake's / Zen 4's: VNNI for the integer dots and VBMI's byte permutes
+    // (IQ2 grid decoding); a Skylake-X or Cascade Lake core runs the AVX2 kernels.
     const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                        __builtin_cpu_supports("avx512vnni");
+                        __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
     return avx512 ? Isa::Avx512 : avx2 ? Isa::Avx2 : Isa::Scalar;
   }();
   return isa;

@@ -1,5 +1,5 @@
 // AVX-512 VNNI GEMM for IQ2_XXS weights x Q8_K activations (types.h GemmFn). Each 16-row tile is
-// decoded once per K-chunk into signed grid*sign bytes (|v| <= 43), offset by +128 so vpdpbusd
+// decoded once per K-chunk (iq2_xxs_avx512.h) into signed grid*sign bytes (|v| <= 43), offset by +128 so vpdpbusd
 // can take them as its unsigned operand, in the layout of gemm_tile_avx512.h; every token of the
 // call then reuses it. Per (row, token, block) the kernel forms the scalar reference's exact
 // integer bsum = sum over the 8 sub-blocks of (2s+1) * sub-dot: the +128 offset is taken off each
@@ -10,12 +10,13 @@
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
-#include <immintrin.h>
+#include "kernels/avx512_intrinsics.h"
 
 #include <algorithm>
 #include <cstring>
 
 #include "kernels/gemm_tile_avx512.h"
+#include "kernels/iq2_xxs_avx512.h"
 #include "kernels/iq_tables.h"
 #include "kernels/iquant_types.h"
 #include "kernels/types.h"
@@ -38,38 +39,23 @@ struct Iq2Corr {
 };
 static_assert(sizeof(Iq2Tile) + sizeof(Iq2Corr) + 16 * 256 + 16 * 64 * 2 < sluice::kGemmStackBytes - 2048);
 
-// One block of one row: its 256 values + 128 in element order, and the 8 multipliers 2s+1.
-// Plain 64-bit arithmetic per group of 8: (g ^ m) + (m & 1 per byte) is g or -g per byte (no
-// carry crosses a byte: grid bytes are 8..43), and xor 0x80 adds 128 (mod 256), giving 85..171.
-inline void decode_block(const uint8_t* x, uint8_t out[256], int32_t mult[8]) {
-  for (int ib = 0; ib < 8; ++ib) {
-    const uint32_t w0 = (uint32_t)gemm_ld32(x + 2 + 8 * ib), w1 = (uint32_t)gemm_ld32(x + 6 + 8 * ib);
-    for (int l = 0; l < 4; ++l) {
-      const uint64_t g = iq2xxs_grid[(w0 >> (8 * l)) & 255];
-      const uint64_t m = ksigns_mask_iq2xs[(w1 >> (7 * l)) & 127];
-      const uint64_t v = ((g ^ m) + (m & 0x0101010101010101ull)) ^ 0x8080808080808080ull;
-      std::memcpy(out + 32 * ib + 8 * l, &v, 8);
-    }
-    mult[ib] = (int32_t)(2 * (w1 >> 28) + 1);
-  }
-}
-
 // Decode blocks [0, nblk) of rn rows (rows past rn are zero weights) into t.
-void pack_tile(const uint8_t* w, size_t w_stride, int rn, int nblk, Iq2Tile& t) {
+void pack_tile(const Iq2xxsDecoder& dec, const uint8_t* w, size_t w_stride, int rn, int nblk, Iq2Tile& t) {
   alignas(64) uint8_t rowv[16][256];
   for (int b = 0; b < nblk; ++b) {
     for (int r = 0; r < 16; ++r) {
       const uint8_t* x = w + (size_t)r * w_stride + (size_t)b * kIq2xxsBytes;
-      int32_t m[8];
       if (r < rn) {
-        decode_block(x, rowv[r], m);
+        __m512i v[4];
+        dec.decode(x, v);
+        for (int k = 0; k < 4; ++k) _mm512_store_si512(rowv[r] + 64 * k, v[k]);
+        for (int sb = 0; sb < 8; ++sb) t.mult[b][sb][r] = (int32_t)(2 * ((uint32_t)gemm_ld32(x + 6 + 8 * sb) >> 28) + 1);
         t.dx[b][r] = _cvtsh_ss((unsigned short)gemm_ld32(x));
       } else {
         std::memset(rowv[r], 0x80, 256);
-        for (int& v : m) v = 0;
+        for (int sb = 0; sb < 8; ++sb) t.mult[b][sb][r] = 0;
         t.dx[b][r] = 0.0f;
       }
-      for (int sb = 0; sb < 8; ++sb) t.mult[b][sb][r] = m[sb];
     }
     for (int p = 0; p < 4; ++p) {
       __m512i v[16];
@@ -161,6 +147,7 @@ void gemm_iq2_xxs_avx512(const void* vw, size_t w_stride, int64_t nrows, const u
       for (int64_t r = 0; r < nrows; ++r) y[(size_t)t * ldy + (size_t)r] = finish_iq2(0.0f);
     return;
   }
+  static const Iq2xxsDecoder dec(128);  // +128: vpdpbusd's unsigned operand
   Iq2Tile tile;
   Iq2Corr corr;
   for (int64_t c0 = 0; c0 < nb; c0 += kChunk) {
@@ -173,7 +160,10 @@ void gemm_iq2_xxs_avx512(const void* vw, size_t w_stride, int64_t nrows, const u
       for (int64_t r0 = 0; r0 < nrows; r0 += kGemmTileRows) {
         const int rn = (int)std::min<int64_t>(kGemmTileRows, nrows - r0);
         const __mmask16 mask = (__mmask16)((1u << rn) - 1);
-        pack_tile(w + (size_t)r0 * w_stride + (size_t)c0 * kIq2xxsBytes, w_stride, rn, nblk, tile);
+        if (r0 + kGemmTileRows < nrows)
+          prefetch_rows(w + (size_t)(r0 + kGemmTileRows) * w_stride + (size_t)c0 * kIq2xxsBytes, w_stride,
+                        (int)std::min<int64_t>(kGemmTileRows, nrows - r0 - kGemmTileRows), (size_t)nblk * kIq2xxsBytes);
+        pack_tile(dec, w + (size_t)r0 * w_stride + (size_t)c0 * kIq2xxsBytes, w_stride, rn, nblk, tile);
         int t = 0;
         for (; t + 4 <= ng; t += 4)
           run_tokens<4, 2>(tile, nblk, acts + g0 + t, a_off, corr.c + t, y + (size_t)(g0 + t) * ldy + (size_t)r0, ldy,

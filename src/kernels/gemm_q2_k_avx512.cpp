@@ -147,6 +147,9 @@ void gemm_q2_k_avx512(const void* vw, size_t w_stride, int64_t nrows, const uint
     for (int64_t r0 = 0; r0 < nrows; r0 += kGemmTileRows) {
       const int rn = (int)std::min<int64_t>(kGemmTileRows, nrows - r0);
       const __mmask16 mask = (__mmask16)((1u << rn) - 1);
+      if (r0 + kGemmTileRows < nrows)
+        prefetch_rows(w + (size_t)(r0 + kGemmTileRows) * w_stride + (size_t)c0 * q2k::kBytes, w_stride,
+                      (int)std::min<int64_t>(kGemmTileRows, nrows - r0 - kGemmTileRows), (size_t)nblk * q2k::kBytes);
       pack_tile(w + (size_t)r0 * w_stride + (size_t)c0 * q2k::kBytes, w_stride, rn, nblk, tile);
       int64_t t = 0;
       for (; t + 4 <= nacts; t += 4)
