@@ -21,6 +21,7 @@
 #include <cstring>
 
 #include "kernels/gemm_tile_avx512.h"
+#include "kernels/f16c_load.h"
 #include "kernels/kquant_blocks.h"
 #include "kernels/types.h"
 
@@ -62,8 +63,8 @@ void pack_tile(const uint8_t* w, size_t w_stride, int rn, int nblk, Q2kTile& t) 
         alignas(32) int32_t mp[8];
         _mm256_store_si256((__m256i*)mp, _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(scb, 4), _mm_set1_epi8(15))));
         for (int j = 0; j < 8; ++j) t.mins[b][j][r] = mp[j];
-        t.xd[b][r] = kquant_f16(x + q2k::kD);
-        t.xdmin[b][r] = kquant_f16(x + q2k::kDmin);
+        t.xd[b][r] = f16c_at(x + q2k::kD);
+        t.xdmin[b][r] = f16c_at(x + q2k::kDmin);
       } else {
         lut[r] = _mm512_setzero_si512();
         for (int j = 0; j < 8; ++j) t.mins[b][j][r] = 0;

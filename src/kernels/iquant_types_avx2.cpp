@@ -8,6 +8,7 @@
 
 #include "kernels/iq_tables.h"
 #include "kernels/iquant_types.h"
+#include "kernels/prefetch.h"
 
 namespace sluice::iquant {
 namespace {
@@ -83,10 +84,7 @@ float dot_q8_0_avx2(const void* vx, const void* vy, int64_t n) {
   float sumf = 0.0f;
   int64_t i = 0;
   for (; i + 4 <= nb; i += 4) {
-    // As in the AVX-512 kernel: the weight stream 2 KiB ahead, past the pages where the hardware
-    // prefetcher stops (integer arithmetic: the address may lie past the row; prefetches never fault).
-    const uintptr_t ahead = reinterpret_cast<uintptr_t>(x) + 2048;
-    for (uintptr_t o = 0; o < 192; o += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + o), _MM_HINT_T0);
+    prefetch_ahead(x, 192);  // the next four blocks (136 bytes)
     __m256i s[4];
     for (int k = 0; k < 4; ++k)
       s[k] = dot32_i8(load256(x + kQ8_0Bytes * k + 2), load256(y + kQ8_0Bytes * k + 2));

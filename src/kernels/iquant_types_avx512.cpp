@@ -15,6 +15,7 @@
 #include "kernels/iq2_xxs_avx512.h"
 #include "kernels/iq_tables.h"
 #include "kernels/iquant_types.h"
+#include "kernels/prefetch.h"
 
 namespace sluice::iquant {
 namespace {
@@ -29,13 +30,6 @@ inline __m512i load512(const uint8_t* p) { return _mm512_loadu_si512(p); }
 // Two separate 32-byte runs as one vector (low half = a).
 inline __m512i load2x256(const uint8_t* a, const uint8_t* b) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(load256(a)), load256(b), 1);
-}
-
-// The cache lines of the next eight Q8_0 blocks (272 bytes), 2 KiB ahead of p (integer arithmetic: the address
-// may lie past the end of the row, which only a pointer could not).
-inline void prefetch_ahead(const uint8_t* p) {
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p) + 2048;
-  for (uintptr_t o = 0; o < 320; o += 64) _mm_prefetch(reinterpret_cast<const char*>(a + o), _MM_HINT_T0);
 }
 
 inline int32_t hsum8(__m256i v) {
@@ -90,11 +84,7 @@ float dot_q8_0_avx512(const void* vx, const void* vy, int64_t n) {
   // Eight blocks per step, two per zmm (block 2k in the low half of s[k], 2k + 1 in the high
   // half); each block's 8 partial sums stay in their own lanes until the reduction.
   for (; i + 8 <= nb; i += 8) {
-    // A row is 5-6 KiB, so its stream crosses a page every row or two, where the hardware
-    // prefetcher stops; ask for the weight bytes 2 KiB ahead (the activations stay in cache).
-    // Measured with `sluice bench --ops -n 1` (2 threads): the head from 0.54 to 0.70-0.75 of the
-    // read bandwidth. An address past the row is harmless: a prefetch never faults.
-    prefetch_ahead(x);
+    prefetch_ahead(x, 320);  // the next eight blocks (272 bytes); the activations stay in cache
     __m512i s[4];
     for (int k = 0; k < 4; ++k) {
       const uint8_t* xk = x + kQ8_0Bytes * 2 * k + 2;
@@ -169,9 +159,7 @@ float dot_iq2_xxs_avx512(const void* vx, const void* vy, int64_t n) {
                               _mm512_inserti64x4(_mm512_set1_epi32(12), _mm256_set1_epi32(14), 1)};
   float sumf = 0.0f;
   for (int64_t i = 0; i < n / 256; ++i, x += kIq2xxsBytes, y += kQ8_KBytes) {
-    // 2 KiB ahead, as in dot_q8_0_avx512 (a block is 66 bytes: two lines cover it).
-    _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(x) + 2048), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(x) + 2048 + 64), _MM_HINT_T0);
+    prefetch_ahead(x, 128);  // a block is 66 bytes: two lines cover it
     __m512i v[4];
     const __m512i in = dec.decode(x, v);
     const __m512i mult = _mm512_or_si512(_mm512_slli_epi64(_mm512_srli_epi64(in, 60), 1), one);  // 2s+1

@@ -6,7 +6,7 @@
 // into TUs built with -mavx2 / -mavx512*. An ordinary inline function would be emitted once per
 // TU and the linker would keep one copy, possibly the AVX-512 one, which the scalar path on an
 // older CPU would then call. For the same reason the SIMD files decode fp16 through the
-// out-of-line kquant_f16() instead of fp.h's inline f16_to_f32().
+// out-of-line kquant_f16() (or F16C, f16c_load.h) instead of fp.h's inline f16_to_f32().
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -8,7 +8,9 @@
 // the difference of two pair sums is at most 2*32*128 = 8192.
 #include <immintrin.h>
 
+#include "kernels/f16c_load.h"
 #include "kernels/kquant_blocks.h"
+#include "kernels/prefetch.h"
 
 namespace sluice::kquant {
 namespace {
@@ -62,6 +64,7 @@ float dot_q2_k_avx2(const void* vx, const void* vy, int64_t n) {
   const __m128i m15 = _mm_set1_epi8(15);
   float sumf = 0.0f;
   for (int64_t i = 0; i < n / kQK; ++i, x += q2k::kBytes, y += q8k::kBytes) {
+    prefetch_ahead(x, 128);  // 84 bytes a block
     const __m128i scb = load128(x + q2k::kScales);
     const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(scb, 4), m15));
     const int32_t summs = hsum_i32(_mm256_madd_epi16(load256(y + q8k::kBsums), mins));
@@ -76,7 +79,7 @@ float dot_q2_k_avx2(const void* vx, const void* vy, int64_t n) {
         acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, scale_pair(sc2, 4 * h + j)));
       }
     }
-    sumf = q2k_tail(sumf, load_f32_at(y + q8k::kD), kquant_f16(x + q2k::kD), kquant_f16(x + q2k::kDmin),
+    sumf = q2k_tail(sumf, load_f32_at(y + q8k::kD), f16c_at(x + q2k::kD), f16c_at(x + q2k::kDmin),
                     hsum_i32(acc), summs);
   }
   return sumf;
@@ -107,7 +110,7 @@ float dot_q3_k_avx2(const void* vx, const void* vy, int64_t n) {
         acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, scale_pair(sc2, 4 * h + j)));
       }
     }
-    sumf = scaled_tail(sumf, load_f32_at(y + q8k::kD), kquant_f16(x + q3k::kD), hsum_i32(acc));
+    sumf = scaled_tail(sumf, load_f32_at(y + q8k::kD), f16c_at(x + q3k::kD), hsum_i32(acc));
   }
   return sumf;
 }
@@ -134,7 +137,7 @@ float dot_q4_k_avx2(const void* vx, const void* vy, int64_t n) {
       acc = _mm256_add_epi32(acc, _mm256_madd_epi16(plo, _mm256_set1_epi16(sc[2 * c])));
       acc = _mm256_add_epi32(acc, _mm256_madd_epi16(phi, _mm256_set1_epi16(sc[2 * c + 1])));
     }
-    sumf = q4k_tail(sumf, load_f32_at(y + q8k::kD), kquant_f16(x + q4k::kD), kquant_f16(x + q4k::kDmin),
+    sumf = q4k_tail(sumf, load_f32_at(y + q8k::kD), f16c_at(x + q4k::kD), f16c_at(x + q4k::kDmin),
                     hsum_i32(acc), sumi_min);
   }
   return sumf;
@@ -164,7 +167,7 @@ float dot_q6_k_avx2(const void* vx, const void* vy, int64_t n) {
         acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, scale_pair(sc2, 4 * h + k)));
       }
     }
-    sumf = scaled_tail(sumf, load_f32_at(y + q8k::kD), kquant_f16(x + q6k::kD), hsum_i32(acc));
+    sumf = scaled_tail(sumf, load_f32_at(y + q8k::kD), f16c_at(x + q6k::kD), hsum_i32(acc));
   }
   return sumf;
 }

@@ -7,7 +7,9 @@
 // the float tail is the shared one from kquant_blocks.h, so the result has the same bits.
 #include "kernels/avx512_intrinsics.h"
 
+#include "kernels/f16c_load.h"
 #include "kernels/kquant_blocks.h"
+#include "kernels/prefetch.h"
 
 namespace sluice::kquant {
 namespace {
@@ -58,6 +60,7 @@ float dot_q2_k_avx512(const void* vx, const void* vy, int64_t n) {
   const __m128i m15 = _mm_set1_epi8(15);
   float sumf = 0.0f;
   for (int64_t i = 0; i < n / kQK; ++i, x += q2k::kBytes, y += q8k::kBytes) {
+    prefetch_ahead(x, 128);  // 84 bytes a block
     const __m128i scb = load128(x + q2k::kScales);
     const __m512i sc = _mm512_cvtepu8_epi32(_mm_and_si128(scb, m15));
     const __m512i mins = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(scb, 4), m15));
@@ -70,7 +73,7 @@ float dot_q2_k_avx512(const void* vx, const void* vy, int64_t n) {
       const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, load512(y + q8k::kQs + 64 * m));
       acc = _mm512_add_epi32(acc, _mm512_mullo_epi32(p, scales_for_chunk(sc, m)));
     }
-    sumf = q2k_tail(sumf, load_f32_at(y + q8k::kD), kquant_f16(x + q2k::kD), kquant_f16(x + q2k::kDmin),
+    sumf = q2k_tail(sumf, load_f32_at(y + q8k::kD), f16c_at(x + q2k::kD), f16c_at(x + q2k::kDmin),
                     _mm512_reduce_add_epi32(acc), summs);
   }
   return sumf;
@@ -99,7 +102,7 @@ float dot_q3_k_avx512(const void* vx, const void* vy, int64_t n) {
                                          _mm512_dpbusd_epi32(_mm512_setzero_si512(), four, q8));
       acc = _mm512_add_epi32(acc, _mm512_mullo_epi32(p, scales_for_chunk(sc, m)));
     }
-    sumf = scaled_tail(sumf, load_f32_at(y + q8k::kD), kquant_f16(x + q3k::kD), _mm512_reduce_add_epi32(acc));
+    sumf = scaled_tail(sumf, load_f32_at(y + q8k::kD), f16c_at(x + q3k::kD), _mm512_reduce_add_epi32(acc));
   }
   return sumf;
 }
@@ -123,7 +126,7 @@ float dot_q4_k_avx512(const void* vx, const void* vy, int64_t n) {
       const __m512i s = _mm512_inserti64x4(_mm512_set1_epi32(sc[2 * c]), _mm256_set1_epi32(sc[2 * c + 1]), 1);
       acc = _mm512_add_epi32(acc, _mm512_mullo_epi32(p, s));
     }
-    sumf = q4k_tail(sumf, load_f32_at(y + q8k::kD), kquant_f16(x + q4k::kD), kquant_f16(x + q4k::kDmin),
+    sumf = q4k_tail(sumf, load_f32_at(y + q8k::kD), f16c_at(x + q4k::kD), f16c_at(x + q4k::kDmin),
                     _mm512_reduce_add_epi32(acc), sumi_min);
   }
   return sumf;
@@ -152,7 +155,7 @@ float dot_q6_k_avx512(const void* vx, const void* vy, int64_t n) {
                                          _mm512_dpbusd_epi32(_mm512_setzero_si512(), off, q8));
       acc = _mm512_add_epi32(acc, _mm512_mullo_epi32(p, scales_for_chunk(sc, m)));
     }
-    sumf = scaled_tail(sumf, load_f32_at(y + q8k::kD), kquant_f16(x + q6k::kD), _mm512_reduce_add_epi32(acc));
+    sumf = scaled_tail(sumf, load_f32_at(y + q8k::kD), f16c_at(x + q6k::kD), _mm512_reduce_add_epi32(acc));
   }
   return sumf;
 }
