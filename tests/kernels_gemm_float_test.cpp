@@ -201,5 +201,31 @@ TEST(GemmFloat, LengthsOneAndSeventeenGiveTheScalarBits) {
         }
 }
 
+
+// Rows longer than a K-block (the AVX-512 F16/BF16 GEMM converts 1,024 elements of a tile at a
+// time and keeps each pair's accumulators between blocks) and more tokens than a token block
+// (48): exact multiples, one step past and a ragged tail, with some products that round to -0
+// in the last block (the padding's fma(0, 0, acc) turns a -0 lane into +0 on every path).
+TEST(GemmFloat, RowsAcrossKBlocksAndTokensAcrossTokenBlocks) {
+  for (GgmlType g : kFloatTypes)
+    for (int64_t n : {1024, 1040, 2048, 2500})
+      for (int64_t tokens : {47, 53, 97}) {
+        const int64_t rows = 7;
+        Case c(
+            g, rows, tokens, n,
+            [&](uint8_t* w, int64_t r, int64_t len) {
+              type_traits(g).random(w, len, (uint64_t)(r * 13 + len + tokens), 1.0f);
+              if (r == 2)  // tiny weights near the end: products that underflow to +-0
+                for (int64_t i = len - 20; i < len; ++i) put(g, w, i, (i % 2 ? -1.0f : 1.0f) * 0x1p-100f);
+            },
+            [&](int64_t k, int64_t i) {
+              if (i >= n - 20) return (k % 2 ? 0x1p-60f : -0x1p-60f);
+              uint64_t s = (uint64_t)(k * 100003 + i);
+              return uniform(s);
+            });
+        EXPECT_EQ(expect_gemm_equals_scalar(c, "long"), rows * tokens * (detect_isa() >= Isa::Avx512 ? 2 : 1));
+      }
+}
+
 }  // namespace
 }  // namespace sluice
