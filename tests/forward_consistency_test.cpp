@@ -233,6 +233,31 @@ TEST(ForwardConsistencyLong, ChunksEqualDecodePastOriginalContextAndCandidatePoo
   }
 }
 
+// A 2,048-token chunk (the GEMMs at their widest: every expert sees dozens of tokens, several
+// token groups per kernel call) equals 128-token chunks and token-by-token decode of the tail.
+TEST(ForwardConsistencyLong, ChunkOf2048EqualsSmallChunksAndDecode) {
+  const Model& m = *loaded("tiny").model;
+  const ModelConfig& c = model_config(m);
+  const uint32_t len = 2100, head = 2080;
+  const std::vector<uint32_t> t = prompt(c, len, 23);
+  EngineOptions o;
+  o.ctx = 2304;
+  o.threads = 2;
+  o.chunk = 2048;
+  const EvalRun wide = run_chunked(m, o, t, len);
+  o.chunk = 128;
+  Engine e(m, o);
+  EvalRun mixed;
+  mixed.state = e.new_sequence();
+  mixed.logits.resize((size_t)len * c.vocab_size);
+  e.eval(mixed.state, std::span<const uint32_t>(t.data(), head), mixed.logits.data(), &mixed.trace);
+  for (uint32_t p = head; p < len; ++p)
+    e.eval(mixed.state, std::span<const uint32_t>(t.data() + p, 1), mixed.logits.data() + (size_t)p * c.vocab_size, &mixed.trace);
+  EXPECT_TRUE(same_bits(wide.logits, mixed.logits));
+  EXPECT_TRUE(same_trace(wide.trace, mixed.trace));
+  EXPECT_TRUE(wide.state == mixed.state);
+}
+
 TEST_P(ForwardConsistencyModel, ThreadsAndRunsAgree) {
   const auto t = toks();
   const EvalRun& one = reference();
