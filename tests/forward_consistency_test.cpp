@@ -78,6 +78,19 @@ struct EvalRun {
   SequenceState state;
 };
 
+// t[0, head) in one eval() call, then the rest one token per call.
+EvalRun run_head_then_decode(const Model& m, const EngineOptions& o, const std::vector<uint32_t>& t, uint32_t head) {
+  const uint32_t V = model_config(m).vocab_size;
+  Engine e(m, o);
+  EvalRun r;
+  r.state = e.new_sequence();
+  r.logits.resize(t.size() * V);
+  e.eval(r.state, std::span<const uint32_t>(t.data(), head), r.logits.data(), &r.trace);
+  for (size_t p = head; p < t.size(); ++p)
+    e.eval(r.state, std::span<const uint32_t>(t.data() + p, 1), r.logits.data() + p * V, &r.trace);
+  return r;
+}
+
 EvalRun run_chunked(const Model& m, EngineOptions o, const std::vector<uint32_t>& toks, uint32_t call_size) {
   Engine e(m, o);
   EvalRun r;
@@ -204,13 +217,7 @@ TEST(ForwardConsistencyLong, ChunksEqualDecodePastOriginalContextAndCandidatePoo
   o.chunk = 128;
   const EvalRun whole = run_chunked(m, o, t, len);  // one call of 6 chunks
   // The same head, then the rest one token per call; and uneven chunks and calls.
-  Engine e(m, o);
-  EvalRun mixed;
-  mixed.state = e.new_sequence();
-  mixed.logits.resize((size_t)len * c.vocab_size);
-  e.eval(mixed.state, std::span<const uint32_t>(t.data(), head), mixed.logits.data(), &mixed.trace);
-  for (uint32_t p = head; p < len; ++p)
-    e.eval(mixed.state, std::span<const uint32_t>(t.data() + p, 1), mixed.logits.data() + (size_t)p * c.vocab_size, &mixed.trace);
+  const EvalRun mixed = run_head_then_decode(m, o, t, head);
   o.chunk = 37;
   const EvalRun uneven = run_chunked(m, o, t, 101);
   for (const EvalRun* r : {(const EvalRun*)&mixed, &uneven}) {
@@ -246,13 +253,7 @@ TEST(ForwardConsistencyLong, ChunkOf2048EqualsSmallChunksAndDecode) {
   o.chunk = 2048;
   const EvalRun wide = run_chunked(m, o, t, len);
   o.chunk = 128;
-  Engine e(m, o);
-  EvalRun mixed;
-  mixed.state = e.new_sequence();
-  mixed.logits.resize((size_t)len * c.vocab_size);
-  e.eval(mixed.state, std::span<const uint32_t>(t.data(), head), mixed.logits.data(), &mixed.trace);
-  for (uint32_t p = head; p < len; ++p)
-    e.eval(mixed.state, std::span<const uint32_t>(t.data() + p, 1), mixed.logits.data() + (size_t)p * c.vocab_size, &mixed.trace);
+  const EvalRun mixed = run_head_then_decode(m, o, t, head);
   EXPECT_TRUE(same_bits(wide.logits, mixed.logits));
   EXPECT_TRUE(same_trace(wide.trace, mixed.trace));
   EXPECT_TRUE(wide.state == mixed.state);

@@ -47,15 +47,13 @@ bool spin_until(Done done) {
 void ThreadPool::worker(int id) {
   uint64_t seen = 0;
   for (;;) {
-    uint64_t g = spin_until([&] { return generation_.load(std::memory_order_acquire) != seen; })
-                     ? generation_.load(std::memory_order_acquire)
-                     : seen;
-    if (g == seen) {
+    const auto started = [&] { return generation_.load(std::memory_order_acquire) != seen; };
+    if (!spin_until(started)) {
       std::unique_lock<std::mutex> lk(mu_);
-      start_cv_.wait(lk, [&] { return generation_.load(std::memory_order_acquire) != seen; });
-      g = generation_.load(std::memory_order_acquire);
+      start_cv_.wait(lk, started);
     }
-    seen = g;
+    // Stable until this worker counts itself done: the caller waits for that before the next job.
+    seen = generation_.load(std::memory_order_acquire);
     if (stop_.load()) return;
     const std::function<void(size_t, size_t)>* job = job_;
     const size_t n = n_, parts = parts_;

@@ -16,6 +16,7 @@
 #include <cstring>
 
 #include "kernels/gemm_tile_avx512.h"
+#include "kernels/prefetch.h"
 #include "kernels/iq2_xxs_avx512.h"
 #include "kernels/iq_tables.h"
 #include "kernels/iquant_types.h"

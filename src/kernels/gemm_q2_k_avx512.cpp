@@ -23,6 +23,7 @@
 #include "kernels/gemm_tile_avx512.h"
 #include "kernels/f16c_load.h"
 #include "kernels/kquant_blocks.h"
+#include "kernels/prefetch.h"
 #include "kernels/types.h"
 
 namespace sluice::kquant {

@@ -43,16 +43,6 @@ inline void transpose16x16_epi32(__m512i v[16]) {
   for (int i = 0; i < 16; ++i) v[i] = t[i];
 }
 
-// Prefetch `bytes` from each of `rows` rows `stride` apart (the next tile's K-chunk): 16 streams a
-// row apart are too many, too far apart for the hardware prefetcher, and at a few tokens per call
-// the packing otherwise waits on memory. Integer arithmetic: the addresses are never dereferenced.
-inline void prefetch_rows(const void* base, size_t stride, int rows, size_t bytes) {
-  const uintptr_t b = reinterpret_cast<uintptr_t>(base);
-  for (int r = 0; r < rows; ++r)
-    for (size_t o = 0; o < bytes + 63; o += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(b + (size_t)r * stride + o), _MM_HINT_T0);
-}
-
 inline int32_t gemm_ld32(const uint8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);

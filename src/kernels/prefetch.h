@@ -7,6 +7,7 @@
 #pragma once
 #include <xmmintrin.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace sluice {
@@ -17,6 +18,16 @@ inline constexpr uintptr_t kPrefetchAhead = 2048;
 inline void prefetch_ahead(const void* p, unsigned bytes) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p) + kPrefetchAhead;
   for (uintptr_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(a + o), _MM_HINT_T0);
+}
+
+// The GEMM packers' variant: `bytes` from each of `rows` rows `stride` apart (the next tile's
+// K-chunk). 16 streams a row apart are too many, too far apart for the hardware prefetcher, and
+// at a few tokens per call the packing otherwise waits on memory.
+inline void prefetch_rows(const void* base, size_t stride, int rows, size_t bytes) {
+  const uintptr_t b = reinterpret_cast<uintptr_t>(base);
+  for (int r = 0; r < rows; ++r)
+    for (size_t o = 0; o < bytes + 63; o += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(b + (size_t)r * stride + o), _MM_HINT_T0);
 }
 
 }  // namespace sluice
