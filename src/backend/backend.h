@@ -41,6 +41,7 @@ struct CMat {
   CMat(const Mat& m) : p(m.p), n(m.n), width(m.width), stride(m.stride) {}  // NOLINT: a view may be read
   const float* row(size_t i) const { return p + i * stride; }
   CMat cols(size_t c0, size_t w) const { return CMat{p + c0, n, w, stride}; }
+  CMat rows(size_t r0, size_t k) const { return CMat{p + r0 * stride, k, width, stride}; }
   bool empty() const { return p == nullptr; }
 };
 

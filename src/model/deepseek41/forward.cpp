@@ -107,7 +107,7 @@ void Engine::Impl::check_state(const SequenceState& s) const {
   if (!ok) throw Error("engine: the sequence state was not made by an engine for this model");
 }
 
-void Engine::Impl::name(const Chunk& ch, int L, const char* what, CMat t) const {
+void Engine::Impl::name(const Pass& p, int L, const char* what, CMat t) const {
   if (!opt.observer) return;
   std::string nm;
   if (L >= 0) {
@@ -118,64 +118,63 @@ void Engine::Impl::name(const Chunk& ch, int L, const char* what, CMat t) const 
   nm.append(what);
   if (!opt.observer->wants(nm)) return;
   be.sync();
-  opt.observer->observe(nm, ch.p0, ch.n, t.p, t.width, t.stride);
+  opt.observer->observe(nm, p.parts.front()->p0, p.n, t.p, t.width, t.stride);
 }
 
 // spec 3.1-3.3, 3.7: the block loop. X holds the hc residual streams of every token; each
 // sublayer mixes them (hc_mix), collapses them with pre-weights into its input (hc_pre_norm),
 // and writes its output back through post/comb (hc_post). The attention collapse uses the
 // previous FFN's pre-weights (lagged), the FFN collapse the attention's own.
-void Engine::Impl::run_chunk(SequenceState& s, Chunk& ch, float* logits) const {
-  const uint32_t n = ch.n, hc = c.hc_mult, nl = c.num_hidden_layers;
+void Engine::Impl::run_pass(Pass& p, float* logits) const {
+  const uint32_t n = p.n, hc = c.hc_mult, nl = c.num_hidden_layers;
   const HcParams hp = hc_params();
-  begin_chunk(ch, s, nl, c.engram_layer_ids.size());
-  engram_ids(ch, s);
+  engram_ids(p);
 
   const Mat X = ws(Ws::X, n), X2 = ws(Ws::X2, n), xin = ws(Ws::Xin, n), out = ws(Ws::Out, n);
   const Mat A = ws(Ws::MixA, n), F = ws(Ws::MixF, n), P0 = ws(Ws::P0, n);
   // spec 3.1: X = hc copies of bf16(embedding row); P = [1, 0, 0, 0].
-  be.embed(m.token_embd, std::span<const TokenId>(ch.tokens, n), hc, X);
+  be.embed(m.token_embd, std::span<const TokenId>(p.tokens.data(), n), hc, X);
   std::vector<float> first(hc, 0.0f);
   first[0] = 1.0f;
   be.fill_rows(P0, first);
   CMat P = P0;
-  name(ch, -1, "embd", X);
+  name(p, -1, "embd", X);
 
   for (uint32_t L = 0; L < nl; ++L) {
-    if (opt.fail_at_layer == (int)L && opt.fail_at_chunk == ch.index)
-      throw Error("injected failure at layer " + std::to_string(L) + " of chunk " + std::to_string(ch.index));
+    if (opt.fail_at_layer == (int)L && opt.fail_at_chunk == p.index)
+      throw Error("injected failure at layer " + std::to_string(L) + " of chunk " + std::to_string(p.index));
     const LayerWeights& w = m.layers[L];
     const int l = (int)L;
     if (roles[L].engram_index >= 0) {
-      engram(ch, L, X);  // spec 3.3: before the attention mixes
-      name(ch, l, "engram_out", X);
+      engram(p, L, X);  // spec 3.3: before the attention mixes
+      name(p, l, "engram_out", X);
     }
 
     be.hc_mix(w.hc_attn_fn, w.hc_attn_base.data(), w.hc_attn_scale.data(), hp, X, A);
     be.hc_pre_norm(X, P, w.attn_norm.data(), hp, xin);
-    name(ch, l, "attn_in", xin);
-    attention(ch, s, L, xin, out);
-    name(ch, l, "attn_out", out);
+    name(p, l, "attn_in", xin);
+    attention(p, L, xin, out);
+    name(p, l, "attn_out", out);
     be.hc_post(out, X, A, hc, X2);
-    name(ch, l, "hc_attn", X2);
+    name(p, l, "hc_attn", X2);
 
     be.hc_mix(w.hc_ffn_fn, w.hc_ffn_base.data(), w.hc_ffn_scale.data(), hp, X2, F);
     be.hc_pre_norm(X2, A.cols(0, hc), w.ffn_norm.data(), hp, xin);
-    name(ch, l, "ffn_in", xin);
-    moe(ch, L, xin, out);
-    name(ch, l, "ffn_out", out);
+    name(p, l, "ffn_in", xin);
+    moe(p, L, xin, out);
+    name(p, l, "ffn_out", out);
     be.hc_post(out, X2, F, hc, X);
     P = F.cols(0, hc);  // the next attention's (lagged) pre-weights
-    name(ch, l, "out", X);
+    name(p, l, "out", X);
   }
 
   // spec 3.7: the last FFN pre-weights collapse the streams (rounded like hc_pre, numerics.md 3).
   if (logits) {
     be.hc_pre_norm(X, P, m.output_norm.data(), hp, xin);
-    name(ch, -1, "out_norm", xin);
+    name(p, -1, "out_norm", xin);
     const Mat lg{logits, n, c.vocab_size, c.vocab_size};
     be.linear(m.output, xin, lg, /*round=*/false);  // f32 logits
-    name(ch, -1, "logits", lg);
+    name(p, -1, "logits", lg);
   }
   be.sync();
 }
@@ -210,14 +209,18 @@ void Engine::eval_masked(SequenceState& s, std::span<const TokenId> tokens,
   try {
     for (size_t k = 0; k < n_chunks; ++k) {
       Chunk ch;
-      ch.index = (uint32_t)k;
       ch.p0 = s.pos;
       const size_t off = k * opt_.chunk;
       ch.n = (uint32_t)std::min<size_t>(opt_.chunk, tokens.size() - off);
       ch.tokens = tokens.data() + off;
       ch.masked = masked.empty() ? nullptr : masked.data() + off;
       ch.tracing = trace != nullptr;
-      im.run_chunk(s, ch, logits ? logits + off * c.vocab_size : nullptr);
+      begin_chunk(ch, s, c.num_hidden_layers, c.engram_layer_ids.size());
+      Pass p;
+      p.index = (uint32_t)k;
+      SequenceState* const sp = &s;
+      begin_pass(p, std::span<Chunk>(&ch, 1), std::span<SequenceState* const>(&sp, 1));
+      im.run_pass(p, logits ? logits + off * c.vocab_size : nullptr);
       commit_chunk(s, ch, c.index_head_dim);
       for (TokenTrace& t : ch.trace) traces.push_back(std::move(t));
     }
@@ -227,6 +230,67 @@ void Engine::eval_masked(SequenceState& s, std::span<const TokenId> tokens,
   }
   if (trace)
     for (TokenTrace& t : traces) trace->push_back(std::move(t));
+}
+
+// Batched decode: every item's chunk goes through one pass of the layer loop (forward_chunk.h
+// Pass), so the dense weights and each layer's union of routed experts are read once for the
+// whole batch. The per-row math is eval()'s, so each item's logits, trace and state are bit for
+// bit what evaluating it alone gives.
+void Engine::eval_batch(std::span<const BatchItem> items, float* logits) const {
+  const Impl& im = *impl_;
+  const ModelConfig& c = im.c;
+  if (items.empty()) return;
+  if (items.size() == 1)
+    return eval_masked(*items[0].state, items[0].tokens, items[0].masked, logits, items[0].trace);
+  if (opt_.observer) throw Error("engine: eval_batch shows no intermediates to an observer; evaluate one sequence at a time");
+  size_t total = 0;
+  bool tracing = false;
+  for (size_t k = 0; k < items.size(); ++k) {
+    const BatchItem& it = items[k];
+    if (!it.state) throw Error("engine: batch item " + std::to_string(k) + " has no sequence state");
+    for (size_t j = 0; j < k; ++j)
+      if (items[j].state == it.state)
+        throw Error("engine: batch items " + std::to_string(j) + " and " + std::to_string(k) + " share one sequence state");
+    im.check_state(*it.state);
+    if (it.tokens.empty()) throw Error("engine: batch item " + std::to_string(k) + " has no tokens");
+    if (!it.masked.empty() && it.masked.size() != it.tokens.size())
+      throw Error("engine: batch item " + std::to_string(k) + ": " + std::to_string(it.masked.size()) + " mask entries for " +
+                  std::to_string(it.tokens.size()) + " tokens");
+    if ((uint64_t)it.state->pos + it.tokens.size() > it.state->ctx)
+      throw Error("engine: context exceeded by batch item " + std::to_string(k) + ": position " +
+                  std::to_string(it.state->pos) + " + " + std::to_string(it.tokens.size()) + " tokens > ctx " +
+                  std::to_string(it.state->ctx));
+    for (uint32_t t : it.tokens)
+      if (t >= c.vocab_size) throw Error("engine: token id " + std::to_string(t) + " >= vocab size " + std::to_string(c.vocab_size));
+    total += it.tokens.size();
+    tracing = tracing || it.trace != nullptr;
+  }
+  // The pass runs in the workspace sized for options.chunk rows.
+  if (total > opt_.chunk)
+    throw Error("engine: a batch of " + std::to_string(total) + " tokens exceeds the chunk of " + std::to_string(opt_.chunk) +
+                " rows the engine was made for");
+
+  std::vector<Chunk> parts(items.size());
+  std::vector<SequenceState*> states(items.size());
+  for (size_t k = 0; k < items.size(); ++k) {
+    Chunk& ch = parts[k];
+    SequenceState& s = *items[k].state;
+    states[k] = &s;
+    ch.p0 = s.pos;
+    ch.n = (uint32_t)items[k].tokens.size();
+    ch.tokens = items[k].tokens.data();
+    ch.masked = items[k].masked.empty() ? nullptr : items[k].masked.data();
+    ch.tracing = tracing;  // a pass is traced whole; items without a trace drop theirs
+    begin_chunk(ch, s, c.num_hidden_layers, c.engram_layer_ids.size());
+  }
+  Pass p;
+  begin_pass(p, parts, states);
+  im.run_pass(p, logits);  // nothing is written to any state before this returns
+  for (size_t k = 0; k < items.size(); ++k) {
+    commit_chunk(*states[k], parts[k], c.index_head_dim);
+    if (items[k].trace)
+      for (TokenTrace& t : parts[k].trace) items[k].trace->push_back(std::move(t));
+  }
 }
 
 }  // namespace sluice

@@ -119,6 +119,21 @@ class Engine {
                    std::span<const uint8_t> masked, float* logits,
                    std::vector<TokenTrace>* trace = nullptr) const;
 
+  // One step of several sequences together (batched decode, or a prefill chunk beside them):
+  // item k appends its tokens to its own state. All items go through one pass of the layer
+  // loop, so the dense weights and each layer's union of routed experts are read once for the
+  // batch. Each item's logits, trace and new state are bit for bit what eval() of that item
+  // alone gives. logits (may be null) receives sum(tokens) x vocab floats, items in order.
+  // Throws Error (every state unchanged) on any item eval() would refuse, on two items sharing a
+  // state, on an item without tokens, and when the batch holds more than options.chunk tokens.
+  struct BatchItem {
+    SequenceState* state = nullptr;
+    std::span<const TokenId> tokens;
+    std::span<const uint8_t> masked = {};    // empty: nothing masked (see eval_masked)
+    std::vector<TokenTrace>* trace = nullptr;  // appended when set
+  };
+  void eval_batch(std::span<const BatchItem> items, float* logits) const;
+
   const EngineOptions& options() const { return opt_; }
   // Changes EngineOptions::route_bias between evals (bench compares exact and biased routing on
   // one loaded model). Throws Error for a negative or non-finite d.

@@ -13,73 +13,81 @@
 
 namespace sluice {
 
-void Engine::Impl::compress(Chunk& ch, uint32_t L, CMat x) const {
+void Engine::Impl::compress(Pass& p, uint32_t L, CMat x) const {
   const LayerWeights& w = m.layers[L];
-  const uint32_t n = ch.n, hd = c.head_dim, ihd = c.index_head_dim, ratio = roles[L].ratio;
+  const uint32_t hd = c.head_dim, ihd = c.index_head_dim, ratio = roles[L].ratio;
   const float eps = c.rms_norm_eps;
-  NewSourceRows& nr = ch.src[(size_t)slot[L]];
-  const Mat k = ws(Ws::CompK, n), g = ws(Ws::CompG, n);
+  const Mat k = ws(Ws::CompK, p.n), g = ws(Ws::CompG, p.n);
   be.linear(w.comp_kv, x, k, /*round=*/false);  // f32 until pooling (numerics.md 2)
   if (ratio > 1) be.linear(w.comp_gate, x, g, /*round=*/false);
-  const std::vector<uint32_t> groups =
-      be.compress_pool(k, ratio > 1 ? CMat(g) : CMat{}, ratio, ch.p0, nr.carry_k.data(), nr.carry_s.data(), ws(Ws::Latents, n));
-  const uint32_t G = (uint32_t)groups.size();
-  if (G == 0) return;
-  const Mat latents = ws(Ws::Latents, G);
-  be.rms_norm(latents, w.comp_norm.data(), eps);
-  std::vector<uint64_t> pos(G);  // row g sits at position g * ratio
-  for (uint32_t q = 0; q < G; ++q) pos[q] = (uint64_t)groups[q] * ratio;
+  // Pooling reads and writes each sequence's carry, so it runs part by part.
+  for (Chunk* part : p.parts) {
+    Chunk& ch = *part;
+    NewSourceRows& nr = ch.src[(size_t)slot[L]];
+    const std::vector<uint32_t> groups =
+        be.compress_pool(CMat(k).rows(ch.row0, ch.n), ratio > 1 ? CMat(g).rows(ch.row0, ch.n) : CMat{}, ratio, ch.p0,
+                         nr.carry_k.data(), nr.carry_s.data(), ws(Ws::Latents, ch.n));
+    const uint32_t G = (uint32_t)groups.size();
+    if (G == 0) continue;
+    const Mat latents = ws(Ws::Latents, G);
+    be.rms_norm(latents, w.comp_norm.data(), eps);
+    std::vector<uint64_t> pos(G);  // row g sits at position g * ratio
+    for (uint32_t q = 0; q < G; ++q) pos[q] = (uint64_t)groups[q] * ratio;
 
-  // Index keys use the latent before RoPE.
-  const Mat ik = ws(Ws::IndexK, G);
-  be.linear(w.idx_k, latents, ik, /*round=*/true);
-  be.rms_norm(ik, w.idx_k_norm.data(), eps);
-  be.rope(ik, ihd, rope_table(L), pos, false);
-  be.rope(latents, hd, rope_table(L), pos, false);
+    // Index keys use the latent before RoPE.
+    const Mat ik = ws(Ws::IndexK, G);
+    be.linear(w.idx_k, latents, ik, /*round=*/true);
+    be.rms_norm(ik, w.idx_k_norm.data(), eps);
+    be.rope(ik, ihd, rope_table(L), pos, false);
+    be.rope(latents, hd, rope_table(L), pos, false);
 
-  // Both are cached on their FP4 grids, packed (store_fp4 fake-quantizes as it packs).
-  const size_t kb = fp4_row_bytes(kKvGrid, hd), ib = fp4_row_bytes(kIndexGrid, ihd);
-  const size_t base = nr.kv.size() / kb;
-  nr.kv.resize((base + G) * kb);
-  nr.ik.resize((base + G) * ib);
-  be.store_fp4(ik, kIndexGrid, nr.ik.data() + base * ib);
-  be.store_fp4(latents, kKvGrid, nr.kv.data() + base * kb);
-  nr.count = (uint32_t)(base + G);
+    // Both are cached on their FP4 grids, packed (store_fp4 fake-quantizes as it packs).
+    const size_t kb = fp4_row_bytes(kKvGrid, hd), ib = fp4_row_bytes(kIndexGrid, ihd);
+    const size_t base = nr.kv.size() / kb;
+    nr.kv.resize((base + G) * kb);
+    nr.ik.resize((base + G) * ib);
+    be.store_fp4(ik, kIndexGrid, nr.ik.data() + base * ib);
+    be.store_fp4(latents, kKvGrid, nr.kv.data() + base * kb);
+    nr.count = (uint32_t)(base + G);
+  }
 }
 
-void Engine::Impl::indexer(Chunk& ch, const SequenceState& s, uint32_t L, CMat x, CMat qr) const {
+void Engine::Impl::indexer(Pass& p, uint32_t L, CMat x, CMat qr) const {
   const LayerWeights& w = m.layers[L];
   const LayerRole& r = roles[L];
-  const uint32_t n = ch.n, ihd = c.index_head_dim, inh = c.index_n_heads;
-  const Mat iq = ws(Ws::IndexQ, n), wt = ws(Ws::IndexW, n);
+  const uint32_t ihd = c.index_head_dim, inh = c.index_n_heads;
+  const Mat iq = ws(Ws::IndexQ, p.n), wt = ws(Ws::IndexW, p.n);
   be.linear(w.idx_q_b, qr, iq, /*round=*/true);
   be.linear(w.idx_proj, x, wt, /*round=*/true);  // w = bf16(x . proj)
-  be.rope(iq, ihd, rope_table(L), ch.pos, false);
+  be.rope(iq, ihd, rope_table(L), p.pos, false);
   be.fake_quant(iq, FakeQuant::Mxfp4);
   const int sl = slot[(size_t)r.kv_source];
-  IndexSelect a;
-  a.q = iq;
-  a.w = wt;
-  a.heads = inh;
-  a.head_dim = ihd;
-  a.denom = std::sqrt((float)(ihd * inh));
-  a.keys = ch.index_keys(s, sl, ihd);
-  a.ratio = roles[(size_t)r.kv_source].ratio;
-  a.p0 = ch.p0;
-  a.topk = c.index_topk;
-  a.candidate_source = r.is_candidate_source;
-  a.candidate_consumer = r.is_candidate_consumer;
-  a.block = c.candidate_block_size;
-  a.keep_blocks = c.candidate_topk_blocks;
-  be.index_select(a, ch.cand, ch.sel[L]);
-  if (ch.tracing)
-    for (uint32_t i = 0; i < n; ++i) ch.trace[i].selected_rows[L] = ch.sel[L][i];
+  for (size_t k = 0; k < p.parts.size(); ++k) {  // each sequence's own index keys
+    Chunk& ch = *p.parts[k];
+    IndexSelect a;
+    a.q = CMat(iq).rows(ch.row0, ch.n);
+    a.w = CMat(wt).rows(ch.row0, ch.n);
+    a.heads = inh;
+    a.head_dim = ihd;
+    a.denom = std::sqrt((float)(ihd * inh));
+    a.keys = ch.index_keys(*p.states[k], sl, ihd);
+    a.ratio = roles[(size_t)r.kv_source].ratio;
+    a.p0 = ch.p0;
+    a.topk = c.index_topk;
+    a.candidate_source = r.is_candidate_source;
+    a.candidate_consumer = r.is_candidate_consumer;
+    a.block = c.candidate_block_size;
+    a.keep_blocks = c.candidate_topk_blocks;
+    be.index_select(a, ch.cand, ch.sel[L]);
+    if (ch.tracing)
+      for (uint32_t i = 0; i < ch.n; ++i) ch.trace[i].selected_rows[L] = ch.sel[L][i];
+  }
 }
 
-void Engine::Impl::attention(Chunk& ch, const SequenceState& s, uint32_t L, CMat x, Mat out) const {
+void Engine::Impl::attention(Pass& p, uint32_t L, CMat x, Mat out) const {
   const LayerWeights& w = m.layers[L];
   const LayerRole& r = roles[L];
-  const uint32_t n = ch.n, hd = c.head_dim, nh = c.num_attention_heads;
+  const uint32_t n = p.n, hd = c.head_dim, nh = c.num_attention_heads;
   const size_t qw = (size_t)nh * hd;
   const float eps = c.rms_norm_eps;
   const int l = (int)L;
@@ -89,37 +97,42 @@ void Engine::Impl::attention(Chunk& ch, const SequenceState& s, uint32_t L, CMat
   be.linear(w.q_a, x, qr, true);
   be.rms_norm(qr, w.q_a_norm.data(), eps);
   be.linear(w.q_b, qr, q, true);
-  be.rope(q, hd, rope_table(L), ch.pos, false);
-  name(ch, l, "q", q);
+  be.rope(q, hd, rope_table(L), p.pos, false);
+  name(p, l, "q", q);
 
   // This chunk's raw window rows: FP8 fake-quantized after RoPE.
   const Mat kv = ws(Ws::Kv, n);
   be.linear(w.kv, x, kv, true);
   be.rms_norm(kv, w.kv_norm.data(), eps);
-  be.rope(kv, hd, rope_table(L), ch.pos, false);
+  be.rope(kv, hd, rope_table(L), p.pos, false);
   be.fake_quant(kv, FakeQuant::Fp8Window);
-  name(ch, l, "kv", kv);
-  be.store_bf16(kv, ch.new_window_rows(L, hd), hd);
+  name(p, l, "kv", kv);
+  for (Chunk* ch : p.parts) be.store_bf16(CMat(kv).rows(ch->row0, ch->n), ch->new_window_rows(L, hd), hd);
 
-  if (r.is_kv_source) compress(ch, L, x);
-  if (r.is_index_source) indexer(ch, s, L, x, qr);
+  if (r.is_kv_source) compress(p, L, x);
+  if (r.is_index_source) indexer(p, L, x, qr);
 
-  SparseAttention a;
-  a.q = q;
-  a.heads = nh;
-  a.head_dim = hd;
-  a.p0 = ch.p0;
-  a.window = ch.window(s, L);
-  if (r.ratio > 0) {
-    a.comp = ch.comp_kv(s, slot[(size_t)r.kv_source]);
-    a.comp_ratio = roles[(size_t)r.kv_source].ratio;
-    a.sel = &ch.sel[(size_t)r.topk_source];
-  }
-  a.sinks = w.attn_sinks.data();
+  // Each sequence attends its own window and compressed rows.
   const Mat o = ws(Ws::Heads, n);
-  be.sparse_attention(a, o);
-  be.rope(o, hd, rope_table(L), ch.pos, /*inverse=*/true);
-  name(ch, l, "attn_heads", o);
+  for (size_t k = 0; k < p.parts.size(); ++k) {
+    const Chunk& ch = *p.parts[k];
+    const SequenceState& s = *p.states[k];
+    SparseAttention a;
+    a.q = CMat(q).rows(ch.row0, ch.n);
+    a.heads = nh;
+    a.head_dim = hd;
+    a.p0 = ch.p0;
+    a.window = ch.window(s, L);
+    if (r.ratio > 0) {
+      a.comp = ch.comp_kv(s, slot[(size_t)r.kv_source]);
+      a.comp_ratio = roles[(size_t)r.kv_source].ratio;
+      a.sel = &ch.sel[(size_t)r.topk_source];
+    }
+    a.sinks = w.attn_sinks.data();
+    be.sparse_attention(a, o.rows(ch.row0, ch.n));
+  }
+  be.rope(o, hd, rope_table(L), p.pos, /*inverse=*/true);
+  name(p, l, "attn_heads", o);
 
   // The grouped low-rank output: group g of the heads through rows [g*olr, (g+1)*olr) of out_a.
   const uint32_t og = c.o_groups, olr = c.o_lora_rank;

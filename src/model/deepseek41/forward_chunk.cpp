@@ -7,8 +7,6 @@ namespace sluice {
 
 void begin_chunk(Chunk& ch, const SequenceState& s, uint32_t n_layer, size_t engram_layers) {
   const uint32_t n = ch.n;
-  ch.pos.resize(n);
-  for (uint32_t i = 0; i < n; ++i) ch.pos[i] = (uint64_t)ch.p0 + i;
   ch.src.resize(s.sources.size());
   for (size_t i = 0; i < s.sources.size(); ++i) {
     const SourceCache& sc = s.sources[i];
@@ -28,6 +26,35 @@ void begin_chunk(Chunk& ch, const SequenceState& s, uint32_t n_layer, size_t eng
       t.selected_rows.assign(n_layer, {});
       t.engram_rows.assign(engram_layers, {});
     }
+  }
+}
+
+void begin_pass(Pass& p, std::span<Chunk> parts, std::span<SequenceState* const> states) {
+  p.parts.clear();
+  p.states.assign(states.begin(), states.end());
+  p.tokens.clear();
+  p.masked.clear();
+  p.pos.clear();
+  p.trace.clear();
+  p.tracing = false;
+  bool any_mask = false;
+  for (const Chunk& ch : parts) any_mask = any_mask || ch.masked != nullptr;
+  uint32_t row = 0;
+  for (Chunk& ch : parts) {
+    ch.row0 = row;
+    row += ch.n;
+    p.parts.push_back(&ch);
+    p.tokens.insert(p.tokens.end(), ch.tokens, ch.tokens + ch.n);
+    if (any_mask)
+      for (uint32_t i = 0; i < ch.n; ++i) p.masked.push_back(ch.masked ? ch.masked[i] : 0);
+    for (uint32_t i = 0; i < ch.n; ++i) p.pos.push_back((uint64_t)ch.p0 + i);
+    p.tracing = p.tracing || ch.tracing;
+  }
+  p.n = row;
+  if (p.tracing) {
+    // Every part traces when one does (a batch is traced whole), so each row has an entry.
+    for (Chunk& ch : parts)
+      for (uint32_t i = 0; i < ch.n; ++i) p.trace.push_back(&ch.trace[i]);
   }
 }
 

@@ -6,6 +6,7 @@
 // rolls back to a checkpoint of its start (forward_checkpoint.cpp) if a later chunk fails.
 #pragma once
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "backend/backend.h"
@@ -23,14 +24,14 @@ struct NewSourceRows {         // compressed rows a KV-source layer produced in 
   std::vector<float> carry_k, carry_s;  // working copy of the compressor carry
 };
 
+// One sequence's share of a Pass: its tokens at positions p0 .. p0 + n - 1, the pass's rows
+// row0 .. row0 + n - 1, and the working copies of everything it will commit to its state.
 struct Chunk {
-  uint32_t index = 0;          // chunk number within the eval() call (test hook)
   uint32_t p0 = 0, n = 0;      // positions p0 .. p0 + n - 1
+  uint32_t row0 = 0;           // its first row in the pass
   const TokenId* tokens = nullptr;
   const uint8_t* masked = nullptr;  // may be null: nothing masked
   bool tracing = false;
-  std::vector<uint64_t> pos;                       // [n] p0 + i
-  std::vector<std::vector<uint64_t>> engram_rows;  // [engram index][n * columns]
   std::vector<int64_t> tail;                       // Engram history after this chunk
   std::vector<NewSourceRows> src;                  // per KV-source slot
   std::vector<uint16_t> win;                       // [layer][n][head_dim] new window rows
@@ -55,6 +56,32 @@ struct Chunk {
     return CacheRows{s.sources[(size_t)sl].index_k.data(), nr.ik.data(), nr.first, index_head_dim, kIndexGrid};
   }
 };
+
+// One run of the layer loop over the rows of one or more sequences' chunks. eval() runs one
+// sequence per pass; eval_batch() several (batched decode), so each layer's weights and routed
+// experts are read once for all of them. Per-token ops run over all n rows at once: their
+// result for a row depends on that row alone (the linear kernels give the same bits for any
+// number of rows, docs/numerics.md), so a sequence's rows are the same in a batch as alone. The
+// ops that read or write a sequence's state (window rows, compressor, indexer, attention,
+// Engram history) run part by part.
+struct Pass {
+  uint32_t index = 0;                              // chunk number within the eval() call (test hook)
+  uint32_t n = 0;                                  // rows (tokens of all parts)
+  std::vector<Chunk*> parts;
+  std::vector<SequenceState*> states;              // [part]
+  std::vector<TokenId> tokens;                     // [n]
+  std::vector<uint8_t> masked;                     // [n]; empty: nothing masked
+  std::vector<uint64_t> pos;                       // [n] each row's position in its sequence
+  std::vector<std::vector<uint64_t>> engram_rows;  // [engram index][n * columns]
+  bool tracing = false;
+  std::vector<TokenTrace*> trace;                  // [n] when tracing: the row's part's entry
+  bool is_masked(uint32_t i) const { return !masked.empty() && masked[i]; }
+  const uint8_t* mask() const { return masked.empty() ? nullptr : masked.data(); }
+};
+
+// Lays the parts' rows out one after another (sets each part's row0) and gathers their tokens,
+// masks, positions and trace entries. The parts must have been through begin_chunk.
+void begin_pass(Pass& p, std::span<Chunk> parts, std::span<SequenceState* const> states);
 
 // Sizes the chunk's working copies for state s (n_layer layers, Engram tables of engram_layers).
 void begin_chunk(Chunk& ch, const SequenceState& s, uint32_t n_layer, size_t engram_layers);

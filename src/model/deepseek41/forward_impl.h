@@ -35,25 +35,25 @@ struct Engine::Impl {
 
   SequenceState new_sequence() const;
   void check_state(const SequenceState& s) const;
-  void run_chunk(SequenceState& s, Chunk& ch, float* logits) const;
+  void run_pass(Pass& p, float* logits) const;
 
   // Stages (forward_engram.cpp, forward_attention.cpp, forward_moe.cpp). X: [n][hc x hidden].
-  void engram_ids(Chunk& ch, const SequenceState& s) const;
-  void engram(Chunk& ch, uint32_t L, Mat X) const;
-  void attention(Chunk& ch, const SequenceState& s, uint32_t L, CMat x, Mat out) const;
-  void compress(Chunk& ch, uint32_t L, CMat x) const;
-  void indexer(Chunk& ch, const SequenceState& s, uint32_t L, CMat x, CMat qr) const;
-  void moe(Chunk& ch, uint32_t L, CMat x, Mat out) const;
+  void engram_ids(Pass& p) const;
+  void engram(Pass& p, uint32_t L, Mat X) const;
+  void attention(Pass& p, uint32_t L, CMat x, Mat out) const;
+  void compress(Pass& p, uint32_t L, CMat x) const;
+  void indexer(Pass& p, uint32_t L, CMat x, CMat qr) const;
+  void moe(Pass& p, uint32_t L, CMat x, Mat out) const;
   bool prefetching() const;
-  // Experts layer L's router picks for the chunk's tokens given FFN input x (ascending, distinct).
+  // Experts layer L's router picks for the pass's tokens given FFN input x (ascending, distinct).
   // The layer's selection bias (text or image), plus route_bias on the experts the source holds.
   std::vector<float> selection_bias(uint32_t L, const std::vector<float>& base) const;
-  std::vector<uint32_t> predict_experts(uint32_t L, const Chunk& ch, CMat x) const;
+  std::vector<uint32_t> predict_experts(uint32_t L, const Pass& p, CMat x) const;
 
   RopeTable rope_table(uint32_t L) const { return RopeTable{freqs[L].data(), freqs[L].size()}; }
   HcParams hc_params() const { return HcParams{c.hc_mult, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps}; }
   // Shows a named intermediate to the observer, if any: "l<L>.<what>" (L < 0: "<what>").
-  void name(const Chunk& ch, int L, const char* what, CMat t) const;
+  void name(const Pass& p, int L, const char* what, CMat t) const;
 };
 
 }  // namespace sluice

@@ -26,16 +26,16 @@ std::vector<float> Engine::Impl::selection_bias(uint32_t L, const std::vector<fl
   return b;
 }
 
-std::vector<uint32_t> Engine::Impl::predict_experts(uint32_t L, const Chunk& ch, CMat x) const {
+std::vector<uint32_t> Engine::Impl::predict_experts(uint32_t L, const Pass& p, CMat x) const {
   const LayerWeights& w = m.layers[L];
-  const uint32_t n = ch.n, E = c.n_routed_experts;
+  const uint32_t n = p.n, E = c.n_routed_experts;
   const Mat logits = ws(Ws::RouterNext, n);
   be.linear(w.gate_inp, x, logits, /*round=*/false);
   be.sync();
   std::vector<uint8_t> want(E, 0);
   const std::vector<float> text_bias = selection_bias(L, w.exp_bias), image_bias = selection_bias(L, w.exp_bias_vl);
   for (uint32_t i = 0; i < n; ++i) {
-    const std::vector<float>& bias = ch.is_masked(i) ? image_bias : text_bias;
+    const std::vector<float>& bias = p.is_masked(i) ? image_bias : text_bias;
     const Routing rt = route(std::span<const float>(logits.row(i), E), bias, c.num_experts_per_tok,
                              c.norm_topk_prob, c.routed_scaling_factor);
     for (uint32_t e : rt.experts) want[e] = 1;
@@ -46,9 +46,9 @@ std::vector<uint32_t> Engine::Impl::predict_experts(uint32_t L, const Chunk& ch,
   return out;
 }
 
-void Engine::Impl::moe(Chunk& ch, uint32_t L, CMat x, Mat out) const {
+void Engine::Impl::moe(Pass& p, uint32_t L, CMat x, Mat out) const {
   const LayerWeights& w = m.layers[L];
-  const uint32_t n = ch.n, H = c.hidden_size, E = c.n_routed_experts;
+  const uint32_t n = p.n, H = c.hidden_size, E = c.n_routed_experts;
   const float lim = c.swiglu_limit;
 
   // Router: f32 logits (not rounded); the choice is made on the host, where the expert I/O is.
@@ -58,15 +58,15 @@ void Engine::Impl::moe(Chunk& ch, uint32_t L, CMat x, Mat out) const {
   std::vector<ExpertTriple> triples;
   const std::vector<float> text_bias = selection_bias(L, w.exp_bias), image_bias = selection_bias(L, w.exp_bias_vl);
   for (uint32_t i = 0; i < n; ++i) {
-    const std::vector<float>& bias = ch.is_masked(i) ? image_bias : text_bias;
+    const std::vector<float>& bias = p.is_masked(i) ? image_bias : text_bias;
     const Routing rt = route(std::span<const float>(logits.row(i), E), bias, c.num_experts_per_tok,
                              c.norm_topk_prob, c.routed_scaling_factor);
     for (size_t k = 0; k < rt.experts.size(); ++k) triples.push_back({rt.experts[k], i, rt.weights[k]});
-    if (ch.tracing) {
-      ch.trace[i].experts[L] = rt.experts;
-      ch.trace[i].expert_weights[L] = rt.weights;
+    if (p.tracing) {
+      p.trace[i]->experts[L] = rt.experts;
+      p.trace[i]->expert_weights[L] = rt.weights;
       if (opt.trace_ffn_inputs) {  // lets tests re-run a router on exactly this input
-        std::vector<std::vector<float>>& fi = ch.trace[i].ffn_inputs;
+        std::vector<std::vector<float>>& fi = p.trace[i]->ffn_inputs;
         fi.resize(c.num_hidden_layers);
         fi[L].assign(x.row(i), x.row(i) + H);
       }
@@ -84,7 +84,7 @@ void Engine::Impl::moe(Chunk& ch, uint32_t L, CMat x, Mat out) const {
   // changes little from one layer to the next). Hints never change results, only what is read.
   if (prefetching()) {
     experts->hint(L, used);
-    if (L + 1 < c.num_hidden_layers) experts->hint(L + 1, predict_experts(L + 1, ch, x));
+    if (L + 1 < c.num_hidden_layers) experts->hint(L + 1, predict_experts(L + 1, p, x));
   }
 
   const Mat sh = ws(Ws::Shared, n), routed = ws(Ws::Routed, n);

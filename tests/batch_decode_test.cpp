@@ -1,0 +1,302 @@
+// Batched decode (issue 13 item 1): N sequences advanced together by Engine::eval_batch give,
+// for each sequence, the logits, traces and state that evaluating it alone gives, bit for bit
+// (N = 1, 2, 4, 7; resident experts and experts streamed through per-layer and global LRU at
+// the smallest admissible cache and at one holding everything), with a first pass that mixes
+// prompt chunks of different lengths. A refused batch changes no state. The shared expert reads
+// are checked on the store's counters: a layer's union is requested once per step, not once per
+// sequence.
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/deepseek41/forward.h"
+#include "model/model.h"
+#include "model/streamed_experts.h"
+#include "runtime/sampler.h"
+#include "storage/expert_store.h"
+#include "util/error.h"
+
+namespace sluice {
+namespace {
+
+namespace fs = std::filesystem;
+using storage::EvictionKind;
+using storage::StoreOptions;
+
+constexpr uint32_t kSteps = 5;  // decode steps after the prompts
+
+class BatchDecode : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("sluice-batch-decode-" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    path_ = (dir_ / "tiny.gguf").string();
+    const std::string cmd = std::string(SLUICE_BINARY) + " make-model --preset tiny -o " + path_ + " > /dev/null";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    model_ = load_model(path_).release();
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  static const Model& m() { return *model_; }
+  static const ModelConfig& c() { return model_->config; }
+
+  // Prompt k: 3 + 2k tokens (different lengths, so the sequences sit at different positions).
+  static std::vector<TokenId> prompt(uint32_t k) {
+    std::vector<TokenId> p;
+    for (uint32_t i = 0; i < 3 + 2 * k; ++i) p.push_back((i * 7919u + 101u * k + 13u) % c().vocab_size);
+    return p;
+  }
+
+  static EngineOptions options(const ExpertSource* src) {
+    EngineOptions eo;
+    eo.ctx = 64;
+    eo.chunk = 64;
+    eo.experts = src;
+    eo.threads = 2;
+    return eo;
+  }
+
+  struct Run {
+    std::vector<std::vector<float>> logits;   // [sequence] every row, prompt then decode
+    std::vector<std::vector<TokenTrace>> trace;
+    std::vector<SequenceState> state;
+  };
+
+  // Each sequence alone: its prompt in one eval, then greedy decode one token per eval.
+  static Run alone(const ExpertSource* src, uint32_t N) {
+    Engine eng(m(), options(src));
+    const uint32_t V = c().vocab_size;
+    Run r;
+    for (uint32_t k = 0; k < N; ++k) {
+      SequenceState s = eng.new_sequence();
+      const std::vector<TokenId> p = prompt(k);
+      std::vector<float> lg(p.size() * V);
+      std::vector<TokenTrace> tr;
+      eng.eval(s, p, lg.data(), &tr);
+      for (uint32_t g = 0; g < kSteps; ++g) {
+        const TokenId next = argmax_lowest(std::span<const float>(lg.data() + lg.size() - V, V));
+        std::vector<float> row(V);
+        eng.eval(s, std::span<const TokenId>(&next, 1), row.data(), &tr);
+        lg.insert(lg.end(), row.begin(), row.end());
+      }
+      r.logits.push_back(std::move(lg));
+      r.trace.push_back(std::move(tr));
+      r.state.push_back(std::move(s));
+    }
+    return r;
+  }
+
+  // All N together: one eval_batch of every prompt (chunks of different lengths), then one
+  // eval_batch per decode step holding each sequence's next token.
+  static Run together(const ExpertSource* src, uint32_t N) {
+    Engine eng(m(), options(src));
+    const uint32_t V = c().vocab_size;
+    Run r;
+    r.logits.resize(N);
+    r.trace.resize(N);
+    for (uint32_t k = 0; k < N; ++k) r.state.push_back(eng.new_sequence());
+    std::vector<std::vector<TokenId>> prompts;
+    for (uint32_t k = 0; k < N; ++k) prompts.push_back(prompt(k));
+    std::vector<Engine::BatchItem> items;
+    size_t total = 0;
+    for (uint32_t k = 0; k < N; ++k) {
+      items.push_back({&r.state[k], prompts[k], {}, &r.trace[k]});
+      total += prompts[k].size();
+    }
+    std::vector<float> lg(total * V);
+    eng.eval_batch(items, lg.data());
+    size_t row = 0;
+    for (uint32_t k = 0; k < N; ++k) {
+      r.logits[k].assign(lg.begin() + (ptrdiff_t)(row * V), lg.begin() + (ptrdiff_t)((row + prompts[k].size()) * V));
+      row += prompts[k].size();
+    }
+    for (uint32_t g = 0; g < kSteps; ++g) {
+      std::vector<TokenId> next(N);
+      items.clear();
+      for (uint32_t k = 0; k < N; ++k) {
+        next[k] = argmax_lowest(std::span<const float>(r.logits[k].data() + r.logits[k].size() - V, V));
+        items.push_back({&r.state[k], std::span<const TokenId>(&next[k], 1), {}, &r.trace[k]});
+      }
+      std::vector<float> rows((size_t)N * V);
+      eng.eval_batch(items, rows.data());
+      for (uint32_t k = 0; k < N; ++k)
+        r.logits[k].insert(r.logits[k].end(), rows.begin() + (ptrdiff_t)(k * V), rows.begin() + (ptrdiff_t)((k + 1) * V));
+    }
+    return r;
+  }
+
+  static void expect_same(const Run& want, const Run& got, uint32_t N) {
+    ASSERT_EQ(got.logits.size(), N);
+    for (uint32_t k = 0; k < N; ++k) {
+      SCOPED_TRACE("sequence " + std::to_string(k));
+      ASSERT_EQ(got.logits[k].size(), want.logits[k].size());
+      const uint32_t V = c().vocab_size;
+      for (size_t row = 0; row * V < want.logits[k].size(); ++row)
+        ASSERT_EQ(std::memcmp(got.logits[k].data() + row * V, want.logits[k].data() + row * V, V * sizeof(float)), 0)
+            << "logits row " << row << " differ";
+      ASSERT_EQ(got.trace[k].size(), want.trace[k].size());
+      for (size_t i = 0; i < want.trace[k].size(); ++i) {
+        EXPECT_EQ(got.trace[k][i].experts, want.trace[k][i].experts) << "position " << i;
+        EXPECT_EQ(got.trace[k][i].expert_weights, want.trace[k][i].expert_weights) << "position " << i;
+        EXPECT_EQ(got.trace[k][i].selected_rows, want.trace[k][i].selected_rows) << "position " << i;
+        EXPECT_EQ(got.trace[k][i].engram_rows, want.trace[k][i].engram_rows) << "position " << i;
+      }
+      EXPECT_TRUE(got.state[k] == want.state[k]) << "state differs";
+    }
+  }
+
+  static uint64_t slot_bytes() {
+    StoreOptions probe;
+    probe.max_slots = 1;
+    return storage::bytes_needed(storage::expert_geometry(m().file, c().num_hidden_layers, c().n_routed_experts), probe)
+        .slot_bytes;
+  }
+
+  static fs::path dir_;
+  static std::string path_;
+  static Model* model_;
+};
+
+fs::path BatchDecode::dir_;
+std::string BatchDecode::path_;
+Model* BatchDecode::model_ = nullptr;
+
+TEST_F(BatchDecode, EachSequenceEqualsItselfAloneWithResidentExperts) {
+  const Run want = alone(nullptr, 7);
+  for (const uint32_t N : {1u, 2u, 4u, 7u}) {
+    SCOPED_TRACE("N " + std::to_string(N));
+    Run w = want;
+    w.logits.resize(N);
+    w.trace.resize(N);
+    w.state.resize(N);
+    expect_same(w, together(nullptr, N), N);
+  }
+}
+
+TEST_F(BatchDecode, EachSequenceEqualsItselfAloneThroughTheStore) {
+  const uint32_t E = c().n_routed_experts, K = c().num_experts_per_tok, NL = c().num_hidden_layers;
+  const uint64_t sb = slot_bytes();
+  int configs = 0;
+  for (const uint32_t N : {1u, 2u, 4u, 7u}) {
+    const Run want = alone(nullptr, N);
+    for (const EvictionKind policy : {EvictionKind::LruPerLayer, EvictionKind::LruGlobal}) {
+      // The smallest admissible cache (top_k experts per layer): a batch's union is larger and
+      // streams through it in windows; and one that holds every expert.
+      for (const uint32_t slots : {policy == EvictionKind::LruPerLayer ? K * NL : K, E * NL}) {
+        SCOPED_TRACE("N " + std::to_string(N) + " policy " + std::string(storage::eviction_name(policy)) + " slots " +
+                     std::to_string(slots));
+        StoreOptions o;
+        o.policy = policy;
+        o.cache_bytes = UINT64_MAX;
+        o.max_slots = slots;
+        o.prefetch_budget_bytes = sb * K;
+        std::unique_ptr<storage::ExpertStore> store = open_expert_store(m(), o);
+        StreamedExperts src(*store);
+        const Run got = together(&src, N);
+        src.release();
+        expect_same(want, got, N);
+        if (slots < E * NL && N > 1) {
+          EXPECT_GT(store->stats().total().evictions, 0u) << "the small cache never evicted";
+        }
+        ++configs;
+      }
+    }
+  }
+  EXPECT_EQ(configs, 16);
+}
+
+// One decode step of N sequences asks the store for each layer's union once: a layer's requests
+// are the distinct experts of the step (at most N * top_k, and fewer when sequences share), not
+// N separate top_k sets.
+TEST_F(BatchDecode, AStepRequestsEachLayersUnionOnce) {
+  const uint32_t N = 4, K = c().num_experts_per_tok, NL = c().num_hidden_layers, E = c().n_routed_experts;
+  StoreOptions o;
+  o.policy = EvictionKind::LruPerLayer;
+  o.cache_bytes = UINT64_MAX;
+  o.max_slots = E * NL;
+  o.prefetch_budget_bytes = 0;
+  std::unique_ptr<storage::ExpertStore> store = open_expert_store(m(), o);
+  StreamedExperts src(*store);
+  EngineOptions eo = options(&src);
+  eo.prefetch = false;
+  Engine eng(m(), eo);
+  std::vector<SequenceState> st;
+  std::vector<std::vector<TokenId>> prompts;
+  for (uint32_t k = 0; k < N; ++k) {
+    st.push_back(eng.new_sequence());
+    prompts.push_back(prompt(k));
+    eng.eval(st[k], prompts[k], nullptr);
+  }
+  const storage::StoreStats before = store->stats();
+  std::vector<TokenId> next(N);
+  std::vector<TokenTrace> tr[N];
+  std::vector<Engine::BatchItem> items;
+  for (uint32_t k = 0; k < N; ++k) {
+    next[k] = prompts[k].back();
+    items.push_back({&st[k], std::span<const TokenId>(&next[k], 1), {}, &tr[k]});
+  }
+  eng.eval_batch(items, nullptr);
+  const storage::StoreStats after = store->stats();
+  src.release();
+  uint64_t shared_layers = 0;
+  for (uint32_t L = 0; L < NL; ++L) {
+    std::vector<bool> used(E, false);
+    uint64_t u = 0;
+    for (uint32_t k = 0; k < N; ++k)
+      for (uint32_t e : tr[k].at(0).experts[L]) u += !used[e], used[e] = true;
+    EXPECT_EQ(after.layers[L].requests - before.layers[L].requests, u) << "layer " << L;
+    shared_layers += u < (uint64_t)N * K;
+  }
+  EXPECT_GT(shared_layers, 0u) << "no layer's sequences shared an expert; the test shows no sharing";
+}
+
+TEST_F(BatchDecode, ARefusedBatchChangesNoState) {
+  Engine eng(m(), options(nullptr));
+  SequenceState a = eng.new_sequence(), b = eng.new_sequence();
+  eng.eval(a, prompt(0), nullptr);
+  eng.eval(b, prompt(1), nullptr);
+  const SequenceState a0 = a, b0 = b;
+  const TokenId t = 5, bad = c().vocab_size;
+  auto refused = [&](std::vector<Engine::BatchItem> items, const std::string& why) {
+    try {
+      eng.eval_batch(items, nullptr);
+      ADD_FAILURE() << "accepted: " << why;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(a == a0);
+    EXPECT_TRUE(b == b0);
+  };
+  refused({{&a, std::span<const TokenId>(&t, 1)}, {&a, std::span<const TokenId>(&t, 1)}}, "share one sequence state");
+  refused({{&a, std::span<const TokenId>(&t, 1)}, {&b, std::span<const TokenId>(&bad, 1)}}, "token id");
+  refused({{&a, std::span<const TokenId>(&t, 1)}, {&b, {}}}, "has no tokens");
+  const std::vector<TokenId> many(40, t);
+  refused({{&a, many}, {&b, many}}, "exceeds the chunk");
+  EngineOptions small = options(nullptr);
+  small.ctx = 8;
+  Engine e8(m(), small);
+  SequenceState c8 = e8.new_sequence(), d8 = e8.new_sequence();
+  e8.eval(c8, std::vector<TokenId>(6, t), nullptr);
+  const SequenceState c80 = c8;
+  try {
+    e8.eval_batch(std::vector<Engine::BatchItem>{{&d8, std::span<const TokenId>(&t, 1)}, {&c8, std::vector<TokenId>(3, t)}}, nullptr);
+    ADD_FAILURE() << "a batch past ctx was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("context exceeded by batch item 1"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(c8 == c80);
+  EXPECT_EQ(d8.position(), 0u);
+}
+
+}  // namespace
+}  // namespace sluice
