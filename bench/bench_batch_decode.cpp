@@ -56,7 +56,10 @@ Result run(const Model& m, const storage::StoreOptions& so, int threads, uint32_
            uint32_t gen, bool batched) {
   const ModelConfig& c = m.config;
   const uint32_t V = c.vocab_size;
-  auto store = open_expert_store(m, so);
+  // Hints in flight cover the batch's union: top_k x 2 per stream, as bench_decode_streamed gives one.
+  storage::StoreOptions o = so;
+  o.prefetch_budget_bytes = so.prefetch_budget_bytes * N;
+  auto store = open_expert_store(m, o);
   StreamedExperts src(*store);
   EngineOptions eo;
   eo.threads = threads;
@@ -135,7 +138,7 @@ int main(int argc, char** argv) {
     so.max_slots = (uint32_t)std::max<uint64_t>(c.num_experts_per_tok, (uint64_t)(cache_fraction * total_experts));
     so.queue_depth = qd;
     const storage::ExpertGeometry g = storage::expert_geometry(m->file, c.num_hidden_layers, c.n_routed_experts);
-    so.prefetch_budget_bytes = storage::bytes_needed(g, so).slot_bytes * c.num_experts_per_tok * 2;
+    so.prefetch_budget_bytes = storage::bytes_needed(g, so).slot_bytes * c.num_experts_per_tok * 2;  // per stream
     const uint64_t region_begin = g.layers[0][0].file_offset;
     const uint64_t region_end = g.layers.back()[2].file_offset + g.layers.back()[2].nbytes;
     std::printf("model %s: %llu experts of %.2f MB, cache %u slots (%.0f%%), %d threads, prompt %u, %u tokens per stream, "

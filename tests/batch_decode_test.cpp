@@ -18,6 +18,9 @@
 #include "model/deepseek41/forward.h"
 #include "model/model.h"
 #include "model/streamed_experts.h"
+#include "runtime/admission.h"
+#include "runtime/meminfo.h"
+#include "runtime/session.h"
 #include "runtime/sampler.h"
 #include "storage/expert_store.h"
 #include "util/error.h"
@@ -296,6 +299,115 @@ TEST_F(BatchDecode, ARefusedBatchChangesNoState) {
   }
   EXPECT_TRUE(c8 == c80);
   EXPECT_EQ(d8.position(), 0u);
+}
+
+// --parallel N through the Session: the plan holds N sequence states, the slots are batched in
+// one pass with each slot's rows equal to evaluating it alone, and a chunk or a budget too small
+// for N is refused with the figure named.
+SessionOptions session_options(const std::string& path, uint32_t parallel) {
+  SessionOptions so;
+  so.model_path = path;
+  so.ctx = 64;
+  so.chunk = 16;
+  so.threads = 2;
+  so.budget = BudgetSpec{false, 2ull << 30};
+  so.allow_swap = true;  // the test host's swap is not what is tested here
+  so.parallel = parallel;
+  return so;
+}
+
+TEST_F(BatchDecode, SessionSlotsBatchedEqualSlotsInTurn) {
+  const uint32_t N = 3, V = c().vocab_size;
+  Session batched(session_options(path_, N)), in_turn(session_options(path_, N));
+  uint64_t state_line = 0;
+  for (const PlanLine& l : batched.plan().mandatory)
+    if (l.name == "sequence state") state_line = l.bytes;
+  EXPECT_EQ(batched.plan().sequences, N);
+  EXPECT_EQ(state_line, N * sequence_state_bytes(c(), batched.ctx()).total());
+  std::vector<std::vector<TokenId>> prompts;
+  for (uint32_t k = 0; k < N; ++k) prompts.push_back(prompt(k));
+  std::vector<std::span<const TokenId>> lists(N);
+  for (uint32_t k = 0; k < N; ++k) lists[k] = prompts[k];
+  size_t total = 0;
+  for (const auto& p : prompts) total += p.size();
+  std::vector<float> got(total * V), want(total * V);
+  batched.eval_slots(lists, got.data());
+  size_t row = 0;
+  for (uint32_t k = 0; k < N; ++k) {
+    std::vector<std::span<const TokenId>> one(N);
+    one[k] = prompts[k];
+    in_turn.eval_slots(one, want.data() + row * V);
+    row += prompts[k].size();
+  }
+  ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << "prompt rows differ";
+  for (uint32_t g = 0; g < 3; ++g) {
+    std::vector<TokenId> next(N);
+    for (uint32_t k = 0; k < N; ++k) next[k] = (TokenId)(7 * g + 3 * k + 2);
+    for (uint32_t k = 0; k < N; ++k) lists[k] = std::span<const TokenId>(&next[k], 1);
+    batched.eval_slots(lists, got.data());
+    for (uint32_t k = 0; k < N; ++k) {
+      std::vector<std::span<const TokenId>> one(N);
+      one[k] = lists[k];
+      in_turn.eval_slots(one, want.data() + (size_t)k * V);
+    }
+    ASSERT_EQ(std::memcmp(got.data(), want.data(), (size_t)N * V * sizeof(float)), 0) << "step " << g << " differs";
+  }
+  for (uint32_t k = 0; k < N; ++k) EXPECT_EQ(batched.slot_position(k), prompts[k].size() + 3);
+  batched.reset_slot(2);
+  EXPECT_EQ(batched.slot_position(2), 0u);
+  EXPECT_THROW(batched.eval_slots(std::vector<std::span<const TokenId>>(N + 1), nullptr), Error);
+
+}
+
+// Slot 0 is the kept sequence: once a batch has moved it, a prompt extending what generate()
+// kept is evaluated from position 0 and answered as a fresh session answers it.
+TEST_F(BatchDecode, ABatchOnSlotZeroMakesGenerateStartOver) {
+  Session s(session_options(path_, 2)), fresh(session_options(path_, 1));
+  GenerateRequest req;
+  req.prompt = prompt(5);
+  req.max_tokens = 3;
+  req.ignore_eos = true;
+  const GenerateResult first = s.generate(req, {}, {});
+  const TokenId t = 9;
+  std::vector<std::span<const TokenId>> lists{std::span<const TokenId>(&t, 1), std::span<const TokenId>(&t, 1)};
+  s.eval_slots(lists, nullptr);
+  GenerateRequest next = req;
+  next.prompt.insert(next.prompt.end(), first.tokens.begin(), first.tokens.end());
+  next.prompt.push_back(4);
+  const GenerateResult a = s.generate(next, {}, {}), b = fresh.generate(next, {}, {});
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(a.reused_tokens, 0u);
+  EXPECT_EQ(a.prompt_evaluated, next.prompt.size());
+}
+
+TEST_F(BatchDecode, SessionRefusesAParallelThatDoesNotFit) {
+  SessionOptions so = session_options(path_, 4);
+  so.chunk = 2;
+  try {
+    Session s(so);
+    ADD_FAILURE() << "a chunk of 2 was accepted for --parallel 4";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--parallel 4 needs a chunk of at least 4 rows; the plan has 2"), std::string::npos)
+        << e.what();
+  }
+  // A budget that holds one sequence but not 64 of them at ctx 4096: refused, the plan names
+  // the sequence state line with its count.
+  SessionOptions one = session_options(path_, 1);
+  one.ctx = 4096;
+  one.checkpoint_budget = 0;
+  const Session probe(one);
+  const uint64_t planned = probe.plan().mandatory_bytes + probe.plan().bounce_bytes + probe.plan().cache_bytes;
+  SessionOptions many = one;
+  many.parallel = 64;
+  many.chunk = 64;
+  many.budget = BudgetSpec{false, planned + (2ull << 20)};
+  try {
+    Session s(many);
+    ADD_FAILURE() << "64 sequences were admitted into a budget sized for one";
+  } catch (const Error& e) {
+    const std::string want = "sequence state " + format_bytes(64 * sequence_state_bytes(c(), 4096).total());
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what() << "\nwanted: " << want;
+  }
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "cli/cmd_bench.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <iterator>
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include "kernels/cpu.h"
 #include "model/deepseek41/primitives.h"
 #include "runtime/roofline.h"
+#include "runtime/sampler.h"
 #include "runtime/session.h"
 #include "storage/raw_read_bandwidth.h"
 #include "cli/bench_stats.h"
@@ -40,6 +42,10 @@ CLI::App* setup_bench(CLI::App& app, BenchOptions& o) {
   sub->add_option("--type", o.types, "with --ops: weight types, comma-separated (default: each shape's own)");
   sub->add_option("--read-mib", o.read_mib, "memory read-bandwidth buffer in MiB (default 1024)");
   sub->add_option("--disk-seconds", o.disk_seconds, "raw disk read run in seconds (default 3)");
+  sub->add_option("--parallel", o.parallel,
+                  "also decode N streams together (batched: one pass per step, each layer's experts read once) and the "
+                  "same N streams in turn, after the single-stream runs; the plan holds N sequences (default 1: off)")
+      ->check(CLI::Range(1u, 256u));
   sub->add_option("--op-seconds", o.op_seconds, "with --ops: run each figure at least this long (default 0.3)");
   add_engine_options(sub, o.engine);
   return sub;
@@ -114,6 +120,70 @@ Timings time_runs(Session& session, const BenchOptions& o, uint32_t n_gen) {
       if (req_n) t.hit_rate.push_back((double)(end.hits - at_first.hits) / (double)req_n);
     }
   }
+  return t;
+}
+
+// --parallel N: -r runs of N streams, each prefilled with its own -p pseudo-random tokens, then
+// -n decode steps of all N together (one eval_slots pass per step) and, from the same prefills,
+// the same steps taken stream by stream. Greedy, so both modes generate the same tokens (each
+// slot's rows are bit-identical either way); only the time and the reads differ.
+struct ParallelTimings {
+  std::vector<double> batched, in_turn;          // aggregate generated tok/s
+  std::vector<double> batched_mb, in_turn_mb;    // expert MB read from disk per generated token
+  std::vector<double> batched_hit, in_turn_hit;  // expert-cache hit rate
+};
+
+ParallelTimings time_parallel(Session& session, const BenchOptions& o, uint32_t n_gen) {
+  const ModelConfig& c = session.config();
+  const uint32_t N = session.parallel(), V = c.vocab_size, chunk = session.plan().chunk;
+  ParallelTimings t;
+  std::vector<float> logits((size_t)std::max(N, chunk) * V);
+  for (uint32_t r = 0; r < o.repetitions; ++r) {
+    for (const bool batched : {true, false}) {
+      std::vector<TokenId> next(N);
+      for (uint32_t k = 0; k < N; ++k) {
+        session.reset_slot(k);
+        uint64_t x = 5000 + 131 * r + k;
+        std::vector<TokenId> p(o.n_prompt);
+        for (auto& tok : p) tok = (TokenId)((x = splitmix64(x)) % V);
+        std::vector<std::span<const TokenId>> lists(N);
+        for (size_t off = 0; off < p.size(); off += chunk) {
+          const size_t len = std::min<size_t>(chunk, p.size() - off);
+          lists[k] = std::span<const TokenId>(p.data() + off, len);
+          session.eval_slots(lists, logits.data());
+        }
+        const size_t last = (p.size() - 1) % chunk;
+        next[k] = argmax_lowest(std::span<const float>(logits.data() + last * V, V));
+      }
+      const storage::LayerStats before = session.stats().store.total();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (uint32_t g = 0; g < n_gen; ++g) {
+        std::vector<std::span<const TokenId>> lists(N);
+        if (batched) {
+          for (uint32_t k = 0; k < N; ++k) lists[k] = std::span<const TokenId>(&next[k], 1);
+          session.eval_slots(lists, logits.data());
+          for (uint32_t k = 0; k < N; ++k) next[k] = argmax_lowest(std::span<const float>(logits.data() + (size_t)k * V, V));
+        } else {
+          for (uint32_t k = 0; k < N; ++k) {
+            lists.assign(N, {});
+            lists[k] = std::span<const TokenId>(&next[k], 1);
+            session.eval_slots(lists, logits.data());
+            next[k] = argmax_lowest(std::span<const float>(logits.data(), V));
+          }
+        }
+      }
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const storage::LayerStats end = session.stats().store.total();
+      const double toks = (double)N * n_gen;
+      const double mb = (double)(end.bytes_demand + end.bytes_prefetch - before.bytes_demand - before.bytes_prefetch) / 1e6 / toks;
+      const uint64_t req = end.requests - before.requests;
+      const double hit = req ? (double)(end.hits - before.hits) / (double)req : 0.0;
+      (batched ? t.batched : t.in_turn).push_back(toks / dt);
+      (batched ? t.batched_mb : t.in_turn_mb).push_back(mb);
+      (batched ? t.batched_hit : t.in_turn_hit).push_back(hit);
+    }
+  }
+  for (uint32_t k = 0; k < N; ++k) session.reset_slot(k);
   return t;
 }
 
@@ -229,7 +299,9 @@ int run_bench(const BenchOptions& o) {
   // The session's peak resident set is compared with its plan: the baseline's buffer must not count.
   const bool peak_reset = reset_peak_rss();
 
+  if (o.parallel > 1 && n_gen == 0) throw UsageError("--parallel needs -n of at least 1");
   SessionOptions so = session_options(o.engine, o.model, (uint32_t)ctx);
+  so.parallel = o.parallel;
   so.checkpoint_budget = 0;  // every run starts from position 0: nothing to roll back to
   Session session(std::move(so), header);
   maybe_print_plan(o.engine, session);
@@ -256,6 +328,8 @@ int run_bench(const BenchOptions& o) {
   const Timings t = time_runs(session, o, n_gen);
   RouteBiasCost cost;
   if (bias != 0.0f) cost = route_bias_cost(session, bias);
+  ParallelTimings par;
+  if (o.parallel > 1) par = time_parallel(session, o, n_gen);
   const std::vector<double>&pre = t.pre, &dec = t.dec, &disk_bytes_tok = t.disk_bytes_tok, &stall_frac = t.stall_frac;
   const Figure fp = figure(pre), fd = figure(dec), fdisk = figure(disk_bytes_tok), fstall = figure(stall_frac),
                fhit = figure(t.hit_rate);
@@ -327,6 +401,20 @@ int run_bench(const BenchOptions& o) {
       j["top1_agreement"] = cost.top1;
       j["quality_positions"] = cost.positions;
     }
+    if (o.parallel > 1) {
+      j["parallel"] = o.parallel;
+      j["parallel_batched_tok_s"] = figure(par.batched).median;
+      j["parallel_batched_tok_s_min"] = figure(par.batched).min;
+      j["parallel_batched_tok_s_max"] = figure(par.batched).max;
+      j["parallel_in_turn_tok_s"] = figure(par.in_turn).median;
+      j["parallel_batched_over_one_stream"] = fd.median > 0 ? figure(par.batched).median / fd.median : 0.0;
+      if (streaming) {
+        j["parallel_batched_disk_mb_per_token"] = figure(par.batched_mb).median;
+        j["parallel_in_turn_disk_mb_per_token"] = figure(par.in_turn_mb).median;
+        j["parallel_batched_hit_rate"] = figure(par.batched_hit).median;
+        j["parallel_in_turn_hit_rate"] = figure(par.in_turn_hit).median;
+      }
+    }
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
@@ -363,6 +451,18 @@ int run_bench(const BenchOptions& o) {
     const Figure fe = figure(t.engram_hit);
     std::printf("decode Engram rows from the row cache %.1f%% (min %.1f, max %.1f; %llu rows per table)\n",
                 100 * fe.median, 100 * fe.min, 100 * fe.max, (unsigned long long)session.stats().engram_cache_rows);
+  }
+  if (o.parallel > 1) {
+    const Figure b = figure(par.batched), it = figure(par.in_turn);
+    std::printf("parallel %u streams, %u tokens each: batched %.2f tok/s aggregate (min %.2f, max %.2f), in turn %.2f "
+                "(min %.2f, max %.2f); batched / in turn %.2fx, batched / one stream's decode %.2fx\n",
+                o.parallel, n_gen, b.median, b.min, b.max, it.median, it.min, it.max, it.median > 0 ? b.median / it.median : 0.0,
+                fd.median > 0 ? b.median / fd.median : 0.0);
+    if (streaming)
+      std::printf("parallel expert reads: batched %.1f MB per generated token (hit rate %.1f%%), in turn %.1f MB "
+                  "(hit rate %.1f%%), one stream %.1f MB\n",
+                  figure(par.batched_mb).median, 100 * figure(par.batched_hit).median, figure(par.in_turn_mb).median,
+                  100 * figure(par.in_turn_hit).median, fdisk.median / 1e6);
   }
   if (bias != 0.0f) {
     const Figure ep = figure(exact.pre), ed = figure(exact.dec), eh = figure(exact.hit_rate);

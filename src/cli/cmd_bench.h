@@ -27,6 +27,7 @@ struct BenchOptions {
   uint64_t read_mib = 1024;      // the read-bandwidth buffer
   double disk_seconds = 3.0;     // the raw disk read run (streamed experts only)
   double op_seconds = 0.3;       // --ops: each figure runs at least this long (and -r times)
+  uint32_t parallel = 1;         // --parallel N: also N streams decoding together vs in turn
   EngineCliOptions engine;
 };
 CLI::App* setup_bench(CLI::App& app, BenchOptions& o);

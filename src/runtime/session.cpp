@@ -51,6 +51,7 @@ struct Session::Impl {
   std::unique_ptr<StreamedExperts> streamed;
   std::unique_ptr<Engine> engine;
   SequenceState state;
+  std::vector<SequenceState> slots;  // --parallel: slots 1 .. N-1 (slot 0 is `state`)
   std::vector<TokenId> history;  // tokens evaluated into `state`
   std::vector<float> last_logits; // the row after history.back()
   mutable std::mutex prompt_mu;   // prompt_cache is read by handler threads
@@ -185,6 +186,8 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
     spo.plan.budget = opt.budget;
     spo.plan.allow_swap = opt.allow_swap;
     spo.plan.checkpoint_budget = opt.checkpoint_budget;
+    if (opt.parallel == 0) throw Error("--parallel must be at least 1");
+    spo.plan.sequences = opt.parallel;
     spo.plan.max_cache_experts = opt.max_cache_experts;
     spo.store.policy = opt.policy;
     spo.store.queue_depth = opt.io_depth;
@@ -219,7 +222,13 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
     eo.experts = s.streamed.get();
   }
   s.engine = s.arch->make_engine(*s.model, eo);
+  // One decode step of every slot is one pass of parallel rows, which the chunk's scratch holds.
+  if (s.plan.chunk < opt.parallel)
+    throw Error(with_path(opt.model_path, "--parallel " + std::to_string(opt.parallel) + " needs a chunk of at least " +
+                                              std::to_string(opt.parallel) + " rows; the plan has " +
+                                              std::to_string(s.plan.chunk) + (s.plan.chunk_auto ? " (the most the budget admits)" : " (--chunk)")));
   s.state = s.engine->new_sequence();
+  for (uint32_t k = 1; k < opt.parallel; ++k) s.slots.push_back(s.engine->new_sequence());
   s.checkpoints = CheckpointSet(opt.checkpoint_budget);
 }
 
@@ -244,6 +253,40 @@ void Session::reset() {
   impl_->forget();
   const std::lock_guard<std::mutex> lock(impl_->prompt_mu);
   impl_->prompt_cache.clear();
+}
+
+uint32_t Session::parallel() const { return impl_->opt.parallel; }
+
+uint32_t Session::slot_position(uint32_t k) const {
+  if (k >= impl_->opt.parallel) throw Error("slot " + std::to_string(k) + " of " + std::to_string(impl_->opt.parallel));
+  return k == 0 ? impl_->state.position() : impl_->slots[k - 1].position();
+}
+
+void Session::reset_slot(uint32_t k) {
+  if (k >= impl_->opt.parallel) throw Error("slot " + std::to_string(k) + " of " + std::to_string(impl_->opt.parallel));
+  if (k == 0) return reset();
+  impl_->engine->reset(impl_->slots[k - 1]);
+}
+
+void Session::eval_slots(std::span<const std::span<const TokenId>> tokens, float* logits) {
+  Impl& s = *impl_;
+  if (tokens.size() != s.opt.parallel)
+    throw Error(std::to_string(tokens.size()) + " token lists for " + std::to_string(s.opt.parallel) + " slots");
+  std::vector<Engine::BatchItem> items;
+  for (uint32_t k = 0; k < tokens.size(); ++k)
+    if (!tokens[k].empty()) items.push_back({k == 0 ? &s.state : &s.slots[k - 1], tokens[k]});
+  if (items.empty()) return;
+  if (!tokens[0].empty()) {
+    // The kept sequence moves past what generate() remembers of it: drop that record (the
+    // state itself is the batch's), so a later prompt cannot be matched against it.
+    s.history.clear();
+    s.last_logits.clear();
+    s.checkpoints.clear();
+    s.publish_checkpoints();
+    const std::lock_guard<std::mutex> lock(s.prompt_mu);
+    s.prompt_cache.clear();
+  }
+  s.engine->eval_batch(items, logits);
 }
 
 void Session::set_route_bias(float d) {

@@ -68,6 +68,10 @@ struct SessionOptions {
   // one set, the output head runs for every prompt chunk, not only the last, so "out_norm" and
   // "logits" cover every evaluated position like the rest. Must outlive the Session.
   TensorObserver* tensors = nullptr;
+  // --parallel N: sequences held at once for batched decode (Engine::eval_batch), each with its
+  // own state, all planned (PlanOptions::sequences) and allocated up front. Slot 0 is the kept
+  // sequence generate() uses; slots 1 .. N-1 are only reached through eval_slots().
+  uint32_t parallel = 1;
   // Load progress: stage name and done/total bytes (total 0: unknown). May be empty.
   std::function<void(const std::string& stage, uint64_t done, uint64_t total)> progress;
 };
@@ -189,6 +193,18 @@ class Session {
   void set_route_bias(float d);
   // Safe to call from any thread, also while generate() runs.
   SessionStats stats() const;
+
+  // Batched decode over the session's SessionOptions::parallel slots. eval_slots appends
+  // tokens[k] to slot k (an empty span leaves slot k alone) in one pass: every weight and each
+  // layer's expert union is read once for all of them, and each slot's logits are bit for bit
+  // what evaluating it alone gives. logits (may be null) receives one row per token, slots in
+  // order. Touching slot 0 forgets what generate() kept (its next prompt starts from the
+  // start). Throws Error, every slot unchanged, as Engine::eval_batch does, and when
+  // tokens.size() != parallel. Not during generate().
+  uint32_t parallel() const;
+  void eval_slots(std::span<const std::span<const TokenId>> tokens, float* logits);
+  uint32_t slot_position(uint32_t k) const;
+  void reset_slot(uint32_t k);  // back to position 0 (slot 0: as reset())
 
  private:
   struct Impl;
