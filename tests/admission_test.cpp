@@ -617,3 +617,39 @@ TEST(AdmissionCli, PlanOnThePublishedSparseFile) {
   EXPECT_EQ(r.rc, 1) << r.err;
   EXPECT_NE(r.err.find("missing.gguf"), std::string::npos) << r.err;
 }
+
+namespace sluice {
+namespace {
+
+// plan --parallel N: N sequence states in the plan (its line's detail says so), and a chunk
+// below N rows is a warning that the session would refuse.
+TEST(AdmissionCli, PlanParallelHoldsNSequenceStates) {
+  TempDir dir(kTmpPrefix);
+  const std::string model = dir / "tiny.gguf";
+  CmdResult r = run_sluice(dir, "make-model --preset tiny -o " + q(model));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  auto state_line = [&](const std::string& args) {
+    const CmdResult p = run_sluice(dir, "plan -m " + q(model) + " --allow-swap --mem-budget 4GiB --json " + args);
+    EXPECT_EQ(p.rc, 0) << p.err;
+    const nlohmann::json j = nlohmann::json::parse(p.out);
+    for (const nlohmann::json& l : j["mandatory"])
+      if (l["name"] == "sequence state") return std::pair{j["sequences"].get<uint32_t>(), l["bytes"].get<uint64_t>()};
+    ADD_FAILURE() << "no sequence state line: " << p.out;
+    return std::pair{0u, uint64_t{0}};
+  };
+  const auto [n1, one] = state_line("");
+  const auto [n5, five] = state_line("--parallel 5");
+  EXPECT_EQ(n1, 1u);
+  EXPECT_EQ(n5, 5u);
+  EXPECT_GT(one, 0u);
+  EXPECT_EQ(five, 5 * one);
+  r = run_sluice(dir, "plan -m " + q(model) + " --allow-swap --mem-budget 4GiB --parallel 5");
+  EXPECT_NE(r.out.find("5 x ctx"), std::string::npos) << r.out;
+  r = run_sluice(dir, "plan -m " + q(model) + " --allow-swap --mem-budget 4GiB --parallel 5 --chunk 3");
+  EXPECT_NE(r.out.find("--parallel 5 needs a chunk of at least 5 rows; the plan has 3"), std::string::npos) << r.out;
+  r = run_sluice(dir, "plan -m " + q(model) + " --parallel 0");
+  EXPECT_EQ(r.rc, 2) << r.err;
+}
+
+}  // namespace
+}  // namespace sluice

@@ -42,6 +42,8 @@ CLI::App* setup_plan(CLI::App& app, PlanCommandOptions& o) {
                   "memory for prefix checkpoints, as run/chat/serve take it (default " +
                       format_bytes(kDefaultCheckpointBudget) + ")");
   sub->add_option("--cache-experts", o.cache_experts, "hold at most N routed experts in the cache, as run/chat/serve take it");
+  sub->add_option("--parallel", o.parallel, "sequences held at once, each with its own state (batched decode; default 1)")
+      ->check(CLI::Range(1u, 256u));
   sub->add_flag("--json", o.json, "print one JSON object instead of the table");
   return sub;
 }
@@ -59,6 +61,7 @@ int run_plan(const PlanCommandOptions& o) {
   po.threads = o.threads;
   po.allow_swap = o.allow_swap;
   po.max_cache_experts = o.cache_experts;
+  po.sequences = o.parallel;
   try {
     if (!o.checkpoint_budget.empty()) po.checkpoint_budget = parse_bytes(o.checkpoint_budget, "--checkpoint-budget");
   } catch (const Error& e) {
@@ -93,6 +96,11 @@ int run_plan(const PlanCommandOptions& o) {
   if (const std::vector<std::string> problems = load_problems(f); !problems.empty())
     p.warnings.push_back("the file has " + std::to_string(problems.size()) +
                          " problem(s) run would refuse it for, first: " + problems.front() + " (see sluice inspect)");
+  // A batched step of N sequences is one pass of N rows (as Session refuses it).
+  if (p.chunk < o.parallel)
+    p.warnings.push_back("--parallel " + std::to_string(o.parallel) + " needs a chunk of at least " +
+                         std::to_string(o.parallel) + " rows; the plan has " + std::to_string(p.chunk) +
+                         ": a session with these options is refused");
   if (!tokenizer_problem.empty())
     p.warnings.push_back("the tokenizer could not be read (" + tokenizer_problem +
                          "): the measured runtime overhead lacks it");
