@@ -110,6 +110,32 @@ TEST_F(BenchCli, ModelRunPrintsTheIssuesKeysAndAConsistentRoofline) {
 #endif
 }
 
+// --parallel N: the batched and in-turn figures of N streams, with the plan holding N states;
+// expert reads are counted per generated token in both modes.
+TEST_F(BenchCli, ParallelReportsBatchedAndInTurn) {
+  const CmdResult one = bench("-m " + q(model_) + " -p 6 -n 3 -r 1 --read-mib 64 --disk-seconds 0.2 --allow-swap --json");
+  const CmdResult r =
+      bench("-m " + q(model_) + " -p 6 -n 3 -r 2 --read-mib 64 --disk-seconds 0.2 --allow-swap --json --parallel 3");
+  ASSERT_EQ(one.rc, 0) << one.err;
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const nlohmann::json j1 = lines(one.out).at(0), j = lines(r.out).at(0);
+  EXPECT_EQ(j["parallel"], 3);
+  EXPECT_EQ(j["sequence_state_bytes"].get<uint64_t>(), 3 * j1["sequence_state_bytes"].get<uint64_t>());
+  EXPECT_GT(j["parallel_batched_tok_s"].get<double>(), 0);
+  EXPECT_GT(j["parallel_in_turn_tok_s"].get<double>(), 0);
+  EXPECT_LE(j["parallel_batched_tok_s_min"].get<double>(), j["parallel_batched_tok_s"].get<double>());
+  EXPECT_NEAR(j["parallel_batched_over_one_stream"].get<double>(),
+              j["parallel_batched_tok_s"].get<double>() / j["decode_tok_s"].get<double>(), 1e-9);
+  for (const char* k : {"parallel_batched_disk_mb_per_token", "parallel_in_turn_disk_mb_per_token", "parallel_batched_hit_rate"})
+    EXPECT_TRUE(j.contains(k)) << k << " missing: " << r.out;
+  const CmdResult text = bench("-m " + q(model_) + " -p 6 -n 2 -r 1 --read-mib 64 --disk-seconds 0.2 --allow-swap --parallel 2");
+  ASSERT_EQ(text.rc, 0) << text.err;
+  EXPECT_NE(text.out.find("parallel 2 streams, 2 tokens each: batched"), std::string::npos) << text.out;
+  const CmdResult small = bench("-m " + q(model_) + " -p 6 -n 2 -r 1 --allow-swap --parallel 4 --chunk 2");
+  EXPECT_EQ(small.rc, 1);
+  EXPECT_NE(small.err.find("--parallel 4 needs a chunk of at least 4 rows"), std::string::npos) << small.err;
+}
+
 // The short version of docs/context.md's runs: configs/long-context.json (the published attention
 // widths on 8 small layers) at a 1,024-token prompt. The state bench reports is the packed one for
 // that context, and the session's peak stays within its plan. The long runs are benchmarks.
