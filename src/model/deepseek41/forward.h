@@ -125,7 +125,9 @@ class Engine {
   // batch. Each item's logits, trace and new state are bit for bit what eval() of that item
   // alone gives. logits (may be null) receives sum(tokens) x vocab floats, items in order.
   // Throws Error (every state unchanged) on any item eval() would refuse, on two items sharing a
-  // state, on an item without tokens, and when the batch holds more than options.chunk tokens.
+  // state, on an item without tokens, and when a batch of two or more items holds more than
+  // options.chunk tokens (one pass runs in the chunk's scratch; a single item is eval_masked,
+  // which splits any length into chunks). With an observer set, only single items are accepted.
   struct BatchItem {
     SequenceState* state = nullptr;
     std::span<const TokenId> tokens;
