@@ -18,6 +18,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli/bench_stats.h"
 #include "model/deepseek41/forward.h"
 #include "model/model.h"
 #include "model/streamed_experts.h"
@@ -37,12 +38,13 @@ struct Result {
   double tok_s = 0, mb_per_token = 0, hit_rate = 0, read_s = 0;
 };
 
+// The median, min and max of the runs (cli/bench_stats.h, as sluice bench reports them).
 struct Stat {
   double med = 0, lo = 0, hi = 0;
 };
 Stat stat(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return Stat{v[v.size() / 2], v.front(), v.back()};
+  const cli::Figure f = cli::figure(std::move(v));
+  return Stat{f.median, f.min, f.max};
 }
 
 std::vector<TokenId> prompt(uint32_t k, uint32_t len, uint32_t vocab) {

@@ -158,12 +158,6 @@ class BatchDecode : public ::testing::Test {
     }
   }
 
-  static uint64_t slot_bytes() {
-    StoreOptions probe;
-    probe.max_slots = 1;
-    return storage::bytes_needed(storage::expert_geometry(m().file, c().num_hidden_layers, c().n_routed_experts), probe)
-        .slot_bytes;
-  }
 
   static fs::path dir_;
   static std::string path_;
@@ -188,7 +182,7 @@ TEST_F(BatchDecode, EachSequenceEqualsItselfAloneWithResidentExperts) {
 
 TEST_F(BatchDecode, EachSequenceEqualsItselfAloneThroughTheStore) {
   const uint32_t E = c().n_routed_experts, K = c().num_experts_per_tok, NL = c().num_hidden_layers;
-  const uint64_t sb = slot_bytes();
+  const uint64_t sb = expert_slot_bytes(m());
   int configs = 0;
   for (const uint32_t N : {1u, 2u, 4u, 7u}) {
     const Run want = alone(nullptr, N);

@@ -58,12 +58,6 @@ class StoreEngine : public ::testing::Test {
     return p;
   }
 
-  static uint64_t slot_bytes() {
-    StoreOptions probe;
-    probe.max_slots = 1;
-    return storage::bytes_needed(storage::expert_geometry(m().file, c().num_hidden_layers, c().n_routed_experts), probe)
-        .slot_bytes;
-  }
 
   // Prompt in chunks of `chunk`, then `gen` greedy decode steps; every row of logits.
   static std::vector<float> run(const ExpertSource* src, uint32_t chunk, bool prefetch, uint32_t gen = 6) {
@@ -104,7 +98,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 TEST_F(StoreEngine, LogitsAreBitIdenticalForEveryCacheSizePolicyPrefetchAndChunk) {
   const uint32_t E = c().n_routed_experts, K = c().num_experts_per_tok, NL = c().num_hidden_layers;
   const std::vector<float> want = run(nullptr, 1, false);
-  const uint64_t sb = slot_bytes();
+  const uint64_t sb = expert_slot_bytes(m());
   int configs = 0;
   for (const uint32_t chunk : {1u, 3u, 5u}) {
     for (const EvictionKind policy : {EvictionKind::LruPerLayer, EvictionKind::LruGlobal}) {
@@ -459,7 +453,7 @@ TEST_F(StoreEngine, LongChunkStreamsItsExpertsOnceThroughTheSmallestCache) {
   for (const TokenTrace& t : trace)
     for (uint32_t L = 0; L < NL; ++L)
       for (uint32_t e : t.experts[L]) used[L][e] = true;
-  const uint64_t sb = slot_bytes();
+  const uint64_t sb = expert_slot_bytes(m());
   for (const auto& [policy, prefetch] : {std::pair{EvictionKind::LruPerLayer, true}, std::pair{EvictionKind::LruGlobal, false}}) {
       SCOPED_TRACE(std::string(storage::eviction_name(policy)) + " prefetch " + std::to_string(prefetch));
       StoreOptions o;

@@ -70,4 +70,11 @@ std::unique_ptr<storage::ExpertStore> open_expert_store(const Model& m, storage:
   return std::make_unique<storage::ExpertStore>(m.file, std::move(g), std::move(o));
 }
 
+uint64_t expert_slot_bytes(const Model& m) {
+  storage::StoreOptions probe;
+  probe.max_slots = 1;
+  const ModelConfig& c = m.config;
+  return storage::bytes_needed(storage::expert_geometry(m.file, c.num_hidden_layers, c.n_routed_experts), probe).slot_bytes;
+}
+
 }  // namespace sluice

@@ -55,5 +55,8 @@ class StreamedExperts final : public ExpertSource {
 // A store over m.file's routed experts (num_hidden_layers x n_routed_experts). Throws Error when
 // the slices in the file do not match the model's expert layouts, or when the options do not fit.
 std::unique_ptr<storage::ExpertStore> open_expert_store(const Model& m, storage::StoreOptions o);
+// The bytes one cache slot of m's routed experts takes in such a store (what a prefetch budget
+// of k experts is k times).
+uint64_t expert_slot_bytes(const Model& m);
 
 }  // namespace sluice

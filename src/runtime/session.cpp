@@ -145,6 +145,10 @@ struct Session::Impl {
   }
   void forget() {
     engine->reset(state);
+    forget_record();
+  }
+  // What is remembered of `state` (its tokens, last row, checkpoints), not the state itself.
+  void forget_record() {
     history.clear();
     last_logits.clear();
     checkpoints.clear();
@@ -279,10 +283,7 @@ void Session::eval_slots(std::span<const std::span<const TokenId>> tokens, float
   if (!tokens[0].empty()) {
     // The kept sequence moves past what generate() remembers of it: drop that record (the
     // state itself is the batch's), so a later prompt cannot be matched against it.
-    s.history.clear();
-    s.last_logits.clear();
-    s.checkpoints.clear();
-    s.publish_checkpoints();
+    s.forget_record();
     const std::lock_guard<std::mutex> lock(s.prompt_mu);
     s.prompt_cache.clear();
   }

@@ -107,6 +107,20 @@ void Engine::Impl::check_state(const SequenceState& s) const {
   if (!ok) throw Error("engine: the sequence state was not made by an engine for this model");
 }
 
+void Engine::Impl::check_request(const SequenceState& s, std::span<const TokenId> tokens,
+                                 std::span<const uint8_t> masked, const std::string& who) const {
+  check_state(s);
+  const std::string of = who.empty() ? "" : who + ": ";
+  if (!masked.empty() && masked.size() != tokens.size())
+    throw Error("engine: " + of + std::to_string(masked.size()) + " mask entries for " + std::to_string(tokens.size()) +
+                " tokens");
+  if ((uint64_t)s.pos + tokens.size() > s.ctx)
+    throw Error("engine: context exceeded" + (who.empty() ? std::string() : " by " + who) + ": position " +
+                std::to_string(s.pos) + " + " + std::to_string(tokens.size()) + " tokens > ctx " + std::to_string(s.ctx));
+  for (uint32_t t : tokens)
+    if (t >= c.vocab_size) throw Error("engine: token id " + std::to_string(t) + " >= vocab size " + std::to_string(c.vocab_size));
+}
+
 void Engine::Impl::name(const Pass& p, int L, const char* what, CMat t) const {
   if (!opt.observer) return;
   std::string nm;
@@ -190,14 +204,7 @@ void Engine::eval_masked(SequenceState& s, std::span<const TokenId> tokens,
   const Impl& im = *impl_;
   const ModelConfig& c = im.c;
   if (tokens.empty()) return;
-  im.check_state(s);
-  if (!masked.empty() && masked.size() != tokens.size())
-    throw Error("engine: " + std::to_string(masked.size()) + " mask entries for " + std::to_string(tokens.size()) + " tokens");
-  if ((uint64_t)s.pos + tokens.size() > s.ctx)
-    throw Error("engine: context exceeded: position " + std::to_string(s.pos) + " + " + std::to_string(tokens.size()) +
-                " tokens > ctx " + std::to_string(s.ctx));
-  for (uint32_t t : tokens)
-    if (t >= c.vocab_size) throw Error("engine: token id " + std::to_string(t) + " >= vocab size " + std::to_string(c.vocab_size));
+  im.check_request(s, tokens, masked, "");
 
   const size_t n_chunks = (tokens.size() + opt_.chunk - 1) / opt_.chunk;
   // A multi-chunk call commits chunk by chunk; if a later chunk fails, rolling back to a
@@ -251,17 +258,8 @@ void Engine::eval_batch(std::span<const BatchItem> items, float* logits) const {
     for (size_t j = 0; j < k; ++j)
       if (items[j].state == it.state)
         throw Error("engine: batch items " + std::to_string(j) + " and " + std::to_string(k) + " share one sequence state");
-    im.check_state(*it.state);
     if (it.tokens.empty()) throw Error("engine: batch item " + std::to_string(k) + " has no tokens");
-    if (!it.masked.empty() && it.masked.size() != it.tokens.size())
-      throw Error("engine: batch item " + std::to_string(k) + ": " + std::to_string(it.masked.size()) + " mask entries for " +
-                  std::to_string(it.tokens.size()) + " tokens");
-    if ((uint64_t)it.state->pos + it.tokens.size() > it.state->ctx)
-      throw Error("engine: context exceeded by batch item " + std::to_string(k) + ": position " +
-                  std::to_string(it.state->pos) + " + " + std::to_string(it.tokens.size()) + " tokens > ctx " +
-                  std::to_string(it.state->ctx));
-    for (uint32_t t : it.tokens)
-      if (t >= c.vocab_size) throw Error("engine: token id " + std::to_string(t) + " >= vocab size " + std::to_string(c.vocab_size));
+    im.check_request(*it.state, it.tokens, it.masked, "batch item " + std::to_string(k));
     total += it.tokens.size();
     tracing = tracing || it.trace != nullptr;
   }

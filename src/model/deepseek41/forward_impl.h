@@ -4,6 +4,8 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -35,6 +37,10 @@ struct Engine::Impl {
 
   SequenceState new_sequence() const;
   void check_state(const SequenceState& s) const;
+  // What eval() refuses before touching s: a state not of this engine, a mask of the wrong
+  // length, the context exceeded, a token id out of range. who names the batch item ("": none).
+  void check_request(const SequenceState& s, std::span<const TokenId> tokens, std::span<const uint8_t> masked,
+                     const std::string& who) const;
   void run_pass(Pass& p, float* logits) const;
 
   // Stages (forward_engram.cpp, forward_attention.cpp, forward_moe.cpp). X: [n][hc x hidden].
