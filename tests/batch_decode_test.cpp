@@ -215,6 +215,64 @@ TEST_F(BatchDecode, EachSequenceEqualsItselfAloneThroughTheStore) {
 // One decode step of N sequences asks the store for each layer's union once: a layer's requests
 // are the distinct experts of the step (at most N * top_k, and fewer when sequences share), not
 // N separate top_k sets.
+// Logits of some rows only (a decode row, a prompt's last row, a prompt piece with none): each
+// row is bit for bit the row the whole pass gives, and states equal those of an All pass. Also
+// for a single item, which goes through eval_masked's chunks.
+TEST_F(BatchDecode, LastAndNoLogitRowsEqualTheRowsOfAWholePass) {
+  Engine eng(m(), options(nullptr));
+  const uint32_t V = c().vocab_size;
+  using L = Engine::BatchItem::Logits;
+  const std::vector<L> modes = {L::Last, L::None, L::All, L::Last, L::None};
+  std::vector<SequenceState> a, b;
+  std::vector<std::vector<TokenId>> prompts;
+  for (uint32_t k = 0; k < modes.size(); ++k) {
+    a.push_back(eng.new_sequence());
+    b.push_back(eng.new_sequence());
+    prompts.push_back(prompt(k));
+  }
+  std::vector<Engine::BatchItem> all, some;
+  size_t total = 0;
+  for (uint32_t k = 0; k < modes.size(); ++k) {
+    all.push_back({&a[k], prompts[k]});
+    some.push_back({&b[k], prompts[k]});
+    some.back().logits = modes[k];
+    total += prompts[k].size();
+  }
+  std::vector<float> full(total * V), part(total * V, -1.0f);
+  eng.eval_batch(all, full.data());
+  eng.eval_batch(some, part.data());
+  size_t row = 0, out = 0;
+  for (uint32_t k = 0; k < modes.size(); ++k) {
+    SCOPED_TRACE("item " + std::to_string(k));
+    const size_t n = prompts[k].size();
+    std::vector<size_t> rows;
+    if (modes[k] == L::All)
+      for (size_t i = 0; i < n; ++i) rows.push_back(row + i);
+    if (modes[k] == L::Last) rows.push_back(row + n - 1);
+    for (const size_t r : rows) {
+      ASSERT_EQ(std::memcmp(part.data() + out * V, full.data() + r * V, V * sizeof(float)), 0) << "row " << r;
+      ++out;
+    }
+    row += n;
+    EXPECT_TRUE(a[k] == b[k]);
+  }
+  EXPECT_EQ(part[out * V], -1.0f) << "rows written past the wanted ones";
+
+  // One item of more than a chunk (chunk 64): only the final chunk's last row.
+  EngineOptions small = options(nullptr);
+  small.chunk = 4;
+  Engine e4(m(), small);
+  SequenceState s1 = e4.new_sequence(), s2 = e4.new_sequence();
+  const std::vector<TokenId> p = prompt(5);  // 13 tokens: chunks 4, 4, 4, 1
+  std::vector<float> every(p.size() * V), last(V);
+  e4.eval(s1, p, every.data());
+  Engine::BatchItem one{&s2, p};
+  one.logits = L::Last;
+  e4.eval_batch(std::span<const Engine::BatchItem>(&one, 1), last.data());
+  EXPECT_EQ(std::memcmp(last.data(), every.data() + (p.size() - 1) * V, V * sizeof(float)), 0);
+  EXPECT_TRUE(s1 == s2);
+}
+
 TEST_F(BatchDecode, AStepRequestsEachLayersUnionOnce) {
   const uint32_t N = 4, K = c().num_experts_per_tok, NL = c().num_hidden_layers, E = c().n_routed_experts;
   StoreOptions o;

@@ -175,6 +175,8 @@ class Backend {
   virtual void add_round(CMat a, CMat b, Mat out) const = 0;
   // Every row of x = row (width x.width).
   virtual void fill_rows(Mat x, std::span<const float> row) const = 0;
+  // dst row i = src row rows[i] (dst.width == src.width; dst.n == rows.size()).
+  virtual void gather_rows(CMat src, std::span<const uint32_t> rows, Mat dst) const = 0;
 
   // --- hyper-connections (spec 3.2) -----------------------------------------------------------
   // Mixes of every token: the projections of the flattened streams X (f32, scaled by their rms

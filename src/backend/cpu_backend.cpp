@@ -86,6 +86,14 @@ void CpuBackend::fill_rows(Mat x, std::span<const float> row) const {
   for (size_t i = 0; i < x.n; ++i) std::copy(row.begin(), row.end(), x.row(i));
 }
 
+void CpuBackend::gather_rows(CMat src, std::span<const uint32_t> rows, Mat dst) const {
+  if (dst.width != src.width || dst.n != rows.size()) throw Error("gather_rows: shapes differ");
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] >= src.n) throw Error("gather_rows: row " + std::to_string(rows[i]) + " of " + std::to_string(src.n));
+    std::copy(src.row(rows[i]), src.row(rows[i]) + src.width, dst.row(i));
+  }
+}
+
 // spec 3.2: the projections are one linear layer over the flattened streams (f32, no
 // rounding), scaled by the f32 rms factor of the streams.
 void CpuBackend::hc_mix(const Weight& fn, const float* base, const float* scale, HcParams p, CMat X,

@@ -35,6 +35,7 @@ class CpuBackend : public Backend {
   void store_fp4(CMat x, Fp4Grid grid, uint8_t* dst) const override;
   void add_round(CMat a, CMat b, Mat out) const override;
   void fill_rows(Mat x, std::span<const float> row) const override;
+  void gather_rows(CMat src, std::span<const uint32_t> rows, Mat dst) const override;
   void hc_mix(const Weight& fn, const float* base, const float* scale, HcParams p, CMat X, Mat mixes) const override;
   void hc_pre_norm(CMat X, CMat pre, const float* norm_w, HcParams p, Mat y) const override;
   void hc_post(CMat F, CMat X, CMat mixes, uint32_t hc, Mat Y) const override;

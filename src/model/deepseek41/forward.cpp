@@ -139,7 +139,7 @@ void Engine::Impl::name(const Pass& p, int L, const char* what, CMat t) const {
 // sublayer mixes them (hc_mix), collapses them with pre-weights into its input (hc_pre_norm),
 // and writes its output back through post/comb (hc_post). The attention collapse uses the
 // previous FFN's pre-weights (lagged), the FFN collapse the attention's own.
-void Engine::Impl::run_pass(Pass& p, float* logits) const {
+void Engine::Impl::run_pass(Pass& p, float* logits, const std::vector<uint32_t>* rows) const {
   const uint32_t n = p.n, hc = c.hc_mult, nl = c.num_hidden_layers;
   const HcParams hp = hc_params();
   engram_ids(p);
@@ -183,12 +183,25 @@ void Engine::Impl::run_pass(Pass& p, float* logits) const {
   }
 
   // spec 3.7: the last FFN pre-weights collapse the streams (rounded like hc_pre, numerics.md 3).
-  if (logits) {
+  if (logits && !rows) {
     be.hc_pre_norm(X, P, m.output_norm.data(), hp, xin);
     name(p, -1, "out_norm", xin);
     const Mat lg{logits, n, c.vocab_size, c.vocab_size};
     be.linear(m.output, xin, lg, /*round=*/false);  // f32 logits
     name(p, -1, "logits", lg);
+  } else if (logits && !rows->empty()) {
+    // Only some rows are wanted (the last of each sequence in a batched step): gather their
+    // streams and pre-weights into the first rows of two tensors the layer loop is done with,
+    // so the output head, the largest matrix, is read once for all of them. Each row's math is
+    // the same as over the whole pass (the head's rows are independent of their neighbours).
+    const size_t k = rows->size();
+    const Mat Xg = X2.rows(0, k), Pg = A.cols(0, hc).rows(0, k);
+    be.gather_rows(X, *rows, Xg);
+    be.gather_rows(P, *rows, Pg);
+    const Mat xg = xin.rows(0, k);
+    be.hc_pre_norm(Xg, Pg, m.output_norm.data(), hp, xg);
+    const Mat lg{logits, k, c.vocab_size, c.vocab_size};
+    be.linear(m.output, xg, lg, /*round=*/false);
   }
   be.sync();
 }
@@ -201,6 +214,11 @@ void Engine::eval(SequenceState& s, std::span<const TokenId> tokens, float* logi
 void Engine::eval_masked(SequenceState& s, std::span<const TokenId> tokens,
                          std::span<const uint8_t> masked, float* logits,
                          std::vector<TokenTrace>* trace) const {
+  eval_one(s, tokens, masked, logits, trace, BatchItem::Logits::All);
+}
+
+void Engine::eval_one(SequenceState& s, std::span<const TokenId> tokens, std::span<const uint8_t> masked,
+                      float* logits, std::vector<TokenTrace>* trace, BatchItem::Logits rows) const {
   const Impl& im = *impl_;
   const ModelConfig& c = im.c;
   if (tokens.empty()) return;
@@ -227,7 +245,14 @@ void Engine::eval_masked(SequenceState& s, std::span<const TokenId> tokens,
       p.index = (uint32_t)k;
       SequenceState* const sp = &s;
       begin_pass(p, std::span<Chunk>(&ch, 1), std::span<SequenceState* const>(&sp, 1));
-      im.run_pass(p, logits ? logits + off * c.vocab_size : nullptr);
+      if (rows == BatchItem::Logits::All) {
+        im.run_pass(p, logits ? logits + off * c.vocab_size : nullptr);
+      } else {
+        // Last: only the final chunk's last row; None: no head at all.
+        const bool last = rows == BatchItem::Logits::Last && k + 1 == n_chunks;
+        const std::vector<uint32_t> want = last ? std::vector<uint32_t>{ch.n - 1} : std::vector<uint32_t>{};
+        im.run_pass(p, logits, &want);
+      }
       commit_chunk(s, ch, c.index_head_dim);
       for (TokenTrace& t : ch.trace) traces.push_back(std::move(t));
     }
@@ -248,7 +273,7 @@ void Engine::eval_batch(std::span<const BatchItem> items, float* logits) const {
   const ModelConfig& c = im.c;
   if (items.empty()) return;
   if (items.size() == 1)
-    return eval_masked(*items[0].state, items[0].tokens, items[0].masked, logits, items[0].trace);
+    return eval_one(*items[0].state, items[0].tokens, items[0].masked, logits, items[0].trace, items[0].logits);
   if (opt_.observer) throw Error("engine: eval_batch shows no intermediates to an observer; evaluate one sequence at a time");
   size_t total = 0;
   bool tracing = false;
@@ -281,9 +306,20 @@ void Engine::eval_batch(std::span<const BatchItem> items, float* logits) const {
     ch.tracing = tracing;  // a pass is traced whole; items without a trace drop theirs
     begin_chunk(ch, s, c.num_hidden_layers, c.engram_layer_ids.size());
   }
+  // The pass's rows whose logits are wanted, unless every item wants all of its rows.
+  std::vector<uint32_t> want;
+  bool all = true;
+  for (size_t k = 0, row = 0; k < items.size(); row += items[k].tokens.size(), ++k) {
+    const BatchItem::Logits mode = items[k].logits;
+    all = all && mode == BatchItem::Logits::All;
+    if (mode == BatchItem::Logits::All)
+      for (size_t i = 0; i < items[k].tokens.size(); ++i) want.push_back((uint32_t)(row + i));
+    else if (mode == BatchItem::Logits::Last)
+      want.push_back((uint32_t)(row + items[k].tokens.size() - 1));
+  }
   Pass p;
   begin_pass(p, parts, states);
-  im.run_pass(p, logits);  // nothing is written to any state before this returns
+  im.run_pass(p, logits, all ? nullptr : &want);  // nothing is written to any state before this returns
   for (size_t k = 0; k < items.size(); ++k) {
     commit_chunk(*states[k], parts[k], c.index_head_dim);
     if (items[k].trace)

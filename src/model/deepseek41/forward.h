@@ -123,7 +123,10 @@ class Engine {
   // item k appends its tokens to its own state. All items go through one pass of the layer
   // loop, so the dense weights and each layer's union of routed experts are read once for the
   // batch. Each item's logits, trace and new state are bit for bit what eval() of that item
-  // alone gives. logits (may be null) receives sum(tokens) x vocab floats, items in order.
+  // alone gives. logits (may be null) receives each item's rows of logits, items in order: all
+  // of its tokens' (Logits::All, the default: sum(tokens) x vocab floats when every item is),
+  // its last token's only (Last: what a decode step or a prompt's last piece samples from), or
+  // none (None: a prompt piece before its last). When no item wants a row, the head is skipped.
   // Throws Error (every state unchanged) on any item eval() would refuse, on two items sharing a
   // state, on an item without tokens, and when a batch of two or more items holds more than
   // options.chunk tokens (one pass runs in the chunk's scratch; a single item is eval_masked,
@@ -133,6 +136,8 @@ class Engine {
     std::span<const TokenId> tokens;
     std::span<const uint8_t> masked = {};    // empty: nothing masked (see eval_masked)
     std::vector<TokenTrace>* trace = nullptr;  // appended when set
+    enum class Logits : uint8_t { All, Last, None };
+    Logits logits = Logits::All;
   };
   void eval_batch(std::span<const BatchItem> items, float* logits) const;
 
@@ -145,6 +150,8 @@ class Engine {
   const Model& model() const { return model_; }
 
  private:
+  void eval_one(SequenceState& s, std::span<const TokenId> tokens, std::span<const uint8_t> masked, float* logits,
+                std::vector<TokenTrace>* trace, BatchItem::Logits rows) const;
   struct Impl;
   const Model& model_;
   EngineOptions opt_;

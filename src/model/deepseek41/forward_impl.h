@@ -41,7 +41,9 @@ struct Engine::Impl {
   // length, the context exceeded, a token id out of range. who names the batch item ("": none).
   void check_request(const SequenceState& s, std::span<const TokenId> tokens, std::span<const uint8_t> masked,
                      const std::string& who) const;
-  void run_pass(Pass& p, float* logits) const;
+  // logits null: the output head is skipped. rows null: logits of every row of the pass;
+  // otherwise of those rows only, in that order (empty: the head is skipped).
+  void run_pass(Pass& p, float* logits, const std::vector<uint32_t>* rows = nullptr) const;
 
   // Stages (forward_engram.cpp, forward_attention.cpp, forward_moe.cpp). X: [n][hc x hidden].
   void engram_ids(Pass& p) const;
