@@ -4,6 +4,7 @@
 #include <chrono>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "format/gguf.h"
@@ -41,6 +42,32 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
+// One slot of the session: a sequence, what is remembered of it, and the request running on it.
+// A request is a small state machine driven by Session::step: it prefills its prompt in pieces
+// (cut before the prompt's last token, where the prompt-end checkpoint goes), then decodes one
+// token per step: the token sampled last is evaluated, and the next is sampled from its row.
+struct ActiveRequest {
+  ActiveRequest(GenerateRequest req, Session::SlotEvents e, uint64_t n)
+      : r(std::move(req)), ev(std::move(e)), sampler(r.sampling), order(n) {}
+  GenerateRequest r;
+  Session::SlotEvents ev;
+  GenerateResult res;
+  Sampler sampler;
+  uint64_t order;                  // start order: the oldest prompt is prefilled first
+  std::chrono::steady_clock::time_point t_prefill, t_decode;
+  bool decoding = false;
+  TokenId pending = 0;             // decoding: the sampled token the next step evaluates
+};
+
+struct Slot {
+  SequenceState state;
+  std::vector<TokenId> history;    // tokens evaluated into `state`
+  std::vector<float> last_logits;  // the row after history.back() (empty: not computed)
+  CheckpointSet checkpoints{0};    // of prefixes of `history`
+  PromptCache prompt_cache;        // guarded by Impl::prompt_mu (handler threads read it)
+  std::optional<ActiveRequest> job;
+};
+
 struct Session::Impl {
   SessionOptions opt;
   const Architecture* arch = nullptr;
@@ -50,109 +77,144 @@ struct Session::Impl {
   std::unique_ptr<storage::ExpertStore> store;
   std::unique_ptr<StreamedExperts> streamed;
   std::unique_ptr<Engine> engine;
-  SequenceState state;
-  std::vector<SequenceState> slots;  // --parallel: slots 1 .. N-1 (slot 0 is `state`)
-  std::vector<TokenId> history;  // tokens evaluated into `state`
-  std::vector<float> last_logits; // the row after history.back()
-  mutable std::mutex prompt_mu;   // prompt_cache is read by handler threads
-  PromptCache prompt_cache;
-  CheckpointSet checkpoints{0};   // of prefixes of `history`
-  // Read by stats() from other threads while generate() runs.
+  std::vector<Slot> slots;          // --parallel; slot 0 is generate()'s
+  mutable std::mutex prompt_mu;
+  uint64_t started = 0;
+  std::vector<float> step_logits;   // a step's rows of logits (at most chunk x vocab, planned)
+  // Read by stats() from other threads while requests run.
   std::atomic<uint64_t> requests{0}, prompt_tokens{0}, generated_tokens{0}, prefill_ns{0}, decode_ns{0};
   std::atomic<uint64_t> ck_count{0}, ck_bytes{0}, ck_taken{0}, ck_dropped{0}, ck_skipped{0}, ck_rollbacks{0};
   std::atomic<uint64_t> engram_rows{0}, engram_unique{0}, engram_hits{0}, engram_reads{0}, engram_bytes{0};
+  std::atomic<uint32_t> busy{0};
 
-  // Evaluates tokens at the end of the sequence. With want_logits (or an observer that sees
-  // them, or a tensor observer) the output head runs and the last row is kept; otherwise it is
-  // skipped, which saves chunk x vocab x hidden work per prefill chunk that no one reads. With
-  // interval_checkpoint, passing a multiple of checkpoint_interval takes a checkpoint.
-  void eval(std::span<const TokenId> toks, const EvalObserver* obs, bool want_logits, bool interval_checkpoint) {
-    const uint32_t V = model->config.vocab_size;
-    const uint32_t pos = state.position();
-    const bool observed = obs && obs->on_eval;
-    std::vector<float> logits(want_logits || observed || opt.tensors ? toks.size() * (size_t)V : 0);
-    std::vector<TokenTrace> trace;
-    const bool tracing = obs && obs->want_trace;
-    try {
-      engine->eval(state, toks, logits.empty() ? nullptr : logits.data(), tracing ? &trace : nullptr);
-    } catch (...) {
-      publish_engram();  // the rows a failed eval read are in the cache and the counts
-      throw;
-    }
-    publish_engram();
-    history.insert(history.end(), toks.begin(), toks.end());
-    if (logits.empty()) last_logits.clear();
-    else last_logits.assign(logits.end() - V, logits.end());
-    if (observed) obs->on_eval(pos, toks, logits.data(), tracing ? &trace : nullptr);
-    const uint32_t every = opt.checkpoint_interval;
-    if (interval_checkpoint && every && state.position() / every > pos / every) take_checkpoint(false);
-  }
   void publish_engram() {
     const EngramReadStats es = engine->engram_stats();
     engram_rows = es.requested, engram_unique = es.unique, engram_hits = es.hits, engram_reads = es.reads;
     engram_bytes = es.bytes;
   }
-  // A checkpoint of the sequence as it is; at a prompt's end with its logits row. Room is made
-  // (older ones dropped) before anything is copied.
-  void take_checkpoint(bool prompt_end) {
-    const uint32_t pos = state.position();
+  // A checkpoint of the slot's sequence as it is; at a prompt's end with its logits row. Room
+  // is made (older ones dropped) before anything is copied.
+  void take_checkpoint(Slot& sl, bool prompt_end) {
+    const uint32_t pos = sl.state.position();
     if (pos == 0) return;
-    const bool with_logits = prompt_end && !last_logits.empty();
-    if (const SessionCheckpoint* held = checkpoints.at(pos)) {
-      if (prompt_end) checkpoints.mark_prompt_end(pos);
+    const bool with_logits = prompt_end && !sl.last_logits.empty();
+    if (const SessionCheckpoint* held = sl.checkpoints.at(pos)) {
+      if (prompt_end) sl.checkpoints.mark_prompt_end(pos);
       if (!with_logits || !held->logits.empty()) return;
     }
-    const uint64_t need = checkpoint_bytes(model->config, pos) + (with_logits ? last_logits.size() * sizeof(float) : 0);
-    if (checkpoints.make_room(pos, need)) {
+    const uint64_t need = checkpoint_bytes(model->config, pos) + (with_logits ? sl.last_logits.size() * sizeof(float) : 0);
+    if (sl.checkpoints.make_room(pos, need)) {
       SessionCheckpoint c;
-      c.seq = engine->checkpoint(state);
-      if (with_logits) c.logits = last_logits;
+      c.seq = engine->checkpoint(sl.state);
+      if (with_logits) c.logits = sl.last_logits;
       c.prompt_end = prompt_end;
-      checkpoints.add(std::move(c));
+      sl.checkpoints.add(std::move(c));
       ++ck_taken;
     }
     publish_checkpoints();
   }
-  // Where a prompt starts: the kept sequence when the prompt extends it, else the newest
+  static size_t common_prefix(const std::vector<TokenId>& a, std::span<const TokenId> b) {
+    const size_t n = std::min(a.size(), b.size());
+    return (size_t)(std::mismatch(a.begin(), a.begin() + (std::ptrdiff_t)n, b.begin()).first - a.begin());
+  }
+  // Where a prompt starts on a slot: its sequence when the prompt extends it, else the newest
   // checkpoint at or before the first differing token, else position 0.
-  void start_for(std::span<const TokenId> prompt) {
-    const size_t n = std::min(history.size(), prompt.size());
-    const size_t common = (size_t)(std::mismatch(history.begin(), history.begin() + (std::ptrdiff_t)n, prompt.begin()).first -
-                                   history.begin());
+  void start_for(Slot& sl, std::span<const TokenId> prompt) {
+    const size_t common = common_prefix(sl.history, prompt);
     // A prompt equal to the kept sequence needs its last row of logits, which a cancelled
     // prefill may not have computed.
-    const bool extends = !history.empty() && common == history.size() &&
-                         (history.size() < prompt.size() || !last_logits.empty());
+    const bool extends = !sl.history.empty() && common == sl.history.size() &&
+                         (sl.history.size() < prompt.size() || !sl.last_logits.empty());
     if (extends) return;
-    const SessionCheckpoint* c = checkpoints.best_for((uint32_t)common, (uint32_t)prompt.size());
+    const SessionCheckpoint* c = sl.checkpoints.best_for((uint32_t)common, (uint32_t)prompt.size());
     if (!c) {
-      forget();
+      forget(sl);
       return;
     }
     const uint32_t pos = c->pos();
-    engine->rollback(state, c->seq);
-    history.resize(pos);
-    last_logits = c->logits;
-    checkpoints.drop_after(pos);
+    engine->rollback(sl.state, c->seq);
+    sl.history.resize(pos);
+    sl.last_logits = c->logits;
+    sl.checkpoints.drop_after(pos);
     ++ck_rollbacks;
     publish_checkpoints();
   }
   void publish_checkpoints() {
-    ck_count = checkpoints.items().size();
-    ck_bytes = checkpoints.bytes();
-    ck_dropped = checkpoints.dropped();
-    ck_skipped = checkpoints.skipped();
+    uint64_t n = 0, b = 0, d = 0, sk = 0;
+    for (const Slot& sl : slots) {
+      n += sl.checkpoints.items().size();
+      b += sl.checkpoints.bytes();
+      d += sl.checkpoints.dropped();
+      sk += sl.checkpoints.skipped();
+    }
+    ck_count = n, ck_bytes = b, ck_dropped = d, ck_skipped = sk;
   }
-  void forget() {
-    engine->reset(state);
-    forget_record();
+  void forget(Slot& sl) {
+    engine->reset(sl.state);
+    forget_record(sl);
   }
-  // What is remembered of `state` (its tokens, last row, checkpoints), not the state itself.
-  void forget_record() {
-    history.clear();
-    last_logits.clear();
-    checkpoints.clear();
+  // What is remembered of a slot's state (its tokens, last row, checkpoints, prompt record),
+  // not the state itself.
+  void forget_record(Slot& sl) {
+    sl.history.clear();
+    sl.last_logits.clear();
+    sl.checkpoints.clear();
     publish_checkpoints();
+    const std::lock_guard<std::mutex> lock(prompt_mu);
+    sl.prompt_cache.clear();
+  }
+  Slot& slot(uint32_t k) {
+    if (k >= slots.size()) throw Error("slot " + std::to_string(k) + " of " + std::to_string(slots.size()));
+    return slots[k];
+  }
+
+  // --- the request state machine ----------------------------------------------------------
+  void end_prefill(Slot& sl) {
+    ActiveRequest& a = *sl.job;
+    if (sl.history.size() == a.r.prompt.size()) take_checkpoint(sl, /*prompt_end=*/true);
+    a.res.prompt_evaluated = (uint32_t)sl.history.size();
+    a.res.prefill_s = seconds_since(a.t_prefill);
+    prefill_ns += (uint64_t)(a.res.prefill_s * 1e9);
+    a.t_decode = std::chrono::steady_clock::now();
+  }
+  void finish(Slot& sl, Finish f) {
+    ActiveRequest& a = *sl.job;
+    a.res.finish = f;
+    a.res.decode_s = seconds_since(a.t_decode);
+    if (!a.r.prompt_text.empty()) {
+      const std::lock_guard<std::mutex> lock(prompt_mu);
+      sl.prompt_cache.remember(*tokenizer, a.r.prompt_text, a.r.prompt, a.res.tokens);
+    }
+    decode_ns += (uint64_t)(a.res.decode_s * 1e9);
+    GenerateResult res = std::move(a.res);
+    auto done = std::move(a.ev.on_done);
+    sl.job.reset();
+    --busy;
+    if (done) done(std::move(res));  // the slot is free by now
+  }
+  void fail(Slot& sl, const std::string& msg) {
+    auto failed = std::move(sl.job->ev.on_failed);
+    sl.job.reset();
+    --busy;
+    if (failed) failed(msg);
+  }
+  // The prompt is in (its last row of logits at hand): sample, stop or go on decoding.
+  void sample_next(Slot& sl) {
+    ActiveRequest& a = *sl.job;
+    const ModelConfig& c = model->config;
+    GenerateResult& res = a.res;
+    if (res.tokens.size() >= a.r.max_tokens) return finish(sl, Finish::Length);
+    const TokenId next = a.sampler.sample(std::span<const float>(sl.last_logits.data(), c.vocab_size));
+    res.tokens.push_back(next);
+    ++generated_tokens;
+    const bool keep_going = !a.ev.on_token || a.ev.on_token(next);
+    const bool is_stop = std::find(a.r.stop_tokens.begin(), a.r.stop_tokens.end(), next) != a.r.stop_tokens.end();
+    if ((!a.r.ignore_eos && next == c.eos_token_id) || is_stop) return finish(sl, Finish::Stop);
+    if (!keep_going) return finish(sl, Finish::Cancelled);
+    if (res.tokens.size() >= a.r.max_tokens) return finish(sl, Finish::Length);
+    if (sl.history.size() >= plan.ctx) return finish(sl, Finish::Context);
+    a.pending = next;
+    a.decoding = true;
   }
 };
 
@@ -231,9 +293,11 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
     throw Error(with_path(opt.model_path, "--parallel " + std::to_string(opt.parallel) + " needs a chunk of at least " +
                                               std::to_string(opt.parallel) + " rows; the plan has " +
                                               std::to_string(s.plan.chunk) + (s.plan.chunk_auto ? " (the most the budget admits)" : " (--chunk)")));
-  s.state = s.engine->new_sequence();
-  for (uint32_t k = 1; k < opt.parallel; ++k) s.slots.push_back(s.engine->new_sequence());
-  s.checkpoints = CheckpointSet(opt.checkpoint_budget);
+  s.slots.resize(opt.parallel);
+  for (Slot& sl : s.slots) {
+    sl.state = s.engine->new_sequence();
+    sl.checkpoints = CheckpointSet(opt.checkpoint_budget / opt.parallel);
+  }
 }
 
 Session::~Session() {
@@ -254,22 +318,18 @@ std::string Session::model_id() const {
 }
 
 void Session::reset() {
-  impl_->forget();
-  const std::lock_guard<std::mutex> lock(impl_->prompt_mu);
-  impl_->prompt_cache.clear();
+  for (Slot& sl : impl_->slots)
+    if (!sl.job) impl_->forget(sl);
 }
 
 uint32_t Session::parallel() const { return impl_->opt.parallel; }
 
-uint32_t Session::slot_position(uint32_t k) const {
-  if (k >= impl_->opt.parallel) throw Error("slot " + std::to_string(k) + " of " + std::to_string(impl_->opt.parallel));
-  return k == 0 ? impl_->state.position() : impl_->slots[k - 1].position();
-}
+uint32_t Session::slot_position(uint32_t k) const { return const_cast<Impl&>(*impl_).slot(k).state.position(); }
 
 void Session::reset_slot(uint32_t k) {
-  if (k >= impl_->opt.parallel) throw Error("slot " + std::to_string(k) + " of " + std::to_string(impl_->opt.parallel));
-  if (k == 0) return reset();
-  impl_->engine->reset(impl_->slots[k - 1]);
+  Slot& sl = impl_->slot(k);
+  if (sl.job) throw Error("slot " + std::to_string(k) + " is running a request");
+  impl_->forget(sl);
 }
 
 void Session::eval_slots(std::span<const std::span<const TokenId>> tokens, float* logits) {
@@ -277,17 +337,17 @@ void Session::eval_slots(std::span<const std::span<const TokenId>> tokens, float
   if (tokens.size() != s.opt.parallel)
     throw Error(std::to_string(tokens.size()) + " token lists for " + std::to_string(s.opt.parallel) + " slots");
   std::vector<Engine::BatchItem> items;
-  for (uint32_t k = 0; k < tokens.size(); ++k)
-    if (!tokens[k].empty()) items.push_back({k == 0 ? &s.state : &s.slots[k - 1], tokens[k]});
-  if (items.empty()) return;
-  if (!tokens[0].empty()) {
-    // The kept sequence moves past what generate() remembers of it: drop that record (the
-    // state itself is the batch's), so a later prompt cannot be matched against it.
-    s.forget_record();
-    const std::lock_guard<std::mutex> lock(s.prompt_mu);
-    s.prompt_cache.clear();
+  for (uint32_t k = 0; k < tokens.size(); ++k) {
+    if (tokens[k].empty()) continue;
+    if (s.slots[k].job) throw Error("slot " + std::to_string(k) + " is running a request");
+    items.push_back({&s.slots[k].state, tokens[k]});
   }
+  if (items.empty()) return;
   s.engine->eval_batch(items, logits);
+  // The slots moved past what is remembered of them: drop those records (the states are the
+  // batch's), so a later prompt cannot be matched against them.
+  for (uint32_t k = 0; k < tokens.size(); ++k)
+    if (!tokens[k].empty()) s.forget_record(s.slots[k]);
 }
 
 void Session::set_route_bias(float d) {
@@ -299,15 +359,33 @@ void Session::set_route_bias(float d) {
 
 std::vector<TokenId> Session::tokenize_prompt(std::string_view text, bool add_bos) const {
   const std::lock_guard<std::mutex> lock(impl_->prompt_mu);
-  return impl_->prompt_cache.tokens_for(*impl_->tokenizer, text, add_bos);
+  const Slot* best = &impl_->slots[0];
+  for (const Slot& sl : impl_->slots)
+    if (sl.prompt_cache.reused_for(text) > best->prompt_cache.reused_for(text)) best = &sl;
+  return best->prompt_cache.tokens_for(*impl_->tokenizer, text, add_bos);
 }
 
-GenerateResult Session::generate(const GenerateRequest& r, const std::function<bool(uint32_t, uint32_t)>& on_prefill,
-                                 const std::function<bool(TokenId)>& on_token) {
-  using Clock = std::chrono::steady_clock;
+int Session::pick_slot(std::span<const TokenId> prompt) const {
+  int best = -1;
+  size_t best_common = 0;
+  for (uint32_t k = 0; k < impl_->slots.size(); ++k) {
+    const Slot& sl = impl_->slots[k];
+    if (sl.job) continue;
+    const size_t common = Impl::common_prefix(sl.history, prompt);
+    if (best < 0 || common > best_common) best = (int)k, best_common = common;
+  }
+  return best;
+}
+
+bool Session::slot_busy(uint32_t k) const { return const_cast<Impl&>(*impl_).slot(k).job.has_value(); }
+uint32_t Session::busy_slots() const { return impl_->busy; }
+
+void Session::start(uint32_t k, GenerateRequest r, SlotEvents ev) {
   Impl& s = *impl_;
   const ModelConfig& c = s.model->config;
   const uint32_t ctx = s.plan.ctx;
+  Slot& sl = s.slot(k);
+  if (sl.job) throw Error("slot " + std::to_string(k) + " is running a request");
   if (r.prompt.empty()) throw Error("the prompt is empty");
   for (size_t i = 0; i < r.prompt.size(); ++i)
     if (r.prompt[i] >= c.vocab_size)
@@ -318,59 +396,149 @@ GenerateResult Session::generate(const GenerateRequest& r, const std::function<b
                 std::to_string(ctx));
   validate(r.sampling);
 
-  GenerateResult res;
-  res.prompt_tokens = (uint32_t)r.prompt.size();
-  s.start_for(r.prompt);
-  res.reused_tokens = (uint32_t)s.history.size();
+  s.start_for(sl, r.prompt);
+  sl.job.emplace(std::move(r), std::move(ev), s.started++);
+  ++s.busy;
+  ActiveRequest& a = *sl.job;
+  a.res.prompt_tokens = (uint32_t)a.r.prompt.size();
+  a.res.reused_tokens = (uint32_t)sl.history.size();
   ++s.requests;
-  s.prompt_tokens += r.prompt.size();
+  s.prompt_tokens += a.r.prompt.size();
+  a.t_prefill = a.t_decode = std::chrono::steady_clock::now();
+  const bool cancelled = a.ev.on_prefill && !a.ev.on_prefill((uint32_t)sl.history.size(), a.res.prompt_tokens);
+  if (cancelled) {
+    s.end_prefill(sl);
+    return s.finish(sl, Finish::Cancelled);
+  }
+  if (sl.history.size() == a.r.prompt.size()) {
+    s.end_prefill(sl);
+    s.sample_next(sl);
+  }
+}
 
-  const auto t_prefill = Clock::now();
-  const uint32_t total = (uint32_t)r.prompt.size();
-  bool cancelled = on_prefill && !on_prefill((uint32_t)s.history.size(), total);
-  // The prompt's end gets two checkpoints: after its last token (with the logits row: the same
-  // prompt again needs no prefill) and before it, where the next turn of a thinking
-  // conversation diverges (the generation prompt's `<think>` becomes `</think>` once the chat
-  // format drops the reasoning). The second costs one extra one-token chunk per request.
-  const size_t before_last = r.prompt.size() - 1;
-  while (!cancelled && s.history.size() < r.prompt.size()) {
-    size_t n = std::min<size_t>(s.plan.chunk, r.prompt.size() - s.history.size());
-    if (s.history.size() < before_last && s.history.size() + n > before_last) n = before_last - s.history.size();
-    const bool last_piece = s.history.size() + n == r.prompt.size();
-    s.eval(std::span<const TokenId>(r.prompt.data() + s.history.size(), n), r.observer, last_piece, !last_piece);
-    if (s.history.size() == before_last) s.take_checkpoint(/*prompt_end=*/true);
-    cancelled = on_prefill && !on_prefill((uint32_t)s.history.size(), total);
-  }
-  if (s.history.size() == r.prompt.size()) s.take_checkpoint(/*prompt_end=*/true);
-  res.prompt_evaluated = (uint32_t)s.history.size();
-  res.prefill_s = seconds_since(t_prefill);
-  s.prefill_ns += (uint64_t)(res.prefill_s * 1e9);
+void Session::cancel(uint32_t k) {
+  Slot& sl = impl_->slot(k);
+  if (!sl.job) return;
+  if (!sl.job->decoding) impl_->end_prefill(sl);
+  impl_->finish(sl, Finish::Cancelled);
+}
 
-  const auto t_decode = Clock::now();
-  Sampler sampler(r.sampling);
-  const uint32_t V = c.vocab_size;
-  if (cancelled) res.finish = Finish::Cancelled;
-  while (!cancelled) {
-    if (res.tokens.size() >= r.max_tokens) { res.finish = Finish::Length; break; }
-    const TokenId next = sampler.sample(std::span<const float>(s.last_logits.data(), V));
-    res.tokens.push_back(next);
-    ++s.generated_tokens;
-    const bool keep_going = !on_token || on_token(next);
-    const bool is_stop = std::find(r.stop_tokens.begin(), r.stop_tokens.end(), next) != r.stop_tokens.end();
-    if ((!r.ignore_eos && next == c.eos_token_id) || is_stop) { res.finish = Finish::Stop; break; }
-    if (!keep_going) { res.finish = Finish::Cancelled; break; }
-    if (res.tokens.size() >= r.max_tokens) { res.finish = Finish::Length; break; }
-    if (s.history.size() >= ctx) { res.finish = Finish::Context; break; }
-    s.eval(std::span<const TokenId>(&next, 1), r.observer, true, true);
-    ++res.decode_steps;
+// One pass: decode rows first (one per decoding slot), then prompt pieces, oldest request
+// first, within the prefill allowance and the chunk's rows. A piece stops before its prompt's
+// last token (the prompt-end checkpoint is taken there), as generate() always did.
+void Session::step(uint32_t prefill_tokens) {
+  Impl& s = *impl_;
+  const uint32_t V = s.model->config.vocab_size;
+  struct Part {
+    uint32_t slot;
+    size_t n;
+    bool decode, last_piece;
+    std::vector<TokenTrace> trace;
+  };
+  std::vector<Part> parts;
+  uint32_t rows = s.plan.chunk;
+  for (uint32_t k = 0; k < s.slots.size(); ++k)
+    if (s.slots[k].job && s.slots[k].job->decoding) {
+      parts.push_back({k, 1, true, false, {}});
+      --rows;  // chunk >= parallel (checked at load)
+    }
+  std::vector<uint32_t> waiting;
+  for (uint32_t k = 0; k < s.slots.size(); ++k)
+    if (s.slots[k].job && !s.slots[k].job->decoding) waiting.push_back(k);
+  std::sort(waiting.begin(), waiting.end(),
+            [&](uint32_t a, uint32_t b) { return s.slots[a].job->order < s.slots[b].job->order; });
+  uint32_t allowance = parts.empty() || prefill_tokens == 0 ? rows : std::min(rows, prefill_tokens);
+  for (const uint32_t k : waiting) {
+    if (allowance == 0) break;
+    const Slot& sl = s.slots[k];
+    const size_t have = sl.history.size(), total = sl.job->r.prompt.size(), before_last = total - 1;
+    size_t n = std::min<size_t>(allowance, total - have);
+    if (have < before_last && have + n > before_last) n = before_last - have;
+    parts.push_back({k, n, false, have + n == total, {}});
+    allowance -= (uint32_t)n;
   }
-  res.decode_s = seconds_since(t_decode);
-  if (!r.prompt_text.empty()) {
-    const std::lock_guard<std::mutex> lock(s.prompt_mu);
-    s.prompt_cache.remember(*s.tokenizer, r.prompt_text, r.prompt, res.tokens);
+  // The engine shows its intermediates to a tensor observer for single items only.
+  if (s.opt.tensors && parts.size() > 1) parts.resize(1);
+  if (parts.empty()) return;
+
+  using Logits = Engine::BatchItem::Logits;
+  std::vector<Engine::BatchItem> items;
+  size_t out_rows = 0;
+  for (Part& pt : parts) {
+    Slot& sl = s.slots[pt.slot];
+    const ActiveRequest& a = *sl.job;
+    Engine::BatchItem it;
+    it.state = &sl.state;
+    it.tokens = pt.decode ? std::span<const TokenId>(&a.pending, 1)
+                          : std::span<const TokenId>(a.r.prompt.data() + sl.history.size(), pt.n);
+    const bool observed = a.r.observer && a.r.observer->on_eval;
+    // An observer sees every row, and with a tensor observer the head runs for every chunk.
+    it.logits = observed || s.opt.tensors ? Logits::All : pt.decode || pt.last_piece ? Logits::Last : Logits::None;
+    if (a.r.observer && a.r.observer->want_trace) it.trace = &pt.trace;
+    out_rows += it.logits == Logits::All ? pt.n : it.logits == Logits::Last ? 1 : 0;
+    items.push_back(it);
   }
-  s.decode_ns += (uint64_t)(res.decode_s * 1e9);
-  return res;
+  s.step_logits.resize(out_rows * V);
+  try {
+    s.engine->eval_batch(items, out_rows ? s.step_logits.data() : nullptr);
+  } catch (const std::exception& e) {
+    s.publish_engram();  // the rows a failed eval read are in the cache and the counts
+    const std::string msg = e.what();
+    for (const Part& pt : parts) s.fail(s.slots[pt.slot], msg);
+    throw;
+  }
+  s.publish_engram();
+
+  const float* row = s.step_logits.data();
+  const uint32_t every = s.opt.checkpoint_interval;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    Part& pt = parts[i];
+    Slot& sl = s.slots[pt.slot];
+    ActiveRequest& a = *sl.job;
+    const uint32_t pos = (uint32_t)sl.history.size();
+    const std::span<const TokenId> toks = items[i].tokens;
+    sl.history.insert(sl.history.end(), toks.begin(), toks.end());
+    const size_t n_out = items[i].logits == Logits::All ? pt.n : items[i].logits == Logits::Last ? 1 : 0;
+    if (n_out) sl.last_logits.assign(row + (n_out - 1) * V, row + n_out * V);
+    else sl.last_logits.clear();
+    if (a.r.observer && a.r.observer->on_eval)
+      a.r.observer->on_eval(pos, toks, row, a.r.observer->want_trace ? &pt.trace : nullptr);
+    row += n_out * V;
+    // Passing a multiple of the interval takes a checkpoint, except on a prompt's last piece
+    // (the prompt-end checkpoints follow).
+    const bool interval = pt.decode || !pt.last_piece;
+    if (interval && every && sl.state.position() / every > pos / every) s.take_checkpoint(sl, false);
+    if (pt.decode) {
+      ++a.res.decode_steps;
+      s.sample_next(sl);
+      continue;
+    }
+    const size_t total = a.r.prompt.size();
+    if (sl.history.size() == total - 1) s.take_checkpoint(sl, /*prompt_end=*/true);
+    const bool cancelled = a.ev.on_prefill && !a.ev.on_prefill((uint32_t)sl.history.size(), (uint32_t)total);
+    if (cancelled || sl.history.size() == total) s.end_prefill(sl);
+    if (cancelled) s.finish(sl, Finish::Cancelled);
+    else if (sl.history.size() == total) s.sample_next(sl);
+  }
+}
+
+GenerateResult Session::generate(const GenerateRequest& r, const std::function<bool(uint32_t, uint32_t)>& on_prefill,
+                                 const std::function<bool(TokenId)>& on_token) {
+  if (impl_->busy) throw Error("generate() while " + std::to_string(impl_->busy.load()) + " slots run requests");
+  GenerateResult out;
+  bool done = false;
+  SlotEvents ev;
+  ev.on_prefill = on_prefill;
+  ev.on_token = on_token;
+  ev.on_done = [&](GenerateResult res) {
+    out = std::move(res);
+    done = true;
+  };
+  start(0, r, std::move(ev));
+  // Alone, a step prefills up to the chunk; step() rethrows an evaluation's error, the request
+  // already ended.
+  while (!done) step(0);
+  return out;
 }
 
 SessionStats Session::stats() const {
@@ -399,6 +567,8 @@ SessionStats Session::stats() const {
   st.engram_reads = s.engram_reads;
   st.engram_bytes = s.engram_bytes;
   st.engram_cache_rows = s.plan.engram_cache_rows;
+  st.slots = (uint32_t)s.slots.size();
+  st.busy_slots = s.busy;
   return st;
 }
 

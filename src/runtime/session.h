@@ -2,7 +2,7 @@
 // resident experts), the tokenizer, one Engine and one sequence. The CLI (run, chat) and the
 // server share it, so every front end gets the same budget, the same numbers and the same stats.
 //
-// One generate() at a time (callers serialise; the server has one worker). The sequence is kept
+// One thread drives it (the CLI's, or the server's worker). The sequence is kept
 // between calls: a prompt that starts with everything evaluated so far (the previous prompt plus
 // what was generated and fed back) only evaluates its new tokens. For a prompt that shares only
 // a prefix with it, the session keeps checkpoints of the sequence (every checkpoint_interval
@@ -70,7 +70,7 @@ struct SessionOptions {
   TensorObserver* tensors = nullptr;
   // --parallel N: sequences held at once for batched decode (Engine::eval_batch), each with its
   // own state, all planned (PlanOptions::sequences) and allocated up front. Slot 0 is the kept
-  // sequence generate() uses; slots 1 .. N-1 are only reached through eval_slots().
+  // sequence generate() uses; the server's worker runs requests on all of them (start, step).
   uint32_t parallel = 1;
   // Load progress: stage name and done/total bytes (total 0: unknown). May be empty.
   std::function<void(const std::string& stage, uint64_t done, uint64_t total)> progress;
@@ -139,6 +139,7 @@ struct SessionStats {
   // the row cache, pread calls and bytes read; the cache's rows per table (0: no Engram).
   uint64_t engram_rows = 0, engram_unique = 0, engram_hits = 0, engram_reads = 0, engram_bytes = 0;
   uint64_t engram_cache_rows = 0;
+  uint32_t slots = 1, busy_slots = 0;  // --parallel, and how many run a request now
 };
 
 // A model file's header opened once, with what is derived from it: the config and the
@@ -173,9 +174,9 @@ class Session {
   uint32_t ctx() const;
   std::string model_id() const;  // file name without directory and .gguf
 
-  // Tokens for a rendered prompt text (special tokens parsed). When the text extends the last
-  // remembered prompt + generation, those exact tokens are reused, so generate() can keep its
-  // sequence. Safe from any thread.
+  // Tokens for a rendered prompt text (special tokens parsed). When the text extends a slot's
+  // remembered prompt + generation, those exact tokens are reused (the slot whose record the
+  // text shares most), so that slot can keep its sequence. Safe from any thread.
   std::vector<TokenId> tokenize_prompt(std::string_view text, bool add_bos) const;
 
   // Callbacks may be empty. on_prefill(done, total) is called after each prefill chunk (and once
@@ -183,10 +184,10 @@ class Session {
   // token as soon as it is sampled; returning false cancels (finish "cancelled"; the token is
   // kept in the result). Throws Error for a bad request (empty prompt, id out of range, prompt
   // longer than the context) before touching the sequence; an Error while evaluating (I/O)
-  // leaves the sequence as it was before the failing step.
+  // leaves the sequence as it was before the failing step. Throws Error when a slot is busy.
   GenerateResult generate(const GenerateRequest& r, const std::function<bool(uint32_t, uint32_t)>& on_prefill,
                           const std::function<bool(TokenId)>& on_token);
-  // Forget the kept sequence (the next prompt is evaluated from position 0).
+  // Forget the kept sequences of every free slot (the next prompt is evaluated from position 0).
   void reset();
   // Cache-aware routing from the next generate() on (EngineOptions::route_bias; 0: exact). Throws
   // Error for a bad value, or a non-zero one without streamed experts. Not during generate().
@@ -194,13 +195,43 @@ class Session {
   // Safe to call from any thread, also while generate() runs.
   SessionStats stats() const;
 
+  // Continuous batching (the server's --parallel): requests run on slots and advance together.
+  // Each slot keeps its own sequence, prompt record and checkpoints (checkpoint_budget split
+  // evenly between the slots), so a conversation that comes back to its slot reuses it as
+  // generate() reuses slot 0; generate() itself is start() on slot 0 and step() until done.
+  // Every callback runs on the thread calling start() or step().
+  struct SlotEvents {
+    std::function<bool(uint32_t done, uint32_t total)> on_prefill;  // as generate()'s
+    std::function<bool(TokenId)> on_token;                          // as generate()'s
+    std::function<void(GenerateResult)> on_done;                    // the request ended (its finish set)
+    // An evaluation failed: the request ended, its slot's sequence as before the failing step.
+    std::function<void(const std::string& error)> on_failed;
+  };
+  // The free slot whose sequence shares the longest prefix with `prompt` (ties: the lowest);
+  // -1 when every slot is busy.
+  int pick_slot(std::span<const TokenId> prompt) const;
+  // Starts r on a free slot. Throws Error for a bad request (as generate()) or a busy slot,
+  // before anything changes. May end the request at once (a cancel at the first on_prefill, a
+  // prompt whose logits the slot holds and max_tokens reached): on_done runs before it returns.
+  void start(uint32_t slot, GenerateRequest r, SlotEvents ev);
+  bool slot_busy(uint32_t slot) const;
+  uint32_t busy_slots() const;
+  // Ends the slot's request as cancelled (on_done, finish "cancelled"); nothing when it is free.
+  void cancel(uint32_t slot);
+  // One pass over the busy slots: each decoding slot evaluates its last sampled token and samples
+  // the next, and waiting prompts are prefilled, the oldest request first, with at most
+  // prefill_tokens prompt tokens while any slot decodes (what bounds the stall a prefill causes
+  // the streams) and up to the chunk when none does (0: the chunk). Throws the evaluation's
+  // Error after ending the pass's requests with on_failed. Does nothing when no slot is busy.
+  void step(uint32_t prefill_tokens);
+
   // Batched decode over the session's SessionOptions::parallel slots. eval_slots appends
   // tokens[k] to slot k (an empty span leaves slot k alone) in one pass: every weight and each
   // layer's expert union is read once for all of them, and each slot's logits are bit for bit
   // what evaluating it alone gives. logits (may be null) receives one row per token, slots in
-  // order. Touching slot 0 forgets what generate() kept (its next prompt starts from the
-  // start). Throws Error, every slot unchanged, as Engine::eval_batch does, and when
-  // tokens.size() != parallel. Not during generate().
+  // order. Touching a slot forgets what was kept of it (its next prompt starts from the
+  // start). Throws Error, every slot unchanged, as Engine::eval_batch does, when
+  // tokens.size() != parallel and when a slot given tokens is busy.
   uint32_t parallel() const;
   void eval_slots(std::span<const std::span<const TokenId>> tokens, float* logits);
   uint32_t slot_position(uint32_t k) const;
