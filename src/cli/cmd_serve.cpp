@@ -33,8 +33,16 @@ CLI::App* setup_serve(CLI::App& app, ServeOptions& o) {
   add_ctx_option(cmd, o.ctx, "min(model maximum, 4096)");
   cmd->add_option("--host", o.host, "address to bind (default 127.0.0.1: this machine only)");
   cmd->add_option("--port", o.port, "port to listen on (0: any free port; the bound port is printed)");
-  cmd->add_option("--queue", o.queue, "requests that may wait behind the running one; more get 503 + Retry-After")
+  cmd->add_option("--queue", o.queue, "requests that may wait behind the running ones; more get 503 + Retry-After")
       ->check(CLI::Range(size_t{0}, size_t{1024}));
+  cmd->add_option("--parallel", o.parallel,
+                  "requests run at once (also -np): their decode steps are batched, each layer's experts read once "
+                  "for all; the plan holds one sequence state per request (default 1)")
+      ->check(CLI::Range(1u, 256u));
+  cmd->add_option("--prefill-step", o.prefill_step,
+                  "prompt tokens one step evaluates while other requests decode: bounds the stall a new prompt "
+                  "causes the streams (0: the chunk; default 64)")
+      ->check(CLI::Range(0u, 1u << 20));
   cmd->add_option("--max-body", o.max_body, "largest request body (e.g. 8MiB); larger get 413");
   cmd->add_option("--max-tokens-limit", o.max_tokens_limit, "largest max_tokens a request may ask for (also the default)")
       ->check(CLI::Range(1u, 1u << 24));
@@ -131,6 +139,7 @@ int run_serve(const ServeOptions& o) {
   so.host = o.host;
   so.port = o.port;
   so.queue_depth = o.queue;
+  so.prefill_step = o.prefill_step;
   try {
     so.max_body_bytes = parse_bytes(o.max_body, "--max-body");
   } catch (const Error& e) {
@@ -154,6 +163,7 @@ int run_serve(const ServeOptions& o) {
   so.thinking_off = o.thinking == "off";
 
   SessionOptions sess = session_options(o.engine, o.model, o.ctx);
+  sess.parallel = o.parallel;
   // The header's checks (architecture, -c against the model) before listening: the model
   // itself loads in the worker, after "listening" is printed.
   // Opened once here; the Session in the worker plans from the same header.

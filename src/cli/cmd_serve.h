@@ -17,6 +17,8 @@ struct ServeOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 8080;              // 0: any free port (printed)
   size_t queue = 4;
+  uint32_t parallel = 1;             // --parallel / -np: requests decoded together
+  uint32_t prefill_step = 64;        // prompt tokens a step evaluates while others decode
   std::string max_body = "8MiB";
   uint32_t max_tokens_limit = 4096;
   std::string api_key;

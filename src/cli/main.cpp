@@ -151,6 +151,17 @@ int main(int argc, char** argv) {
   sluice::cli::WatchdogCommandOptions watchdog;
   CLI::App* watchdog_cmd = sluice::cli::setup_watchdog(app, watchdog);
 
+  // llama.cpp's -np for --parallel (CLI11 takes one-letter short names only). Not after "--",
+  // which starts the command `sluice watchdog` runs.
+  std::vector<std::string> args(argv, argv + argc);
+  for (size_t i = 1; i < args.size() && args[i] != "--"; ++i)
+    if (args[i] == "-np") args[i] = "--parallel";
+    else if (args[i].rfind("-np=", 0) == 0) args[i] = "--parallel=" + args[i].substr(4);
+  std::vector<char*> arg_ptrs;
+  for (std::string& a : args) arg_ptrs.push_back(a.data());
+  arg_ptrs.push_back(nullptr);
+  argv = arg_ptrs.data();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version

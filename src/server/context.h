@@ -14,7 +14,8 @@ namespace sluice::server {
 struct ServerOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 8080;
-  size_t queue_depth = 4;             // requests that may wait behind the running one
+  size_t queue_depth = 4;             // requests that may wait behind the running ones
+  uint32_t prefill_step = 64;         // prompt tokens a step evaluates while others decode (0: the chunk)
   size_t max_body_bytes = 8u << 20;
   size_t max_connections = 64;
   int request_timeout_ms = 30000;     // a request's head and body must arrive within this (408)

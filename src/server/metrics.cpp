@@ -93,9 +93,10 @@ std::string render_metrics(const MetricsInput& in) {
           "Prompt tokens not evaluated again (the kept sequence, or a prefix checkpoint of it).",
           (double)in.worker->reused_tokens.load());
   }
-  w.one("sluice_requests_processing", "gauge", "Generations running now (0 or 1).", in.busy ? 1 : 0);
+  w.one("sluice_requests_processing", "gauge", "Generations running now (at most --parallel).", (double)in.running);
+  w.one("sluice_slots", "gauge", "Sequences the engine runs at once (--parallel).", (double)in.slots);
   w.one("sluice_requests_waiting", "gauge", "Requests waiting in the queue.", (double)in.waiting);
-  w.one("sluice_queue_capacity", "gauge", "Requests that may wait behind the running one (--queue).", (double)in.queue_depth);
+  w.one("sluice_queue_capacity", "gauge", "Requests that may wait behind the running ones (--queue).", (double)in.queue_depth);
 
   const SessionStats& s = in.session;
   w.one("sluice_generate_calls_total", "counter", "Generations the engine started.", (double)s.requests);

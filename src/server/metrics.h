@@ -31,7 +31,8 @@ struct MetricsInput {
   const HttpCounters* http = nullptr;
   const WorkerCounters* worker = nullptr;
   bool loaded = false;
-  bool busy = false;
+  size_t running = 0;     // jobs on slots now
+  size_t slots = 1;       // --parallel
   size_t waiting = 0;
   size_t queue_depth = 0;
   SessionStats session;   // zero before the model is loaded

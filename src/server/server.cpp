@@ -75,7 +75,8 @@ int handle_metrics(ServerContext& ctx, Connection& conn) {
   in.http = &ctx.counters;
   in.worker = &ctx.worker.counters();
   in.loaded = ctx.worker.state() == Worker::State::Ready;
-  in.busy = ctx.worker.busy();
+  in.running = ctx.worker.running();
+  in.slots = ctx.worker.stats().slots;
   in.waiting = ctx.worker.waiting();
   in.queue_depth = ctx.opts.queue_depth;
   in.session = ctx.worker.stats();
@@ -118,7 +119,7 @@ Server::~Server() {
 
 uint16_t Server::listen() {
   const uint16_t port = http_->listen(opts_.host, opts_.port);
-  worker_ = std::make_unique<Worker>(std::move(factory_), opts_.queue_depth, [this](Worker::State s) {
+  worker_ = std::make_unique<Worker>(std::move(factory_), opts_.queue_depth, opts_.prefill_step, [this](Worker::State s) {
     if (s == Worker::State::Failed) http_->stop();
   });
   ctx_.reset(new ServerContext{opts_, *worker_, counters_, model_id_});

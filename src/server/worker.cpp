@@ -33,8 +33,8 @@ JobEvent failed(int status, std::string msg) {
 }
 }  // namespace
 
-Worker::Worker(Factory factory, size_t queue_depth, std::function<void(State)> on_state)
-    : depth_(queue_depth), on_state_(std::move(on_state)) {
+Worker::Worker(Factory factory, size_t queue_depth, uint32_t prefill_step, std::function<void(State)> on_state)
+    : depth_(queue_depth), prefill_step_(prefill_step), on_state_(std::move(on_state)) {
   thread_ = std::thread([this, f = std::move(factory)]() mutable { run(std::move(f)); });
 }
 
@@ -64,9 +64,9 @@ bool Worker::submit(std::shared_ptr<Job> job) {
       ++it;
     }
   }
-  // depth_ counts the jobs waiting behind the running one: an idle worker takes one more (the
-  // job it is about to run), so --queue 0 still runs one request at a time.
-  if (queue_.size() >= depth_ + (current_ ? 0 : 1)) return false;
+  // depth_ counts the jobs waiting behind the running ones: free slots take jobs first (the
+  // ones the worker is about to start), so --queue 0 still runs one request per slot.
+  if (running_ + queue_.size() >= slots_ + depth_) return false;
   queue_.push_back(std::move(job));
   cv_.notify_all();
   return true;
@@ -86,7 +86,8 @@ void Worker::shutdown() {
   {
     std::lock_guard lk(mu_);
     stop_ = true;
-    if (current_) current_->cancel(CancelCause::Shutdown);
+    for (auto& j : current_)
+      if (j) j->cancel(CancelCause::Shutdown);
     for (auto& j : queue_) j->push(failed(503, "the server is shutting down"));
     queue_.clear();
   }
@@ -104,6 +105,8 @@ void Worker::run(Factory factory) {
     std::lock_guard lk(mu_);
     session_ = std::move(s);
     stats_ = session_->stats();
+    slots_ = session_->parallel();
+    current_.assign(slots_, nullptr);
   } catch (const std::exception& e) {
     {
       std::lock_guard lk(mu_);
@@ -114,74 +117,120 @@ void Worker::run(Factory factory) {
   }
   set_state(State::Ready);
 
-  while (true) {
-    std::shared_ptr<Job> job;
-    {
-      std::unique_lock lk(mu_);
-      cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
-      if (stop_) break;
-      job = std::move(queue_.front());
-      queue_.pop_front();
-      if (job->cancelled) {
-        JobEvent e;
-        e.result.finish = Finish::Cancelled;
-        job->push(std::move(e));
-        continue;
-      }
-      current_ = job;
-      running_ = true;
-    }
-    job->push(JobEvent::make(JobEvent::Kind::Started));
-    bool prefill_called = false;
-    auto last_stats = std::chrono::steady_clock::now();
-    auto on_prefill = [&](uint32_t done, uint32_t total) {
-      prefill_called = true;
+  // Jobs that ended during a start() or step(), with their last event. Their slots are counted
+  // free before the events go out: a client that sends its next request on this answer finds
+  // room (with --queue 0 it would otherwise be refused).
+  struct Ended {
+    uint32_t slot;
+    JobEvent event;
+  };
+  std::vector<Ended> ended;
+  auto events_for = [&](uint32_t k, const std::shared_ptr<Job>& job) {
+    Session::SlotEvents ev;
+    ev.on_prefill = [job](uint32_t done, uint32_t total) {
       job->push(JobEvent::make(JobEvent::Kind::Prefill, done, total));
       return !job->cancelled.load();
     };
-    auto on_token = [&](TokenId id) {
+    ev.on_token = [job](TokenId id) {
       job->push(JobEvent::make(JobEvent::Kind::Token, id));
-      // Refresh the /metrics snapshot now and then during long generations.
-      const auto now = std::chrono::steady_clock::now();
-      if (now - last_stats > std::chrono::seconds(1)) {
-        last_stats = now;
-        SessionStats st = session_->stats();
-        std::lock_guard lk(mu_);
-        stats_ = std::move(st);
-      }
       return !job->cancelled.load();
     };
-    JobEvent done;
-    try {
-      done.result = session_->generate(job->request, on_prefill, on_token);
+    ev.on_done = [this, &ended, k, job](GenerateResult r) {
+      JobEvent done;
       done.kind = JobEvent::Kind::Done;
-      if (done.result.finish == Finish::Cancelled) {
+      if (r.finish == Finish::Cancelled) {
         if (job->cancel_reason == CancelCause::Shutdown) counters_.cancelled_shutdown++;
         else if (job->cancel_reason == CancelCause::StopString) counters_.completed++;  // a stop string ended it
         else counters_.cancelled_disconnect++;
       } else {
         counters_.completed++;
       }
-      counters_.reused_tokens += done.result.reused_tokens;
-    } catch (const Error& e) {
-      // Session::generate rejects a bad request before its first prefill callback.
-      done = failed(prefill_called ? 500 : 400, e.what());
+      counters_.reused_tokens += r.reused_tokens;
+      done.result = std::move(r);
+      ended.push_back({k, std::move(done)});
+    };
+    ev.on_failed = [this, &ended, k](const std::string& msg) {
       counters_.failed++;
-    } catch (const std::exception& e) {
-      done = failed(500, e.what());
-      counters_.failed++;
-    }
+      ended.push_back({k, failed(500, msg)});
+    };
+    return ev;
+  };
+  auto publish = [&] {
     SessionStats st = session_->stats();
+    std::vector<std::pair<std::shared_ptr<Job>, JobEvent>> out;
     {
       std::lock_guard lk(mu_);
       stats_ = std::move(st);
-      current_.reset();
-      running_ = false;
+      for (Ended& e : ended) {
+        out.emplace_back(std::move(current_[e.slot]), std::move(e.event));
+        --running_;
+      }
     }
-    // Only now: a client that sends its next request on this answer finds the worker idle
-    // (with --queue 0 it would otherwise be refused).
-    job->push(std::move(done));
+    ended.clear();
+    for (auto& [job, ev] : out) job->push(std::move(ev));
+  };
+
+  auto last_stats = std::chrono::steady_clock::now();
+  while (true) {
+    std::vector<std::pair<uint32_t, std::shared_ptr<Job>>> starting;
+    {
+      std::unique_lock lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || !queue_.empty() || running_ > 0; });
+      if (stop_) break;
+      // Join at this step boundary, each job on the free slot sharing the most of its prompt.
+      while (!queue_.empty() && running_ < slots_) {
+        std::shared_ptr<Job> job = std::move(queue_.front());
+        queue_.pop_front();
+        if (job->cancelled) {
+          JobEvent e;
+          e.result.finish = Finish::Cancelled;
+          job->push(std::move(e));
+          continue;
+        }
+        const int k = session_->pick_slot(job->request.prompt);
+        if (k < 0) throw Error("no free slot though fewer jobs run than there are slots");  // cannot happen
+        current_[(uint32_t)k] = job;
+        ++running_;
+        starting.emplace_back((uint32_t)k, std::move(job));
+      }
+    }
+    for (auto& [k, job] : starting) {
+      job->push(JobEvent::make(JobEvent::Kind::Started));
+      try {
+        session_->start(k, job->request, events_for(k, job));
+      } catch (const std::exception& e) {
+        // Session::start rejects a bad request before touching the slot.
+        counters_.failed++;
+        ended.push_back({k, failed(dynamic_cast<const Error*>(&e) ? 400 : 500, e.what())});
+      }
+    }
+    for (uint32_t k = 0; k < slots_; ++k) {
+      std::shared_ptr<Job> job;
+      {
+        std::lock_guard lk(mu_);
+        job = current_[k];
+      }
+      if (job && job->cancelled && session_->slot_busy(k)) session_->cancel(k);
+    }
+    if (!ended.empty()) publish();
+    if (session_->busy_slots() == 0) continue;
+    try {
+      session_->step(prefill_step_);
+    } catch (const std::exception&) {
+      // The step's requests ended with on_failed (their slots as before the step); the others
+      // go on.
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (!ended.empty() || now - last_stats > std::chrono::seconds(1)) {
+      // Refresh the /metrics snapshot now and then during long generations.
+      last_stats = now;
+      publish();
+    }
   }
+  // Stopping: the running jobs end as cancelled (their handlers report "shutting down").
+  for (uint32_t k = 0; k < slots_; ++k)
+    if (session_->slot_busy(k)) session_->cancel(k);
+  publish();
   set_state(State::Stopped);
 }
 

@@ -1,8 +1,13 @@
 // The one thread that owns the Session, and the bounded queue in front of it. HTTP handler
 // threads submit Jobs and read the Job's events (prefill progress, token ids, the result); the
 // worker never touches a socket, so a slow or vanished client cannot stall generation for the
-// others. A handler cancels by setting Job::cancelled: the worker's callbacks return false at
-// the next prefill chunk or token, and a job still in the queue is dropped unrun.
+// others. With --parallel N the worker runs up to N jobs at once on the Session's slots
+// (continuous batching): a job joins at the next step boundary on the free slot that shares the
+// most of its prompt, its prefill goes in pieces beside the others' decode (at most
+// prefill_step prompt tokens per step while any stream decodes), and its slot is free for the
+// next job as soon as it ends. A handler cancels by setting Job::cancelled: the worker ends the
+// job at the next step (or its callbacks return false first), and a job still in the queue is
+// dropped unrun.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -79,8 +84,9 @@ class Worker {
 
   // Starts the thread, which builds the Session with `factory` (loading can take minutes; the
   // server answers /health with 503 meanwhile). queue_depth: jobs that may wait behind the
-  // running one. on_state is called from the worker thread on every state change.
-  Worker(Factory factory, size_t queue_depth, std::function<void(State)> on_state = {});
+  // running ones (as many run as the Session has slots). prefill_step: see above (0: the
+  // chunk). on_state is called from the worker thread on every state change.
+  Worker(Factory factory, size_t queue_depth, uint32_t prefill_step = 0, std::function<void(State)> on_state = {});
   ~Worker();
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
@@ -96,15 +102,16 @@ class Worker {
     return state_ == State::Ready || state_ == State::Stopped ? session_.get() : nullptr;
   }
 
-  // false when the queue is full (or the worker is not Ready).
+  // false when every slot is taken and queue_depth jobs wait already (or the worker is not Ready).
   bool submit(std::shared_ptr<Job> job);
   size_t waiting() const;
-  bool busy() const { return running_.load(); }
+  bool busy() const { return running_.load() > 0; }
+  size_t running() const { return running_.load(); }  // jobs on slots now
   // The Session's stats as of the end of the last job (or a moment during the running one).
   SessionStats stats() const;
   const WorkerCounters& counters() const { return counters_; }
 
-  // Refuses new jobs, cancels the running one (its handler reports "shutting down") and fails
+  // Refuses new jobs, cancels the running ones (their handlers report "shutting down") and fails
   // the queued ones with 503, without waiting: handlers can still write their error events.
   void shutdown();
   // shutdown(), then joins the thread.
@@ -115,16 +122,18 @@ class Worker {
   void set_state(State s);
 
   size_t depth_;
+  uint32_t prefill_step_;
   std::function<void(State)> on_state_;
   std::atomic<State> state_{State::Loading};
-  std::atomic<bool> running_{false};
+  std::atomic<size_t> running_{0};
+  size_t slots_ = 1;                 // the Session's, once loaded
   std::unique_ptr<Session> session_;
   WorkerCounters counters_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> queue_;
-  std::shared_ptr<Job> current_;
+  std::vector<std::shared_ptr<Job>> current_;  // per slot; null: free
   bool stop_ = false;
   std::string load_error_;
   SessionStats stats_;
