@@ -643,6 +643,7 @@ TEST(AdmissionCli, PlanParallelHoldsNSequenceStates) {
   EXPECT_EQ(n5, 5u);
   EXPECT_GT(one, 0u);
   EXPECT_EQ(five, 5 * one);
+  EXPECT_EQ(state_line("-np 5"), std::pair(5u, five)) << "llama.cpp's spelling";
   r = run_sluice(dir, "plan -m " + q(model) + " --allow-swap --mem-budget 4GiB --parallel 5");
   EXPECT_NE(r.out.find("5 x ctx"), std::string::npos) << r.out;
   r = run_sluice(dir, "plan -m " + q(model) + " --allow-swap --mem-budget 4GiB --parallel 5 --chunk 3");

@@ -172,13 +172,13 @@ void Worker::run(Factory factory) {
 
   auto last_stats = std::chrono::steady_clock::now();
   while (true) {
-    std::vector<std::pair<uint32_t, std::shared_ptr<Job>>> starting;
+    std::vector<std::shared_ptr<Job>> starting;
     {
       std::unique_lock lk(mu_);
       cv_.wait(lk, [&] { return stop_ || !queue_.empty() || running_ > 0; });
       if (stop_) break;
-      // Join at this step boundary, each job on the free slot sharing the most of its prompt.
-      while (!queue_.empty() && running_ < slots_) {
+      // Join at this step boundary, as many as there are free slots.
+      while (!queue_.empty() && running_ + starting.size() < slots_) {
         std::shared_ptr<Job> job = std::move(queue_.front());
         queue_.pop_front();
         if (job->cancelled) {
@@ -187,22 +187,28 @@ void Worker::run(Factory factory) {
           job->push(std::move(e));
           continue;
         }
-        const int k = session_->pick_slot(job->request.prompt);
-        if (k < 0) throw Error("no free slot though fewer jobs run than there are slots");  // cannot happen
-        current_[(uint32_t)k] = job;
-        ++running_;
-        starting.emplace_back((uint32_t)k, std::move(job));
+        starting.push_back(std::move(job));
       }
     }
-    for (auto& [k, job] : starting) {
+    // Each on the free slot sharing the most of its prompt; one at a time, as a start can end
+    // its job at once (and free the slot again).
+    for (std::shared_ptr<Job>& job : starting) {
+      const int k = session_->pick_slot(job->request.prompt);
+      if (k < 0) throw Error("no free slot though fewer jobs run than there are slots");  // cannot happen
+      {
+        std::lock_guard lk(mu_);
+        current_[(uint32_t)k] = job;
+        ++running_;
+      }
       job->push(JobEvent::make(JobEvent::Kind::Started));
       try {
-        session_->start(k, job->request, events_for(k, job));
+        session_->start((uint32_t)k, job->request, events_for((uint32_t)k, job));
       } catch (const std::exception& e) {
         // Session::start rejects a bad request before touching the slot.
         counters_.failed++;
-        ended.push_back({k, failed(dynamic_cast<const Error*>(&e) ? 400 : 500, e.what())});
+        ended.push_back({(uint32_t)k, failed(dynamic_cast<const Error*>(&e) ? 400 : 500, e.what())});
       }
+      if (!ended.empty()) publish();
     }
     for (uint32_t k = 0; k < slots_; ++k) {
       std::shared_ptr<Job> job;

@@ -64,5 +64,30 @@ status=0
 wait "$pid" || status=$?
 pid=""
 if [ "$status" -ne 0 ]; then echo "tests/clients: FAIL: server exited with $status on SIGTERM" >&2; tail -20 "$tmp/server.log" >&2; failed=1; fi
+
+# Continuous batching: --parallel 4 with a queue of 16 (20 concurrent chats all complete; the
+# server's RSS after them within 10 % of before), then with --queue 0 (a 5th request: 503).
+for setup in "16 burst" "0 full"; do
+  set -- $setup
+  "$bin" serve -m "$tmp/tiny.gguf" --port 0 --parallel 4 --queue "$1" --max-tokens-limit 4000 \
+    --resident-experts --allow-swap 2>"$tmp/server-$2.log" &
+  pid=$!
+  wait_for_server tests/clients "$pid" "$tmp/server-$2.log" 200
+  export SLUICE_URL=$url
+  echo "== parallel.mjs $2 (--parallel 4 --queue $1, server at $url)"
+  (cd "$here" && node warmup.mjs >/dev/null)
+  rss_before=$(rss_kib)
+  (cd "$here" && node parallel.mjs "$2") || failed=1
+  rss_after=$(rss_kib)
+  limit=$((rss_before + rss_before / 10))
+  echo "   server RSS: ${rss_before} KiB before, ${rss_after} KiB after (limit ${limit} KiB)"
+  if [ "$2" = burst ] && [ "$rss_after" -gt "$limit" ]; then echo "tests/clients: FAIL: server memory grew" >&2; failed=1; fi
+  kill -TERM "$pid"
+  status=0
+  wait "$pid" || status=$?
+  pid=""
+  if [ "$status" -ne 0 ]; then echo "tests/clients: FAIL: server exited with $status on SIGTERM" >&2; tail -20 "$tmp/server-$2.log" >&2; failed=1; fi
+done
+
 if [ "$failed" -ne 0 ]; then echo "tests/clients: FAILED" >&2; tail -5 "$tmp/server.log" >&2; exit 1; fi
 echo "tests/clients: all passed"
