@@ -296,7 +296,7 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
   s.slots.resize(opt.parallel);
   for (Slot& sl : s.slots) {
     sl.state = s.engine->new_sequence();
-    sl.checkpoints = CheckpointSet(opt.checkpoint_budget / opt.parallel);
+    sl.checkpoints = CheckpointSet(opt.checkpoint_budget);  // the plan charges it per sequence
   }
 }
 
@@ -556,7 +556,7 @@ SessionStats Session::stats() const {
   st.decode_s = (double)s.decode_ns.load() / 1e9;
   st.checkpoints = s.ck_count;
   st.checkpoint_bytes = s.ck_bytes;
-  st.checkpoint_budget = s.opt.checkpoint_budget;
+  st.checkpoint_budget = s.opt.checkpoint_budget * s.slots.size();
   st.checkpoints_taken = s.ck_taken;
   st.checkpoints_dropped = s.ck_dropped;
   st.checkpoints_skipped = s.ck_skipped;

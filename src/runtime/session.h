@@ -130,7 +130,7 @@ struct SessionStats {
   uint64_t rss_bytes = 0;        // this process, now (from /proc)
   uint64_t requests = 0, prompt_tokens = 0, generated_tokens = 0;
   double prefill_s = 0, decode_s = 0;
-  // Prefix checkpoints (see SessionOptions): held now, their bytes and the budget; how many
+  // Prefix checkpoints (see SessionOptions): held now, their bytes and the budget (all slots'); how many
   // were taken, dropped to stay in the budget, not taken because one alone exceeds it, and
   // how many requests rolled back to one.
   uint64_t checkpoints = 0, checkpoint_bytes = 0, checkpoint_budget = 0;
@@ -196,8 +196,8 @@ class Session {
   SessionStats stats() const;
 
   // Continuous batching (the server's --parallel): requests run on slots and advance together.
-  // Each slot keeps its own sequence, prompt record and checkpoints (checkpoint_budget split
-  // evenly between the slots), so a conversation that comes back to its slot reuses it as
+  // Each slot keeps its own sequence, prompt record and checkpoints (checkpoint_budget each, as
+  // the plan charges it per sequence), so a conversation that comes back to its slot reuses it as
   // generate() reuses slot 0; generate() itself is start() on slot 0 and step() until done.
   // Every callback runs on the thread calling start() or step().
   struct SlotEvents {
