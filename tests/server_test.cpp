@@ -20,6 +20,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "server_harness.h"
@@ -89,8 +91,15 @@ std::map<std::string, double> parse_prometheus(const std::string& text) {
       continue;
     }
     const std::string value = line.substr(i + 1);
-    EXPECT_TRUE(types.count(name)) << "sample before its TYPE: " << line;
-    if (types[name] == "counter") {
+    // A histogram's samples are its name + _bucket (with le), _sum and _count.
+    std::string family = name;
+    for (const char* suffix : {"_bucket", "_sum", "_count"})
+      if (name.ends_with(suffix) && types.count(name.substr(0, name.size() - std::strlen(suffix))) &&
+          types[name.substr(0, name.size() - std::strlen(suffix))] == "histogram")
+        family = name.substr(0, name.size() - std::strlen(suffix));
+    EXPECT_TRUE(types.count(family)) << "sample before its TYPE: " << line;
+    if (family == name && types[name] == "histogram") ADD_FAILURE() << "a histogram sample without a suffix: " << line;
+    if (types[family] == "counter") {
       EXPECT_TRUE(name.ends_with("_total")) << line;
     }
     size_t used = 0;
@@ -371,6 +380,75 @@ TEST(ServerAuth, ApiKeyRequiredExceptHealth) {
   EXPECT_EQ(s.post("/v1/chat/completions", kChat, "Authorization: Bearer sekrit\r\n").status, 200);
   EXPECT_EQ(s.post("/v1/chat/completions", kChat, "x-api-key: sekrit\r\n").status, 200);
   EXPECT_EQ(s.stop(), 0) << "SIGTERM ends the server cleanly";
+}
+
+// --parallel 3 --queue 0: three long streams run at once (GET /slots shows them, each slot's
+// state and tokens), a fourth request gets 503; the steps batched several sequences
+// (sluice_batch_sequences) and every stream's time to first token is in its histogram.
+TEST(ParallelServer, SlotsMetricsAndTheLimitOfParallelPlusQueue) {
+  Server s({"--parallel", "3", "--queue", "0", "-c", "4k", "--max-tokens-limit", "4000"});
+  auto metrics = [&] { return parse_prometheus(s.get("/metrics").body); };
+  auto wait_metric = [&](const std::string& key, double value) {
+    const auto end = Clock::now() + std::chrono::seconds(10);
+    while (Clock::now() < end) {
+      if (metrics()[key] == value) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  };
+  Response r = s.get("/slots");
+  ASSERT_EQ(r.status, 200) << r.body;
+  json slots = json::parse(r.body);
+  ASSERT_EQ(slots.size(), 3u);
+  for (size_t k = 0; k < 3; ++k) {
+    EXPECT_EQ(slots[k]["id"], k);
+    EXPECT_EQ(slots[k]["n_ctx"], 4096);
+    EXPECT_EQ(slots[k]["is_processing"], false);
+    EXPECT_EQ(slots[k]["state"], "idle");
+  }
+  EXPECT_EQ(metrics()["sluice_slots"], 3);
+
+  std::vector<int> streams;
+  for (int i = 0; i < 3; ++i) {
+    const json long_gen = {{"prompt", "stream number " + std::to_string(i)}, {"max_tokens", 4000},
+                           {"ignore_eos", true}, {"stream", true}};
+    streams.push_back(s.open_stream("/v1/completions", long_gen));
+  }
+  ASSERT_TRUE(wait_metric("sluice_requests_processing", 3));
+  const Response refused = s.post("/v1/completions", {{"prompt", "a fourth"}, {"max_tokens", 2}});
+  EXPECT_EQ(refused.status, 503) << "3 slots and --queue 0 took a 4th request";
+  char buf[4096];
+  for (const int fd : streams) ASSERT_GT(::recv(fd, buf, sizeof buf, 0), 0);
+  r = s.get("/slots");
+  slots = json::parse(r.body);
+  int processing = 0;
+  for (const json& x : slots) {
+    if (x["is_processing"] == true) {
+      ++processing;
+      EXPECT_TRUE(x["state"] == "decode" || x["state"] == "prefill") << x.dump();
+      EXPECT_GT(x["n_prompt_tokens"].get<int>(), 0) << x.dump();
+      EXPECT_GT(x["next_token"]["n_remain"].get<int>(), 0) << x.dump();
+    }
+  }
+  EXPECT_EQ(processing, 3) << r.body;
+  for (const int fd : streams) ::close(fd);
+  ASSERT_TRUE(wait_metric("sluice_requests_processing", 0));
+  // A request that runs to its end records its time to first token (the handler does, as it
+  // finishes: before the answer is sent).
+  const double ttft_before = metrics()["sluice_time_to_first_token_seconds_count"];
+  EXPECT_EQ(s.post("/v1/chat/completions", kChat).status, 200);
+  const auto m = metrics();
+  EXPECT_GT(m.at("sluice_batch_sequences_sum"), m.at("sluice_batch_sequences_count"))
+      << "no step evaluated more than one sequence";
+  EXPECT_GE(m.at("sluice_batch_sequences_count"), m.at("sluice_batch_sequences_bucket{le=\"1\"}"));
+  EXPECT_EQ(m.at("sluice_batch_sequences_bucket{le=\"+Inf\"}"), m.at("sluice_batch_sequences_count"));
+  EXPECT_EQ(m.at("sluice_time_to_first_token_seconds_count"), ttft_before + 1);
+  EXPECT_EQ(m.at("sluice_time_to_first_token_seconds_bucket{le=\"+Inf\"}"), m.at("sluice_time_to_first_token_seconds_count"));
+  double kept = 0;
+  for (int k = 0; k < 3; ++k) kept += m.at("sluice_slot_tokens{slot=\"" + std::to_string(k) + "\"}");
+  EXPECT_GT(kept, 0);
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(m.at("sluice_slot_busy{slot=\"" + std::to_string(k) + "\"}"), 0);
+  EXPECT_EQ(s.stop(), 0);
 }
 
 }  // namespace

@@ -22,6 +22,15 @@
 
 namespace sluice {
 
+const char* phase_name(SlotStats::Phase p) {
+  switch (p) {
+    case SlotStats::Phase::Idle: return "idle";
+    case SlotStats::Phase::Prefill: return "prefill";
+    case SlotStats::Phase::Decode: return "decode";
+  }
+  return "idle";
+}
+
 const char* finish_name(Finish f) {
   switch (f) {
     case Finish::None: return "none";
@@ -68,8 +77,17 @@ struct Slot {
   std::optional<ActiveRequest> job;
 };
 
+// A slot's SlotStats as atomics, written by the driving thread and read by stats() from any.
+struct SlotGauge {
+  std::atomic<uint8_t> phase{0};
+  std::atomic<uint32_t> position{0}, prompt_tokens{0}, prompt_done{0}, reused{0}, generated{0}, max_tokens{0};
+  std::atomic<uint64_t> request{0};
+};
+
 struct Session::Impl {
   SessionOptions opt;
+  std::unique_ptr<SlotGauge[]> gauges;                 // one per slot
+  std::unique_ptr<std::atomic<uint64_t>[]> step_sizes;  // parallel + 1 counters
   const Architecture* arch = nullptr;
   Plan plan;
   std::shared_ptr<const text::Tokenizer> tokenizer;
@@ -152,6 +170,7 @@ struct Session::Impl {
   void forget(Slot& sl) {
     engine->reset(sl.state);
     forget_record(sl);
+    publish_slot(sl);
   }
   // What is remembered of a slot's state (its tokens, last row, checkpoints, prompt record),
   // not the state itself.
@@ -162,6 +181,18 @@ struct Session::Impl {
     publish_checkpoints();
     const std::lock_guard<std::mutex> lock(prompt_mu);
     sl.prompt_cache.clear();
+  }
+  void publish_slot(const Slot& sl) {
+    SlotGauge& g = gauges[(size_t)(&sl - slots.data())];
+    g.position = sl.state.position();
+    if (!sl.job) {
+      g.phase = (uint8_t)SlotStats::Phase::Idle;
+      return;
+    }
+    const ActiveRequest& a = *sl.job;
+    g.phase = (uint8_t)(a.decoding ? SlotStats::Phase::Decode : SlotStats::Phase::Prefill);
+    g.prompt_done = std::min<uint32_t>((uint32_t)sl.history.size(), (uint32_t)a.r.prompt.size());
+    g.generated = (uint32_t)a.res.tokens.size();
   }
   Slot& slot(uint32_t k) {
     if (k >= slots.size()) throw Error("slot " + std::to_string(k) + " of " + std::to_string(slots.size()));
@@ -186,16 +217,19 @@ struct Session::Impl {
       sl.prompt_cache.remember(*tokenizer, a.r.prompt_text, a.r.prompt, a.res.tokens);
     }
     decode_ns += (uint64_t)(a.res.decode_s * 1e9);
+    publish_slot(sl);
     GenerateResult res = std::move(a.res);
     auto done = std::move(a.ev.on_done);
     sl.job.reset();
     --busy;
+    publish_slot(sl);
     if (done) done(std::move(res));  // the slot is free by now
   }
   void fail(Slot& sl, const std::string& msg) {
     auto failed = std::move(sl.job->ev.on_failed);
     sl.job.reset();
     --busy;
+    publish_slot(sl);
     if (failed) failed(msg);
   }
   // The prompt is in (its last row of logits at hand): sample, stop or go on decoding.
@@ -294,6 +328,8 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
                                               std::to_string(opt.parallel) + " rows; the plan has " +
                                               std::to_string(s.plan.chunk) + (s.plan.chunk_auto ? " (the most the budget admits)" : " (--chunk)")));
   s.slots.resize(opt.parallel);
+  s.gauges = std::make_unique<SlotGauge[]>(opt.parallel);
+  s.step_sizes = std::make_unique<std::atomic<uint64_t>[]>(opt.parallel + 1);
   for (Slot& sl : s.slots) {
     sl.state = s.engine->new_sequence();
     sl.checkpoints = CheckpointSet(opt.checkpoint_budget);  // the plan charges it per sequence
@@ -347,7 +383,10 @@ void Session::eval_slots(std::span<const std::span<const TokenId>> tokens, float
   // The slots moved past what is remembered of them: drop those records (the states are the
   // batch's), so a later prompt cannot be matched against them.
   for (uint32_t k = 0; k < tokens.size(); ++k)
-    if (!tokens[k].empty()) s.forget_record(s.slots[k]);
+    if (!tokens[k].empty()) {
+      s.forget_record(s.slots[k]);
+      s.publish_slot(s.slots[k]);
+    }
 }
 
 void Session::set_route_bias(float d) {
@@ -405,6 +444,13 @@ void Session::start(uint32_t k, GenerateRequest r, SlotEvents ev) {
   ++s.requests;
   s.prompt_tokens += a.r.prompt.size();
   a.t_prefill = a.t_decode = std::chrono::steady_clock::now();
+  SlotGauge& g = s.gauges[k];
+  g.request = s.started;
+  g.prompt_tokens = a.res.prompt_tokens;
+  g.reused = a.res.reused_tokens;
+  g.max_tokens = a.r.max_tokens;
+  g.generated = 0;
+  s.publish_slot(sl);
   const bool cancelled = a.ev.on_prefill && !a.ev.on_prefill((uint32_t)sl.history.size(), a.res.prompt_tokens);
   if (cancelled) {
     s.end_prefill(sl);
@@ -488,6 +534,7 @@ void Session::step(uint32_t prefill_tokens) {
     throw;
   }
   s.publish_engram();
+  ++s.step_sizes[parts.size()];
 
   const float* row = s.step_logits.data();
   const uint32_t every = s.opt.checkpoint_interval;
@@ -511,14 +558,17 @@ void Session::step(uint32_t prefill_tokens) {
     if (pt.decode) {
       ++a.res.decode_steps;
       s.sample_next(sl);
+      if (sl.job) s.publish_slot(sl);
       continue;
     }
+    s.publish_slot(sl);
     const size_t total = a.r.prompt.size();
     if (sl.history.size() == total - 1) s.take_checkpoint(sl, /*prompt_end=*/true);
     const bool cancelled = a.ev.on_prefill && !a.ev.on_prefill((uint32_t)sl.history.size(), (uint32_t)total);
     if (cancelled || sl.history.size() == total) s.end_prefill(sl);
     if (cancelled) s.finish(sl, Finish::Cancelled);
     else if (sl.history.size() == total) s.sample_next(sl);
+    if (sl.job) s.publish_slot(sl);
   }
 }
 
@@ -569,6 +619,15 @@ SessionStats Session::stats() const {
   st.engram_cache_rows = s.plan.engram_cache_rows;
   st.slots = (uint32_t)s.slots.size();
   st.busy_slots = s.busy;
+  for (size_t k = 0; k < s.slots.size(); ++k) {
+    const SlotGauge& g = s.gauges[k];
+    SlotStats x;
+    x.phase = (SlotStats::Phase)g.phase.load();
+    x.position = g.position, x.request = g.request, x.prompt_tokens = g.prompt_tokens;
+    x.prompt_done = g.prompt_done, x.reused_tokens = g.reused, x.generated = g.generated, x.max_tokens = g.max_tokens;
+    st.slot.push_back(x);
+  }
+  for (size_t k = 0; k <= s.slots.size(); ++k) st.steps_by_sequences.push_back(s.step_sizes[k]);
   return st;
 }
 

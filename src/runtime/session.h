@@ -122,6 +122,17 @@ struct GenerateResult {
   double prefill_s = 0, decode_s = 0;
 };
 
+// What one slot is doing (for /slots and /metrics).
+struct SlotStats {
+  enum class Phase : uint8_t { Idle, Prefill, Decode };
+  Phase phase = Phase::Idle;
+  uint32_t position = 0;          // tokens in the slot's sequence
+  uint64_t request = 0;           // the running (or last) request's number on this session, from 1; 0: none yet
+  uint32_t prompt_tokens = 0, prompt_done = 0, reused_tokens = 0;  // the running (or last) request's
+  uint32_t generated = 0, max_tokens = 0;
+};
+const char* phase_name(SlotStats::Phase p);  // "idle", "prefill", "decode"
+
 struct SessionStats {
   storage::StoreStats store;     // all zero with resident experts
   bool streaming = false;
@@ -140,6 +151,9 @@ struct SessionStats {
   uint64_t engram_rows = 0, engram_unique = 0, engram_hits = 0, engram_reads = 0, engram_bytes = 0;
   uint64_t engram_cache_rows = 0;
   uint32_t slots = 1, busy_slots = 0;  // --parallel, and how many run a request now
+  std::vector<SlotStats> slot;         // per slot
+  // steps_by_sequences[k]: step() passes that evaluated k sequences together (index 0 unused).
+  std::vector<uint64_t> steps_by_sequences;
 };
 
 // A model file's header opened once, with what is derived from it: the config and the

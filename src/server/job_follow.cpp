@@ -138,6 +138,7 @@ void log_request(const Job& job, const DriveHooks& hooks, const DriveOutcome& o)
 
 DriveOutcome drive(ServerContext& ctx, Job& job, Connection& conn, TextMode mode, const DriveHooks& hooks) {
   DriveOutcome o = drive_job(ctx, job, conn, mode, hooks);
+  if (o.ttft_s >= 0) ctx.counters.observe_ttft(o.ttft_s);
   log_request(job, hooks, o);
   return o;
 }

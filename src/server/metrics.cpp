@@ -24,6 +24,34 @@ std::map<std::string, uint64_t> HttpCounters::rejections() const {
   return rejections_;
 }
 
+const std::vector<double>& HttpCounters::ttft_bounds() {
+  static const std::vector<double> b = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300};
+  return b;
+}
+
+void HttpCounters::observe_ttft(double seconds) {
+  std::lock_guard lk(mu_);
+  if (ttft_.counts.empty()) {
+    ttft_.bounds = ttft_bounds();
+    ttft_.counts.assign(ttft_.bounds.size() + 1, 0);
+  }
+  size_t i = 0;
+  while (i < ttft_.bounds.size() && seconds > ttft_.bounds[i]) ++i;
+  ttft_.counts[i]++;
+  ttft_.sum += seconds;
+  ttft_.count++;
+}
+
+HttpCounters::Histogram HttpCounters::ttft() const {
+  std::lock_guard lk(mu_);
+  Histogram h = ttft_;
+  if (h.counts.empty()) {
+    h.bounds = ttft_bounds();
+    h.counts.assign(h.bounds.size() + 1, 0);
+  }
+  return h;
+}
+
 namespace {
 
 class Writer {
@@ -51,6 +79,23 @@ class Writer {
   void one(const char* name, const char* type, const char* help, double v) {
     family(name, type, help);
     sample(name, "", v);
+  }
+  // A Prometheus histogram from per-bucket (not cumulative) counts; the last count is above
+  // every bound.
+  void histogram(const char* name, const char* help, const std::vector<double>& bounds,
+                 const std::vector<uint64_t>& counts, double sum) {
+    family(name, "histogram", help);
+    uint64_t cum = 0;
+    for (size_t i = 0; i < bounds.size(); ++i) {
+      cum += counts[i];
+      char le[64];
+      std::snprintf(le, sizeof le, "le=\"%g\"", bounds[i]);
+      sample(std::string(name) + "_bucket", le, (double)cum);
+    }
+    cum += counts.back();
+    sample(std::string(name) + "_bucket", "le=\"+Inf\"", (double)cum);
+    sample(std::string(name) + "_sum", "", sum);
+    sample(std::string(name) + "_count", "", (double)cum);
   }
   std::string out;
 };
@@ -81,6 +126,9 @@ std::string render_metrics(const MetricsInput& in) {
       const auto it = rej.find(r);
       w.sample("sluice_requests_rejected_total", std::string("reason=\"") + r + "\"", it == rej.end() ? 0.0 : (double)it->second);
     }
+    const HttpCounters::Histogram t = in.http->ttft();
+    w.histogram("sluice_time_to_first_token_seconds", "Seconds from queueing a request to its first generated token.",
+                t.bounds, t.counts, t.sum);
   }
   if (in.worker) {
     w.one("sluice_requests_completed_total", "counter", "Generations that ran to a stop, length or context limit.",
@@ -99,6 +147,32 @@ std::string render_metrics(const MetricsInput& in) {
   w.one("sluice_queue_capacity", "gauge", "Requests that may wait behind the running ones (--queue).", (double)in.queue_depth);
 
   const SessionStats& s = in.session;
+  // Continuous batching: how many sequences each step evaluated together (1, 2, 4, ... up to
+  // --parallel), and what each slot is doing.
+  {
+    std::vector<double> bounds;
+    std::vector<uint64_t> counts;
+    const size_t n = s.steps_by_sequences.empty() ? 1 : s.steps_by_sequences.size() - 1;
+    for (size_t b = 1; b < n; b *= 2) bounds.push_back((double)b);
+    bounds.push_back((double)n);
+    counts.assign(bounds.size() + 1, 0);
+    double sum = 0;
+    for (size_t k = 1; k < s.steps_by_sequences.size(); ++k) {
+      size_t i = 0;
+      while (i < bounds.size() && (double)k > bounds[i]) ++i;
+      counts[i] += s.steps_by_sequences[k];
+      sum += (double)k * (double)s.steps_by_sequences[k];
+    }
+    w.histogram("sluice_batch_sequences", "Sequences evaluated together per engine step (--parallel batches them).",
+                bounds, counts, sum);
+  }
+  w.family("sluice_slot_busy", "gauge", "1 while the slot runs a request.");
+  for (size_t k = 0; k < s.slot.size(); ++k)
+    w.sample("sluice_slot_busy", "slot=\"" + std::to_string(k) + "\"", s.slot[k].phase == SlotStats::Phase::Idle ? 0 : 1);
+  w.family("sluice_slot_tokens", "gauge", "Tokens in the slot's sequence (kept for the next turn when idle).");
+  for (size_t k = 0; k < s.slot.size(); ++k)
+    w.sample("sluice_slot_tokens", "slot=\"" + std::to_string(k) + "\"", (double)s.slot[k].position);
+
   w.one("sluice_generate_calls_total", "counter", "Generations the engine started.", (double)s.requests);
   w.one("sluice_prompt_tokens_total", "counter", "Prompt tokens evaluated (prefill).", (double)s.prompt_tokens);
   w.one("sluice_prompt_seconds_total", "counter", "Seconds spent in prefill.", s.prefill_s);

@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "runtime/session.h"
 #include "server/worker.h"
@@ -20,9 +21,20 @@ class HttpCounters {
   void reject(const std::string& reason);  // queue_full, too_large, bad_request, unauthorized, not_ready, timeout, connections
   std::map<std::pair<std::string, int>, uint64_t> requests() const;
   std::map<std::string, uint64_t> rejections() const;
+  // Time from queueing to the first generated token, one per request that got one.
+  void observe_ttft(double seconds);
+  struct Histogram {
+    std::vector<double> bounds;    // upper bounds of the buckets, ascending (+Inf implied)
+    std::vector<uint64_t> counts;  // per bucket, not cumulative; bounds.size() + 1 (the last: above all)
+    double sum = 0;
+    uint64_t count = 0;
+  };
+  Histogram ttft() const;
+  static const std::vector<double>& ttft_bounds();
 
  private:
   mutable std::mutex mu_;
+  Histogram ttft_;
   std::map<std::pair<std::string, int>, uint64_t> requests_;
   std::map<std::string, uint64_t> rejections_;
 };

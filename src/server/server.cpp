@@ -15,6 +15,7 @@
 #include "server/openai_api.h"
 #include "server/responses_api.h"
 #include "server/token_endpoints.h"
+#include "server/worker_access.h"
 #include "util/error.h"
 
 namespace sluice::server {
@@ -65,7 +66,7 @@ int handle_root(const HttpRequest& req, Connection& conn) {
     throw ApiError(405, "invalid_request_error", "/ accepts GET or HEAD, not " + req.method);
   const std::string body = req.method == "HEAD" ? "" : dump(json{{"name", "sluice"}, {"version", SLUICE_VERSION},
       {"endpoints", {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens",
-                     "/v1/models", "/health", "/metrics", "/tokenize", "/detokenize"}}});
+                     "/v1/models", "/health", "/metrics", "/slots", "/tokenize", "/detokenize"}}});
   send_response(conn, 200, "application/json", body);
   return 200;
 }
@@ -86,6 +87,26 @@ int handle_metrics(ServerContext& ctx, Connection& conn) {
     in.rss_bytes = 0;
   }
   send_response(conn, 200, "text/plain; version=0.0.4; charset=utf-8", render_metrics(in));
+  return 200;
+}
+
+// GET /slots: what each slot is doing, in llama.cpp's shape (id, id_task, n_ctx, is_processing,
+// next_token) plus sluice's own fields (state, the prompt's progress, the kept tokens).
+int handle_slots(ServerContext& ctx, Connection& conn) {
+  const Session& s = ready_session(ctx);
+  const SessionStats st = s.stats();
+  json out = json::array();
+  for (size_t k = 0; k < st.slot.size(); ++k) {
+    const SlotStats& x = st.slot[k];
+    const bool busy = x.phase != SlotStats::Phase::Idle;
+    out.push_back(json{{"id", k}, {"id_task", x.request}, {"n_ctx", s.ctx()}, {"is_processing", busy},
+                       {"state", phase_name(x.phase)}, {"n_past", x.position}, {"n_prompt_tokens", x.prompt_tokens},
+                       {"n_prompt_tokens_processed", x.prompt_done}, {"n_prompt_tokens_cache", x.reused_tokens},
+                       {"next_token", {{"has_next_token", x.phase == SlotStats::Phase::Decode},
+                                       {"n_decoded", x.generated},
+                                       {"n_remain", busy && x.max_tokens > x.generated ? x.max_tokens - x.generated : 0}}}});
+  }
+  send_response(conn, 200, "application/json", dump(out));
   return 200;
 }
 
@@ -211,6 +232,10 @@ int Server::route(const HttpRequest& req, Connection& conn) {
   if (p == "/metrics") {
     require_method(req, "GET");
     return handle_metrics(ctx, conn);
+  }
+  if (p == "/slots") {
+    require_method(req, "GET");
+    return handle_slots(ctx, conn);
   }
   if (p == "/v1/models" || p == "/models") {
     require_method(req, "GET");

@@ -49,7 +49,10 @@ export function parsePrometheus(text) {
     if (!m) throw new Error(`malformed sample line: ${JSON.stringify(line)}`);
     const v = Number(m[3] === "+Inf" ? Infinity : m[3] === "-Inf" ? -Infinity : m[3]);
     if (Number.isNaN(v) && m[3] !== "NaN") throw new Error(`bad value in: ${line}`);
-    if (!types.has(m[1])) throw new Error(`sample before its TYPE line: ${line}`);
+    // A histogram's samples are its name + _bucket (with le), _sum and _count.
+    const fam = /^(.*)_(bucket|sum|count)$/.exec(m[1]);
+    const family = fam && types.get(fam[1]) === "histogram" ? fam[1] : m[1];
+    if (!types.has(family)) throw new Error(`sample before its TYPE line: ${line}`);
     samples.set(m[1] + (m[2] || ""), v);
   }
   return { samples, types };
