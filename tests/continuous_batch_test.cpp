@@ -260,5 +260,27 @@ TEST_F(ContinuousBatch, ANextTurnFindsItsSlotAndCancelEndsOneRequest) {
   EXPECT_EQ(s.generate(turn2, {}, {}).finish, Finish::Length);
 }
 
+// checkpoint_at: the prefill stops there for a checkpoint, so a second prompt sharing the
+// first's start up to it (another conversation with the same system prompt) restarts there,
+// and is answered as a fresh session answers it. A position outside the prompt is refused.
+TEST_F(ContinuousBatch, ACheckpointAtATurnBoundaryServesTheNextConversation) {
+  Session s(options(1, false)), fresh(options(1, false));
+  const uint32_t V = s.config().vocab_size;
+  GenerateRequest a = request(6, V);  // 59 prompt tokens
+  a.checkpoint_at = {37, 3, 37};
+  GenerateRequest b = a;
+  for (size_t i = 37; i < b.prompt.size(); ++i) b.prompt[i] = (b.prompt[i] + 1) % V;  // differs from 37 on
+  b.checkpoint_at.clear();
+  s.generate(a, {}, {});
+  const GenerateResult got = s.generate(b, {}, {});
+  EXPECT_EQ(got.reused_tokens, 37u) << "the second conversation did not restart at the boundary";
+  EXPECT_EQ(got.tokens, fresh.generate(b, {}, {}).tokens);
+  GenerateRequest bad = a;
+  bad.checkpoint_at = {(uint32_t)a.prompt.size()};
+  EXPECT_THROW(s.generate(bad, {}, {}), Error);
+  bad.checkpoint_at = {0};
+  EXPECT_THROW(s.generate(bad, {}, {}), Error);
+}
+
 }  // namespace
 }  // namespace sluice

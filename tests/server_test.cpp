@@ -317,6 +317,30 @@ TEST_F(ServerTest, PrefixReuseShowsInUsageAndMetrics) {
   EXPECT_EQ(metrics()["sluice_prompt_tokens_cached_total"], cached_before + 40);
 }
 
+// Two conversations with the same 2,000-token system prompt: the second prefills only its own
+// messages (the first left a checkpoint after the user-turn marker that follows the system
+// prompt).
+TEST_F(ServerTest, ASecondConversationReusesASharedSystemPrompt) {
+  std::string system;
+  for (int i = 0; system.size() < 2100; ++i) system += "rule " + std::to_string(i) + ": be brief. ";
+  auto chat = [&](const std::string& user) {
+    return json{{"messages", json::array({{{"role", "system"}, {"content", system}}, {{"role", "user"}, {"content", user}}})},
+                {"max_tokens", 2}, {"temperature", 0}};
+  };
+  Response r = server_->post("/v1/chat/completions", chat("first conversation"));
+  ASSERT_EQ(r.status, 200) << r.body;
+  const int prompt_a = json::parse(r.body)["usage"]["prompt_tokens"];
+  ASSERT_GT(prompt_a, 2000);
+  r = server_->post("/v1/chat/completions", chat("a different question altogether"));
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json j = json::parse(r.body);
+  const int cached = j["usage"]["prompt_tokens_details"]["cached_tokens"];
+  EXPECT_GE(cached, 2000);
+  // The tiny model's vocabulary is bytes: the system prompt is system.size() tokens.
+  EXPECT_GE(cached, (int)system.size()) << "part of the system prompt was evaluated again";
+  EXPECT_LT(cached, j["usage"]["prompt_tokens"].get<int>());
+}
+
 // One running, one waiting (--queue 1), the third gets 503 + Retry-After; closing the sockets
 // cancels both generations at the next token.
 TEST_F(ServerTest, FullQueueGets503AndDisconnectCancels) {

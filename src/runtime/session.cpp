@@ -434,6 +434,12 @@ void Session::start(uint32_t k, GenerateRequest r, SlotEvents ev) {
     throw Error("the prompt has " + std::to_string(r.prompt.size()) + " tokens but the context is " +
                 std::to_string(ctx));
   validate(r.sampling);
+  for (const uint32_t b : r.checkpoint_at)
+    if (b == 0 || b >= r.prompt.size())
+      throw Error("checkpoint position " + std::to_string(b) + " is not inside the prompt of " +
+                  std::to_string(r.prompt.size()) + " tokens");
+  std::sort(r.checkpoint_at.begin(), r.checkpoint_at.end());
+  r.checkpoint_at.erase(std::unique(r.checkpoint_at.begin(), r.checkpoint_at.end()), r.checkpoint_at.end());
 
   s.start_for(sl, r.prompt);
   sl.job.emplace(std::move(r), std::move(ev), s.started++);
@@ -500,6 +506,9 @@ void Session::step(uint32_t prefill_tokens) {
     const size_t have = sl.history.size(), total = sl.job->r.prompt.size(), before_last = total - 1;
     size_t n = std::min<size_t>(allowance, total - have);
     if (have < before_last && have + n > before_last) n = before_last - have;
+    const std::vector<uint32_t>& at = sl.job->r.checkpoint_at;
+    const auto next_at = std::upper_bound(at.begin(), at.end(), (uint32_t)have);
+    if (next_at != at.end() && have + n > *next_at) n = *next_at - have;
     parts.push_back({k, n, false, have + n == total, {}});
     allowance -= (uint32_t)n;
   }
@@ -555,6 +564,8 @@ void Session::step(uint32_t prefill_tokens) {
     // (the prompt-end checkpoints follow).
     const bool interval = pt.decode || !pt.last_piece;
     if (interval && every && sl.state.position() / every > pos / every) s.take_checkpoint(sl, false);
+    if (!pt.decode && std::binary_search(a.r.checkpoint_at.begin(), a.r.checkpoint_at.end(), (uint32_t)sl.history.size()))
+      s.take_checkpoint(sl, false);
     if (pt.decode) {
       ++a.res.decode_steps;
       s.sample_next(sl);

@@ -97,6 +97,12 @@ struct GenerateRequest {
   // session remembers it with the generated tokens, so a later prompt text that extends it is
   // tokenized as exactly those tokens + the rest (see runtime/prompt_cache.h).
   std::string prompt_text;
+  // Prompt positions (each in 1 .. prompt.size() - 1) where the prefill stops for a checkpoint
+  // of the slot's sequence: where a later prompt sharing this one's start is likely to diverge
+  // (the chat front ends put one after each user-turn marker, so a second conversation with the
+  // same system prompt, or an edited last message, restarts there instead of from an interval
+  // checkpoint far before it). Unordered and duplicates are fine; others are refused.
+  std::vector<uint32_t> checkpoint_at;
 };
 
 // Why a generate() ended.

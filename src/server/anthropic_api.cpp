@@ -93,6 +93,7 @@ int handle_messages(ServerContext& ctx, const HttpRequest& req, Connection& conn
   GenerateRequest gr = make_request(ctx, std::move(prompt), c.max_tokens, c.sampling, chat_stop_tokens(s.tokenizer()),
                                     &info.max_tokens);
   gr.prompt_text = std::move(prompt_text);
+  gr.checkpoint_at = turn_checkpoints(s.tokenizer(), gr.prompt);
   const TextMode mode = c.options.thinking ? TextMode::Thinking : TextMode::Chat;
   auto job = submit(ctx, std::move(gr));
   const std::string id = new_id(ctx, "msg_");

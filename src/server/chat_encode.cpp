@@ -27,4 +27,13 @@ std::vector<TokenId> chat_stop_tokens(const text::Tokenizer& tok) {
   return stops;
 }
 
+std::vector<uint32_t> turn_checkpoints(const text::Tokenizer& tok, std::span<const TokenId> prompt) {
+  std::vector<uint32_t> at;
+  const auto user = tok.find("<｜User｜>");
+  if (!user) return at;
+  for (size_t i = 0; i + 2 < prompt.size(); ++i)
+    if (prompt[i] == *user) at.push_back((uint32_t)(i + 1));
+  return at;
+}
+
 }  // namespace sluice::server

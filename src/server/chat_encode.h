@@ -1,5 +1,6 @@
 // A chat request's messages to prompt tokens, and the tokens that end a chat turn.
 #pragma once
+#include <span>
 #include <string>
 #include <vector>
 
@@ -16,5 +17,9 @@ std::vector<TokenId> encode_chat(const Session& s, const std::vector<text::ChatM
                                  const text::ChatOptions& options, std::string* text_out = nullptr);
 // Tokens that end a chat turn besides eos: the model opening a new user turn.
 std::vector<TokenId> chat_stop_tokens(const text::Tokenizer& tok);
+// Where a chat prompt gets prefix checkpoints (GenerateRequest::checkpoint_at): after each
+// user-turn marker but the prompt's last token, which is where another conversation with the same
+// system prompt and tools, or the same conversation with an edited message, diverges.
+std::vector<uint32_t> turn_checkpoints(const text::Tokenizer& tok, std::span<const TokenId> prompt);
 
 }  // namespace sluice::server

@@ -94,6 +94,7 @@ int handle_chat_completions(ServerContext& ctx, const HttpRequest& req, Connecti
                                     &info.max_tokens);
   const std::vector<std::string> headers = max_tokens_headers(info.max_tokens);
   gr.prompt_text = std::move(prompt_text);
+  gr.checkpoint_at = turn_checkpoints(s.tokenizer(), gr.prompt);
   gr.ignore_eos = cr.ignore_eos;
   if (gr.ignore_eos) gr.stop_tokens.clear();
   const TextMode mode = cr.options.thinking ? TextMode::Thinking : TextMode::Chat;

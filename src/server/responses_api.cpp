@@ -109,6 +109,7 @@ int handle_responses(ServerContext& ctx, const HttpRequest& req, Connection& con
     GenerateRequest gr = make_request(ctx, std::move(prompt), cr.max_tokens, cr.sampling, chat_stop_tokens(s.tokenizer()),
                                       &info.max_tokens);
     gr.prompt_text = std::move(prompt_text);
+    gr.checkpoint_at = turn_checkpoints(s.tokenizer(), gr.prompt);
     job = submit(ctx, std::move(gr));
   }
 
