@@ -652,5 +652,29 @@ TEST(AdmissionCli, PlanParallelHoldsNSequenceStates) {
   EXPECT_EQ(r.rc, 2) << r.err;
 }
 
+// serve --parallel N plans N sequence states before it serves: one that does not fit ends the
+// server with the plan's message, naming the sequence states and --parallel.
+TEST(AdmissionCli, ServeRefusesAParallelThatDoesNotFit) {
+  TempDir dir(kTmpPrefix);
+  const std::string model = dir / "tiny.gguf";
+  CmdResult r = run_sluice(dir, "make-model --preset tiny -o " + q(model));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string common = " --port 0 --chunk 64 --checkpoint-budget 0 --allow-swap -m " + q(model);
+  const CmdResult one = run_sluice(dir, "plan --json --parallel 1" + common.substr(common.find(" --chunk")));
+  ASSERT_EQ(one.rc, 0) << one.err;
+  const uint64_t planned = nlohmann::json::parse(one.out)["planned_bytes"].get<uint64_t>();
+  // Room for one sequence (and a margin), not for 64.
+  // Under timeout: a server that admitted it would serve until killed (exit 124).
+  const std::string err_path = dir / "serve.err";
+  const int st = std::system(("timeout 60 " + q(SLUICE_BINARY) + " serve --parallel 64 --mem-budget " +
+                              std::to_string(planned + (4u << 20)) + common + " 2>" + q(err_path)).c_str());
+  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.err = test::slurp(err_path);
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("memory admission refused"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("sequence state"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("lower --parallel (64 sequence states)"), std::string::npos) << r.err;
+}
+
 }  // namespace
 }  // namespace sluice

@@ -340,7 +340,10 @@ Plan make_plan(const ModelFootprint& fp, const PlanOptions& o, const HostFacts& 
   p.stream_window = p.chunk_union > p.union_capacity ? std::max<uint64_t>(1, p.union_capacity / 2) : 0;
   p.unused_bytes = sat_sub(p.budget, p.planned_bytes());
 
-  const std::string reduce = "raise --mem-budget or lower -c/--ctx-size, --chunk or --threads";
+  // With several sequences their states (and checkpoint budgets) are counted once each.
+  const std::string reduce = o.sequences > 1 ? "raise --mem-budget or lower --parallel (" + num(o.sequences) +
+                                                   " sequence states), -c/--ctx-size, --chunk or --threads"
+                                             : "raise --mem-budget or lower -c/--ctx-size, --chunk or --threads";
   const std::string holds_per_layer =
       o.cache_per_layer ? " (" + num(p.union_capacity) + " per layer under lru-per-layer)" : std::string();
   if (!chosen.fits_mandatory) {
