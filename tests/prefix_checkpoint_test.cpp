@@ -174,6 +174,71 @@ TEST_P(PrefixCheckpoint, RefusesACheckpointBeyondTheSequenceOrOfAnotherModel) {
   EXPECT_TRUE(s == at);
 }
 
+// A snapshot restores any state of the engine, whatever it held (the shared prefix cache starts
+// one slot from another's prompt): restored into a state that evaluated other tokens further,
+// it equals a cold prefill of the snapshot's tokens, and continues as one.
+TEST_P(PrefixCheckpoint, SnapshotRestoredIntoAnotherStateEqualsAColdPrefill) {
+  Engine e(m(), opts());
+  const uint32_t V = c().vocab_size, n = len();
+  const std::vector<uint32_t> a = tokens(c(), n, 21);
+  const std::vector<uint32_t> other = tokens(c(), n + 7, 22);
+  for (const uint32_t p : positions()) {
+    SCOPED_TRACE("snapshot at " + std::to_string(p));
+    SequenceState s = e.new_sequence();
+    e.eval(s, std::span<const uint32_t>(a.data(), p), nullptr);
+    const SequenceSnapshot snap = e.snapshot(s);
+    EXPECT_EQ(snap.pos(), p);
+    EXPECT_EQ(snap.bytes(), snapshot_bytes(c(), p));
+    EXPECT_GT(snap.bytes(), checkpoint_bytes(c(), p));
+
+    SequenceState t = e.new_sequence();  // dirty: other tokens, further than p
+    e.eval(t, other, nullptr);
+    e.restore(t, snap);
+    EXPECT_TRUE(t == s) << "the restored state differs from the one the snapshot was taken of";
+
+    std::vector<uint32_t> b = tokens(c(), n, 2000 + p);
+    std::copy(a.begin(), a.begin() + p, b.begin());
+    SequenceState cold = e.new_sequence();
+    std::vector<float> cold_logits((size_t)n * V);
+    e.eval(cold, b, cold_logits.data());
+    std::vector<float> got((size_t)(n - p) * V);
+    e.eval(t, std::span<const uint32_t>(b.data() + p, n - p), got.data());
+    EXPECT_TRUE(same_bits(got, std::vector<float>(cold_logits.begin() + (size_t)p * V, cold_logits.end())))
+        << "logits after the restore differ from a cold prefill";
+    EXPECT_TRUE(t == cold);
+  }
+}
+
+TEST_P(PrefixCheckpoint, RefusesASnapshotOfAnotherShapeOrBeyondTheContext) {
+  Engine e(m(), opts());
+  const std::vector<uint32_t> a = tokens(c(), 40, 5);
+  SequenceState s = e.new_sequence();
+  e.eval(s, a, nullptr);
+  const SequenceSnapshot snap = e.snapshot(s);
+  SequenceState t = e.new_sequence();
+  e.eval(t, std::span<const uint32_t>(a.data(), 9), nullptr);
+  const SequenceState before = t;
+  SequenceSnapshot bad = snap;
+  bad.kv.back().pop_back();
+  EXPECT_THROW(e.restore(t, bad), Error);
+  bad = snap;
+  bad.index_k.clear();
+  EXPECT_THROW(e.restore(t, bad), Error);
+  bad = snap;
+  bad.ck.engram_tail.push_back(1);
+  EXPECT_THROW(e.restore(t, bad), Error);
+  EngineOptions small = opts();
+  small.ctx = 32;
+  Engine e32(m(), small);
+  SequenceState u = e32.new_sequence();
+  const SequenceState u_before = u;
+  EXPECT_THROW(e32.restore(u, snap), Error);  // 40 positions in a context of 32
+  EXPECT_TRUE(u == u_before);
+  EXPECT_TRUE(t == before);
+  e.restore(t, snap);  // the real one, into the shorter state
+  EXPECT_TRUE(t == s);
+}
+
 TEST_P(PrefixCheckpoint, BytesFollowTheShapes) {
   const ModelConfig& cfg = c();
   const std::vector<LayerRole> roles = layer_roles(cfg);

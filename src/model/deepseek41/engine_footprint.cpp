@@ -58,6 +58,13 @@ uint64_t checkpoint_bytes(const ModelConfig& c, uint32_t pos) {
   return b;
 }
 
+uint64_t snapshot_bytes(const ModelConfig& c, uint32_t pos) {
+  uint64_t b = checkpoint_bytes(c, pos);
+  for (const SourceShape& sc : sequence_shape(c, pos).sources)
+    b += (uint64_t)(pos / sc.ratio) * (sc.kv_row_bytes + sc.index_row_bytes);
+  return b;
+}
+
 SequenceStateBytes sequence_state_bytes(const ModelConfig& c, uint32_t ctx) {
   return sequence_state_bytes(sequence_shape(c, ctx));
 }

@@ -83,6 +83,9 @@ struct EngineFootprint {
 // checkpoint exists): min(pos, window) ring rows per layer (BF16), each KV source's carry
 // (2 x (ratio - 1) x head_dim f32), the Engram history (int64).
 uint64_t checkpoint_bytes(const ModelConfig& c, uint32_t pos);
+// Bytes of Engine::snapshot at pos: checkpoint_bytes plus, per KV source, pos / ratio compressed
+// rows and index keys.
+uint64_t snapshot_bytes(const ModelConfig& c, uint32_t pos);
 
 EngineFootprint engine_footprint(const ModelConfig& c, uint32_t ctx, uint32_t chunk, uint64_t weight_bytes);
 

@@ -106,6 +106,12 @@ class Engine {
   // rolled back before ck.pos since. Throws Error (s unchanged) when ck is not this model's or
   // lies beyond s's position.
   void rollback(SequenceState& s, const SequenceCheckpoint& ck) const;
+  // The whole of s at its position, compactly (see SequenceSnapshot).
+  SequenceSnapshot snapshot(const SequenceState& s) const;
+  // s becomes, bit for bit, the state a fresh sequence reaches by evaluating the snapshot's
+  // tokens, whatever s held before (its context must hold the snapshot's position). Throws
+  // Error (s unchanged) when the snapshot is not this model's or does not fit s.
+  void restore(SequenceState& s, const SequenceSnapshot& snap) const;
   // Appends tokens at the state's position, in chunks of at most options.chunk. logits (may be
   // null) receives tokens.size() x vocab floats; trace (may be null) gets one entry per
   // position (appended). Throws Error when the context would be exceeded or a token id is out of

@@ -69,4 +69,24 @@ struct SequenceCheckpoint {
   bool operator==(const SequenceCheckpoint&) const = default;
 };
 
+// A complete state at a position in compact form: a checkpoint's parts plus each KV source's
+// compressed rows and index keys of the groups before pos (rows 0 .. pos/ratio - 1). A
+// checkpoint can only roll back the state it was taken from (the compressed rows must already
+// be there); a snapshot restores any state of the same engine (Engine::restore), so the prefix
+// cache (runtime/prefix_cache.h) can start one slot's sequence from another slot's prompt.
+struct SequenceSnapshot {
+  SequenceCheckpoint ck;
+  std::vector<std::vector<uint8_t>> kv, index_k;  // per KV source, in kv_source_layer_ids order
+
+  uint32_t pos() const { return ck.pos; }
+  // Bytes held; equals snapshot_bytes(config, pos) (model/deepseek41/engine_footprint.h).
+  uint64_t bytes() const {
+    uint64_t b = ck.bytes();
+    for (const std::vector<uint8_t>& v : kv) b += v.size();
+    for (const std::vector<uint8_t>& v : index_k) b += v.size();
+    return b;
+  }
+  bool operator==(const SequenceSnapshot&) const = default;
+};
+
 }  // namespace sluice
