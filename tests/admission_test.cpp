@@ -650,6 +650,18 @@ TEST(AdmissionCli, PlanParallelHoldsNSequenceStates) {
   EXPECT_NE(r.out.find("--parallel 5 needs a chunk of at least 5 rows; the plan has 3"), std::string::npos) << r.out;
   r = run_sluice(dir, "plan -m " + q(model) + " --parallel 0");
   EXPECT_EQ(r.rc, 2) << r.err;
+  // --cache-ram: the shared prefix cache is one line of its own, whatever the sequences.
+  for (const char* np : {"1", "3"}) {
+    r = run_sluice(dir, "plan -m " + q(model) + " --allow-swap --mem-budget 4GiB --json --cache-ram 96MiB -np " + np);
+    ASSERT_EQ(r.rc, 0) << r.err;
+    uint64_t cache = 0;
+    const nlohmann::json plan = nlohmann::json::parse(r.out);
+    for (const nlohmann::json& l : plan["mandatory"])
+      if (l["name"] == "prefix cache") cache = l["bytes"].get<uint64_t>();
+    EXPECT_EQ(cache, 96ull << 20) << r.out;
+  }
+  r = run_sluice(dir, "plan -m " + q(model) + " --allow-swap --mem-budget 4GiB --cache-ram lots");
+  EXPECT_EQ(r.rc, 2) << r.err;
 }
 
 // serve --parallel N plans N sequence states before it serves: one that does not fit ends the

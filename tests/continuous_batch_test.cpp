@@ -282,5 +282,93 @@ TEST_F(ContinuousBatch, ACheckpointAtATurnBoundaryServesTheNextConversation) {
   EXPECT_THROW(s.generate(bad, {}, {}), Error);
 }
 
+// Runs r on slot k to its end (alone on the session), with an observer of its logits.
+GenerateResult run_on(Session& s, uint32_t k, GenerateRequest r, EvalObserver& obs) {
+  r.observer = &obs;
+  bool done = false;
+  GenerateResult out;
+  Session::SlotEvents ev;
+  ev.on_done = [&](GenerateResult res) {
+    out = std::move(res);
+    done = true;
+  };
+  ev.on_failed = [](const std::string& e) { ADD_FAILURE() << e; };
+  s.start(k, std::move(r), std::move(ev));
+  for (int i = 0; !done && i < 1000; ++i) s.step(0);
+  EXPECT_TRUE(done);
+  return out;
+}
+
+// The shared prefix cache (--cache-ram): a conversation on slot 1 starts from the state slot 0
+// reached at the end of a shared system prompt (a turn boundary), and the same prompt sent
+// again on slot 1 restores slot 0's prompt-end state with its logits row and evaluates nothing.
+// Every row either evaluates equals, bit for bit, a fresh session's cold run.
+TEST_F(ContinuousBatch, TheSharedPrefixCacheStartsOneSlotFromAnothersPrompt) {
+  SessionOptions so = options(2, true);
+  so.cache_ram = 64ull << 20;
+  Session s(so);
+  Session cold(options(1, true));
+  const uint32_t V = s.config().vocab_size, sys = 40;
+  GenerateRequest a = request(6, V);  // 59 prompt tokens, seeded sampling
+  a.checkpoint_at = {sys};
+  GenerateRequest b = a;
+  for (size_t i = sys; i < b.prompt.size(); ++i) b.prompt[i] = (b.prompt[i] + 3) % V;
+  b.checkpoint_at.clear();
+
+  ContinuousBatch::Seen sa, sb, sa2, cb, ca;
+  EvalObserver oa = ContinuousBatch::observer_for(sa, V), ob = ContinuousBatch::observer_for(sb, V),
+               oa2 = ContinuousBatch::observer_for(sa2, V), ocb = ContinuousBatch::observer_for(cb, V),
+               oca = ContinuousBatch::observer_for(ca, V);
+  const GenerateResult ra = run_on(s, 0, a, oa);
+  EXPECT_EQ(ra.reused_tokens, 0u);
+  const GenerateResult rb = run_on(s, 1, b, ob);
+  EXPECT_EQ(rb.reused_tokens, sys) << "slot 1 did not start from slot 0's system prompt";
+  const GenerateResult cold_b = run_on(cold, 0, b, ocb);
+  EXPECT_EQ(rb.tokens, cold_b.tokens);
+  ASSERT_GE(cb.positions.size(), sb.positions.size());
+  const size_t skip = cb.positions.size() - sb.positions.size();
+  EXPECT_EQ(sb.positions, std::vector<uint32_t>(cb.positions.begin() + (std::ptrdiff_t)skip, cb.positions.end()));
+  EXPECT_EQ(std::memcmp(sb.logits.data(), cb.logits.data() + skip * V, sb.logits.size() * sizeof(float)), 0)
+      << "rows after the restore differ from a cold run";
+
+  cold.reset();
+  const GenerateResult ra2 = run_on(s, 1, a, oa2);  // slot 1 holds b now
+  EXPECT_EQ(ra2.reused_tokens, a.prompt.size()) << "the repeated prompt did not restore its prompt-end state";
+  EXPECT_EQ(ra2.tokens, ra.tokens);
+  EXPECT_EQ(ra2.tokens, run_on(cold, 0, a, oca).tokens);
+  const size_t decoded = sa2.positions.size();
+  ASSERT_LE(decoded, sa.positions.size());
+  EXPECT_EQ(std::memcmp(sa2.logits.data(), sa.logits.data() + (sa.positions.size() - decoded) * V,
+                        sa2.logits.size() * sizeof(float)), 0);
+
+  const SessionStats st = s.stats();
+  EXPECT_EQ(st.prefix_hits, 2u);
+  EXPECT_EQ(st.prefix_hit_tokens, sys + a.prompt.size());
+  EXPECT_EQ(st.prefix_lookups, 3u);
+  EXPECT_GE(st.prefix_entries, 3u);  // a's boundary and end, b's end
+  EXPECT_LE(st.prefix_bytes, st.prefix_budget);
+  EXPECT_EQ(st.prefix_budget, so.cache_ram);
+  bool planned = false;
+  for (const PlanLine& l : s.plan().mandatory) planned |= l.name == "prefix cache" && l.bytes == so.cache_ram;
+  EXPECT_TRUE(planned) << "the plan does not account the prefix cache";
+}
+
+// A budget below one state keeps nothing (and says so in the stats), and requests run as without.
+TEST_F(ContinuousBatch, APrefixCacheTooSmallForOneStateHoldsNothing) {
+  SessionOptions so = options(2, false);
+  so.cache_ram = 4096;
+  Session s(so);
+  const uint32_t V = s.config().vocab_size;
+  GenerateRequest a = request(2, V);
+  ContinuousBatch::Seen sa, sb;
+  EvalObserver oa = ContinuousBatch::observer_for(sa, V), ob = ContinuousBatch::observer_for(sb, V);
+  const GenerateResult ra = run_on(s, 0, a, oa);
+  const GenerateResult rb = run_on(s, 1, a, ob);
+  EXPECT_EQ(rb.reused_tokens, 0u);
+  EXPECT_EQ(rb.tokens, ra.tokens);
+  EXPECT_EQ(s.stats().prefix_entries, 0u);
+  EXPECT_EQ(s.stats().prefix_bytes, 0u);
+}
+
 }  // namespace
 }  // namespace sluice

@@ -409,6 +409,41 @@ TEST(ServerAuth, ApiKeyRequiredExceptHealth) {
 // --parallel 3 --queue 0: three long streams run at once (GET /slots shows them, each slot's
 // state and tokens), a fourth request gets 503; the steps batched several sequences
 // (sluice_batch_sequences) and every stream's time to first token is in its histogram.
+// --cache-ram: conversation A (a long system prompt), then an unrelated one that takes the only
+// slot's sequence and checkpoints, then B with A's system prompt: B starts from the state the
+// shared prefix cache kept at A's user-turn boundary. Without the cache B evaluates it all again.
+TEST(PrefixCacheServer, AConversationComingBackAfterAnotherReusesTheSharedSystemPrompt) {
+  std::string system;
+  for (int i = 0; system.size() < 2100; ++i) system += "rule " + std::to_string(i) + ": be brief. ";
+  auto chat = [&](const std::string& sys, const std::string& user) {
+    return json{{"messages", json::array({{{"role", "system"}, {"content", sys}}, {{"role", "user"}, {"content", user}}})},
+                {"max_tokens", 2}, {"temperature", 0}};
+  };
+  for (const bool cached : {true, false}) {
+    SCOPED_TRACE(cached ? "--cache-ram 64MiB" : "no prefix cache");
+    std::vector<std::string> args = {"-c", "4k"};
+    if (cached) args.insert(args.end(), {"--cache-ram", "64MiB"});
+    Server s(args);
+    ASSERT_EQ(s.post("/v1/chat/completions", chat(system, "first conversation")).status, 200);
+    ASSERT_EQ(s.post("/v1/chat/completions", chat("you are another agent", "something else")).status, 200);
+    const Response r = s.post("/v1/chat/completions", chat(system, "a different question altogether"));
+    ASSERT_EQ(r.status, 200) << r.body;
+    const int reused = json::parse(r.body)["usage"]["prompt_tokens_details"]["cached_tokens"];
+    std::map<std::string, double> m = parse_prometheus(s.get("/metrics").body);
+    if (cached) {
+      EXPECT_GE(reused, (int)system.size()) << "the system prompt was evaluated again";
+      EXPECT_EQ(m["sluice_prefix_cache_hits_total"], 1);
+      EXPECT_GE(m["sluice_prefix_cache_hit_tokens_total"], (double)system.size());
+      EXPECT_GE(m["sluice_prefix_cache_entries"], 2);
+      EXPECT_LE(m["sluice_prefix_cache_bytes"], m["sluice_prefix_cache_budget_bytes"]);
+      EXPECT_EQ(m["sluice_prefix_cache_budget_bytes"], 64 << 20);
+    } else {
+      EXPECT_LT(reused, 100);
+      EXPECT_EQ(m["sluice_prefix_cache_budget_bytes"], 0);
+    }
+  }
+}
+
 TEST(ParallelServer, SlotsMetricsAndTheLimitOfParallelPlusQueue) {
   Server s({"--parallel", "3", "--queue", "0", "-c", "4k", "--max-tokens-limit", "4000"});
   auto metrics = [&] { return parse_prometheus(s.get("/metrics").body); };

@@ -44,6 +44,7 @@ CLI::App* setup_plan(CLI::App& app, PlanCommandOptions& o) {
   sub->add_option("--cache-experts", o.cache_experts, "hold at most N routed experts in the cache, as run/chat/serve take it");
   sub->add_option("--parallel", o.parallel, "sequences held at once, each with its own state (batched decode; default 1)")
       ->check(CLI::Range(1u, 256u));
+  sub->add_option("--cache-ram", o.cache_ram, "memory for the shared prefix cache, as serve takes it (default: none)");
   sub->add_flag("--json", o.json, "print one JSON object instead of the table");
   return sub;
 }
@@ -64,6 +65,7 @@ int run_plan(const PlanCommandOptions& o) {
   po.sequences = o.parallel;
   try {
     if (!o.checkpoint_budget.empty()) po.checkpoint_budget = parse_bytes(o.checkpoint_budget, "--checkpoint-budget");
+    if (!o.cache_ram.empty()) po.prefix_cache_budget = parse_bytes(o.cache_ram, "--cache-ram");
   } catch (const Error& e) {
     throw UsageError(e.what());
   }

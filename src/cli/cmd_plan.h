@@ -20,6 +20,7 @@ struct PlanCommandOptions {
   std::string checkpoint_budget;  // empty: kDefaultCheckpointBudget, as run, chat and serve
   uint64_t cache_experts = 0;     // --cache-experts, as run, chat and serve (0: no cap)
   uint32_t parallel = 1;          // --parallel N: sequences held at once (sluice bench --parallel)
+  std::string cache_ram;          // --cache-ram, as serve takes it (empty: none)
   bool json = false;
 };
 CLI::App* setup_plan(CLI::App& app, PlanCommandOptions& o);

@@ -43,6 +43,9 @@ CLI::App* setup_serve(CLI::App& app, ServeOptions& o) {
                   "prompt tokens one step evaluates while other requests decode: bounds the stall a new prompt "
                   "causes the streams (0: the chunk; default 64)")
       ->check(CLI::Range(0u, 1u << 20));
+  cmd->add_option("--cache-ram", o.cache_ram,
+                  "memory for the prefix cache all requests share: whole states at prompt ends and user turns, "
+                  "found by the longest matching token prefix (e.g. 512MiB; default 0: none)");
   cmd->add_option("--max-body", o.max_body, "largest request body (e.g. 8MiB); larger get 413");
   cmd->add_option("--max-tokens-limit", o.max_tokens_limit, "largest max_tokens a request may ask for (also the default)")
       ->check(CLI::Range(1u, 1u << 24));
@@ -164,6 +167,7 @@ int run_serve(const ServeOptions& o) {
 
   SessionOptions sess = session_options(o.engine, o.model, o.ctx);
   sess.parallel = o.parallel;
+  if (!o.cache_ram.empty()) sess.cache_ram = parse_bytes(o.cache_ram, "--cache-ram");
   // The header's checks (architecture, -c against the model) before listening: the model
   // itself loads in the worker, after "listening" is printed.
   // Opened once here; the Session in the worker plans from the same header.

@@ -212,6 +212,10 @@ Eval evaluate(const ModelFootprint& fp, const PlanOptions& o, uint32_t chunk, in
                                : num(o.checkpoint_budget / one_checkpoint) + " x up to " + format_bytes(one_checkpoint) +
                                      " (window rings, carry, Engram history, logits row) per sequence");
 
+  if (o.prefix_cache_budget)
+    add("prefix cache", o.prefix_cache_budget,
+        "--cache-ram, shared by " + num(o.sequences) + " sequence(s): whole states at prompt boundaries");
+
   // --cache-experts: the cache holds at most this many experts, whatever the budget leaves.
   const uint64_t slot_limit =
       o.max_cache_experts ? std::min<uint64_t>(fp.total_experts(), o.max_cache_experts) : fp.total_experts();

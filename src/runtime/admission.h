@@ -148,6 +148,7 @@ struct PlanOptions {
   uint64_t allocation_slack_bytes = 4096 + 16;
   uint64_t slot_record_bytes = 256;         // per-slot table, index and LRU entries
   uint64_t checkpoint_budget = kDefaultCheckpointBudget;  // per sequence; 0: no checkpoints
+  uint64_t prefix_cache_budget = 0;  // --cache-ram, shared by all sequences; 0: none
   // Hook for the expert store: its own bytes (cache of `slots` experts + bounce buffers +
   // anything else it allocates) for a cache of `slots` experts. Must be non-decreasing in
   // slots. When set, it replaces the bounce-buffer and expert-cache formulas.

@@ -14,6 +14,7 @@
 #include "model/model.h"
 #include "model/streamed_experts.h"
 #include "runtime/checkpoint_set.h"
+#include "runtime/prefix_cache.h"
 #include "runtime/meminfo.h"
 #include "runtime/prompt_cache.h"
 #include "runtime/store_plan.h"
@@ -96,6 +97,9 @@ struct Session::Impl {
   std::unique_ptr<StreamedExperts> streamed;
   std::unique_ptr<Engine> engine;
   std::vector<Slot> slots;          // --parallel; slot 0 is generate()'s
+  std::unique_ptr<PrefixCache> prefix;  // --cache-ram; null: none (driving thread only)
+  mutable std::mutex prefix_mu;
+  PrefixCacheStats prefix_stats;        // published for stats(), under prefix_mu
   mutable std::mutex prompt_mu;
   uint64_t started = 0;
   std::vector<float> step_logits;   // a step's rows of logits (at most chunk x vocab, planned)
@@ -130,6 +134,31 @@ struct Session::Impl {
       ++ck_taken;
     }
     publish_checkpoints();
+    if (with_logits) cache_prefix(sl, true);
+  }
+  void publish_prefix() {
+    const PrefixCacheStats st = prefix->stats();
+    const std::lock_guard<std::mutex> lock(prefix_mu);
+    prefix_stats = st;
+  }
+  // A snapshot of the slot's state into the shared prefix cache (with the last row of logits at
+  // a prompt's end), unless one is held. Room is made before the snapshot is copied.
+  void cache_prefix(Slot& sl, bool with_logits) {
+    const uint32_t pos = sl.state.position();
+    if (!prefix || pos == 0) return;
+    with_logits = with_logits && !sl.last_logits.empty();
+    const std::span<const TokenId> key(sl.history.data(), pos);
+    if (prefix->contains(key, with_logits)) return;
+    const uint64_t need =
+        prefix_entry_charge(snapshot_bytes(model->config, pos) + (with_logits ? sl.last_logits.size() * sizeof(float) : 0),
+                            prefix_entry_blocks(sl.state.sources.size()), pos);
+    if (prefix->make_room(need)) {
+      PrefixEntry e;
+      e.snap = engine->snapshot(sl.state);
+      if (with_logits) e.logits = sl.last_logits;
+      prefix->insert(key, std::move(e));
+    }
+    publish_prefix();
   }
   static size_t common_prefix(const std::vector<TokenId>& a, std::span<const TokenId> b) {
     const size_t n = std::min(a.size(), b.size());
@@ -143,8 +172,26 @@ struct Session::Impl {
     // prefill may not have computed.
     const bool extends = !sl.history.empty() && common == sl.history.size() &&
                          (sl.history.size() < prompt.size() || !sl.last_logits.empty());
+    const SessionCheckpoint* c = extends ? nullptr : sl.checkpoints.best_for((uint32_t)common, (uint32_t)prompt.size());
+    if (prefix) {
+      const size_t own = extends ? sl.history.size() : c ? c->pos() : 0;
+      const PrefixEntry* hit = prefix->lookup(prompt);
+      if (hit && hit->pos() > own) {
+        const uint32_t pos = hit->pos();
+        engine->restore(sl.state, hit->snap);
+        sl.history.assign(prompt.begin(), prompt.begin() + pos);
+        sl.last_logits = hit->logits;
+        // The slot's checkpoints of tokens the new sequence shares stay valid (the restored
+        // state holds those tokens and the same compressed rows before them).
+        sl.checkpoints.drop_after((uint32_t)std::min<size_t>(common, pos));
+        prefix->count_hit(pos);
+        publish_checkpoints();
+        publish_prefix();
+        return;
+      }
+      publish_prefix();
+    }
     if (extends) return;
-    const SessionCheckpoint* c = sl.checkpoints.best_for((uint32_t)common, (uint32_t)prompt.size());
     if (!c) {
       forget(sl);
       return;
@@ -286,6 +333,7 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
     spo.plan.budget = opt.budget;
     spo.plan.allow_swap = opt.allow_swap;
     spo.plan.checkpoint_budget = opt.checkpoint_budget;
+    spo.plan.prefix_cache_budget = opt.cache_ram;
     if (opt.parallel == 0) throw Error("--parallel must be at least 1");
     spo.plan.sequences = opt.parallel;
     spo.plan.max_cache_experts = opt.max_cache_experts;
@@ -330,6 +378,10 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
   s.slots.resize(opt.parallel);
   s.gauges = std::make_unique<SlotGauge[]>(opt.parallel);
   s.step_sizes = std::make_unique<std::atomic<uint64_t>[]>(opt.parallel + 1);
+  if (opt.cache_ram) {
+    s.prefix = std::make_unique<PrefixCache>(opt.cache_ram);
+    s.publish_prefix();
+  }
   for (Slot& sl : s.slots) {
     sl.state = s.engine->new_sequence();
     sl.checkpoints = CheckpointSet(opt.checkpoint_budget);  // the plan charges it per sequence
@@ -564,8 +616,10 @@ void Session::step(uint32_t prefill_tokens) {
     // (the prompt-end checkpoints follow).
     const bool interval = pt.decode || !pt.last_piece;
     if (interval && every && sl.state.position() / every > pos / every) s.take_checkpoint(sl, false);
-    if (!pt.decode && std::binary_search(a.r.checkpoint_at.begin(), a.r.checkpoint_at.end(), (uint32_t)sl.history.size()))
+    if (!pt.decode && std::binary_search(a.r.checkpoint_at.begin(), a.r.checkpoint_at.end(), (uint32_t)sl.history.size())) {
       s.take_checkpoint(sl, false);
+      s.cache_prefix(sl, false);
+    }
     if (pt.decode) {
       ++a.res.decode_steps;
       s.sample_next(sl);
@@ -628,6 +682,13 @@ SessionStats Session::stats() const {
   st.engram_reads = s.engram_reads;
   st.engram_bytes = s.engram_bytes;
   st.engram_cache_rows = s.plan.engram_cache_rows;
+  {
+    const std::lock_guard<std::mutex> lock(s.prefix_mu);
+    const PrefixCacheStats& p = s.prefix_stats;
+    st.prefix_entries = p.entries, st.prefix_bytes = p.bytes, st.prefix_budget = p.budget;
+    st.prefix_lookups = p.lookups, st.prefix_hits = p.hits, st.prefix_hit_tokens = p.hit_tokens;
+    st.prefix_inserted = p.inserted, st.prefix_evicted = p.evicted;
+  }
   st.slots = (uint32_t)s.slots.size();
   st.busy_slots = s.busy;
   for (size_t k = 0; k < s.slots.size(); ++k) {

@@ -72,6 +72,11 @@ struct SessionOptions {
   // own state, all planned (PlanOptions::sequences) and allocated up front. Slot 0 is the kept
   // sequence generate() uses; the server's worker runs requests on all of them (start, step).
   uint32_t parallel = 1;
+  // --cache-ram: bytes for the prefix cache shared by all slots (runtime/prefix_cache.h; 0: none,
+  // accounted in the plan). A snapshot of the state is kept at each prompt's end (with its last
+  // row of logits) and at each of its checkpoint_at positions; a request on any slot starts from
+  // the longest cached prefix of its prompt when that beats the slot's own sequence and checkpoints.
+  uint64_t cache_ram = 0;
   // Load progress: stage name and done/total bytes (total 0: unknown). May be empty.
   std::function<void(const std::string& stage, uint64_t done, uint64_t total)> progress;
 };
@@ -156,6 +161,10 @@ struct SessionStats {
   // the row cache, pread calls and bytes read; the cache's rows per table (0: no Engram).
   uint64_t engram_rows = 0, engram_unique = 0, engram_hits = 0, engram_reads = 0, engram_bytes = 0;
   uint64_t engram_cache_rows = 0;
+  // The shared prefix cache (SessionOptions::cache_ram): entries and bytes held, its budget,
+  // lookups, hits (restores) and the prompt tokens they saved, entries added and evicted.
+  uint64_t prefix_entries = 0, prefix_bytes = 0, prefix_budget = 0;
+  uint64_t prefix_lookups = 0, prefix_hits = 0, prefix_hit_tokens = 0, prefix_inserted = 0, prefix_evicted = 0;
   uint32_t slots = 1, busy_slots = 0;  // --parallel, and how many run a request now
   std::vector<SlotStats> slot;         // per slot
   // steps_by_sequences[k]: step() passes that evaluated k sequences together (index 0 unused).

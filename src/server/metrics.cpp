@@ -166,6 +166,17 @@ std::string render_metrics(const MetricsInput& in) {
     w.histogram("sluice_batch_sequences", "Sequences evaluated together per engine step (--parallel batches them).",
                 bounds, counts, sum);
   }
+  w.one("sluice_prefix_cache_entries", "gauge", "States held by the shared prefix cache (--cache-ram).", (double)s.prefix_entries);
+  w.one("sluice_prefix_cache_bytes", "gauge", "Bytes the shared prefix cache holds (charged per entry).", (double)s.prefix_bytes);
+  w.one("sluice_prefix_cache_budget_bytes", "gauge", "The shared prefix cache's budget (--cache-ram; 0: none).",
+        (double)s.prefix_budget);
+  w.one("sluice_prefix_cache_lookups_total", "counter", "Requests that looked their prompt up in the prefix cache.",
+        (double)s.prefix_lookups);
+  w.one("sluice_prefix_cache_hits_total", "counter", "Requests that started from a prefix cache state.", (double)s.prefix_hits);
+  w.one("sluice_prefix_cache_hit_tokens_total", "counter", "Prompt tokens those hits did not evaluate again.",
+        (double)s.prefix_hit_tokens);
+  w.one("sluice_prefix_cache_evicted_total", "counter", "Prefix cache states dropped to stay in the budget.",
+        (double)s.prefix_evicted);
   w.family("sluice_slot_busy", "gauge", "1 while the slot runs a request.");
   for (size_t k = 0; k < s.slot.size(); ++k)
     w.sample("sluice_slot_busy", "slot=\"" + std::to_string(k) + "\"", s.slot[k].phase == SlotStats::Phase::Idle ? 0 : 1);
