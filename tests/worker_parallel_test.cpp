@@ -121,6 +121,10 @@ TEST_F(WorkerParallel, TheQueueRefusesOnlyBeyondParallelPlusQueueAndCancelFreesS
   }
   auto extra = std::make_shared<Job>(request(5, 4));
   EXPECT_FALSE(w->submit(extra)) << "a 5th job was taken by 3 slots and a queue of 1";
+  // Again while the worker may be moving jobs from the queue onto slots: a job between the two
+  // still holds its place.
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  EXPECT_FALSE(w->submit(extra)) << "a 5th job was taken while the others were starting";
   for (int i = 0; i < 2000 && w->running() < 3; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EXPECT_EQ(w->running(), 3u);
   for (auto& j : jobs) j->cancel(CancelCause::ClientGone);

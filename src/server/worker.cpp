@@ -177,8 +177,9 @@ void Worker::run(Factory factory) {
       std::unique_lock lk(mu_);
       cv_.wait(lk, [&] { return stop_ || !queue_.empty() || running_ > 0; });
       if (stop_) break;
-      // Join at this step boundary, as many as there are free slots.
-      while (!queue_.empty() && running_ + starting.size() < slots_) {
+      // Join at this step boundary, as many as there are free slots. A job counts as running
+      // from the moment it leaves the queue, so submit() never sees its place as free.
+      while (!queue_.empty() && running_ < slots_) {
         std::shared_ptr<Job> job = std::move(queue_.front());
         queue_.pop_front();
         if (job->cancelled) {
@@ -188,6 +189,7 @@ void Worker::run(Factory factory) {
           continue;
         }
         starting.push_back(std::move(job));
+        ++running_;
       }
     }
     // Each on the free slot sharing the most of its prompt; one at a time, as a start can end
@@ -198,7 +200,8 @@ void Worker::run(Factory factory) {
       {
         std::lock_guard lk(mu_);
         current_[(uint32_t)k] = job;
-        ++running_;
+        // A shutdown since it left the queue did not see it on a slot.
+        if (stop_) job->cancel(CancelCause::Shutdown);
       }
       job->push(JobEvent::make(JobEvent::Kind::Started));
       try {
