@@ -21,6 +21,8 @@
 #include "model/deepseek41/schema.h"
 #include "synth/vocab.h"
 #include "runtime/admission.h"
+#include "runtime/state_disk.h"
+#include "model/deepseek41/engine_footprint.h"
 #include "runtime/meminfo.h"
 #include "util/error.h"
 
@@ -662,6 +664,19 @@ TEST(AdmissionCli, PlanParallelHoldsNSequenceStates) {
   }
   r = run_sluice(dir, "plan -m " + q(model) + " --allow-swap --mem-budget 4GiB --cache-ram lots");
   EXPECT_EQ(r.rc, 2) << r.err;
+  // --kv-disk: serve --kv-disk-dir's write queue (two of the largest snapshots) and read buffer.
+  r = run_sluice(dir, "plan -m " + q(model) + " --allow-swap --mem-budget 4GiB --json --kv-disk");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  {
+    const nlohmann::json plan = nlohmann::json::parse(r.out);
+    const uint32_t ctx = plan["ctx"];
+    uint64_t disk = 0;
+    for (const nlohmann::json& l : plan["mandatory"])
+      if (l["name"] == "state disk buffers") disk = l["bytes"].get<uint64_t>();
+    const ModelConfig c = tiny_config();  // make-model --preset tiny
+    EXPECT_EQ(disk, 3 * state_queue_charge(state_shape(c, ctx), ctx, true)) << r.out;
+    EXPECT_GT(disk, 3 * snapshot_bytes(c, ctx));
+  }
 }
 
 // serve --parallel N plans N sequence states before it serves: one that does not fit ends the

@@ -444,6 +444,40 @@ TEST(PrefixCacheServer, AConversationComingBackAfterAnotherReusesTheSharedSystem
   }
 }
 
+// --kv-disk-dir: the states written by one server are found by the next one on the same directory.
+TEST(StateDiskServer, AConversationAfterARestartReusesItsStateFromDisk) {
+  std::string system;
+  for (int i = 0; system.size() < 1500; ++i) system += "rule " + std::to_string(i) + ": be brief. ";
+  const json chat = {{"messages", json::array({{{"role", "system"}, {"content", system}},
+                                               {{"role", "user"}, {"content", "the question"}}})},
+                     {"max_tokens", 2}, {"temperature", 0}};
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("sluice_state_disk_server_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const std::vector<std::string> args = {"-c", "4k", "--kv-disk-dir", dir.string(), "--kv-disk-budget", "256MiB"};
+  std::string first;
+  {
+    Server s(args);
+    const Response r = s.post("/v1/chat/completions", chat);
+    ASSERT_EQ(r.status, 200) << r.body;
+    first = json::parse(r.body)["choices"][0]["message"]["content"];
+    EXPECT_EQ(json::parse(r.body)["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  }
+  Server s(args);
+  const Response r = s.post("/v1/chat/completions", chat);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json j = json::parse(r.body);
+  EXPECT_GE(j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), (int)system.size())
+      << "the restarted server evaluated the prompt again";
+  EXPECT_EQ(j["choices"][0]["message"]["content"], first);
+  std::map<std::string, double> m = parse_prometheus(s.get("/metrics").body);
+  EXPECT_EQ(m["sluice_state_disk_hits_total"], 1);
+  EXPECT_GE(m["sluice_state_disk_entries"], 2);
+  EXPECT_LE(m["sluice_state_disk_bytes"], m["sluice_state_disk_budget_bytes"]);
+  EXPECT_EQ(m["sluice_state_disk_budget_bytes"], 256 << 20);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(ParallelServer, SlotsMetricsAndTheLimitOfParallelPlusQueue) {
   Server s({"--parallel", "3", "--queue", "0", "-c", "4k", "--max-tokens-limit", "4000"});
   auto metrics = [&] { return parse_prometheus(s.get("/metrics").body); };

@@ -45,6 +45,8 @@ CLI::App* setup_plan(CLI::App& app, PlanCommandOptions& o) {
   sub->add_option("--parallel", o.parallel, "sequences held at once, each with its own state (batched decode; default 1)")
       ->check(CLI::Range(1u, 256u));
   sub->add_option("--cache-ram", o.cache_ram, "memory for the shared prefix cache, as serve takes it (default: none)");
+  sub->add_flag("--kv-disk", o.kv_disk,
+                "count the memory serve's --kv-disk-dir holds (snapshots waiting to be written, one being read)");
   sub->add_flag("--json", o.json, "print one JSON object instead of the table");
   return sub;
 }
@@ -63,6 +65,7 @@ int run_plan(const PlanCommandOptions& o) {
   po.allow_swap = o.allow_swap;
   po.max_cache_experts = o.cache_experts;
   po.sequences = o.parallel;
+  po.state_disk = o.kv_disk;
   try {
     if (!o.checkpoint_budget.empty()) po.checkpoint_budget = parse_bytes(o.checkpoint_budget, "--checkpoint-budget");
     if (!o.cache_ram.empty()) po.prefix_cache_budget = parse_bytes(o.cache_ram, "--cache-ram");

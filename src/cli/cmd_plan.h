@@ -21,6 +21,7 @@ struct PlanCommandOptions {
   uint64_t cache_experts = 0;     // --cache-experts, as run, chat and serve (0: no cap)
   uint32_t parallel = 1;          // --parallel N: sequences held at once (sluice bench --parallel)
   std::string cache_ram;          // --cache-ram, as serve takes it (empty: none)
+  bool kv_disk = false;           // --kv-disk: the state directory's buffers, as serve's --kv-disk-dir holds them
   bool json = false;
 };
 CLI::App* setup_plan(CLI::App& app, PlanCommandOptions& o);

@@ -46,6 +46,13 @@ CLI::App* setup_serve(CLI::App& app, ServeOptions& o) {
   cmd->add_option("--cache-ram", o.cache_ram,
                   "memory for the prefix cache all requests share: whole states at prompt ends and user turns, "
                   "found by the longest matching token prefix (e.g. 512MiB; default 0: none)");
+  auto* disk_dir = cmd->add_option("--kv-disk-dir", o.kv_disk_dir,
+                                   "directory for states on disk (created if absent, not its parents): prompt-end and "
+                                   "user-turn states written in the background, found again after a restart");
+  auto* disk_budget = cmd->add_option("--kv-disk-budget", o.kv_disk_budget,
+                                      "disk space the state files may take (e.g. 20GiB; least recently used go first)");
+  disk_dir->needs(disk_budget);
+  disk_budget->needs(disk_dir);
   cmd->add_option("--max-body", o.max_body, "largest request body (e.g. 8MiB); larger get 413");
   cmd->add_option("--max-tokens-limit", o.max_tokens_limit, "largest max_tokens a request may ask for (also the default)")
       ->check(CLI::Range(1u, 1u << 24));
@@ -168,6 +175,11 @@ int run_serve(const ServeOptions& o) {
   SessionOptions sess = session_options(o.engine, o.model, o.ctx);
   sess.parallel = o.parallel;
   if (!o.cache_ram.empty()) sess.cache_ram = parse_bytes(o.cache_ram, "--cache-ram");
+  if (!o.kv_disk_dir.empty()) {
+    sess.kv_disk_dir = o.kv_disk_dir;
+    sess.kv_disk_budget = parse_bytes(o.kv_disk_budget, "--kv-disk-budget");
+    if (sess.kv_disk_budget == 0) throw UsageError("--kv-disk-budget must be more than 0");
+  }
   // The header's checks (architecture, -c against the model) before listening: the model
   // itself loads in the worker, after "listening" is printed.
   // Opened once here; the Session in the worker plans from the same header.

@@ -20,6 +20,8 @@ struct ServeOptions {
   uint32_t parallel = 1;             // --parallel / -np: requests decoded together
   uint32_t prefill_step = 64;        // prompt tokens a step evaluates while others decode
   std::string cache_ram;             // --cache-ram BYTES: the shared prefix cache (empty or 0: none)
+  std::string kv_disk_dir;           // --kv-disk-dir DIR: states on disk (empty: none)
+  std::string kv_disk_budget;        // --kv-disk-budget BYTES: their files at most
   std::string max_body = "8MiB";
   uint32_t max_tokens_limit = 4096;
   std::string api_key;

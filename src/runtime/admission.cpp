@@ -11,6 +11,7 @@
 #include "model/architecture.h"
 #include "model/deepseek41/engram_cache.h"
 #include "model/deepseek41/forward.h"
+#include "runtime/state_disk.h"
 #include "util/error.h"
 
 namespace sluice {
@@ -215,6 +216,11 @@ Eval evaluate(const ModelFootprint& fp, const PlanOptions& o, uint32_t chunk, in
   if (o.prefix_cache_budget)
     add("prefix cache", o.prefix_cache_budget,
         "--cache-ram, shared by " + num(o.sequences) + " sequence(s): whole states at prompt boundaries");
+  if (o.state_disk) {
+    const uint64_t one = state_queue_charge(state_shape(c, o.ctx), o.ctx, true);
+    add("state disk buffers", 3 * one,
+        "--kv-disk-dir: 2 snapshots waiting to be written + 1 being read, each up to " + format_bytes(one));
+  }
 
   // --cache-experts: the cache holds at most this many experts, whatever the budget leaves.
   const uint64_t slot_limit =
@@ -268,6 +274,12 @@ Plan make_plan(const ModelFootprint& fp, const PlanOptions& o, const HostFacts& 
   Plan p;
   p.model = fp.source;
   p.ctx = o.ctx;
+  if (o.state_disk) {
+    // What the "state disk buffers" line holds (the queue's size is the Session's StateDisk's).
+    const uint64_t one = state_queue_charge(state_shape(c, o.ctx), o.ctx, true);
+    p.state_disk_queue = 2 * one;
+    p.state_disk_read = one;
+  }
   p.sequences = o.sequences;
   p.threads = o.threads > 0 ? o.threads : std::max(1, (int)std::thread::hardware_concurrency());
   p.engram_cache_rows = c.engram_layer_ids.empty() ? 0 : o.engram_cache_rows;

@@ -149,6 +149,9 @@ struct PlanOptions {
   uint64_t slot_record_bytes = 256;         // per-slot table, index and LRU entries
   uint64_t checkpoint_budget = kDefaultCheckpointBudget;  // per sequence; 0: no checkpoints
   uint64_t prefix_cache_budget = 0;  // --cache-ram, shared by all sequences; 0: none
+  // --kv-disk-dir: states on disk. Memory: snapshots waiting to be written (two of the largest)
+  // and one being read (Plan::state_disk_queue, state_disk_read).
+  bool state_disk = false;
   // Hook for the expert store: its own bytes (cache of `slots` experts + bounce buffers +
   // anything else it allocates) for a cache of `slots` experts. Must be non-decreasing in
   // slots. When set, it replaces the bounce-buffer and expert-cache formulas.
@@ -181,6 +184,8 @@ struct Plan {
   bool cache_per_layer = true;
   uint64_t union_capacity = 0;          // experts one layer can hold at once (see PlanOptions)
   uint64_t engram_cache_rows = 0;       // per Engram table, accounted (0: the model has none)
+  uint64_t state_disk_queue = 0;        // --kv-disk-dir: bytes of snapshots waiting to be written
+  uint64_t state_disk_read = 0;         // and of the one being read
   uint64_t chunk_union = 0;             // min(chunk x top_k, n_expert): worst-case experts of one layer
   uint32_t max_chunk_for_cache = 0;     // the largest chunk whose worst-case union is leased at once
   uint64_t stream_window = 0;           // 0: the chunk's union fits a layer's share; else experts per window

@@ -31,6 +31,18 @@ size_t common_run(std::span<const TokenId> a, std::span<const TokenId> b) {
 
 const PrefixEntry* PrefixCache::lookup(std::span<const TokenId> prompt) {
   ++stats_.lookups;
+  Node* best = deepest(prompt);
+  if (!best) return nullptr;
+  best->used = ++tick_;
+  return &*best->entry;
+}
+
+const PrefixEntry* PrefixCache::peek(std::span<const TokenId> prompt) const {
+  const Node* n = deepest(prompt);
+  return n ? &*n->entry : nullptr;
+}
+
+PrefixCache::Node* PrefixCache::deepest(std::span<const TokenId> prompt) const {
   Node* best = nullptr;
   Node* n = root_.get();
   size_t at = 0;  // tokens of prompt matched through n
@@ -44,9 +56,7 @@ const PrefixEntry* PrefixCache::lookup(std::span<const TokenId> prompt) {
     at += kid->label.size();
     n = kid;
   }
-  if (!best) return nullptr;
-  best->used = ++tick_;
-  return &*best->entry;
+  return best;
 }
 
 PrefixCache::Node* PrefixCache::find(std::span<const TokenId> prefix) const {

@@ -62,6 +62,8 @@ class PrefixCache {
   // than the prompt unless the entry has its logits row (a prompt needs the row after its last
   // token). Counted as a lookup; the entry found is marked as used. null: none.
   const PrefixEntry* lookup(std::span<const TokenId> prompt);
+  // The same entry, neither counted nor marked as used.
+  const PrefixEntry* peek(std::span<const TokenId> prompt) const;
   // Whether an entry for exactly this prefix is held (with logits, when with_logits).
   bool contains(std::span<const TokenId> prefix, bool with_logits) const;
   // Evicts least recently used entries until `charge` more bytes fit. false (nothing evicted,
@@ -81,6 +83,7 @@ class PrefixCache {
  private:
   struct Node;
   Node* find(std::span<const TokenId> prefix) const;
+  Node* deepest(std::span<const TokenId> prompt) const;
   void erase_entry(Node* n);
   void prune(Node* n);
 

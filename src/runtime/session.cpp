@@ -15,6 +15,7 @@
 #include "model/streamed_experts.h"
 #include "runtime/checkpoint_set.h"
 #include "runtime/prefix_cache.h"
+#include "runtime/state_disk.h"
 #include "runtime/meminfo.h"
 #include "runtime/prompt_cache.h"
 #include "runtime/store_plan.h"
@@ -100,6 +101,7 @@ struct Session::Impl {
   std::unique_ptr<PrefixCache> prefix;  // --cache-ram; null: none (driving thread only)
   mutable std::mutex prefix_mu;
   PrefixCacheStats prefix_stats;        // published for stats(), under prefix_mu
+  std::unique_ptr<StateDisk> disk;      // --kv-disk-dir; null: none
   mutable std::mutex prompt_mu;
   uint64_t started = 0;
   std::vector<float> step_logits;   // a step's rows of logits (at most chunk x vocab, planned)
@@ -143,22 +145,57 @@ struct Session::Impl {
   }
   // A snapshot of the slot's state into the shared prefix cache (with the last row of logits at
   // a prompt's end), unless one is held. Room is made before the snapshot is copied.
+  // The same snapshot is queued for the state directory when it has none of this prefix.
   void cache_prefix(Slot& sl, bool with_logits) {
     const uint32_t pos = sl.state.position();
-    if (!prefix || pos == 0) return;
+    if ((!prefix && !disk) || pos == 0) return;
     with_logits = with_logits && !sl.last_logits.empty();
     const std::span<const TokenId> key(sl.history.data(), pos);
-    if (prefix->contains(key, with_logits)) return;
-    const uint64_t need =
-        prefix_entry_charge(snapshot_bytes(model->config, pos) + (with_logits ? sl.last_logits.size() * sizeof(float) : 0),
-                            prefix_entry_blocks(sl.state.sources.size()), pos);
-    if (prefix->make_room(need)) {
-      PrefixEntry e;
-      e.snap = engine->snapshot(sl.state);
-      if (with_logits) e.logits = sl.last_logits;
-      prefix->insert(key, std::move(e));
+    bool ram = false;
+    if (prefix && !prefix->contains(key, with_logits)) {
+      const uint64_t need = prefix_entry_charge(
+          snapshot_bytes(model->config, pos) + (with_logits ? sl.last_logits.size() * sizeof(float) : 0),
+          prefix_entry_blocks(sl.state.sources.size()), pos);
+      ram = prefix->make_room(need);
     }
-    publish_prefix();
+    const bool to_disk = disk && disk->wants(key, with_logits);
+    if (ram || to_disk) {
+      SequenceSnapshot snap = engine->snapshot(sl.state);
+      if (to_disk)
+        disk->put(std::vector<TokenId>(key.begin(), key.end()), ram ? snap : std::move(snap),
+                  with_logits ? sl.last_logits : std::vector<float>{});
+      if (ram) {
+        PrefixEntry e;
+        e.snap = std::move(snap);
+        if (with_logits) e.logits = sl.last_logits;
+        prefix->insert(key, std::move(e));
+      }
+    }
+    if (prefix) publish_prefix();
+  }
+  // A state from the directory, when it holds a longer prefix of the prompt than `better_than`:
+  // restored into the slot (and kept in the RAM cache when it has room). false: none usable.
+  bool restore_from_disk(Slot& sl, std::span<const TokenId> prompt, size_t common, uint32_t better_than) {
+    const uint32_t pos = disk->find(prompt, better_than);
+    LoadedState ls;
+    if (pos == 0 || !disk->load(prompt, pos, &ls)) return false;
+    engine->restore(sl.state, ls.snap);
+    sl.history.assign(prompt.begin(), prompt.begin() + pos);
+    sl.last_logits = ls.logits;
+    sl.checkpoints.drop_after((uint32_t)std::min<size_t>(common, pos));
+    publish_checkpoints();
+    if (prefix && !prefix->contains(prompt.first(pos), !ls.logits.empty())) {
+      const uint64_t need = prefix_entry_charge(ls.snap.bytes() + ls.logits.size() * sizeof(float),
+                                                prefix_entry_blocks(sl.state.sources.size()), pos);
+      if (prefix->make_room(need)) {
+        PrefixEntry e;
+        e.snap = std::move(ls.snap);
+        e.logits = std::move(ls.logits);
+        prefix->insert(prompt.first(pos), std::move(e));
+      }
+      publish_prefix();
+    }
+    return true;
   }
   static size_t common_prefix(const std::vector<TokenId>& a, std::span<const TokenId> b) {
     const size_t n = std::min(a.size(), b.size());
@@ -173,8 +210,12 @@ struct Session::Impl {
     const bool extends = !sl.history.empty() && common == sl.history.size() &&
                          (sl.history.size() < prompt.size() || !sl.last_logits.empty());
     const SessionCheckpoint* c = extends ? nullptr : sl.checkpoints.best_for((uint32_t)common, (uint32_t)prompt.size());
+    const size_t own = extends ? sl.history.size() : c ? c->pos() : 0;
+    if (disk) {
+      const PrefixEntry* ram = prefix ? prefix->peek(prompt) : nullptr;
+      if (restore_from_disk(sl, prompt, common, (uint32_t)std::max<size_t>(own, ram ? ram->pos() : 0))) return;
+    }
     if (prefix) {
-      const size_t own = extends ? sl.history.size() : c ? c->pos() : 0;
       const PrefixEntry* hit = prefix->lookup(prompt);
       if (hit && hit->pos() > own) {
         const uint32_t pos = hit->pos();
@@ -334,6 +375,7 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
     spo.plan.allow_swap = opt.allow_swap;
     spo.plan.checkpoint_budget = opt.checkpoint_budget;
     spo.plan.prefix_cache_budget = opt.cache_ram;
+    spo.plan.state_disk = !opt.kv_disk_dir.empty();
     if (opt.parallel == 0) throw Error("--parallel must be at least 1");
     spo.plan.sequences = opt.parallel;
     spo.plan.max_cache_experts = opt.max_cache_experts;
@@ -381,6 +423,16 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
   if (opt.cache_ram) {
     s.prefix = std::make_unique<PrefixCache>(opt.cache_ram);
     s.publish_prefix();
+  }
+  if (!opt.kv_disk_dir.empty()) {
+    StateDiskOptions d;
+    d.dir = opt.kv_disk_dir;
+    d.budget = opt.kv_disk_budget;
+    d.shape = state_shape(cfg, s.plan.ctx);
+    d.queue_bytes = s.plan.state_disk_queue;
+    d.identity = model_file_identity(opt.model_path, header.file.data_offset(), opt.route_bias);
+    d.log = opt.log;
+    s.disk = std::make_unique<StateDisk>(std::move(d));
   }
   for (Slot& sl : s.slots) {
     sl.state = s.engine->new_sequence();
@@ -688,6 +740,15 @@ SessionStats Session::stats() const {
     st.prefix_entries = p.entries, st.prefix_bytes = p.bytes, st.prefix_budget = p.budget;
     st.prefix_lookups = p.lookups, st.prefix_hits = p.hits, st.prefix_hit_tokens = p.hit_tokens;
     st.prefix_inserted = p.inserted, st.prefix_evicted = p.evicted;
+  }
+  if (s.disk) {
+    const StateDiskStats d = s.disk->stats();
+    st.state_disk = true;
+    st.disk_entries = d.entries, st.disk_bytes = d.bytes, st.disk_budget = d.budget;
+    st.disk_lookups = d.lookups, st.disk_hits = d.hits, st.disk_hit_tokens = d.hit_tokens;
+    st.disk_queued = d.queued, st.disk_written = d.written, st.disk_written_bytes = d.written_bytes;
+    st.disk_skipped = d.skipped, st.disk_evicted = d.evicted, st.disk_rejected = d.rejected;
+    st.disk_ignored = d.ignored, st.disk_write_errors = d.write_errors;
   }
   st.slots = (uint32_t)s.slots.size();
   st.busy_slots = s.busy;

@@ -77,6 +77,14 @@ struct SessionOptions {
   // row of logits) and at each of its checkpoint_at positions; a request on any slot starts from
   // the longest cached prefix of its prompt when that beats the slot's own sequence and checkpoints.
   uint64_t cache_ram = 0;
+  // --kv-disk-dir / --kv-disk-budget: the same states written to files in this directory
+  // (runtime/state_disk.h), at most kv_disk_budget bytes of them, found again after a restart;
+  // the plan accounts the snapshots queued for writing and the one being read. Empty: none.
+  std::string kv_disk_dir;
+  uint64_t kv_disk_budget = 0;
+  // Where the session's log lines go (one line, no newline; a damaged state file, for one).
+  // Empty: stderr.
+  std::function<void(const std::string&)> log;
   // Load progress: stage name and done/total bytes (total 0: unknown). May be empty.
   std::function<void(const std::string& stage, uint64_t done, uint64_t total)> progress;
 };
@@ -165,6 +173,14 @@ struct SessionStats {
   // lookups, hits (restores) and the prompt tokens they saved, entries added and evicted.
   uint64_t prefix_entries = 0, prefix_bytes = 0, prefix_budget = 0;
   uint64_t prefix_lookups = 0, prefix_hits = 0, prefix_hit_tokens = 0, prefix_inserted = 0, prefix_evicted = 0;
+  // States on disk (SessionOptions::kv_disk_dir; runtime/state_disk.h StateDiskStats): files and
+  // bytes held, the budget; lookups, hits and their tokens; snapshots queued, written (and bytes),
+  // skipped, evicted; this model's files rejected as damaged, others' left alone; write errors.
+  bool state_disk = false;
+  uint64_t disk_entries = 0, disk_bytes = 0, disk_budget = 0;
+  uint64_t disk_lookups = 0, disk_hits = 0, disk_hit_tokens = 0;
+  uint64_t disk_queued = 0, disk_written = 0, disk_written_bytes = 0, disk_skipped = 0, disk_evicted = 0;
+  uint64_t disk_rejected = 0, disk_ignored = 0, disk_write_errors = 0;
   uint32_t slots = 1, busy_slots = 0;  // --parallel, and how many run a request now
   std::vector<SlotStats> slot;         // per slot
   // steps_by_sequences[k]: step() passes that evaluated k sequences together (index 0 unused).

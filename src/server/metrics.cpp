@@ -177,6 +177,23 @@ std::string render_metrics(const MetricsInput& in) {
         (double)s.prefix_hit_tokens);
   w.one("sluice_prefix_cache_evicted_total", "counter", "Prefix cache states dropped to stay in the budget.",
         (double)s.prefix_evicted);
+  if (s.state_disk) {
+    w.one("sluice_state_disk_entries", "gauge", "State files of this model in --kv-disk-dir.", (double)s.disk_entries);
+    w.one("sluice_state_disk_bytes", "gauge", "Bytes of those files.", (double)s.disk_bytes);
+    w.one("sluice_state_disk_budget_bytes", "gauge", "Their budget (--kv-disk-budget).", (double)s.disk_budget);
+    w.one("sluice_state_disk_lookups_total", "counter", "Requests that looked their prompt up on disk.", (double)s.disk_lookups);
+    w.one("sluice_state_disk_hits_total", "counter", "Requests that started from a state read from disk.", (double)s.disk_hits);
+    w.one("sluice_state_disk_hit_tokens_total", "counter", "Prompt tokens those hits did not evaluate again.",
+          (double)s.disk_hit_tokens);
+    w.one("sluice_state_disk_written_total", "counter", "State files written.", (double)s.disk_written);
+    w.one("sluice_state_disk_written_bytes_total", "counter", "Bytes of state files written.", (double)s.disk_written_bytes);
+    w.one("sluice_state_disk_skipped_total", "counter",
+          "Snapshots not written: the write queue full, larger than the budget, the disk nearly full.", (double)s.disk_skipped);
+    w.one("sluice_state_disk_evicted_total", "counter", "State files deleted to stay within the budget.", (double)s.disk_evicted);
+    w.one("sluice_state_disk_rejected_total", "counter",
+          "This model's state files that failed their checks (deleted; the state was recomputed).", (double)s.disk_rejected);
+    w.one("sluice_state_disk_write_errors_total", "counter", "State file writes that failed.", (double)s.disk_write_errors);
+  }
   w.family("sluice_slot_busy", "gauge", "1 while the slot runs a request.");
   for (size_t k = 0; k < s.slot.size(); ++k)
     w.sample("sluice_slot_busy", "slot=\"" + std::to_string(k) + "\"", s.slot[k].phase == SlotStats::Phase::Idle ? 0 : 1);

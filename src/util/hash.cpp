@@ -1,0 +1,65 @@
+#include "util/hash.h"
+
+#include <cstring>
+
+namespace sluice {
+namespace {
+
+constexpr uint64_t K1 = 0x9E3779B97F4A7C15ull, K2 = 0xC2B2AE3D27D4EB4Full, K3 = 0x165667B19E3779F9ull,
+                   K4 = 0xD6E8FEB86659FD93ull;
+
+constexpr uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+
+// Every input bit reaches every output bit (the splitmix64 finalizer).
+constexpr uint64_t fmix(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+Hasher::Hasher(uint64_t seed) : a_(fmix(seed ^ K3)), b_(fmix(seed + K4)) {}
+
+void Hasher::word(uint64_t w) {
+  a_ = rotl(a_ ^ (w * K1), 31) * K2;
+  b_ = rotl(b_ + (w ^ K3) * K4, 27) * K1 + K2;
+}
+
+void Hasher::update(const void* data, size_t n) {
+  const uint8_t* p = static_cast<const uint8_t*>(data);
+  len_ += n;
+  while (n && tail_n_) {  // finish a partial word first
+    tail_ |= (uint64_t)*p++ << (8 * tail_n_);
+    --n;
+    if (++tail_n_ == 8) word(tail_), tail_ = 0, tail_n_ = 0;
+  }
+  for (; n >= 8; p += 8, n -= 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);  // little-endian hosts (x86-64, arm64)
+    word(w);
+  }
+  for (; n; --n) tail_ |= (uint64_t)*p++ << (8 * tail_n_++);
+}
+
+Digest128 Hasher::digest() const {
+  Hasher h = *this;
+  h.word(h.tail_ ^ ((uint64_t)h.tail_n_ << 56));
+  h.word(h.len_);
+  const uint64_t x = fmix(h.a_ + rotl(h.b_, 17)), y = fmix(h.b_ ^ rotl(h.a_, 41));
+  Digest128 d;
+  std::memcpy(d.data(), &x, 8);
+  std::memcpy(d.data() + 8, &y, 8);
+  return d;
+}
+
+std::array<char, 33> digest_hex(const Digest128& d) {
+  static const char* hex = "0123456789abcdef";
+  std::array<char, 33> s{};
+  for (size_t i = 0; i < 16; ++i) s[2 * i] = hex[d[i] >> 4], s[2 * i + 1] = hex[d[i] & 15];
+  return s;
+}
+
+}  // namespace sluice

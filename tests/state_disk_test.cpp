@@ -1,0 +1,436 @@
+// States on disk (issue 13 item 4; runtime/state_file.h, runtime/state_disk.h). The file format
+// alone: a round trip is exact, and every flipped byte, every cut and an appended byte are
+// refused. The store under a Session: a state written by one process is found by the next one
+// (the rows it then evaluates equal a cold run's bit for bit); a damaged file is reported once,
+// deleted and recomputed; files of another model or build are neither used nor touched; the
+// budget holds, and one directory has one owner.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "format/gguf.h"
+#include "runtime/session.h"
+#include "runtime/state_disk.h"
+#include "runtime/state_file.h"
+#include "util/error.h"
+
+namespace sluice {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<uint8_t> slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::vector<uint8_t>((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+void spit(const fs::path& p, const std::vector<uint8_t>& b) {
+  std::ofstream f(p, std::ios::binary | std::ios::trunc);
+  f.write(reinterpret_cast<const char*>(b.data()), (std::streamsize)b.size());
+}
+
+// --- the file format ---------------------------------------------------------------------
+
+StateShape small_shape() {
+  StateShape s;
+  s.layers = 2, s.window = 4, s.head_dim = 8, s.ctx = 64, s.vocab = 5, s.engram_tail = 3;
+  s.sources = {{1, 6, 3}, {2, 6, 3}, {4, 6, 3}};
+  return s;
+}
+
+SequenceSnapshot random_snapshot(const StateShape& s, uint32_t pos, std::mt19937& rng) {
+  SequenceSnapshot snap;
+  snap.ck.pos = pos;
+  snap.ck.window_kv.resize((size_t)s.layers * std::min(pos, s.window) * s.head_dim);
+  for (uint16_t& v : snap.ck.window_kv) v = (uint16_t)rng();
+  for (const StateShape::Source& src : s.sources) {
+    std::vector<float> ck((src.ratio - 1) * s.head_dim), cs(ck.size());
+    for (float& v : ck) v = (float)rng() / 7.0f;
+    for (float& v : cs) v = -(float)rng();
+    snap.ck.carry_k.push_back(ck);
+    snap.ck.carry_s.push_back(cs);
+    std::vector<uint8_t> kv((pos / src.ratio) * src.kv_row_bytes), ik((pos / src.ratio) * src.index_row_bytes);
+    for (uint8_t& v : kv) v = (uint8_t)rng();
+    for (uint8_t& v : ik) v = (uint8_t)rng();
+    snap.kv.push_back(kv);
+    snap.index_k.push_back(ik);
+  }
+  for (uint32_t i = 0; i < s.engram_tail; ++i) snap.ck.engram_tail.push_back((int64_t)rng() - 7);
+  return snap;
+}
+
+struct TmpDir {
+  fs::path path;
+  explicit TmpDir(const std::string& tag) {
+    path = fs::temp_directory_path() / ("sluice-state-" + tag + "-" + std::to_string(::getpid()));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TmpDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+StateCheck read_file(const fs::path& p, const StateShape& s, const Digest128& id, LoadedState* out) {
+  const int fd = ::open(p.c_str(), O_RDONLY);
+  if (fd < 0) throw Error("cannot open " + p.string());
+  const StateCheck c = read_state_file(fd, s, id, out);
+  ::close(fd);
+  return c;
+}
+
+TEST(StateFile, RoundTripsAndEveryFlippedByteOrCutIsRefused) {
+  TmpDir dir("format");
+  const StateShape shape = small_shape();
+  std::mt19937 rng(7);
+  Digest128 id{};
+  for (uint8_t& b : id) b = (uint8_t)rng();
+  for (const uint32_t pos : {1u, 3u, 9u}) {
+    SCOPED_TRACE("pos " + std::to_string(pos));
+    const SequenceSnapshot snap = random_snapshot(shape, pos, rng);
+    std::vector<TokenId> tokens;
+    for (uint32_t i = 0; i < pos; ++i) tokens.push_back((TokenId)(rng() % 1000));
+    const std::vector<float> logits = pos == 3 ? std::vector<float>{} : std::vector<float>{1, -2, 3.5f, 0, -0.0f};
+    const fs::path p = dir.path / "a.sstate";
+    fs::remove(p);
+    {
+      const int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+      ASSERT_GE(fd, 0);
+      write_state_file(fd, p.string(), shape, id, tokens, snap, logits);
+      ::close(fd);
+    }
+    const std::vector<uint8_t> good = slurp(p);
+    ASSERT_EQ(good.size(), state_file_bytes(shape, pos, !logits.empty()));
+    LoadedState back;
+    const StateCheck ok = read_file(p, shape, id, &back);
+    ASSERT_TRUE(ok) << ok.why;
+    EXPECT_EQ(back.snap, snap);
+    EXPECT_EQ(back.tokens, tokens);
+    ASSERT_EQ(back.logits.size(), logits.size());
+    EXPECT_EQ(std::memcmp(back.logits.data(), logits.data(), logits.size() * sizeof(float)), 0);
+
+    Digest128 other = id;
+    other[3] ^= 1;
+    EXPECT_EQ(read_file(p, shape, other, &back).reject, StateReject::OtherModel);
+    StateShape wide = shape;
+    wide.sources[0].kv_row_bytes += 1;
+    EXPECT_EQ(read_file(p, wide, id, &back).reject, StateReject::BadShape);
+
+    for (size_t i = 0; i < good.size(); ++i) {
+      std::vector<uint8_t> bad = good;
+      bad[i] ^= (uint8_t)(1u << (i % 8));
+      spit(p, bad);
+      LoadedState out;
+      const StateCheck c = read_file(p, shape, id, &out);
+      ASSERT_FALSE(c) << "a flipped bit at byte " << i << " of " << good.size() << " was not noticed";
+      EXPECT_TRUE(out.tokens.empty());
+    }
+    for (size_t n = 0; n < good.size(); ++n) {
+      spit(p, std::vector<uint8_t>(good.begin(), good.begin() + (std::ptrdiff_t)n));
+      LoadedState out;
+      ASSERT_FALSE(read_file(p, shape, id, &out)) << "a file cut to " << n << " bytes was read";
+    }
+    std::vector<uint8_t> longer = good;
+    longer.push_back(0);
+    spit(p, longer);
+    LoadedState out;
+    EXPECT_EQ(read_file(p, shape, id, &out).reject, StateReject::Truncated);
+  }
+}
+
+TEST(StateFile, KeysFollowTheTokensAndTheModel) {
+  std::vector<TokenId> t;
+  for (uint32_t i = 0; i < 300; ++i) t.push_back((i * 7919u) % 5003u);
+  Digest128 id{};
+  id[0] = 9;
+  const std::vector<uint32_t> lengths = {0, 1, 2, 7, 8, 9, 150, 299, 300};
+  const std::vector<Digest128> keys = state_keys_at(id, t, lengths);
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    EXPECT_EQ(keys[i], state_key(id, std::span<const TokenId>(t).first(lengths[i]))) << lengths[i];
+    if (i) {
+      EXPECT_NE(keys[i], keys[i - 1]);
+    }
+  }
+  Digest128 id2 = id;
+  id2[15] = 1;
+  EXPECT_NE(state_key(id, t), state_key(id2, t));
+  std::vector<TokenId> u = t;
+  u[150] ^= 1;
+  EXPECT_NE(state_key(id, t), state_key(id, u));
+  // A byte stream hashes the same however it is split into updates.
+  std::vector<uint8_t> bytes(1000);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = (uint8_t)(i * 31 + 7);
+  Hasher whole;
+  whole.update(bytes.data(), bytes.size());
+  for (const size_t cut : {0u, 1u, 3u, 8u, 13u, 999u}) {
+    Hasher parts;
+    parts.update(bytes.data(), cut);
+    parts.update(bytes.data() + cut, 5 < bytes.size() - cut ? 5 : bytes.size() - cut);
+    parts.update(bytes.data() + std::min(bytes.size(), cut + 5), bytes.size() - std::min(bytes.size(), cut + 5));
+    EXPECT_EQ(parts.digest(), whole.digest()) << cut;
+  }
+}
+
+// --- the store under a Session -----------------------------------------------------------
+
+class StateDiskSession : public ::testing::Test {
+ public:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("sluice-state-disk-" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    for (const int seed : {0, 1}) {
+      const std::string p = (dir_ / ("tiny" + std::to_string(seed) + ".gguf")).string();
+      const std::string cmd = std::string(SLUICE_BINARY) + " make-model --preset tiny --seed " + std::to_string(seed) +
+                              " -o " + p + " > /dev/null";
+      ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    }
+  }
+  static void TearDownTestSuite() {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  void SetUp() override {
+    states_ = dir_ / ("states-" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    fs::remove_all(states_);
+  }
+
+  SessionOptions options(int seed = 0, uint64_t disk_budget = 64ull << 20) {
+    SessionOptions so;
+    so.model_path = (dir_ / ("tiny" + std::to_string(seed) + ".gguf")).string();
+    so.ctx = 256;
+    so.chunk = 16;
+    so.threads = 2;
+    so.budget = BudgetSpec{false, 2ull << 30};
+    so.allow_swap = true;
+    so.stream_experts = false;
+    if (disk_budget) {
+      so.kv_disk_dir = states_.string();
+      so.kv_disk_budget = disk_budget;
+    }
+    so.log = [this](const std::string& line) { log_.push_back(line); };
+    return so;
+  }
+
+  static GenerateRequest request(size_t n, uint32_t salt, uint32_t max_tokens = 4) {
+    GenerateRequest r;
+    for (uint32_t i = 0; i < n; ++i) r.prompt.push_back((i * 7919u + 101u * salt + 13u) % 500u + 3u);
+    r.max_tokens = max_tokens;
+    r.ignore_eos = true;
+    return r;
+  }
+
+  // Every row generate() evaluates, in order.
+  struct Rows {
+    std::vector<float> logits;
+    std::vector<uint32_t> positions;
+  };
+  static GenerateResult run(Session& s, const GenerateRequest& r, Rows* rows) {
+    EvalObserver o;
+    const uint32_t V = s.config().vocab_size;
+    o.on_eval = [rows, V](uint32_t first, std::span<const TokenId> toks, const float* logits,
+                          const std::vector<TokenTrace>*) {
+      if (!rows || !logits) return;
+      for (size_t i = 0; i < toks.size(); ++i) rows->positions.push_back(first + (uint32_t)i);
+      rows->logits.insert(rows->logits.end(), logits, logits + toks.size() * V);
+    };
+    GenerateRequest q = r;
+    q.observer = &o;
+    return s.generate(q, {}, {});
+  }
+  // rows equal the tail of cold's rows (the positions a restore skipped are cold's only).
+  static void expect_tail_equal(const Rows& warm, const Rows& cold, uint32_t V) {
+    ASSERT_LE(warm.positions.size(), cold.positions.size());
+    const size_t skip = cold.positions.size() - warm.positions.size();
+    EXPECT_EQ(warm.positions, std::vector<uint32_t>(cold.positions.begin() + (std::ptrdiff_t)skip, cold.positions.end()));
+    EXPECT_EQ(std::memcmp(warm.logits.data(), cold.logits.data() + skip * V, warm.logits.size() * sizeof(float)), 0)
+        << "rows after the restore differ from a cold run";
+  }
+  std::vector<fs::path> state_files() const {
+    std::vector<fs::path> out;
+    if (!fs::exists(states_)) return out;
+    for (const auto& e : fs::directory_iterator(states_))
+      if (e.path().extension() == ".sstate") out.push_back(e.path());
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+  static fs::path dir_;
+  fs::path states_;
+  std::vector<std::string> log_;
+};
+fs::path StateDiskSession::dir_;
+
+TEST_F(StateDiskSession, AStateWrittenBeforeARestartIsFoundAgainAndEqualsAColdRun) {
+  const GenerateRequest a = request(50, 1);
+  GenerateRequest longer = request(50, 1);
+  for (uint32_t i = 0; i < 23; ++i) longer.prompt.push_back(400 + i);
+  GenerateResult ra;
+  {
+    Session s(options());
+    ra = run(s, a, nullptr);
+    EXPECT_EQ(ra.reused_tokens, 0u);
+  }  // the writes finish before the session is gone
+  ASSERT_EQ(state_files().size(), 2u) << "the prompt end (and the position before it) were not written";
+  Session cold(options(0, 0));
+  const uint32_t V = cold.config().vocab_size;
+  Rows cold_rows, warm_rows;
+  const GenerateResult rc = run(cold, longer, &cold_rows);
+  {
+    Session s(options());
+    const GenerateResult r = run(s, longer, &warm_rows);
+    EXPECT_EQ(r.reused_tokens, a.prompt.size()) << "the restarted session did not find the state on disk";
+    EXPECT_EQ(r.tokens, rc.tokens);
+    expect_tail_equal(warm_rows, cold_rows, V);
+    const SessionStats st = s.stats();
+    EXPECT_TRUE(st.state_disk);
+    EXPECT_EQ(st.disk_hits, 1u);
+    EXPECT_EQ(st.disk_hit_tokens, a.prompt.size());
+    EXPECT_LE(st.disk_bytes, st.disk_budget);
+    bool planned = false;
+    for (const PlanLine& l : s.plan().mandatory) planned |= l.name == "state disk buffers" && l.bytes > 0;
+    EXPECT_TRUE(planned) << "the plan does not account the write queue";
+  }
+  // The same prompt again after another restart: its prompt-end state with the logits row, so
+  // nothing is evaluated and the tokens are the first run's.
+  Session s(options());
+  Rows rows;
+  const GenerateResult r = run(s, a, &rows);
+  EXPECT_EQ(r.reused_tokens, a.prompt.size());
+  EXPECT_EQ(r.tokens, ra.tokens);
+  EXPECT_EQ(rows.positions.size(), a.max_tokens - 1) << "the prompt was evaluated again";
+  EXPECT_TRUE(log_.empty()) << log_.front();
+}
+
+TEST_F(StateDiskSession, ADamagedFileIsReportedOnceDeletedAndRecomputed) {
+  const GenerateRequest a = request(40, 2);
+  { Session s(options()); run(s, a, nullptr); }
+  std::vector<fs::path> files = state_files();
+  ASSERT_EQ(files.size(), 2u);
+  // One file with a flipped payload byte (found when read), one cut short (found when listed).
+  std::vector<uint8_t> b = slurp(files[0]);
+  b[b.size() / 2] ^= 0x10;
+  spit(files[0], b);
+  fs::resize_file(files[1], fs::file_size(files[1]) - 100);
+
+  Session cold(options(0, 0));
+  Rows cold_rows, rows;
+  const GenerateResult rc = run(cold, a, &cold_rows);
+  Session s(options());
+  EXPECT_EQ(log_.size(), 1u) << "the truncated file was not reported when the directory was read";
+  const GenerateResult r = run(s, a, &rows);
+  EXPECT_EQ(r.reused_tokens, 0u) << "a damaged state was used";
+  EXPECT_EQ(r.tokens, rc.tokens);
+  expect_tail_equal(rows, cold_rows, cold.config().vocab_size);
+  ASSERT_EQ(log_.size(), 2u);
+  EXPECT_NE(log_[0].find("truncated"), std::string::npos) << log_[0];
+  EXPECT_NE(log_[1].find("checksum"), std::string::npos) << log_[1];
+  EXPECT_EQ(s.stats().disk_rejected, 2u);
+  // Recomputed and written again; the next request finds them and nothing more is reported.
+  run(s, request(45, 9), nullptr);
+  const GenerateResult r2 = run(s, a, nullptr);
+  EXPECT_EQ(r2.reused_tokens, a.prompt.size()) << "the recomputed state was not written again";
+  EXPECT_EQ(r2.tokens, rc.tokens);
+  EXPECT_EQ(log_.size(), 2u);
+}
+
+TEST_F(StateDiskSession, StatesOfAnotherModelOrBuildAreNeitherUsedNorTouched) {
+  const GenerateRequest a = request(40, 3);
+  { Session s(options(0)); run(s, a, nullptr); }
+  std::vector<fs::path> files = state_files();
+  ASSERT_EQ(files.size(), 2u);
+  // Another model with the same header and other weights (seed 1): its states are not these.
+  Session cold(options(1, 0));
+  const GenerateResult rc = run(cold, a, nullptr);
+  {
+    Session s(options(1));
+    const GenerateResult r = run(s, a, nullptr);
+    EXPECT_EQ(r.reused_tokens, 0u) << "a state of another model was used";
+    EXPECT_EQ(r.tokens, rc.tokens);
+    EXPECT_EQ(s.stats().disk_ignored, 2u);
+  }
+  EXPECT_EQ(state_files().size(), 4u) << "the other model's files were removed";
+  // Another build: the first model's files with another version in the header are left alone.
+  std::vector<std::vector<uint8_t>> before;
+  for (const fs::path& f : files) {
+    std::vector<uint8_t> b = slurp(f);
+    b[16] = 'X';
+    spit(f, b);
+    before.push_back(b);
+  }
+  Session s(options(0));
+  const GenerateResult r = run(s, a, nullptr);
+  EXPECT_EQ(r.reused_tokens, 0u) << "a state of another build was used";
+  const SessionStats st = s.stats();
+  EXPECT_EQ(st.disk_ignored, 4u);  // 2 of the other model, 2 of the other build
+  for (size_t i = 0; i < files.size(); ++i) EXPECT_EQ(slurp(files[i]), before[i]) << files[i];
+  bool said = false;
+  for (const std::string& l : log_) said |= l.find("another sluice build") != std::string::npos;
+  EXPECT_TRUE(said) << "the ignored files were not mentioned";
+}
+
+TEST_F(StateDiskSession, TheBudgetHoldsAndEvictsTheLeastRecentlyUsed) {
+  // Room for about three of these states: each prompt adds two.
+  const uint64_t one = state_file_bytes(state_shape(Session(options(0, 0)).config(), 256), 60, true);
+  Session s(options(0, 3 * one));
+  for (uint32_t k = 0; k < 5; ++k) run(s, request(60, 10 + k), nullptr);
+  const SessionStats st = s.stats();
+  EXPECT_LE(st.disk_bytes, 3 * one);
+  EXPECT_GT(st.disk_evicted, 0u);
+  uint64_t on_disk = 0;
+  for (const fs::path& f : state_files()) on_disk += fs::file_size(f);
+  EXPECT_LE(on_disk, 3 * one);
+  EXPECT_EQ(on_disk, st.disk_bytes);
+  // Least recently used across restarts (each session reads the order from the files' mtimes):
+  // a0 written, b1 written (a0's earlier state evicted), a0 used, c2 written: b1's states go.
+  fs::remove_all(states_);
+  const GenerateRequest a0 = request(60, 20), b1 = request(60, 21), c2 = request(60, 22);
+  for (const GenerateRequest* r : {&a0, &b1, &a0, &c2}) {
+    Session t(options(0, 3 * one));
+    run(t, *r, nullptr);
+  }
+  {
+    Session t(options(0, 3 * one));
+    EXPECT_EQ(run(t, a0, nullptr).reused_tokens, a0.prompt.size()) << "the state used last was evicted";
+    EXPECT_EQ(run(t, b1, nullptr).reused_tokens, 0u) << "the least recently used state was kept";
+  }
+  // A budget below one state writes nothing and says so.
+  fs::remove_all(states_);
+  Session small(options(0, one / 2));
+  run(small, request(60, 1), nullptr);
+  EXPECT_EQ(small.stats().disk_written, 0u);
+  EXPECT_GE(small.stats().disk_skipped, 1u);
+}
+
+TEST_F(StateDiskSession, OneDirectoryHasOneOwner) {
+  Session s(options());
+  try {
+    Session t(options());
+    FAIL() << "a second session opened a state directory in use";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("in use by another sluice"), std::string::npos) << e.what();
+  }
+  // A path that is a file is refused by name, and nothing is created at it.
+  const fs::path f = dir_ / "not-a-dir";
+  { std::ofstream(f) << "x"; }
+  SessionOptions o = options();
+  o.kv_disk_dir = f.string();
+  try {
+    Session t(o);
+    FAIL() << "a file was taken as the state directory";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not a directory"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(slurp(f), std::vector<uint8_t>{'x'});
+}
+
+}  // namespace
+}  // namespace sluice
