@@ -14,6 +14,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <memory>
 #include <map>
 #include <string>
 #include <thread>
@@ -447,7 +449,7 @@ TEST(PrefixCacheServer, AConversationComingBackAfterAnotherReusesTheSharedSystem
 // --kv-disk-dir: the states written by one server are found by the next one on the same directory.
 TEST(StateDiskServer, AConversationAfterARestartReusesItsStateFromDisk) {
   std::string system;
-  for (int i = 0; system.size() < 1500; ++i) system += "rule " + std::to_string(i) + ": be brief. ";
+  for (int i = 0; system.size() < 2100; ++i) system += "rule " + std::to_string(i) + ": be brief. ";
   const json chat = {{"messages", json::array({{{"role", "system"}, {"content", system}},
                                                {{"role", "user"}, {"content", "the question"}}})},
                      {"max_tokens", 2}, {"temperature", 0}};
@@ -463,18 +465,79 @@ TEST(StateDiskServer, AConversationAfterARestartReusesItsStateFromDisk) {
     first = json::parse(r.body)["choices"][0]["message"]["content"];
     EXPECT_EQ(json::parse(r.body)["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
   }
-  Server s(args);
-  const Response r = s.post("/v1/chat/completions", chat);
+  auto s = std::make_unique<Server>(args);
+  const Response r = s->post("/v1/chat/completions", chat);
   ASSERT_EQ(r.status, 200) << r.body;
   const json j = json::parse(r.body);
   EXPECT_GE(j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), (int)system.size())
       << "the restarted server evaluated the prompt again";
   EXPECT_EQ(j["choices"][0]["message"]["content"], first);
-  std::map<std::string, double> m = parse_prometheus(s.get("/metrics").body);
+  std::map<std::string, double> m = parse_prometheus(s->get("/metrics").body);
   EXPECT_EQ(m["sluice_state_disk_hits_total"], 1);
   EXPECT_GE(m["sluice_state_disk_entries"], 2);
   EXPECT_LE(m["sluice_state_disk_bytes"], m["sluice_state_disk_budget_bytes"]);
   EXPECT_EQ(m["sluice_state_disk_budget_bytes"], 256 << 20);
+  // Every state file damaged (one byte flipped in the middle): detected, recomputed, the same answer.
+  s.reset();
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().extension() != ".sstate") continue;
+    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    const std::streamoff mid = (std::streamoff)std::filesystem::file_size(e.path()) / 2;
+    f.seekg(mid);
+    const char c = (char)f.get();
+    f.seekp(mid);
+    f.put((char)(c ^ 0x40));
+  }
+  Server again(args);
+  const Response r2 = again.post("/v1/chat/completions", chat);
+  ASSERT_EQ(r2.status, 200) << r2.body;
+  const json j2 = json::parse(r2.body);
+  EXPECT_LT(j2["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 10) << "a damaged state was used";
+  EXPECT_EQ(j2["choices"][0]["message"]["content"], first);
+  EXPECT_NE(again.wait_log("checksum mismatch").find("checksum mismatch"), std::string::npos) << again.log();
+  std::filesystem::remove_all(dir);
+}
+
+// Thinking mode: turn 2's rendering drops turn 1's reasoning, so its prompt diverges from what
+// turn 1 evaluated right after turn 1's prompt less its last token (the generation prompt ends
+// "<｜Assistant｜><think>", the earlier turn is rendered "<｜Assistant｜></think>answer"; docs/chat.md).
+// Turn 2 prefills from that point, not from 0: after another conversation took the only slot (from
+// the shared prefix cache) and after a restart (from --kv-disk-dir); without either it cannot.
+TEST(StateDiskServer, AThinkingTurnTwoPrefillsFromTheDivergencePoint) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("sluice_thinking_turns_" + std::to_string(::getpid()));
+  const json sys = {{"role", "system"}, {"content", "you are terse, kind and helpful to everyone who asks"}};
+  const json q1 = {{"role", "user"}, {"content", "the first question of this conversation"}};
+  auto body = [](json messages, int max_tokens) {
+    return json{{"messages", messages}, {"max_tokens", max_tokens}, {"temperature", 0}, {"thinking", {{"type", "enabled"}}}};
+  };
+  for (const std::string how : {"cache-ram", "kv-disk", "neither"}) {
+    SCOPED_TRACE(how);
+    std::filesystem::remove_all(dir);
+    std::vector<std::string> args = {"-c", "4k"};
+    if (how == "cache-ram") args.insert(args.end(), {"--cache-ram", "64MiB"});
+    if (how == "kv-disk") args.insert(args.end(), {"--kv-disk-dir", dir.string(), "--kv-disk-budget", "64MiB"});
+    auto s = std::make_unique<Server>(args);
+    Response r = s->post("/v1/chat/completions", body(json::array({sys, q1}), 10));
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json t1 = json::parse(r.body);
+    const int p1 = t1["usage"]["prompt_tokens"];
+    ASSERT_FALSE(t1["choices"][0]["message"]["reasoning_content"].get<std::string>().empty()) << "no reasoning: " << r.body;
+    if (how == "kv-disk") {
+      s.reset();
+      s = std::make_unique<Server>(args);
+    } else {  // another conversation takes the slot
+      ASSERT_EQ(s->post("/v1/chat/completions", body(json::array({{{"role", "user"}, {"content", "unrelated"}}}), 2)).status, 200);
+    }
+    const json answer = {{"role", "assistant"}, {"content", t1["choices"][0]["message"]["content"]}};
+    r = s->post("/v1/chat/completions", body(json::array({sys, q1, answer, {{"role", "user"}, {"content", "and a second one"}}}), 2));
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json t2 = json::parse(r.body);
+    const int cached = t2["usage"]["prompt_tokens_details"]["cached_tokens"];
+    EXPECT_GT(t2["usage"]["prompt_tokens"].get<int>(), p1);
+    if (how == "neither") EXPECT_LT(cached, 4) << "reuse without a cache";
+    else EXPECT_EQ(cached, p1 - 1) << "turn 2 did not restart at the divergence point";
+  }
   std::filesystem::remove_all(dir);
 }
 

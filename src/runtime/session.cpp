@@ -118,7 +118,14 @@ struct Session::Impl {
   }
   // A checkpoint of the slot's sequence as it is; at a prompt's end with its logits row. Room
   // is made (older ones dropped) before anything is copied.
+  // The shared cache (and the state directory) get both prompt-end states too: the one after the
+  // last token with its logits row, and the one before it, where a re-rendered next turn
+  // diverges when thinking mode drops this turn's reasoning ("<think>" becomes "</think>...").
   void take_checkpoint(Slot& sl, bool prompt_end) {
+    add_checkpoint(sl, prompt_end);
+    if (prompt_end) cache_prefix(sl, true);
+  }
+  void add_checkpoint(Slot& sl, bool prompt_end) {
     const uint32_t pos = sl.state.position();
     if (pos == 0) return;
     const bool with_logits = prompt_end && !sl.last_logits.empty();
@@ -136,7 +143,6 @@ struct Session::Impl {
       ++ck_taken;
     }
     publish_checkpoints();
-    if (with_logits) cache_prefix(sl, true);
   }
   void publish_prefix() {
     const PrefixCacheStats st = prefix->stats();
