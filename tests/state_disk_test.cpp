@@ -115,7 +115,9 @@ TEST(StateFile, RoundTripsAndEveryFlippedByteOrCutIsRefused) {
     EXPECT_EQ(back.snap, snap);
     EXPECT_EQ(back.tokens, tokens);
     ASSERT_EQ(back.logits.size(), logits.size());
-    EXPECT_EQ(std::memcmp(back.logits.data(), logits.data(), logits.size() * sizeof(float)), 0);
+    if (!logits.empty()) {
+      EXPECT_EQ(std::memcmp(back.logits.data(), logits.data(), logits.size() * sizeof(float)), 0);
+    }
 
     Digest128 other = id;
     other[3] ^= 1;
@@ -251,6 +253,7 @@ class StateDiskSession : public ::testing::Test {
     ASSERT_LE(warm.positions.size(), cold.positions.size());
     const size_t skip = cold.positions.size() - warm.positions.size();
     EXPECT_EQ(warm.positions, std::vector<uint32_t>(cold.positions.begin() + (std::ptrdiff_t)skip, cold.positions.end()));
+    ASSERT_FALSE(warm.logits.empty());
     EXPECT_EQ(std::memcmp(warm.logits.data(), cold.logits.data() + skip * V, warm.logits.size() * sizeof(float)), 0)
         << "rows after the restore differ from a cold run";
   }
@@ -340,6 +343,36 @@ TEST_F(StateDiskSession, ADamagedFileIsReportedOnceDeletedAndRecomputed) {
   EXPECT_EQ(r2.reused_tokens, a.prompt.size()) << "the recomputed state was not written again";
   EXPECT_EQ(r2.tokens, rc.tokens);
   EXPECT_EQ(log_.size(), 2u);
+}
+
+// The longest state held is damaged: the next shorter one (the prompt less its last token) is used.
+TEST_F(StateDiskSession, WhenTheLongestStateIsDamagedTheNextShorterOneIsUsed) {
+  const GenerateRequest a = request(40, 4);
+  { Session s(options()); run(s, a, nullptr); }
+  std::vector<fs::path> files = state_files();
+  ASSERT_EQ(files.size(), 2u);
+  const fs::path longest = fs::file_size(files[0]) > fs::file_size(files[1]) ? files[0] : files[1];
+  std::vector<uint8_t> b = slurp(longest);
+  b[b.size() - 7] ^= 1;  // in the logits row
+  spit(longest, b);
+  GenerateRequest more = a;
+  more.prompt.push_back(77);
+  Session cold(options(0, 0));
+  Rows cold_rows, rows;
+  const GenerateResult rc = run(cold, more, &cold_rows);
+  {
+    Session s(options());
+    const GenerateResult r = run(s, more, &rows);
+    EXPECT_EQ(r.reused_tokens, a.prompt.size() - 1);
+    EXPECT_EQ(r.tokens, rc.tokens);
+    expect_tail_equal(rows, cold_rows, cold.config().vocab_size);
+    EXPECT_EQ(s.stats().disk_rejected, 1u);
+  }
+  ASSERT_EQ(log_.size(), 1u);
+  EXPECT_NE(log_[0].find("checksum"), std::string::npos) << log_[0];
+  // Deleted, recomputed (this prompt ends past it) and written again.
+  ASSERT_TRUE(fs::exists(longest));
+  EXPECT_NE(slurp(longest), b);
 }
 
 TEST_F(StateDiskSession, StatesOfAnotherModelOrBuildAreNeitherUsedNorTouched) {

@@ -180,11 +180,14 @@ struct Session::Impl {
     if (prefix) publish_prefix();
   }
   // A state from the directory, when it holds a longer prefix of the prompt than `better_than`:
-  // restored into the slot (and kept in the RAM cache when it has room). false: none usable.
+  // restored into the slot (and kept in the RAM cache when it has room). false: none usable. A
+  // file that fails its checks leaves the index, so the next shorter one is tried.
   bool restore_from_disk(Slot& sl, std::span<const TokenId> prompt, size_t common, uint32_t better_than) {
-    const uint32_t pos = disk->find(prompt, better_than);
     LoadedState ls;
-    if (pos == 0 || !disk->load(prompt, pos, &ls)) return false;
+    uint32_t pos = 0;
+    while ((pos = disk->find(prompt, better_than)) != 0 && !disk->load(prompt, pos, &ls)) {
+    }
+    if (pos == 0) return false;
     engine->restore(sl.state, ls.snap);
     sl.history.assign(prompt.begin(), prompt.begin() + pos);
     sl.last_logits = ls.logits;
@@ -208,7 +211,9 @@ struct Session::Impl {
     return (size_t)(std::mismatch(a.begin(), a.begin() + (std::ptrdiff_t)n, b.begin()).first - a.begin());
   }
   // Where a prompt starts on a slot: its sequence when the prompt extends it, else the newest
-  // checkpoint at or before the first differing token, else position 0.
+  // checkpoint at or before the first differing token, else position 0 -- unless the state
+  // directory or the RAM prefix cache holds a longer prefix of the prompt (the directory is
+  // read only when it beats both).
   void start_for(Slot& sl, std::span<const TokenId> prompt) {
     const size_t common = common_prefix(sl.history, prompt);
     // A prompt equal to the kept sequence needs its last row of logits, which a cancelled

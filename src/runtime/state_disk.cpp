@@ -283,9 +283,10 @@ bool StateDisk::load(std::span<const TokenId> prompt, uint32_t pos, LoadedState*
   std::lock_guard lk(mu_);
   auto it = index_.find(key);
   if (!c) {
-    say(path + ": " + c.why + "; deleted, its state is recomputed");
+    const bool io = c.reject == StateReject::Io;
+    say(path + ": " + c.why + (io ? "; not used this run" : "; deleted") + ", its state is recomputed");
     ++st_.rejected;
-    if (c.reject != StateReject::Io) ::unlink(path.c_str());
+    if (!io) ::unlink(path.c_str());
     if (it != index_.end()) erase(it, false);
     return false;
   }

@@ -77,7 +77,8 @@ class StateDisk {
   // lookup.
   uint32_t find(std::span<const TokenId> prompt, uint32_t better_than);
   // Reads and checks the state of prompt[0, pos). false: not usable (a damaged file is reported
-  // once and deleted; a file evicted meanwhile is just gone). true counts a hit.
+  // once and deleted; a file evicted meanwhile is just gone; either way it leaves the index, so
+  // find() goes on to the next shorter one). true counts a hit.
   bool load(std::span<const TokenId> prompt, uint32_t pos, LoadedState* out);
   // Whether a snapshot of this prefix is worth queuing: not held or queued already (with its
   // logits row when with_logits), and it fits the queue and the budget (else counted skipped).

@@ -21,11 +21,16 @@ constexpr uint64_t fmix(uint64_t x) {
 
 }  // namespace
 
-Hasher::Hasher(uint64_t seed) : a_(fmix(seed ^ K3)), b_(fmix(seed + K4)) {}
+constexpr uint64_t step(uint64_t acc, uint64_t w) { return rotl(acc ^ (w * K1), 31) * K2; }
+
+Hasher::Hasher(uint64_t seed) {
+  for (uint64_t i = 0; i < 4; ++i) acc_[i] = fmix(seed + (i + 1) * K3 + K4);
+}
 
 void Hasher::word(uint64_t w) {
-  a_ = rotl(a_ ^ (w * K1), 31) * K2;
-  b_ = rotl(b_ + (w ^ K3) * K4, 27) * K1 + K2;
+  uint64_t& a = acc_[words_ & 3];
+  a = step(a, w);
+  ++words_;
 }
 
 void Hasher::update(const void* data, size_t n) {
@@ -36,9 +41,23 @@ void Hasher::update(const void* data, size_t n) {
     --n;
     if (++tail_n_ == 8) word(tail_), tail_ = 0, tail_n_ = 0;
   }
-  for (; n >= 8; p += 8, n -= 8) {
+  while (n >= 8 && (words_ & 3)) {
     uint64_t w;
     std::memcpy(&w, p, 8);  // little-endian hosts (x86-64, arm64)
+    word(w);
+    p += 8, n -= 8;
+  }
+  uint64_t a0 = acc_[0], a1 = acc_[1], a2 = acc_[2], a3 = acc_[3];
+  for (; n >= 32; p += 32, n -= 32) {
+    uint64_t w[4];
+    std::memcpy(w, p, 32);
+    a0 = step(a0, w[0]), a1 = step(a1, w[1]), a2 = step(a2, w[2]), a3 = step(a3, w[3]);
+    words_ += 4;
+  }
+  acc_[0] = a0, acc_[1] = a1, acc_[2] = a2, acc_[3] = a3;
+  for (; n >= 8; p += 8, n -= 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
     word(w);
   }
   for (; n; --n) tail_ |= (uint64_t)*p++ << (8 * tail_n_++);
@@ -48,7 +67,9 @@ Digest128 Hasher::digest() const {
   Hasher h = *this;
   h.word(h.tail_ ^ ((uint64_t)h.tail_n_ << 56));
   h.word(h.len_);
-  const uint64_t x = fmix(h.a_ + rotl(h.b_, 17)), y = fmix(h.b_ ^ rotl(h.a_, 41));
+  const uint64_t* a = h.acc_;
+  const uint64_t x = fmix(fmix(fmix(fmix(a[0] ^ K3) + a[1]) ^ a[2]) + a[3]);
+  const uint64_t y = fmix(fmix(fmix(fmix(a[3] ^ K4) + a[2]) ^ a[1]) + a[0]);
   Digest128 d;
   std::memcpy(d.data(), &x, 8);
   std::memcpy(d.data() + 8, &y, 8);

@@ -1,4 +1,5 @@
-// A streaming 128-bit hash (two independent 64-bit lanes over 8-byte little-endian words) for
+// A streaming 128-bit hash (four 64-bit accumulators, word i of the 8-byte little-endian words
+// going to accumulator i mod 4, so four multiply chains run at once) for
 // content addresses and file checksums. Not cryptographic: it catches flipped bytes, truncation
 // and accidental collisions; whatever is found by its address is verified against what it
 // claims to hold (runtime/state_file.h compares the tokens).
@@ -20,7 +21,8 @@ class Hasher {
 
  private:
   void word(uint64_t w);
-  uint64_t a_, b_, len_ = 0, tail_ = 0;
+  uint64_t acc_[4];
+  uint64_t words_ = 0, len_ = 0, tail_ = 0;  // words_: full words taken
   unsigned tail_n_ = 0;  // bytes in tail_
 };
 
