@@ -20,6 +20,7 @@
 #include <CLI/CLI.hpp>
 
 #include "bench_timing.h"
+#include "cli/bench_stats.h"
 #include "model/deepseek41/config.h"
 #include "runtime/state_disk.h"
 #include "runtime/state_file.h"
@@ -57,14 +58,6 @@ void drop_cache(const std::string& path) {
   ::fdatasync(fd);
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
   ::close(fd);
-}
-
-struct Stat3 {
-  double med, lo, hi;
-};
-Stat3 summary(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return {v[v.size() / 2], v.front(), v.back()};
 }
 
 }  // namespace
@@ -151,16 +144,17 @@ int main(int argc, char** argv) {
         mr.push_back(now_s() - t0);
       }
       const double memcpy_gbs = bench::memcpy_gbs(std::min<uint64_t>(bytes, 256u << 20), 5);
-      const Stat3 W = summary(w), WR = summary(wr), CR = summary(cr), CRR = summary(crr), HR = summary(hr), H = summary(mr);
+      using cli::figure;
+      const cli::Figure W = figure(w), WR = figure(wr), CR = figure(cr), CRR = figure(crr), HR = figure(hr), H = figure(mr);
       std::printf("\npos %u: %.1f MB per file (%.0f B per token)\n", pos, mb, (double)bytes / pos);
-      std::printf("  write+sync  %7.1f ms [%.1f, %.1f]  %7.0f MB/s | raw write+sync %7.0f MB/s  ratio %.2f\n", W.med * 1e3,
-                  W.lo * 1e3, W.hi * 1e3, mb / W.med, mb / WR.med, WR.med / W.med);
-      std::printf("  cold read   %7.1f ms [%.1f, %.1f]  %7.0f MB/s | raw cold read  %7.0f MB/s  ratio %.2f\n", CR.med * 1e3,
-                  CR.lo * 1e3, CR.hi * 1e3, mb / CR.med, mb / CRR.med, CRR.med / CR.med);
+      std::printf("  write+sync  %7.1f ms [%.1f, %.1f]  %7.0f MB/s | raw write+sync %7.0f MB/s  ratio %.2f\n", W.median * 1e3,
+                  W.min * 1e3, W.max * 1e3, mb / W.median, mb / WR.median, WR.median / W.median);
+      std::printf("  cold read   %7.1f ms [%.1f, %.1f]  %7.0f MB/s | raw cold read  %7.0f MB/s  ratio %.2f\n", CR.median * 1e3,
+                  CR.min * 1e3, CR.max * 1e3, mb / CR.median, mb / CRR.median, CRR.median / CR.median);
       std::printf("  warm read   %7.1f ms [%.1f, %.1f]  %7.0f MB/s | checksum hash alone %6.0f MB/s, memcpy %6.0f MB/s\n",
-                  HR.med * 1e3, HR.lo * 1e3, HR.hi * 1e3, mb / HR.med, mb / H.med, memcpy_gbs * 1e3);
-      std::printf("  a hit restores %u tokens in %.1f ms from disk (cold): %.0f tokens/ms\n", pos, CR.med * 1e3,
-                  pos / (CR.med * 1e3));
+                  HR.median * 1e3, HR.min * 1e3, HR.max * 1e3, mb / HR.median, mb / H.median, memcpy_gbs * 1e3);
+      std::printf("  a hit restores %u tokens in %.1f ms from disk (cold): %.0f tokens/ms\n", pos, CR.median * 1e3,
+                  pos / (CR.median * 1e3));
       std::filesystem::remove(path);
       std::filesystem::remove(raw);
     }

@@ -22,6 +22,8 @@
 #include "runtime/state_file.h"
 #include "util/error.h"
 
+#include "test_util.h"
+
 namespace sluice {
 namespace {
 
@@ -66,19 +68,6 @@ SequenceSnapshot random_snapshot(const StateShape& s, uint32_t pos, std::mt19937
   return snap;
 }
 
-struct TmpDir {
-  fs::path path;
-  explicit TmpDir(const std::string& tag) {
-    path = fs::temp_directory_path() / ("sluice-state-" + tag + "-" + std::to_string(::getpid()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TmpDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
 StateCheck read_file(const fs::path& p, const StateShape& s, const Digest128& id, LoadedState* out) {
   const int fd = ::open(p.c_str(), O_RDONLY);
   if (fd < 0) throw Error("cannot open " + p.string());
@@ -88,7 +77,7 @@ StateCheck read_file(const fs::path& p, const StateShape& s, const Digest128& id
 }
 
 TEST(StateFile, RoundTripsAndEveryFlippedByteOrCutIsRefused) {
-  TmpDir dir("format");
+  test::TempDir dir("sluice-state-format");
   const StateShape shape = small_shape();
   std::mt19937 rng(7);
   Digest128 id{};

@@ -15,6 +15,7 @@
 
 #include "model/deepseek41/engine_footprint.h"
 #include "util/error.h"
+#include "util/unique_fd.h"
 
 namespace sluice {
 namespace {
@@ -53,16 +54,6 @@ long tmp_pid(const std::string& name) {
   return pid;
 }
 
-struct Fd {
-  int fd = -1;
-  explicit Fd(int f) : fd(f) {}
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-};
-
 }  // namespace
 
 StateShape state_shape(const ModelConfig& c, uint32_t ctx) {
@@ -81,7 +72,7 @@ StateShape state_shape(const ModelConfig& c, uint32_t ctx) {
 Digest128 model_file_identity(const std::string& path, uint64_t data_offset, float route_bias) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw Error(path + ": cannot open: " + err(errno));
-  Fd guard(fd);
+  UniqueFd guard(fd);
   struct stat st {};
   if (::fstat(fd, &st) != 0) throw Error(path + ": cannot stat: " + err(errno));
   const uint64_t size = (uint64_t)st.st_size;
@@ -196,7 +187,7 @@ void StateDisk::scan() {
       continue;
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0) continue;
-    Fd guard(fd);
+    UniqueFd guard(fd);
     struct stat st {};
     if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) continue;
     StateFileSummary sum;
@@ -237,9 +228,15 @@ void StateDisk::scan() {
     say(opt_.dir + ": left alone " + std::to_string(st_.ignored) + " file(s) that are not this model's states (" + what + ")");
   }
   // Over the budget (it was lowered since): the least recently used go.
-  while (st_.bytes > opt_.budget && !index_.empty()) {
-    auto victim = std::min_element(index_.begin(), index_.end(),
-                                   [](const auto& a, const auto& b) { return a.second.used < b.second.used; });
+  evict_until(opt_.budget, nullptr);
+}
+
+void StateDisk::evict_until(uint64_t bytes, const Digest128* keep) {
+  while (st_.bytes > bytes) {
+    auto victim = index_.end();
+    for (auto it = index_.begin(); it != index_.end(); ++it)
+      if ((!keep || it->first != *keep) && (victim == index_.end() || it->second.used < victim->second.used)) victim = it;
+    if (victim == index_.end()) return;
     ::unlink(path_of(victim->first).c_str());
     erase(victim, true);
   }
@@ -274,7 +271,7 @@ bool StateDisk::load(std::span<const TokenId> prompt, uint32_t pos, LoadedState*
     if (auto it = index_.find(key); it != index_.end()) erase(it, false);
     return false;
   }
-  Fd guard(fd);
+  UniqueFd guard(fd);
   LoadedState ls;
   StateCheck c = read_state_file(fd, opt_.shape, opt_.identity, &ls);
   if (c && (ls.tokens.size() != pos || !std::equal(ls.tokens.begin(), ls.tokens.end(), prompt.begin())))
@@ -374,14 +371,7 @@ void StateDisk::write_one(Pending& p) {
       old = it->second.bytes;
     }
     // Room first: the least recently used files go (not the one this replaces).
-    while (st_.bytes - old + bytes > opt_.budget) {
-      auto victim = index_.end();
-      for (auto it = index_.begin(); it != index_.end(); ++it)
-        if (it->first != p.key && (victim == index_.end() || it->second.used < victim->second.used)) victim = it;
-      if (victim == index_.end()) break;
-      ::unlink(path_of(victim->first).c_str());
-      erase(victim, true);
-    }
+    if (old + opt_.budget >= bytes) evict_until(old + opt_.budget - bytes, &p.key);
     if (st_.bytes - old + bytes > opt_.budget) {
       ++st_.skipped;
       return;

@@ -108,6 +108,9 @@ class StateDisk {
   void write_one(Pending& p);
   void say(const std::string& line) const;
   void erase(std::map<Digest128, Entry>::iterator it, bool evicted);  // under mu_
+  // Deletes least recently used files (not `keep`) until this model's files hold at most
+  // `bytes` (under mu_).
+  void evict_until(uint64_t bytes, const Digest128* keep);
   std::string path_of(const Digest128& key) const;
 
   StateDiskOptions opt_;

@@ -14,6 +14,7 @@
 
 #include "storage/store_stats.h"
 #include "util/error.h"
+#include "util/unique_fd.h"
 
 namespace sluice::storage {
 namespace {
@@ -21,11 +22,6 @@ namespace {
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
-
-struct Fd {
-  int fd = -1;
-  ~Fd() { if (fd >= 0) ::close(fd); }
-};
 
 struct Ring {
   io_uring ring{};
@@ -39,7 +35,7 @@ RawReadResult raw_direct_reads(const std::string& file, uint64_t begin, uint64_t
                                double seconds, uint64_t seed) {
   constexpr uint32_t kBlock = 1u << 20;
   if (queue_depth == 0 || queue_depth > 1024) throw Error("raw reads: queue depth must be in 1..1024");
-  Fd f;
+  UniqueFd f;
   f.fd = ::open(file.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
   if (f.fd < 0) throw Error("raw reads: O_DIRECT open of " + file + " failed: " + std::strerror(errno));
   Ring r;
