@@ -59,7 +59,16 @@ export function parsePrometheus(text) {
 }
 
 export async function metrics() {
-  const r = await fetch(`${BASE}/metrics`);
+  // GET is idempotent: one retry when the pooled keep-alive connection it reused was closed by
+  // the server meanwhile (it evicts idle connections when it needs their slots), as HTTP clients
+  // do for idempotent requests; undici's fetch does not retry by itself.
+  let r;
+  try {
+    r = await fetch(`${BASE}/metrics`);
+  } catch (e) {
+    if (e?.cause?.code !== "UND_ERR_SOCKET") throw e;
+    r = await fetch(`${BASE}/metrics`);
+  }
   assert.equal(r.status, 200);
   return parsePrometheus(await r.text()).samples;
 }
