@@ -128,6 +128,17 @@ struct SparseAttention {
   const float* sinks = nullptr;  // [heads]
 };
 
+// Attention of every query row over one list of BF16 rows (keys = values, one shared KV head),
+// with a per-head sink: the DSpark drafter's block, whose queries all see the same rows (its
+// ring and the block's own keys, in both directions; spec 6.3). Same math as sparse_attention
+// for a query that selected exactly these rows in this order.
+struct RowAttention {
+  CMat q;                     // [n][heads * head_dim]
+  uint32_t heads = 0, head_dim = 0;
+  std::span<const uint16_t* const> rows;
+  const float* sinks = nullptr;  // [heads]
+};
+
 // One routed (token, expert, weight) assignment; an op's list is sorted by expert, then token.
 struct ExpertTriple {
   uint32_t expert = 0, token = 0;
@@ -185,6 +196,11 @@ class Backend {
                       Mat mixes) const = 0;
   // y = rms_norm(hc_pre(X, pre)): collapse the hc streams with per-token weights pre [n][hc].
   virtual void hc_pre_norm(CMat X, CMat pre, const float* norm_w, HcParams p, Mat y) const = 0;
+  // y = hc_pre(X, pre) without the norm (the DSpark head's h, spec 6.3 step 6).
+  virtual void hc_pre(CMat X, CMat pre, HcParams p, Mat y) const = 0;
+  // y = bf16((X[0] + ... + X[hc-1]) / hc), f32 sums in stream order: the plain mean of the
+  // streams a DSpark drafter captures (spec 6.3 step 1). y.width = the hidden size.
+  virtual void hc_mean(CMat X, uint32_t hc, Mat y) const = 0;
   // Y[j] = bf16(post[j] * F + sum_i comb[i][j] * X[i]) per token.
   virtual void hc_post(CMat F, CMat X, CMat mixes, uint32_t hc, Mat Y) const = 0;
 
@@ -199,6 +215,7 @@ class Backend {
   virtual void index_select(const IndexSelect& a, std::vector<std::vector<uint8_t>>& cand,
                             std::vector<std::vector<int32_t>>& sel) const = 0;
   virtual void sparse_attention(const SparseAttention& a, Mat o) const = 0;
+  virtual void attend_rows(const RowAttention& a, Mat o) const = 0;
 
   // --- feed-forward (spec 3.6) ----------------------------------------------------------------
   // out = down(swiglu(gate x, up x)) with the clamped SwiGLU, weight 1, rounded to BF16.

@@ -159,6 +159,22 @@ void CpuBackend::sparse_attention(const SparseAttention& a, Mat o) const {
   }
 }
 
+void CpuBackend::attend_rows(const RowAttention& a, Mat o) const {
+  SparseAttention sa;
+  sa.heads = a.heads;
+  sa.head_dim = a.head_dim;
+  sa.sinks = a.sinks;
+  sa.q = a.q;
+  const float scale = (float)(1.0 / std::sqrt((double)a.head_dim));
+  const uint32_t n = (uint32_t)a.q.n;
+  const std::vector<const uint16_t*> list(a.rows.begin(), a.rows.end());
+  for (uint32_t i0 = 0; i0 < n; i0 += kAttentionGroup) {
+    const uint32_t gn = std::min(n - i0, kAttentionGroup);
+    const std::vector<std::vector<const uint16_t*>> rows(gn, list);
+    attend_group(sa, i0, gn, rows, scale, o);
+  }
+}
+
 void CpuBackend::attend_group(const SparseAttention& a, uint32_t i0, uint32_t gn,
                               const std::vector<std::vector<const uint16_t*>>& rows, float scale, Mat o) const {
   const uint32_t nh = a.heads, hd = a.head_dim;

@@ -116,8 +116,25 @@ void CpuBackend::hc_mix(const Weight& fn, const float* base, const float* scale,
 void CpuBackend::hc_pre_norm(CMat X, CMat pre, const float* norm_w, HcParams p, Mat y) const {
   for (size_t i = 0; i < X.n; ++i) {
     float* yi = y.row(i);
-    hc_pre(X.row(i), pre.row(i), p.hc, y.width, yi);
+    sluice::hc_pre(X.row(i), pre.row(i), p.hc, y.width, yi);
     sluice::rms_norm(yi, norm_w, yi, y.width, p.norm_eps);
+  }
+}
+
+void CpuBackend::hc_pre(CMat X, CMat pre, HcParams p, Mat y) const {
+  for (size_t i = 0; i < X.n; ++i) sluice::hc_pre(X.row(i), pre.row(i), p.hc, y.width, y.row(i));
+}
+
+void CpuBackend::hc_mean(CMat X, uint32_t hc, Mat y) const {
+  const float inv = 1.0f / (float)hc;  // hc is a power of two in every config: exact
+  for (size_t i = 0; i < X.n; ++i) {
+    const float* x = X.row(i);
+    float* yi = y.row(i);
+    for (size_t d = 0; d < y.width; ++d) {
+      float sum = 0.0f;
+      for (uint32_t h = 0; h < hc; ++h) sum += x[(size_t)h * y.width + d];
+      yi[d] = round_bf16(sum * inv);
+    }
   }
 }
 

@@ -38,12 +38,15 @@ class CpuBackend : public Backend {
   void gather_rows(CMat src, std::span<const uint32_t> rows, Mat dst) const override;
   void hc_mix(const Weight& fn, const float* base, const float* scale, HcParams p, CMat X, Mat mixes) const override;
   void hc_pre_norm(CMat X, CMat pre, const float* norm_w, HcParams p, Mat y) const override;
+  void hc_pre(CMat X, CMat pre, HcParams p, Mat y) const override;
+  void hc_mean(CMat X, uint32_t hc, Mat y) const override;
   void hc_post(CMat F, CMat X, CMat mixes, uint32_t hc, Mat Y) const override;
   std::vector<uint32_t> compress_pool(CMat k, CMat g, uint32_t ratio, uint32_t p0, float* carry_k, float* carry_s,
                                       Mat latents) const override;
   void index_select(const IndexSelect& a, std::vector<std::vector<uint8_t>>& cand,
                     std::vector<std::vector<int32_t>>& sel) const override;
   void sparse_attention(const SparseAttention& a, Mat o) const override;
+  void attend_rows(const RowAttention& a, Mat o) const override;
   void shared_ffn(const Weight& gate, const Weight& up, const Weight& down, float limit, CMat x,
                   Mat out) const override;
   void routed_ffn(ExpertTensors t, const ExpertSource& src, uint32_t layer, std::span<const ExpertTriple> triples,

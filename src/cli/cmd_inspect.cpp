@@ -1,5 +1,6 @@
 // `sluice inspect`: metadata summary, tensor table, deepseek41 schema check and byte classes.
 #include <algorithm>
+#include <optional>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -9,6 +10,8 @@
 #include "cli/commands.h"
 #include "format/gguf.h"
 #include "kernels/types.h"
+#include "model/architecture.h"
+#include "model/deepseek41/dspark_schema.h"
 #include "model/deepseek41/load_checks.h"
 #include "model/deepseek41/schema.h"
 #include "util/error.h"
@@ -119,8 +122,58 @@ CLI::App* setup_inspect(CLI::App& app, InspectOptions& o) {
   sub->add_option("file", o.file, "GGUF file")->required();
   sub->add_flag("--json", o.json, "print one JSON object instead of the text report (always with every tensor)");
   sub->add_flag("--tensors", o.tensors, "include the tensor table in the text report (one row per tensor)");
+  auto* ds = sub->add_option("--dspark", o.dspark, "also check this DSpark support file against the model FILE");
+  auto* tg = sub->add_option("--target", o.target,
+                             "FILE is a DSpark support file: check its shapes and hyperparameters against this model");
+  ds->excludes(tg);
   return sub;
 }
+
+namespace {
+
+// A DSpark support file and, when given, the model it is checked against (spec 6.2).
+struct DsparkCheck {
+  std::string path;
+  DsparkReport rep;
+  bool against_model = false;
+};
+
+DsparkCheck check_dspark(const std::string& support_path, const std::string& model_path) {
+  DsparkCheck d;
+  d.path = support_path;
+  const gguf::File sf = open_gguf(support_path);
+  std::optional<ModelConfig> target;
+  if (!model_path.empty()) {
+    const gguf::File mf = open_gguf(model_path);
+    if (const std::vector<std::string> p = load_problems(mf); !p.empty())
+      throw Error(with_path(model_path, "the target model fails its own checks: " + p.front()));
+    target = architecture_of(mf).config(mf, nullptr);
+  }
+  d.rep = validate_dspark(sf, target ? &*target : nullptr);
+  d.against_model = target.has_value();
+  return d;
+}
+
+void print_dspark(const DsparkCheck& d, const std::string& model_path) {
+  const DsparkConfig& c = d.rep.config;
+  std::string targets;
+  for (uint32_t l : c.target_layers) targets += (targets.empty() ? "" : ", ") + std::to_string(l);
+  std::printf("\nDSpark support %s (%s)\n", d.path.c_str(), printable(d.rep.architecture, 40).c_str());
+  std::printf("  drafter      %u stages, blocks of %u rows (anchor + %u noise rows of token %u), drafts from the\n"
+              "               mean of the streams entering target layers [%s]; Markov rank %u; %u routed experts, top-%u\n",
+              c.stages, c.block_size, c.block_size ? c.block_size - 1 : 0, c.noise_token, targets.c_str(), c.markov_rank,
+              c.expert_count, c.expert_used);
+  std::printf("  bytes        resident %.3f GiB, routed experts %.3f GiB (%llu bytes per expert and stage)\n",
+              gib(d.rep.resident_bytes), gib(d.rep.routed_expert_bytes), (unsigned long long)d.rep.expert_bytes_per_stage);
+  if (!d.against_model)
+    std::printf("  shapes       not checked: they are the target model's widths (give --target MODEL)\n");
+  if (d.rep.ok())
+    std::printf("  check        OK%s\n", d.against_model ? (" against " + model_path).c_str() : "");
+  else
+    for (const std::string& e : d.rep.errors) std::printf("  - %s\n", printable(e).c_str());
+}
+
+}  // namespace
 
 int run_inspect(const InspectOptions& o) {
   const gguf::File f = open_gguf(o.file);
@@ -129,7 +182,23 @@ int run_inspect(const InspectOptions& o) {
     rep = validate_deepseek41(f);
   } catch (const Error&) {
   }
-  rep.errors = load_problems(f);
+  // A support file is checked as one (its byte classes are its own), against --target if given.
+  std::optional<DsparkCheck> ds;
+  if (is_dspark_architecture(f)) {
+    ds = check_dspark(o.file, o.target);
+    rep = SchemaReport{};
+    rep.resident_bytes = ds->rep.resident_bytes;
+    rep.routed_expert_bytes = ds->rep.routed_expert_bytes;
+    rep.errors = ds->rep.errors;
+  } else {
+    if (!o.target.empty()) throw UsageError(o.file + " is not a DSpark support file; --target is for one");
+    rep.errors = load_problems(f);
+    if (!o.dspark.empty()) {
+      ds = check_dspark(o.dspark, rep.errors.empty() ? o.file : std::string());
+      for (const std::string& e : ds->rep.errors) rep.errors.push_back(o.dspark + ": " + e);
+    }
+  }
+  const std::string model_path = is_dspark_architecture(f) ? o.target : o.file;
   const Value* arch = f.find("general.architecture");
   const bool has_arch = arch && arch->type == ValueType::STRING;
   uint64_t tensor_data = 0;
@@ -155,6 +224,24 @@ int run_inspect(const InspectOptions& o) {
     j["expert_down_bytes"] = rep.expert_down_bytes;
     j["n_layer"] = rep.n_layer;
     j["n_expert"] = rep.n_expert;
+    if (ds) {
+      const DsparkConfig& c = ds->rep.config;
+      nlohmann::ordered_json d;
+      d["path"] = ds->path;
+      d["architecture"] = ds->rep.architecture;
+      d["checked_against_model"] = ds->against_model;
+      d["stages"] = c.stages;
+      d["block_size"] = c.block_size;
+      d["noise_token_id"] = c.noise_token;
+      d["target_layer_ids"] = c.target_layers;
+      d["markov_rank"] = c.markov_rank;
+      d["expert_count"] = c.expert_count;
+      d["expert_used_count"] = c.expert_used;
+      d["resident_bytes"] = ds->rep.resident_bytes;
+      d["routed_expert_bytes"] = ds->rep.routed_expert_bytes;
+      d["errors"] = ds->rep.errors;
+      j["dspark"] = std::move(d);
+    }
     j["valid"] = rep.errors.empty();
     j["errors"] = rep.errors;
     auto& meta = j["metadata"] = nlohmann::ordered_json::array();
@@ -204,12 +291,16 @@ int run_inspect(const InspectOptions& o) {
               gib(rep.routed_expert_bytes));
   std::printf("  engram tables  %16llu  %9.3f GiB\n", (unsigned long long)rep.engram_bytes,
               gib(rep.engram_bytes));
-  std::printf("  one expert, one layer: gate %llu + up %llu + down %llu = %llu bytes"
+  if (!is_dspark_architecture(f))
+    std::printf("  one expert, one layer: gate %llu + up %llu + down %llu = %llu bytes"
               " (%u layers, %u experts)\n",
               (unsigned long long)rep.expert_gate_bytes, (unsigned long long)rep.expert_up_bytes,
               (unsigned long long)rep.expert_down_bytes,
               (unsigned long long)rep.expert_bytes_per_layer, rep.n_layer, rep.n_expert);
-  if (rep.errors.empty()) {
+  if (ds) print_dspark(*ds, model_path);
+  if (ds && is_dspark_architecture(f)) {
+    // The support file's problems were listed with it.
+  } else if (rep.errors.empty()) {
     std::printf("\nschema deepseek41: OK\n");
   } else {
     std::printf("\nschema deepseek41: %zu problem(s)\n", rep.errors.size());

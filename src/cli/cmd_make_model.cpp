@@ -15,7 +15,7 @@
 namespace sluice::cli {
 namespace {
 
-ModelConfig load_config_file(const std::string& path) {
+nlohmann::json read_config_json(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw Error("cannot open config " + path);
   std::stringstream text;
@@ -26,6 +26,10 @@ ModelConfig load_config_file(const std::string& path) {
   } catch (const nlohmann::json::exception& e) {
     throw Error(path + ": invalid JSON: " + e.what());
   }
+  return j;
+}
+
+ModelConfig load_config_file(const std::string& path, const nlohmann::json& j) {
   try {
     return config_from_json(j);
   } catch (const nlohmann::json::exception& e) {  // a key of the wrong JSON type
@@ -50,7 +54,10 @@ CLI::App* setup_make_model(CLI::App& app, MakeModelOptions& o) {
   auto* preset = sub->add_option("--preset", o.preset, "built-in config: tiny | published")
                      ->check(CLI::IsMember({"tiny", "published"}));
   config->excludes(preset);
-  sub->add_option("-o,--output", o.out, "output GGUF path (must not exist unless --force)")->required();
+  sub->add_option("-o,--output", o.out, "output GGUF path (must not exist unless --force)");
+  sub->add_option("--dspark-out", o.dspark_out,
+                  "also (or only, without -o) write a DSpark support GGUF for the model (random weights; dspark_* "
+                  "keys of the config.json override the published drafter's hyperparameters scaled to the model)");
   sub->add_flag("--force", o.force, "replace an existing regular file at -o (never a link, device or directory)");
   sub->add_option("--seed", o.seed, "seed of the random weights (default 0)");
   sub->add_flag("--sparse", o.sparse, "write headers only; tensor data stays a file hole");
@@ -62,11 +69,18 @@ CLI::App* setup_make_model(CLI::App& app, MakeModelOptions& o) {
 int run_make_model(const MakeModelOptions& o) {
   if (o.config.empty() == o.preset.empty())
     throw UsageError("make-model needs exactly one of --config FILE or --preset tiny|published");
+  if (o.out.empty() && o.dspark_out.empty()) throw UsageError("make-model needs -o FILE, --dspark-out FILE or both");
+  if (!o.out.empty() && o.out == o.dspark_out) throw UsageError("-o and --dspark-out name the same file");
   const Existing existing = o.force ? Existing::Replace : Existing::Refuse;
-  check_output_target(o.out, existing);  // before the (for the published preset, long) generation
+  // Before the (for the published preset, long) generation.
+  if (!o.out.empty()) check_output_target(o.out, existing);
+  if (!o.dspark_out.empty()) check_output_target(o.dspark_out, existing);
   ModelConfig c;
+  nlohmann::json flat = nlohmann::json::object();
   if (!o.config.empty()) {
-    c = load_config_file(o.config);
+    const nlohmann::json j = read_config_json(o.config);
+    c = load_config_file(o.config, j);
+    flat = flatten_config_json(j);
   } else {
     c = o.preset == "published" ? published_config() : tiny_config();
     finalize(c);
@@ -86,10 +100,22 @@ int run_make_model(const MakeModelOptions& o) {
   g.seed = o.seed;
   g.sparse = o.sparse;
   g.existing = existing;
-  const GenerateResult r = generate_model(c, v, o.out, g);
-  std::printf("wrote %s: %llu tensors, %llu bytes (data at %llu)%s\n", o.out.c_str(),
-              (unsigned long long)r.tensor_count, (unsigned long long)r.file_bytes,
-              (unsigned long long)r.data_offset, o.sparse ? ", sparse" : "");
+  auto report = [&](const std::string& path, const GenerateResult& r) {
+    std::printf("wrote %s: %llu tensors, %llu bytes (data at %llu)%s\n", path.c_str(), (unsigned long long)r.tensor_count,
+                (unsigned long long)r.file_bytes, (unsigned long long)r.data_offset, o.sparse ? ", sparse" : "");
+  };
+  DsparkConfig d;
+  if (!o.dspark_out.empty()) {
+    try {
+      d = dspark_config_from_json(c, flat);
+    } catch (const Error& e) {
+      throw Error(o.config + ": " + e.what());
+    }
+    if (const std::vector<std::string> bad = dspark_problems(d, c); !bad.empty())
+      throw Error((o.config.empty() ? std::string("the ") + o.preset + " preset" : o.config) + ": " + bad.front());
+  }
+  if (!o.out.empty()) report(o.out, generate_model(c, v, o.out, g));
+  if (!o.dspark_out.empty()) report(o.dspark_out, generate_dspark(d, c, o.dspark_out, g));
   return 0;
 }
 

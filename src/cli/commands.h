@@ -20,6 +20,7 @@ struct MakeModelOptions {
   std::string config;  // JSON file, or empty when a preset is used
   std::string preset;  // "tiny" | "published"
   std::string out;
+  std::string dspark_out;  // DSpark support file for the model, empty: none
   std::string vocab;   // vocabulary GGUF, empty: default for the preset
   uint64_t seed = 0;
   bool sparse = false;
@@ -32,6 +33,8 @@ struct InspectOptions {
   std::string file;
   bool json = false;
   bool tensors = false;  // the tensor table in the text report (--json always has it)
+  std::string dspark;    // a DSpark support file checked against the model FILE
+  std::string target;    // FILE is a support file: the model it is checked against
 };
 CLI::App* setup_inspect(CLI::App& app, InspectOptions& o);
 int run_inspect(const InspectOptions& o);

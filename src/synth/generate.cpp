@@ -58,7 +58,7 @@ InitRule init_rule(const TensorSpec& t) {
     r.scale = 0.5f;
     return r;
   }
-  if (contains(n, "_norm.") || contains(n, "output_norm")) {
+  if (contains(n, "_norm.") || contains(n, "output_norm") || ends_with(n, ".norm.weight")) {
     r.center = 1.0f;
     r.scale = 0.05f;
   } else if (contains(n, "attn_sinks") || ends_with(n, ".bias")) {
@@ -148,14 +148,14 @@ gguf::Writer model_writer(const ModelConfig& c, const Vocab& v) {
   return w;
 }
 
-GenerateResult generate_model(const ModelConfig& c, const Vocab& v, const std::string& path,
-                              const GenerateOptions& o) {
-  const gguf::Writer w = model_writer(c, v);
-  const std::vector<TensorSpec> specs = deepseek41_tensors(c);
+namespace {
+
+// Writes w's tensors with the payload of specs (looked up by name), in chunks of whole rows of
+// about 4 MiB, so a multi-GB tensor never sits in memory.
+GenerateResult write_tensors(const ModelConfig& c, const gguf::Writer& w, const std::vector<TensorSpec>& specs,
+                             const std::string& path, const GenerateOptions& o) {
   std::map<std::string, const TensorSpec*, std::less<>> by_name;
   for (const TensorSpec& t : specs) by_name[t.name] = &t;
-
-  // Chunks of whole rows, about 4 MiB, so a multi-GB tensor never sits in memory.
   constexpr uint64_t kChunkBytes = 4ull << 20;
   std::vector<uint8_t> buf;
   auto emit = [&](const gguf::TensorInfo& info, const gguf::Writer::Sink& sink) {
@@ -174,7 +174,6 @@ GenerateResult generate_model(const ModelConfig& c, const Vocab& v, const std::s
       sink(buf.data(), buf.size());
     }
   };
-
   // The writer goes through a temporary file and renames it, so a failure leaves no output.
   w.write(path, emit, o.sparse, o.existing);
   GenerateResult r;
@@ -182,6 +181,26 @@ GenerateResult generate_model(const ModelConfig& c, const Vocab& v, const std::s
   r.data_offset = w.data_offset();
   r.tensor_count = w.tensors().size();
   return r;
+}
+
+}  // namespace
+
+GenerateResult generate_model(const ModelConfig& c, const Vocab& v, const std::string& path,
+                              const GenerateOptions& o) {
+  return write_tensors(c, model_writer(c, v), deepseek41_tensors(c), path, o);
+}
+
+GenerateResult generate_dspark(const DsparkConfig& d, const ModelConfig& c, const std::string& path,
+                               const GenerateOptions& o) {
+  if (const std::vector<std::string> bad = dspark_problems(d, c); !bad.empty()) throw Error(bad.front());
+  gguf::Writer w(kDeepseek41Alignment);
+  for (gguf::KV& kv : dspark_metadata(d, c)) w.add(std::move(kv.key), std::move(kv.value));
+  const std::vector<TensorSpec> specs = dspark_tensors(d, c);
+  for (const TensorSpec& t : specs) w.add_tensor(t.name, t.ne, t.type);
+  // Its own seed stream: a support file made with the model's seed is not a copy of its layers.
+  GenerateOptions so = o;
+  so.seed = o.seed ^ 0x64737061726bull;  // "dspark"
+  return write_tensors(c, w, specs, path, so);
 }
 
 }  // namespace sluice

@@ -12,6 +12,7 @@
 
 #include "format/gguf.h"
 #include "model/deepseek41/config.h"
+#include "model/deepseek41/dspark_schema.h"
 #include "model/deepseek41/schema.h"
 #include "synth/vocab.h"
 
@@ -57,5 +58,10 @@ struct GenerateResult {
 // Writes the model to `path` (atomically, util/output_file.h: a failure leaves `path` as it was).
 GenerateResult generate_model(const ModelConfig& c, const Vocab& v, const std::string& path,
                               const GenerateOptions& o);
+
+// A DSpark support file (model/deepseek41/dspark_schema.h) for target model c with random but
+// valid weights (a seed stream of its own). Throws Error when d does not fit c.
+GenerateResult generate_dspark(const DsparkConfig& d, const ModelConfig& c, const std::string& path,
+                               const GenerateOptions& o);
 
 }  // namespace sluice

@@ -58,8 +58,9 @@ struct ScratchBytes {
   uint64_t indexer_scores = 0;  // visible compressed rows x 4: one query's scores at a time
   uint64_t engram_reads = 0;    // engram_gather's staging buffer, sorted references and row ids
   uint64_t logits = 0;          // chunk x vocab x 4 (the caller's buffer)
+  uint64_t capture = 0;         // DSpark target capture: chunk x capture layers x hidden x 4 (Engine::footprint)
   uint64_t total() const {
-    return workspace + op_temporaries + chunk_rows + indexer_scores + engram_reads + logits;
+    return workspace + op_temporaries + chunk_rows + indexer_scores + engram_reads + logits + capture;
   }
 };
 ScratchBytes scratch_bytes(const ModelConfig& c, uint32_t chunk, uint32_t ctx);

@@ -20,6 +20,7 @@ Engine::Impl::Impl(const Model& model, const EngineOptions& o)
   slot.assign(c.num_hidden_layers, -1);
   for (uint32_t L = 0; L < c.num_hidden_layers; ++L) freqs[L] = rope_frequencies(c, roles[L].ratio);
   for (size_t i = 0; i < c.kv_source_layer_ids.size(); ++i) slot[c.kv_source_layer_ids[i]] = (int)i;
+  if (!o.capture_layers.empty()) capture = be.tensor(o.chunk, capture_width());
   if (o.engram_cache_rows && !c.engram_layer_ids.empty())
     engram_cache = std::make_unique<EngramRowCache>(o.engram_cache_rows, (uint32_t)c.engram_layer_ids.size(),
                                                     (uint32_t)c.engram_row_bytes());
@@ -35,6 +36,10 @@ Engine::Engine(const Model& m, EngineOptions o) : model_(m), opt_(o) {
   if (o.ctx == 0) throw Error("engine: ctx must be at least 1");
   if (o.chunk == 0) throw Error("engine: chunk must be at least 1");
   check_route_bias(o.route_bias);
+  for (uint32_t l : o.capture_layers)
+    if (l >= m.config.num_hidden_layers)
+      throw Error("engine: capture layer " + std::to_string(l) + " is not below the model's " +
+                  std::to_string(m.config.num_hidden_layers) + " layers");
   impl_ = std::make_unique<Impl>(m, o);
 }
 
@@ -53,7 +58,9 @@ uint32_t sequence_position(const SequenceState& s) { return s.pos; }
 SequenceState Engine::new_sequence() const { return impl_->new_sequence(); }
 
 EngineFootprint Engine::footprint() const {
-  return engine_footprint(model_.config, opt_.ctx, opt_.chunk, model_.loaded_bytes);
+  EngineFootprint f = engine_footprint(model_.config, opt_.ctx, opt_.chunk, model_.loaded_bytes);
+  f.scratch.capture = impl_->capture.bytes();
+  return f;
 }
 
 void Engine::reset(SequenceState& s) const {
@@ -139,7 +146,7 @@ void Engine::Impl::name(const Pass& p, int L, const char* what, CMat t) const {
 // sublayer mixes them (hc_mix), collapses them with pre-weights into its input (hc_pre_norm),
 // and writes its output back through post/comb (hc_post). The attention collapse uses the
 // previous FFN's pre-weights (lagged), the FFN collapse the attention's own.
-void Engine::Impl::run_pass(Pass& p, float* logits, const std::vector<uint32_t>* rows) const {
+void Engine::Impl::run_pass(Pass& p, float* logits, const std::vector<uint32_t>* rows, bool capture_rows) const {
   const uint32_t n = p.n, hc = c.hc_mult, nl = c.num_hidden_layers;
   const HcParams hp = hc_params();
   engram_ids(p);
@@ -159,6 +166,13 @@ void Engine::Impl::run_pass(Pass& p, float* logits, const std::vector<uint32_t>*
       throw Error("injected failure at layer " + std::to_string(L) + " of chunk " + std::to_string(p.index));
     const LayerWeights& w = m.layers[L];
     const int l = (int)L;
+    // DSpark target capture: the streams entering layer L (the previous block's output).
+    for (size_t k = 0; capture_rows && k < opt.capture_layers.size(); ++k)
+      if (opt.capture_layers[k] == L) {
+        const Mat m_l = capture.m().rows(0, n).cols(k * c.hidden_size, c.hidden_size);
+        be.hc_mean(X, hc, m_l);
+        name(p, l, "dspark_capture", m_l);
+      }
     if (roles[L].engram_index >= 0) {
       engram(p, L, X);  // spec 3.3: before the attention mixes
       name(p, l, "engram_out", X);
@@ -214,11 +228,12 @@ void Engine::eval(SequenceState& s, std::span<const TokenId> tokens, float* logi
 void Engine::eval_masked(SequenceState& s, std::span<const TokenId> tokens,
                          std::span<const uint8_t> masked, float* logits,
                          std::vector<TokenTrace>* trace) const {
-  eval_one(s, tokens, masked, logits, trace, BatchItem::Logits::All);
+  eval_one(s, tokens, masked, logits, trace, BatchItem::Logits::All, nullptr);
 }
 
 void Engine::eval_one(SequenceState& s, std::span<const TokenId> tokens, std::span<const uint8_t> masked,
-                      float* logits, std::vector<TokenTrace>* trace, BatchItem::Logits rows) const {
+                      float* logits, std::vector<TokenTrace>* trace, BatchItem::Logits rows, float* hidden,
+                      VerifyRecord* verify) const {
   const Impl& im = *impl_;
   const ModelConfig& c = im.c;
   if (tokens.empty()) return;
@@ -240,18 +255,30 @@ void Engine::eval_one(SequenceState& s, std::span<const TokenId> tokens, std::sp
       ch.tokens = tokens.data() + off;
       ch.masked = masked.empty() ? nullptr : masked.data() + off;
       ch.tracing = trace != nullptr;
+      ch.keep_projections = verify != nullptr;
       begin_chunk(ch, s, c.num_hidden_layers, c.engram_layer_ids.size());
       Pass p;
       p.index = (uint32_t)k;
       SequenceState* const sp = &s;
       begin_pass(p, std::span<Chunk>(&ch, 1), std::span<SequenceState* const>(&sp, 1));
+      const bool capture = hidden && !opt_.capture_layers.empty();
       if (rows == BatchItem::Logits::All) {
-        im.run_pass(p, logits ? logits + off * c.vocab_size : nullptr);
+        im.run_pass(p, logits ? logits + off * c.vocab_size : nullptr, nullptr, capture);
       } else {
         // Last: only the final chunk's last row; None: no head at all.
         const bool last = rows == BatchItem::Logits::Last && k + 1 == n_chunks;
         const std::vector<uint32_t> want = last ? std::vector<uint32_t>{ch.n - 1} : std::vector<uint32_t>{};
-        im.run_pass(p, logits, &want);
+        im.run_pass(p, logits, &want, capture);
+      }
+      if (capture)
+        std::memcpy(hidden + off * im.capture_width(), im.capture.c().p, (size_t)ch.n * im.capture_width() * sizeof(float));
+      if (verify) {
+        verify->proj_k.clear();
+        verify->proj_s.clear();
+        for (NewSourceRows& nr : ch.src) {
+          verify->proj_k.push_back(std::move(nr.proj_k));
+          verify->proj_s.push_back(std::move(nr.proj_s));
+        }
       }
       commit_chunk(s, ch, c.index_head_dim);
       for (TokenTrace& t : ch.trace) traces.push_back(std::move(t));
@@ -273,7 +300,8 @@ void Engine::eval_batch(std::span<const BatchItem> items, float* logits) const {
   const ModelConfig& c = im.c;
   if (items.empty()) return;
   if (items.size() == 1)
-    return eval_one(*items[0].state, items[0].tokens, items[0].masked, logits, items[0].trace, items[0].logits);
+    return eval_one(*items[0].state, items[0].tokens, items[0].masked, logits, items[0].trace, items[0].logits,
+                    items[0].hidden);
   if (opt_.observer) throw Error("engine: eval_batch shows no intermediates to an observer; evaluate one sequence at a time");
   size_t total = 0;
   bool tracing = false;
@@ -319,8 +347,12 @@ void Engine::eval_batch(std::span<const BatchItem> items, float* logits) const {
   }
   Pass p;
   begin_pass(p, parts, states);
-  im.run_pass(p, logits, all ? nullptr : &want);  // nothing is written to any state before this returns
+  bool capture = false;
+  for (const BatchItem& it : items) capture = capture || (it.hidden && !opt_.capture_layers.empty());
+  im.run_pass(p, logits, all ? nullptr : &want, capture);  // nothing is written to any state before this returns
   for (size_t k = 0; k < items.size(); ++k) {
+    if (capture && items[k].hidden)
+      std::memcpy(items[k].hidden, im.capture.c().row(parts[k].row0), (size_t)parts[k].n * im.capture_width() * sizeof(float));
     commit_chunk(*states[k], parts[k], c.index_head_dim);
     if (items[k].trace)
       for (TokenTrace& t : parts[k].trace) items[k].trace->push_back(std::move(t));

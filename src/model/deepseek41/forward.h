@@ -66,6 +66,10 @@ struct EngineOptions {
   bool trace_ffn_inputs = false;
   // Shown every named intermediate when set (one eval() at a time). Must outlive the Engine.
   TensorObserver* observer = nullptr;
+  // DSpark target capture (spec 6.3 step 1): for each listed layer, in this order, the plain
+  // mean of the hc streams entering it, BF16, written to BatchItem::hidden of the items that
+  // give one (capture_layers.size() x hidden_size floats per token). Empty: nothing is captured.
+  std::vector<uint32_t> capture_layers;
 };
 
 struct TokenTrace {                                   // one per evaluated position
@@ -144,8 +148,24 @@ class Engine {
     std::vector<TokenTrace>* trace = nullptr;  // appended when set
     enum class Logits : uint8_t { All, Last, None };
     Logits logits = Logits::All;
+    // With EngineOptions::capture_layers: receives every token's captured rows
+    // (tokens.size() x capture_layers.size() x hidden_size floats). May be null.
+    float* hidden = nullptr;
   };
   void eval_batch(std::span<const BatchItem> items, float* logits) const;
+
+  // A DSpark verify pass (spec 6.4): tokens (at most options.chunk and the window) evaluated in
+  // one chunk, exactly as eval() would, with every row's logits (may be null) and, with
+  // capture_layers, captured rows (may be null); rec receives what keep_verified needs. Row i
+  // equals a single-token decode at its position, bit for bit (the determinism contract).
+  void eval_verify(SequenceState& s, std::span<const TokenId> tokens, float* logits, float* hidden,
+                   VerifyRecord& rec) const;
+  // Straight after eval_verify(s, ..., rec): s becomes, bit for bit, the state after only the
+  // first n of its tokens (0 <= n <= all): the window slots the rest overwrote come back from
+  // rec's checkpoint, their compressed rows are zeroed, the compressor carry is the one at the
+  // new position, the Engram history holds the kept tokens. Throws Error (s unchanged) when s is
+  // not where that pass left it or n is too large.
+  void keep_verified(SequenceState& s, const VerifyRecord& rec, uint32_t n) const;
 
   const EngineOptions& options() const { return opt_; }
   // Changes EngineOptions::route_bias between evals (bench compares exact and biased routing on
@@ -157,7 +177,8 @@ class Engine {
 
  private:
   void eval_one(SequenceState& s, std::span<const TokenId> tokens, std::span<const uint8_t> masked, float* logits,
-                std::vector<TokenTrace>* trace, BatchItem::Logits rows) const;
+                std::vector<TokenTrace>* trace, BatchItem::Logits rows, float* hidden,
+                VerifyRecord* verify = nullptr) const;
   struct Impl;
   const Model& model_;
   EngineOptions opt_;

@@ -7,6 +7,7 @@
 // the top k, and the candidate-pool layers narrow that search to the blocks the candidate
 // source kept. Each query then attends its window and its selected rows with a per-head sink,
 // the output is rotated back (inverse RoPE) and projected through grouped low-rank outputs.
+#include <algorithm>
 #include <cmath>
 
 #include "model/deepseek41/forward_impl.h"
@@ -24,6 +25,16 @@ void Engine::Impl::compress(Pass& p, uint32_t L, CMat x) const {
   for (Chunk* part : p.parts) {
     Chunk& ch = *part;
     NewSourceRows& nr = ch.src[(size_t)slot[L]];
+    if (ch.keep_projections && ratio > 1) {
+      be.sync();
+      const size_t w = k.width;
+      nr.proj_k.resize((size_t)ch.n * w);
+      nr.proj_s.resize((size_t)ch.n * w);
+      for (uint32_t i = 0; i < ch.n; ++i) {
+        std::copy(k.row(ch.row0 + i), k.row(ch.row0 + i) + w, nr.proj_k.begin() + (ptrdiff_t)(i * w));
+        std::copy(g.row(ch.row0 + i), g.row(ch.row0 + i) + w, nr.proj_s.begin() + (ptrdiff_t)(i * w));
+      }
+    }
     const std::vector<uint32_t> groups =
         be.compress_pool(CMat(k).rows(ch.row0, ch.n), ratio > 1 ? CMat(g).rows(ch.row0, ch.n) : CMat{}, ratio, ch.p0,
                          nr.carry_k.data(), nr.carry_s.data(), ws(Ws::Latents, ch.n));

@@ -22,6 +22,7 @@ struct NewSourceRows {         // compressed rows a KV-source layer produced in 
   std::vector<uint8_t> kv;     // [count] packed compressed rows (kKvGrid)
   std::vector<uint8_t> ik;     // [count] packed index keys (kIndexGrid)
   std::vector<float> carry_k, carry_s;  // working copy of the compressor carry
+  std::vector<float> proj_k, proj_s;    // a verify pass's compressor projections (Chunk::keep_projections)
 };
 
 // One sequence's share of a Pass: its tokens at positions p0 .. p0 + n - 1, the pass's rows
@@ -32,6 +33,7 @@ struct Chunk {
   const TokenId* tokens = nullptr;
   const uint8_t* masked = nullptr;  // may be null: nothing masked
   bool tracing = false;
+  bool keep_projections = false;                   // a verify pass: keep NewSourceRows::proj_k/_s
   std::vector<int64_t> tail;                       // Engram history after this chunk
   std::vector<NewSourceRows> src;                  // per KV-source slot
   std::vector<uint16_t> win;                       // [layer][n][head_dim] new window rows

@@ -32,6 +32,7 @@ struct Engine::Impl {
   std::vector<int> slot;                   // per layer: KV-source slot, -1 if not a source
   mutable std::unique_ptr<EngramRowCache> engram_cache;  // null: opt.engram_cache_rows == 0
   mutable EngramReadStats engram_stats;     // since construction
+  Tensor capture;                           // [chunk][capture layers x hidden] when capturing
 
   Impl(const Model& model, const EngineOptions& o);
 
@@ -43,7 +44,9 @@ struct Engine::Impl {
                      const std::string& who) const;
   // logits null: the output head is skipped. rows null: logits of every row of the pass;
   // otherwise of those rows only, in that order (empty: the head is skipped).
-  void run_pass(Pass& p, float* logits, const std::vector<uint32_t>* rows = nullptr) const;
+  // capture: fill `capture` for the pass's rows (EngineOptions::capture_layers).
+  void run_pass(Pass& p, float* logits, const std::vector<uint32_t>* rows = nullptr, bool capture = false) const;
+  size_t capture_width() const { return opt.capture_layers.size() * c.hidden_size; }
 
   // Stages (forward_engram.cpp, forward_attention.cpp, forward_moe.cpp). X: [n][hc x hidden].
   void engram_ids(Pass& p) const;

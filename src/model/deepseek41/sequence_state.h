@@ -89,4 +89,13 @@ struct SequenceSnapshot {
   bool operator==(const SequenceSnapshot&) const = default;
 };
 
+// What a DSpark verify pass (Engine::eval_verify) keeps so that Engine::keep_verified can cut
+// it back to any prefix of its tokens: the checkpoint of its start and, per KV source of ratio
+// > 1, the f32 compressor projections of its tokens (the carry of a position inside the pass).
+struct VerifyRecord {
+  SequenceCheckpoint before;
+  std::vector<uint32_t> tokens;
+  std::vector<std::vector<float>> proj_k, proj_s;  // per KV source: [tokens][head_dim] (empty for ratio 1)
+};
+
 }  // namespace sluice

@@ -1,0 +1,482 @@
+// DSpark (issue 15): the support GGUF's schema, generator and checks; the target capture; the
+// drafter's forward pass; the exact acceptance rule of speculative sampling.
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu_backend.h"
+#include "kernels/fp.h"
+#include "model/deepseek41/dspark_forward.h"
+#include "model/deepseek41/dspark_model.h"
+#include "model/deepseek41/dspark_schema.h"
+#include "model/deepseek41/forward.h"
+#include "model/model.h"
+#include "runtime/speculative.h"
+#include "synth/generate.h"
+#include "util/error.h"
+
+#include "test_util.h"
+
+namespace sluice {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool has_error(const DsparkReport& r, const std::string& part) {
+  for (const std::string& e : r.errors)
+    if (e.find(part) != std::string::npos) return true;
+  return false;
+}
+
+std::string errors_text(const DsparkReport& r) {
+  std::string s;
+  for (const std::string& e : r.errors) s += e + "\n";
+  return s;
+}
+
+TEST(DsparkSchema, PublishedDefaultsAndSizesAreTheSpecs) {
+  ModelConfig c = published_config();
+  finalize(c);
+  const DsparkConfig d = dspark_defaults(c);
+  EXPECT_EQ(d, DsparkConfig{});  // 3 stages, block 5, noise 128799, [37,38,39], rank 256, 128 top-3
+  const std::vector<TensorSpec> t = dspark_tensors(d, c);
+  EXPECT_EQ(t.size(), 78u);  // 24 per stage + 6
+  uint64_t bytes = 0;
+  for (const TensorSpec& s : t) bytes += s.nbytes();
+  EXPECT_EQ(bytes, 4506293720ull);  // spec 6.2's computed data size
+  for (size_t i = 1; i < t.size(); ++i) EXPECT_LT(t[i - 1].name, t[i].name);  // sorted by name
+  EXPECT_TRUE(dspark_problems(d, c).empty());
+}
+
+TEST(DsparkSchema, ProblemsNameTheField) {
+  const ModelConfig c = tiny_config();
+  DsparkConfig d = dspark_defaults(c);
+  EXPECT_TRUE(dspark_problems(d, c).empty());
+  DsparkConfig bad = d;
+  bad.noise_token = c.vocab_size;
+  ASSERT_FALSE(dspark_problems(bad, c).empty());
+  EXPECT_NE(dspark_problems(bad, c)[0].find("dspark.noise_token_id"), std::string::npos);
+  bad = d;
+  bad.target_layers = {2, 9};
+  ASSERT_FALSE(dspark_problems(bad, c).empty());
+  EXPECT_NE(dspark_problems(bad, c)[0].find("dspark.target_layer_ids: layer 9"), std::string::npos);
+  bad = d;
+  bad.expert_used = d.expert_count + 1;
+  ASSERT_FALSE(dspark_problems(bad, c).empty());
+  EXPECT_NE(dspark_problems(bad, c)[0].find("dspark.expert_used_count"), std::string::npos);
+}
+
+class Dspark : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("sluice-dspark-" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    model_path_ = (dir_ / "tiny.gguf").string();
+    support_path_ = (dir_ / "tiny-dspark.gguf").string();
+    const std::string cmd = std::string(SLUICE_BINARY) + " make-model --preset tiny -o " + model_path_ +
+                            " --dspark-out " + support_path_ + " --seed 3 > /dev/null";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    model_ = load_model(model_path_).release();
+    dspark_ = load_dspark(support_path_, *model_).release();
+  }
+  static void TearDownTestSuite() {
+    delete dspark_;
+    delete model_;
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  static const Model& m() { return *model_; }
+  static const ModelConfig& c() { return model_->config; }
+  static std::vector<TokenId> prompt(uint32_t n, uint32_t salt = 0) {
+    std::vector<TokenId> p;
+    for (uint32_t i = 0; i < n; ++i) p.push_back((i * 7919u + 13u + salt * 101u) % c().vocab_size);
+    return p;
+  }
+  static inline fs::path dir_;
+  static inline std::string model_path_, support_path_;
+  static inline Model* model_ = nullptr;
+  static inline DsparkModel* dspark_ = nullptr;
+};
+
+TEST_F(Dspark, GeneratedSupportFileValidatesAgainstItsModel) {
+  const gguf::File f = gguf::File::open(support_path_);
+  EXPECT_TRUE(is_dspark_architecture(f));
+  const DsparkReport r = validate_dspark(f, &c());
+  EXPECT_TRUE(r.ok()) << errors_text(r);
+  EXPECT_EQ(r.config, dspark_defaults(c()));
+  EXPECT_EQ(f.tensors().size(), 78u);
+  EXPECT_GT(r.routed_expert_bytes, 0u);
+  // Alone (no target) only what the file itself says is checked: still fine.
+  EXPECT_TRUE(validate_dspark(f, nullptr).ok());
+}
+
+TEST_F(Dspark, AMismatchedSupportFileIsRefusedNamingTheTensor) {
+  // A support file made for another model (tiny-alt: 10 layers, other widths) against tiny.
+  ModelConfig alt = tiny_config();
+  alt.hidden_size = 512;
+  alt.num_hidden_layers = 10;
+  alt.compress_ratios.resize(10, 1);
+  finalize(alt);
+  const std::string p = (dir_ / "alt-dspark.gguf").string();
+  GenerateOptions g;
+  g.sparse = true;
+  generate_dspark(dspark_defaults(alt), alt, p, g);
+  const DsparkReport r = validate_dspark(gguf::File::open(p), &c());
+  EXPECT_FALSE(r.ok());
+  EXPECT_TRUE(has_error(r, "mtp.0.attn_norm.weight: shape [512], the model needs [256]")) << errors_text(r);
+  EXPECT_TRUE(has_error(r, "dspark.target_layer_ids: layer 9 is not below the model's 8 layers")) << errors_text(r);
+  try {
+    load_dspark(p, m());
+    FAIL() << "a mismatched support file was loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is not a DSpark support file for this model"), std::string::npos) << e.what();
+  }
+  // The main model is not a support file.
+  const DsparkReport r2 = validate_dspark(gguf::File::open(model_path_), &c());
+  EXPECT_TRUE(has_error(r2, "general.architecture: deepseek41 is not a DSpark support file")) << errors_text(r2);
+}
+
+TEST_F(Dspark, MissingKeysAndAliasesOfOtherConverters) {
+  const gguf::File f = gguf::File::open(support_path_);
+  auto rewrite = [&](const std::string& out, const std::function<void(std::vector<gguf::KV>&)>& edit) {
+    std::vector<gguf::KV> kvs = f.kvs();
+    edit(kvs);
+    gguf::Writer w(f.alignment());
+    for (auto& kv : kvs) w.add(kv.key, kv.value);
+    for (const auto& t : f.tensors()) w.add_tensor(t.name, std::vector<uint64_t>(t.ne.begin(), t.ne.begin() + t.n_dims), t.type);
+    w.write(out, {}, /*sparse=*/true);
+  };
+  const std::string a = (dir_ / "alias.gguf").string(), b = (dir_ / "missing.gguf").string();
+  // deepseek41-dspark + dspark.n_expert / n_expert_used, and no expert count at all: accepted.
+  rewrite(a, [](std::vector<gguf::KV>& kvs) {
+    for (gguf::KV& kv : kvs) {
+      if (kv.key == "general.architecture") kv.value = gguf::Value::str("deepseek41-dspark");
+      if (kv.key == "dspark.expert_used_count") kv.key = "dspark.n_expert_used";
+    }
+    std::erase_if(kvs, [](const gguf::KV& kv) { return kv.key == "dspark.expert_count"; });
+  });
+  const DsparkReport ra = validate_dspark(gguf::File::open(a), &c());
+  EXPECT_TRUE(ra.ok()) << errors_text(ra);
+  EXPECT_EQ(ra.config.expert_count, dspark_defaults(c()).expert_count);  // from ffn_gate_inp
+  rewrite(b, [](std::vector<gguf::KV>& kvs) {
+    std::erase_if(kvs, [](const gguf::KV& kv) { return kv.key == "dspark.block_size"; });
+  });
+  EXPECT_TRUE(has_error(validate_dspark(gguf::File::open(b), &c()), "dspark.block_size: missing"));
+}
+
+// spec 6.3 step 1: the capture of layer l is bf16 of the plain mean of the hc streams entering
+// it, i.e. of layer l-1's output streams; capturing changes nothing else.
+class StreamsSeen final : public TensorObserver {
+ public:
+  bool wants(std::string_view name) const override { return name.ends_with(".out") || name == "embd"; }
+  void observe(std::string_view name, uint32_t, uint32_t n, const float* data, size_t width, size_t stride) override {
+    std::vector<float>& v = seen[std::string(name)];
+    for (uint32_t i = 0; i < n; ++i) v.insert(v.end(), data + i * stride, data + i * stride + width);
+  }
+  std::map<std::string, std::vector<float>> seen;
+};
+
+TEST_F(Dspark, TheCaptureIsTheMeanOfTheStreamsEnteringEachTargetLayer) {
+  const std::vector<uint32_t> layers = {0, 3, 7};
+  StreamsSeen obs;
+  EngineOptions eo;
+  eo.ctx = 64;
+  eo.chunk = 8;
+  eo.capture_layers = layers;
+  eo.observer = &obs;
+  Engine e(m(), eo);
+  EngineOptions plain_o = eo;
+  plain_o.capture_layers.clear();
+  plain_o.observer = nullptr;
+  Engine plain(m(), plain_o);
+  const std::vector<TokenId> p = prompt(13);  // two chunks
+  const size_t H = c().hidden_size, hc = c().hc_mult, V = c().vocab_size;
+  std::vector<float> hidden(p.size() * layers.size() * H, -1.0f), lg(p.size() * V), lg2(p.size() * V);
+  SequenceState s = e.new_sequence(), s2 = plain.new_sequence();
+  Engine::BatchItem it;
+  it.state = &s;
+  it.tokens = p;
+  it.hidden = hidden.data();
+  e.eval_batch(std::span<const Engine::BatchItem>(&it, 1), lg.data());
+  plain.eval(s2, p, lg2.data());
+  EXPECT_EQ(std::memcmp(lg.data(), lg2.data(), lg.size() * sizeof(float)), 0);
+  EXPECT_TRUE(s == s2);
+  for (size_t k = 0; k < layers.size(); ++k) {
+    const std::vector<float>& X = obs.seen.at(layers[k] == 0 ? "embd" : "l" + std::to_string(layers[k] - 1) + ".out");
+    ASSERT_EQ(X.size(), p.size() * hc * H);
+    for (size_t i = 0; i < p.size(); ++i)
+      for (size_t d = 0; d < H; ++d) {
+        float sum = 0.0f;
+        for (size_t h = 0; h < hc; ++h) sum += X[(i * hc + h) * H + d];
+        const float want = round_bf16(sum / (float)hc);
+        const float got = hidden[(i * layers.size() + k) * H + d];
+        ASSERT_EQ(std::memcmp(&want, &got, 4), 0) << "layer " << layers[k] << " token " << i << " dim " << d;
+      }
+  }
+  EXPECT_EQ(e.footprint().scratch.capture, (uint64_t)eo.chunk * layers.size() * H * sizeof(float));
+}
+
+// The captured rows of a prompt, from an engine capturing the drafter's target layers.
+std::vector<float> capture_rows(const Model& m, const Drafter& dr, const std::vector<TokenId>& p, int threads) {
+  EngineOptions eo;
+  eo.ctx = 64;
+  eo.chunk = 16;
+  eo.threads = threads;
+  eo.capture_layers = dr.config().target_layers;
+  Engine e(m, eo);
+  SequenceState s = e.new_sequence();
+  std::vector<float> hidden(p.size() * dr.capture_width());
+  Engine::BatchItem it;
+  it.state = &s;
+  it.tokens = p;
+  it.hidden = hidden.data();
+  it.logits = Engine::BatchItem::Logits::None;
+  e.eval_batch(std::span<const Engine::BatchItem>(&it, 1), nullptr);
+  return hidden;
+}
+
+bool same_block(const DraftBlock& a, const DraftBlock& b) {
+  return a.c == b.c && a.anchor == b.anchor && a.drafts == b.drafts && a.experts == b.experts &&
+         a.logits.size() == b.logits.size() &&
+         std::memcmp(a.logits.data(), b.logits.data(), a.logits.size() * sizeof(float)) == 0 &&
+         std::memcmp(a.confidence.data(), b.confidence.data(), a.confidence.size() * sizeof(float)) == 0;
+}
+
+TEST_F(Dspark, TheDrafterProposesABlockThatDependsOnlyOnTheCommittedPositions) {
+  CpuBackend be1(1), be2(2);
+  const Drafter d1(m(), *dspark_, be1), d2(m(), *dspark_, be2);
+  const DsparkConfig& dc = d1.config();
+  const std::vector<TokenId> p = prompt(21);  // more than the window of 8: the rings wrap
+  const std::vector<float> h = capture_rows(m(), d1, p, 1);
+  EXPECT_EQ(h, capture_rows(m(), d1, p, 2));
+
+  DraftState whole = d1.new_state();
+  d1.commit(whole, h.data(), (uint32_t)p.size());
+  EXPECT_EQ(whole.committed, p.size());
+  // Committed in pieces (prefill chunk, then one position at a time) the rings are the same.
+  DraftState pieces = d2.new_state();
+  d2.commit(pieces, h.data(), 12);
+  for (uint32_t i = 12; i < p.size(); ++i) d2.commit(pieces, h.data() + i * d2.capture_width(), 1);
+  EXPECT_TRUE(whole == pieces);
+
+  const DraftBlock b = d1.propose(whole, 77);
+  EXPECT_EQ(b.c, p.size() - 1);
+  ASSERT_EQ(b.drafts.size(), dc.block_size);
+  ASSERT_EQ(b.logits.size(), (size_t)dc.block_size * c().vocab_size);
+  ASSERT_EQ(b.experts.size(), dc.stages);
+  for (uint32_t j = 0; j < dc.block_size; ++j) {
+    EXPECT_LT(b.drafts[j], c().vocab_size);
+    EXPECT_TRUE(std::isfinite(b.confidence[j]));
+    const float* l = b.logits.data() + (size_t)j * c().vocab_size;
+    for (uint32_t v = 0; v < c().vocab_size; ++v) ASSERT_TRUE(std::isfinite(l[v]));
+    EXPECT_EQ(b.drafts[j], argmax_lowest(std::span<const float>(l, c().vocab_size)));
+    for (uint32_t s = 0; s < dc.stages; ++s) EXPECT_EQ(b.experts[s][j].size(), dc.expert_used);
+  }
+  EXPECT_TRUE(same_block(b, d2.propose(pieces, 77)));  // 1 vs 2 threads, whole vs pieces
+  // The anchor matters; so do the rings (a block after one more position differs).
+  EXPECT_FALSE(same_block(b, d1.propose(whole, 78)));
+  DraftState shorter = d1.new_state();
+  d1.commit(shorter, h.data(), (uint32_t)p.size() - 1);
+  EXPECT_FALSE(same_block(b, d1.propose(shorter, 77)));
+  EXPECT_THROW(d1.propose(d1.new_state(), 77), Error);  // nothing committed
+}
+
+// --- exact acceptance (spec 6.5), synthetic distributions ------------------------------------
+
+std::vector<TokenProb> dist(std::initializer_list<std::pair<TokenId, double>> l) {
+  std::vector<TokenProb> d;
+  for (auto [id, p] : l) d.push_back({id, p});
+  return d;
+}
+
+// Pearson chi-square of observed counts against expected probabilities (those > 0).
+double chi_square(const std::map<TokenId, double>& expected, const std::map<TokenId, int>& got, int n) {
+  double x2 = 0;
+  for (auto [id, p] : expected) {
+    const double e = p * n, o = got.count(id) ? got.at(id) : 0;
+    x2 += (o - e) * (o - e) / e;
+  }
+  for (auto [id, o] : got) EXPECT_TRUE(expected.count(id)) << "token " << id << " drawn with probability 0";
+  return x2;
+}
+
+TEST(Speculative, AcceptanceRateAndResidualFollowTheTargetDistribution) {
+  // p_0 = {5: 0.5, 7: 0.3, 9: 0.2}; the point-mass draft is 7: accepted with probability 0.3; a
+  // rejection draws from {5: 0.5, 9: 0.2} renormalised; after acceptance the bonus comes from p_1.
+  const std::vector<std::vector<TokenProb>> p = {dist({{5, 0.5}, {7, 0.3}, {9, 0.2}}), dist({{1, 0.6}, {2, 0.4}})};
+  const TokenId drafts[] = {7};
+  std::mt19937_64 rng(11);
+  const int n = 40000;
+  int accepted = 0;
+  std::map<TokenId, int> correction, bonus, first;
+  for (int i = 0; i < n; ++i) {
+    const Verdict v = verify_point_mass(p, drafts, rng);
+    first[v.accepted ? 7 : v.next]++;
+    if (v.accepted) {
+      ++accepted;
+      bonus[v.next]++;
+    } else {
+      correction[v.next]++;
+    }
+  }
+  // 3 sigma of a binomial(40000, 0.3) is 275.
+  EXPECT_NEAR(accepted, 0.3 * n, 275);
+  // chi-square 99.9% points: 10.83 (1 degree of freedom), 13.82 (2).
+  EXPECT_LT(chi_square({{5, 0.5 / 0.7}, {9, 0.2 / 0.7}}, correction, n - accepted), 10.83);
+  EXPECT_LT(chi_square({{1, 0.6}, {2, 0.4}}, bonus, accepted), 10.83);
+  // What matters: the first emitted token is distributed as p_0 itself.
+  EXPECT_LT(chi_square({{5, 0.5}, {7, 0.3}, {9, 0.2}}, first, n), 13.82);
+}
+
+TEST(Speculative, TwoDraftsEmitTheTargetsJointDistribution) {
+  // Rows 0..2; drafts 4 then 6. The first two emitted tokens (t1, t2) must be distributed as
+  // p_0(t1) * p_1(t2) when t1 = 4 (row 1 is p given t1 = 4); other t1 end the step.
+  const std::vector<std::vector<TokenProb>> p = {dist({{4, 0.6}, {5, 0.4}}), dist({{6, 0.25}, {8, 0.75}}),
+                                                 dist({{1, 1.0}})};
+  const TokenId drafts[] = {4, 6};
+  std::mt19937_64 rng(5);
+  const int n = 40000;
+  std::map<TokenId, int> pair;  // 10 * t1 + t2, t2 = 0 when t1 ends the step
+  for (int i = 0; i < n; ++i) {
+    const Verdict v = verify_point_mass(p, drafts, rng);
+    const TokenId t1 = v.accepted >= 1 ? 4 : v.next;
+    const TokenId t2 = v.accepted >= 2 ? 6 : v.accepted == 1 ? v.next : 0;
+    pair[10 * t1 + t2]++;
+    if (v.accepted == 2) {
+      EXPECT_EQ(v.next, 1u);
+    }
+  }
+  EXPECT_LT(chi_square({{46, 0.6 * 0.25}, {48, 0.6 * 0.75}, {50, 0.4}}, pair, n), 13.82);
+}
+
+TEST(Speculative, GreedyIsTheArgmaxAndDrawsNothing) {
+  const std::vector<float> row0 = {0.1f, 2.0f, 2.0f, -1.0f}, row1 = {3.0f, 0.0f, 0.0f, 0.0f};
+  SamplerOptions greedy;
+  const std::vector<std::vector<TokenProb>> p = {sampling_distribution(row0, greedy), sampling_distribution(row1, greedy)};
+  EXPECT_EQ(p[0].size(), 1u);
+  EXPECT_EQ(p[0][0].id, 1u);  // tie to the lowest id
+  std::mt19937_64 rng(1), untouched(1);
+  const TokenId right[] = {1}, wrong[] = {2};
+  Verdict v = verify_point_mass(p, right, rng);
+  EXPECT_EQ(v.accepted, 1u);
+  EXPECT_EQ(v.next, 0u);
+  v = verify_point_mass(p, wrong, rng);
+  EXPECT_EQ(v.accepted, 0u);
+  EXPECT_EQ(v.next, 1u);
+  EXPECT_EQ(rng(), untouched());  // no randomness consumed
+  EXPECT_THROW(verify_point_mass(std::span(p).first(1), right, rng), Error);
+}
+
+}  // namespace
+}  // namespace sluice
+
+namespace sluice {
+namespace {
+
+TEST(DsparkCli, MakeModelWritesASupportFileThatInspectChecksAgainstItsModel) {
+  test::TempDir dir("sluice_dspark_cli");
+  const std::string t = dir / "t.gguf", d = dir / "d.gguf", p = dir / "p.gguf";
+  test::CmdResult r = test::run_sluice(dir, "make-model --preset tiny -o " + test::q(t) + " --dspark-out " + test::q(d));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  r = test::run_sluice(dir, "inspect " + test::q(d) + " --target " + test::q(t));
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("3 stages, blocks of 5 rows"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("check        OK against"), std::string::npos) << r.out;
+  r = test::run_sluice(dir, "inspect --json " + test::q(t) + " --dspark " + test::q(d));
+  EXPECT_EQ(r.rc, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["dspark"]["target_layer_ids"], nlohmann::json::array({5, 6, 7}));
+  EXPECT_TRUE(j["valid"].get<bool>());
+  // The published drafter's support file (sparse) against the tiny model: refused, naming a tensor.
+  r = test::run_sluice(dir, "make-model --preset published --sparse --dspark-out " + test::q(p));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  r = test::run_sluice(dir, "inspect " + test::q(t) + " --dspark " + test::q(p));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("mtp.0.attn_kv.weight: shape [5120, 512], the model needs [256, 64]"), std::string::npos) << r.err;
+  // Neither output: a usage error; an existing output is not replaced without --force.
+  EXPECT_EQ(test::run_sluice(dir, "make-model --preset tiny").rc, 2);
+  r = test::run_sluice(dir, "make-model --preset tiny --dspark-out " + test::q(d));
+  EXPECT_NE(r.rc, 0);
+}
+
+}  // namespace
+}  // namespace sluice
+
+namespace sluice {
+namespace {
+
+// spec 6.4: row i of a verify pass equals a single-token decode at its position, and cutting
+// the pass back to any prefix leaves the state a plain decode of that prefix reaches, bit for
+// bit; decoding on from there gives the plain decode's logits. Prompt lengths put the pass
+// across the window's wrap and on both parities of the ratio-2 groups.
+TEST_F(Dspark, AVerifyPassEqualsDecodeAndACutLeavesNoTraceOfTheRejectedRows) {
+  EngineOptions eo;
+  eo.ctx = 64;
+  eo.chunk = 8;
+  eo.threads = 2;
+  eo.capture_layers = dspark_defaults(c()).target_layers;
+  Engine e(m(), eo);
+  const size_t V = c().vocab_size, cw = eo.capture_layers.size() * c().hidden_size;
+  const std::vector<TokenId> pass = {17, 301, 5, 88, 412, 9};
+  for (uint32_t p0 : {3u, 6u, 7u, 8u, 11u, 14u}) {
+    const std::vector<TokenId> pr = prompt(p0, p0);
+    // Plain: the prompt, then the pass's tokens one at a time (logits, captures, every state).
+    SequenceState s = e.new_sequence();
+    e.eval(s, pr, nullptr);
+    std::vector<SequenceState> plain = {s};
+    std::vector<float> lg(pass.size() * V), hid(pass.size() * cw);
+    for (size_t i = 0; i < pass.size(); ++i) {
+      Engine::BatchItem it;
+      it.state = &s;
+      it.tokens = std::span<const TokenId>(&pass[i], 1);
+      it.hidden = hid.data() + i * cw;
+      e.eval_batch(std::span<const Engine::BatchItem>(&it, 1), lg.data() + i * V);
+      plain.push_back(s);
+    }
+    for (uint32_t n = 0; n <= pass.size(); ++n) {
+      SequenceState v = e.new_sequence();
+      e.eval(v, pr, nullptr);
+      std::vector<float> vlg(pass.size() * V), vhid(pass.size() * cw);
+      VerifyRecord rec;
+      e.eval_verify(v, pass, vlg.data(), vhid.data(), rec);
+      ASSERT_EQ(std::memcmp(vlg.data(), lg.data(), lg.size() * sizeof(float)), 0) << "p0 " << p0;
+      ASSERT_EQ(std::memcmp(vhid.data(), hid.data(), hid.size() * sizeof(float)), 0) << "p0 " << p0;
+      e.keep_verified(v, rec, n);
+      ASSERT_TRUE(v == plain[n]) << "p0 " << p0 << " kept " << n;
+      // Decoding on: the plain decode's next logits.
+      if (n < pass.size()) {
+        SequenceState w = plain[n];
+        std::vector<float> a(V), b(V);
+        e.eval(w, std::span<const TokenId>(&pass[n], 1), a.data());
+        e.eval(v, std::span<const TokenId>(&pass[n], 1), b.data());
+        ASSERT_EQ(std::memcmp(a.data(), b.data(), V * sizeof(float)), 0);
+      }
+    }
+  }
+  // Refusals leave the state alone.
+  SequenceState s = e.new_sequence();
+  VerifyRecord rec;
+  e.eval_verify(s, pass, nullptr, nullptr, rec);
+  const SequenceState keep = s;
+  EXPECT_THROW(e.keep_verified(s, rec, 7), Error);
+  EXPECT_TRUE(s == keep);
+  e.eval(s, std::span<const TokenId>(&pass[0], 1), nullptr);
+  EXPECT_THROW(e.keep_verified(s, rec, 2), Error);  // not where the pass left it
+  const std::vector<TokenId> nine(9, 3);
+  EXPECT_THROW(e.eval_verify(s, nine, nullptr, nullptr, rec), Error);  // beyond the chunk of 8
+}
+
+}  // namespace
+}  // namespace sluice
