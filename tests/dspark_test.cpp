@@ -480,3 +480,78 @@ TEST_F(Dspark, AVerifyPassEqualsDecodeAndACutLeavesNoTraceOfTheRejectedRows) {
 
 }  // namespace
 }  // namespace sluice
+
+#include "reference_forward.h"
+
+namespace sluice {
+namespace {
+
+double rel_l2(const float* a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+    den += (double)b[i] * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+// The drafter against the independent reference drafter (tests/reference_forward.h, mimic
+// mode), both fed the engine's captured rows position by position. Ring entries are compared
+// bit for bit and the reference's resynced to the engine's (as forward_reference_test does), so
+// one rounding flip does not propagate; each block's drafts, routed experts, logits and
+// confidence are compared. Engine and reference differ only in accumulation order, so a block
+// is "clean" (everything equal, logits within 1e-5) unless a value sat within ~1e-6 of a BF16 or
+// FP8 rounding midpoint.
+TEST_F(Dspark, TheDrafterMatchesTheReferenceDrafter) {
+  CpuBackend be(2);
+  const Drafter dr(m(), *dspark_, be);
+  reference::Options ro;
+  ro.mimic = true;
+  reference::Forward rf(model_path_, ro);
+  reference::Drafter rd(rf, support_path_);
+  ASSERT_EQ(rd.target_layers(), dr.config().target_layers);
+  const uint32_t n = 24, hd = c().head_dim, W = c().sliding_window;
+  const std::vector<TokenId> p = prompt(n, 5);
+  const std::vector<float> h = capture_rows(m(), dr, p, 2);
+  DraftState st = dr.new_state();
+  size_t entries = 0, entry_mismatch = 0, blocks = 0, clean = 0, same_choices = 0;
+  double worst_rel = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    const float* row = h.data() + (size_t)i * dr.capture_width();
+    dr.commit(st, row, 1);
+    rd.commit(std::vector<double>(row, row + dr.capture_width()));
+    for (uint32_t s = 0; s < dr.config().stages; ++s) {
+      std::vector<double>* mine = rd.entry(s, i);
+      ASSERT_NE(mine, nullptr);
+      const uint16_t* eng = st.rings.data() + ((size_t)s * W + i % W) * hd;
+      for (uint32_t k = 0; k < hd; ++k) {
+        const double e = bf16_to_f32(eng[k]);
+        entry_mismatch += (*mine)[k] != e;
+        (*mine)[k] = e;
+      }
+      entries += hd;
+    }
+    const TokenId anchor = (i * 31u + 7u) % c().vocab_size;
+    const DraftBlock eb = dr.propose(st, anchor);
+    const reference::DraftResult rb = rd.propose(anchor);
+    ++blocks;
+    const bool choices = eb.drafts == rb.drafts && eb.experts == rb.experts;
+    double rel = 0, conf = 0;
+    for (uint32_t j = 0; j < dr.config().block_size; ++j) {
+      rel = std::max(rel, rel_l2(eb.logits.data() + (size_t)j * c().vocab_size, rb.logits[j]));
+      conf = std::max(conf, (double)std::fabs(eb.confidence[j] - rb.confidence[j]) / (1.0 + std::fabs(rb.confidence[j])));
+    }
+    same_choices += choices;
+    clean += choices && rel < 1e-5 && conf < 1e-5;
+    if (choices) worst_rel = std::max(worst_rel, rel);
+  }
+  std::printf("[numerics] dspark drafter vs reference (mimic): %zu blocks, %zu clean, %zu with equal choices "
+              "(worst logits rel L2 %.3g); ring entries: %zu of %zu values differ\n",
+              blocks, clean, same_choices, worst_rel, entry_mismatch, entries);
+  EXPECT_GE(clean * 2, blocks);                // measured: see the line above
+  EXPECT_LE(entry_mismatch * 100, entries);    // flips only: at most 1% of the values
+  EXPECT_LE(worst_rel, 0.15);                  // where choices agree: quantization error at most
+}
+
+}  // namespace
+}  // namespace sluice

@@ -166,6 +166,35 @@ struct Layer {
   const gguf::TensorInfo* eg_table = nullptr;             // read row by row
 };
 
+// The tensors every block has (a target layer "blk.L." or a DSpark stage "mtp.S.").
+void load_block(const gguf::File& f, const std::string& p, Layer& w) {
+  auto get = [&](const char* n) { return load(f, p + n); };
+  w.hc_attn_fn = get("hc_attn_fn.weight");
+  w.hc_attn_base = get("hc_attn_base.weight");
+  w.hc_attn_scale = get("hc_attn_scale.weight");
+  w.attn_norm = get("attn_norm.weight");
+  w.hc_ffn_fn = get("hc_ffn_fn.weight");
+  w.hc_ffn_base = get("hc_ffn_base.weight");
+  w.hc_ffn_scale = get("hc_ffn_scale.weight");
+  w.ffn_norm = get("ffn_norm.weight");
+  w.sinks = get("attn_sinks.weight");
+  w.q_a = get("attn_q_a.weight");
+  w.q_a_norm = get("attn_q_a_norm.weight");
+  w.q_b = get("attn_q_b.weight");
+  w.kv = get("attn_kv.weight");
+  w.kv_norm = get("attn_kv_a_norm.weight");
+  w.o_a = get("attn_output_a.weight");
+  w.o_b = get("attn_output_b.weight");
+  w.router = get("ffn_gate_inp.weight");
+  w.bias = get("exp_probs_b.bias");
+  w.gate_sh = get("ffn_gate_shexp.weight");
+  w.up_sh = get("ffn_up_shexp.weight");
+  w.down_sh = get("ffn_down_shexp.weight");
+  w.gate_ex = get("ffn_gate_exps.weight");
+  w.up_ex = get("ffn_up_exps.weight");
+  w.down_ex = get("ffn_down_exps.weight");
+}
+
 // ---- fake-quantization helpers (num §5) --------------------------------------------------------
 
 void require_blocks(size_t n, size_t block) {
@@ -353,30 +382,7 @@ struct Forward::Impl {
       const std::string p = "blk." + std::to_string(L) + ".";
       auto get = [&](const char* n) { return load(file, p + n); };
       Layer w;
-      w.hc_attn_fn = get("hc_attn_fn.weight");
-      w.hc_attn_base = get("hc_attn_base.weight");
-      w.hc_attn_scale = get("hc_attn_scale.weight");
-      w.attn_norm = get("attn_norm.weight");
-      w.hc_ffn_fn = get("hc_ffn_fn.weight");
-      w.hc_ffn_base = get("hc_ffn_base.weight");
-      w.hc_ffn_scale = get("hc_ffn_scale.weight");
-      w.ffn_norm = get("ffn_norm.weight");
-      w.sinks = get("attn_sinks.weight");
-      w.q_a = get("attn_q_a.weight");
-      w.q_a_norm = get("attn_q_a_norm.weight");
-      w.q_b = get("attn_q_b.weight");
-      w.kv = get("attn_kv.weight");
-      w.kv_norm = get("attn_kv_a_norm.weight");
-      w.o_a = get("attn_output_a.weight");
-      w.o_b = get("attn_output_b.weight");
-      w.router = get("ffn_gate_inp.weight");
-      w.bias = get("exp_probs_b.bias");
-      w.gate_sh = get("ffn_gate_shexp.weight");
-      w.up_sh = get("ffn_up_shexp.weight");
-      w.down_sh = get("ffn_down_shexp.weight");
-      w.gate_ex = get("ffn_gate_exps.weight");
-      w.up_ex = get("ffn_up_exps.weight");
-      w.down_ex = get("ffn_down_exps.weight");
+      load_block(file, p, w);
       if (contains(hp.kv_sources, L)) {
         w.comp_kv = get("attn_compressor_kv.weight");
         if (hp.ratios[L] > 1) w.comp_gate = get("attn_compressor_gate.weight");
@@ -458,9 +464,12 @@ struct Forward::Impl {
 
   // RoPE on the last rope_dim values of v[base .. base+dim), interleaved pairs; BF16 output.
   void rope(Vec& v, size_t base, size_t dim, uint32_t L, double position, bool inverse = false) const {
+    rope_with(v, base, dim, freqs[L], position, inverse);
+  }
+  void rope_with(Vec& v, size_t base, size_t dim, const Vec& f, double position, bool inverse = false) const {
     const size_t b = base + dim - hp.rope_dim;
     for (size_t i = 0; i < hp.rope_dim / 2; ++i) {
-      const double a = position * freqs[L][i];
+      const double a = position * f[i];
       const double c = (float)std::cos(a);
       const double s = inverse ? -(double)(float)std::sin(a) : (double)(float)std::sin(a);
       const double re = v[b + 2 * i], im = v[b + 2 * i + 1];
@@ -722,18 +731,20 @@ struct Forward::Impl {
   // Router: selection by s + bias (stable sort: ties to the lower id), weights from s alone.
   // wk: the f64 weights the experts are run with; r.weights are their f32 roundings.
   Routing route(uint32_t L, const Vec& x, std::vector<double>* wk = nullptr) const {
-    const Layer& w = layers.at(L);
+    return route_with(layers.at(L), hp.n_expert, hp.n_expert_used, x, wk);
+  }
+  Routing route_with(const Layer& w, uint32_t n_expert, uint32_t n_used, const Vec& x, std::vector<double>* wk) const {
     const Vec logit = lin(w.router, x);
-    Vec s(hp.n_expert);
+    Vec s(n_expert);
     Routing r;
     for (size_t e = 0; e < s.size(); ++e) {
       s[e] = std::sqrt(softplus(logit[e]));
       r.biased.push_back(s[e] + w.bias.at(e));
     }
-    std::vector<uint32_t> sel(hp.n_expert);
-    for (uint32_t e = 0; e < hp.n_expert; ++e) sel[e] = e;
+    std::vector<uint32_t> sel(n_expert);
+    for (uint32_t e = 0; e < n_expert; ++e) sel[e] = e;
     std::stable_sort(sel.begin(), sel.end(), [&](uint32_t a, uint32_t b) { return r.biased[a] > r.biased[b]; });
-    sel.resize(hp.n_expert_used);
+    sel.resize(n_used);
     double sum = 0;
     for (uint32_t e : sel) sum += s[e];
     for (uint32_t e : sel) {
@@ -746,9 +757,12 @@ struct Forward::Impl {
   }
 
   Vec moe(uint32_t L, const Vec& x, TokenResult& out) const {
-    const Layer& w = layers[L];
+    return moe_with(layers[L], hp.n_expert, hp.n_expert_used, x, out.experts[L], out.expert_weights[L]);
+  }
+  Vec moe_with(const Layer& w, uint32_t n_expert, uint32_t n_used, const Vec& x, std::vector<uint32_t>& experts,
+               std::vector<float>& weights) const {
     std::vector<double> wk;
-    Routing rt = route(L, x, &wk);
+    Routing rt = route_with(w, n_expert, n_used, x, &wk);
     std::vector<size_t> ascending(rt.experts.size());  // positions in rt, by ascending expert id
     for (size_t j = 0; j < ascending.size(); ++j) ascending[j] = j;
     std::sort(ascending.begin(), ascending.end(), [&](size_t a, size_t b) { return rt.experts[a] < rt.experts[b]; });
@@ -758,8 +772,8 @@ struct Forward::Impl {
       const Vec y = expert(w.gate_ex, w.up_ex, w.down_ex, (uint64_t)e * hp.n_ff, (uint64_t)e * hp.n_embd, x, wk[j]);
       for (size_t i = 0; i < routed.size(); ++i) routed[i] += y[i];
     }
-    out.experts[L] = std::move(rt.experts);
-    out.expert_weights[L] = std::move(rt.weights);
+    experts = std::move(rt.experts);
+    weights = std::move(rt.weights);
     const Vec sh = expert(w.gate_sh, w.up_sh, w.down_sh, 0, 0, x, 1.0);
     Vec y(hp.n_embd);
     for (size_t i = 0; i < y.size(); ++i) y[i] = bf16(routed[i] + sh[i]);
@@ -784,8 +798,15 @@ struct Forward::Impl {
     std::vector<Vec> X(hp.hc, e);
     Vec P(hp.hc, 0.0);
     P[0] = 1;
+    out.captured.resize(hp.n_layer);
     for (uint32_t L = 0; L < hp.n_layer; ++L) {
       const Layer& w = layers[L];
+      // DSpark's capture (spec 6.3 step 1): bf16 of the plain mean of the streams entering L.
+      for (size_t i = 0; i < hp.n_embd; ++i) {
+        double sum = 0;
+        for (uint32_t h = 0; h < hp.hc; ++h) sum += X[h][i];
+        out.captured[L].push_back((float)bf16(sum / hp.hc));
+      }
       for (size_t ei = 0; ei < hp.engram_layers.size(); ++ei)
         if (hp.engram_layers[ei] == L) engram(w, X, out.engram_rows[ei]);
       const Mix A = hc_mixes(X, w.hc_attn_fn, w.hc_attn_base, w.hc_attn_scale);
@@ -831,5 +852,179 @@ std::vector<double>* Forward::index_key(uint32_t layer, uint32_t group) {
   auto it = impl_->index_k.find(layer);
   return it == impl_->index_k.end() ? nullptr : row_of(it->second, group);
 }
+
+// ---- DSpark drafter (spec 6.3) ---------------------------------------------------------------
+
+struct Drafter::Impl {
+  const Forward::Impl& t;
+  gguf::File file;
+  uint32_t stages = 0, block = 0, noise = 0, rank = 0, n_expert = 0, n_used = 0;
+  std::vector<uint32_t> targets;
+  std::vector<Layer> st;
+  Mat main_proj, main_norm, norm, w1, w2, wc;
+  Vec freqs0;                              // window-only layers' RoPE: theta 10000, no YaRN
+  std::vector<std::vector<Vec>> entries;   // [stage][position] committed ring entries
+
+  Impl(const Forward::Impl& target, const std::string& path) : t(target), file(gguf::File::open(path)) {
+    auto u32 = [&](const char* k) { return (uint32_t)file.get_uint(k); };
+    stages = u32("dspark.stage_count");
+    block = u32("dspark.block_size");
+    noise = u32("dspark.noise_token_id");
+    rank = u32("dspark.markov_rank");
+    n_expert = u32("dspark.expert_count");
+    n_used = u32("dspark.expert_used_count");
+    for (uint64_t l : uint_array(file, "dspark.target_layer_ids")) targets.push_back((uint32_t)l);
+    for (uint32_t s = 0; s < stages; ++s) {
+      Layer w;
+      load_block(file, "mtp." + std::to_string(s) + ".", w);
+      st.push_back(std::move(w));
+    }
+    const std::string last = "mtp." + std::to_string(stages - 1) + ".";
+    main_proj = load(file, "mtp.0.main_proj.weight");
+    main_norm = load(file, "mtp.0.main_norm.weight");
+    norm = load(file, last + "norm.weight");
+    w1 = load(file, last + "markov_head.markov_w1.weight");
+    w2 = load(file, last + "markov_head.markov_w2.weight");
+    wc = load(file, last + "confidence_head.proj.weight");
+    freqs0 = t.rope_freqs(0);
+    entries.resize(stages);
+  }
+
+  // Steps 2-3: the ring entry of every stage for the next position.
+  void commit(const Vec& hidden) {
+    const uint32_t p = (uint32_t)entries[0].size();
+    const Vec z = t.rms(t.lin_bf16(main_proj, hidden), main_norm);
+    for (uint32_t s = 0; s < stages; ++s) {
+      Vec e = t.rms(t.lin_bf16(st[s].kv, z), st[s].kv_norm);
+      t.rope_with(e, 0, t.hp.head_dim, freqs0, p);
+      fake_quant_fp8(e);
+      entries[s].push_back(std::move(e));
+    }
+  }
+
+  // Step 5's attention for the block's rows x[j] at positions c+1+j.
+  std::vector<Vec> attention(uint32_t s, const std::vector<Vec>& x, uint32_t c) const {
+    const Layer& w = st[s];
+    const uint32_t nh = t.hp.n_head, hd = t.hp.head_dim, W = t.hp.window;
+    std::vector<Vec> q, keys;
+    for (uint32_t j = 0; j < block; ++j) {
+      const Vec qr = t.rms(t.lin_bf16(w.q_a, x[j]), w.q_a_norm);
+      Vec qj = t.lin_bf16(w.q_b, qr);
+      for (uint32_t h = 0; h < nh; ++h) t.rope_with(qj, h * hd, hd, freqs0, c + 1 + j);
+      q.push_back(std::move(qj));
+      Vec k = t.rms(t.lin_bf16(w.kv, x[j]), w.kv_norm);
+      t.rope_with(k, 0, hd, freqs0, c + 1 + j);
+      fake_quant_fp8(k);
+      keys.push_back(std::move(k));
+    }
+    // Ring slots 0 .. min(W, c+1) - 1: slot k holds the latest committed position p <= c with p mod W == k.
+    std::vector<const Vec*> rows;
+    for (uint32_t k = 0; k < std::min(W, c + 1); ++k) rows.push_back(&entries[s][c - ((c - k) % W)]);
+    for (const Vec& k : keys) rows.push_back(&k);
+    std::vector<Vec> out;
+    for (uint32_t j = 0; j < block; ++j) {
+      Vec o(nh * hd);
+      for (uint32_t h = 0; h < nh; ++h) {
+        const double* qh = q[j].data() + h * hd;
+        Vec sc;
+        for (const Vec* r : rows) sc.push_back(dot(qh, r->data(), hd) / std::sqrt((double)hd));
+        const double m = *std::max_element(sc.begin(), sc.end());
+        double den = std::exp((double)w.sinks.at(h) - m);
+        Vec num(hd, 0.0);
+        for (size_t r = 0; r < rows.size(); ++r) {
+          const double pr = std::exp(sc[r] - m);
+          den += pr;
+          const double pb = bf16(pr);
+          for (uint32_t i = 0; i < hd; ++i) num[i] += pb * (*rows[r])[i];
+        }
+        for (uint32_t i = 0; i < hd; ++i) o[h * hd + i] = bf16(num[i] / den);
+        t.rope_with(o, h * hd, hd, freqs0, c + 1 + j, /*inverse=*/true);
+      }
+      const size_t group_in = (size_t)nh / t.hp.o_groups * hd;
+      Vec z;
+      for (uint32_t g = 0; g < t.hp.o_groups; ++g) {
+        const Vec og(o.begin() + g * group_in, o.begin() + (g + 1) * group_in);
+        const Vec zg = t.lin_bf16(w.o_a, og, (uint64_t)g * t.hp.o_rank, t.hp.o_rank);
+        z.insert(z.end(), zg.begin(), zg.end());
+      }
+      out.push_back(t.lin_bf16(w.o_b, z));
+    }
+    return out;
+  }
+
+  DraftResult propose(uint32_t anchor) const {
+    if (entries[0].empty()) fail("nothing committed");
+    const uint32_t c = (uint32_t)entries[0].size() - 1, H = t.hp.n_embd;
+    DraftResult r;
+    r.experts.assign(stages, std::vector<std::vector<uint32_t>>(block));
+    // Step 4: rows [anchor, noise, ...], 4 copies of the embedding, P = [1, 0, 0, 0].
+    std::vector<std::vector<Vec>> X;
+    std::vector<Vec> P;
+    for (uint32_t j = 0; j < block; ++j) {
+      const uint32_t y = j == 0 ? anchor : noise;
+      Vec e(t.token_embd.row(y), t.token_embd.row(y) + H);
+      for (double& v : e) v = bf16(v);
+      X.push_back(std::vector<Vec>(t.hp.hc, e));
+      Vec p0(t.hp.hc, 0.0);
+      p0[0] = 1;
+      P.push_back(p0);
+    }
+    // Step 5: the stages, each row's mixes its own; attention over all rows together.
+    for (uint32_t s = 0; s < stages; ++s) {
+      const Layer& w = st[s];
+      std::vector<Forward::Impl::Mix> A;
+      std::vector<Vec> a_in;
+      for (uint32_t j = 0; j < block; ++j) {
+        A.push_back(t.hc_mixes(X[j], w.hc_attn_fn, w.hc_attn_base, w.hc_attn_scale));
+        a_in.push_back(t.rms(t.hc_pre(X[j], P[j]), w.attn_norm));
+      }
+      const std::vector<Vec> a_out = attention(s, a_in, c);
+      for (uint32_t j = 0; j < block; ++j) {
+        const std::vector<Vec> X1 = t.hc_post(a_out[j], X[j], A[j]);
+        const Forward::Impl::Mix F = t.hc_mixes(X1, w.hc_ffn_fn, w.hc_ffn_base, w.hc_ffn_scale);
+        const Vec f_in = t.rms(t.hc_pre(X1, A[j].pre), w.ffn_norm);
+        std::vector<float> weights;
+        const Vec f_out = t.moe_with(w, n_expert, n_used, f_in, r.experts[s][j], weights);
+        X[j] = t.hc_post(f_out, X1, F);
+        P[j] = F.pre;
+      }
+    }
+    // Steps 6-8, row by row.
+    uint32_t prev = anchor;
+    for (uint32_t j = 0; j < block; ++j) {
+      const Vec h = t.hc_pre(X[j], P[j]);
+      const Vec logits = t.lin(t.output, t.rms(h, norm));
+      Vec u(w1.row(prev), w1.row(prev) + rank);
+      for (double& v : u) v = bf16(v);
+      const Vec b = t.lin(w2, u);
+      std::vector<float> l(logits.size());
+      uint32_t best = 0;
+      for (size_t v = 0; v < l.size(); ++v) {
+        l[v] = (float)((float)logits[v] + (float)b[v]);
+        if (l[v] > l[best]) best = (uint32_t)v;
+      }
+      Vec hu = h;
+      hu.insert(hu.end(), u.begin(), u.end());
+      r.confidence.push_back((float)t.lin(wc, hu)[0]);
+      r.logits.push_back(std::move(l));
+      r.drafts.push_back(best);
+      prev = best;
+    }
+    return r;
+  }
+};
+
+Drafter::Drafter(const Forward& target, const std::string& support_path)
+    : impl_(std::make_unique<Impl>(*target.impl_, support_path)) {}
+Drafter::~Drafter() = default;
+const std::vector<uint32_t>& Drafter::target_layers() const { return impl_->targets; }
+void Drafter::commit(const std::vector<double>& hidden) {
+  if (hidden.size() != impl_->targets.size() * impl_->t.hp.n_embd) fail("captured row size mismatch");
+  impl_->commit(hidden);
+}
+std::vector<double>* Drafter::entry(uint32_t stage, uint32_t position) {
+  return stage < impl_->entries.size() ? row_of(impl_->entries[stage], position) : nullptr;
+}
+DraftResult Drafter::propose(uint32_t anchor) const { return impl_->propose(anchor); }
 
 }  // namespace sluice::reference

@@ -28,6 +28,7 @@ struct TokenResult {
   std::vector<std::vector<uint32_t>> experts;        // [layer][k], selection order (descending biased score)
   std::vector<std::vector<float>> expert_weights;    // [layer][k]
   std::vector<std::vector<int32_t>> selected_rows;   // [layer] ascending; empty unless index source
+  std::vector<std::vector<float>> captured;          // [layer][hidden] mean of the streams entering it
 };
 
 // Hyperparameters as read from the GGUF (only what the forward pass needs).
@@ -76,6 +77,35 @@ class Forward {
   std::vector<double>* window_row(uint32_t layer, uint32_t position);     // window KV
   std::vector<double>* compressed_row(uint32_t layer, uint32_t group);    // KV-source layers
   std::vector<double>* index_key(uint32_t layer, uint32_t group);         // KV-source layers
+
+ private:
+  friend class Drafter;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The DSpark drafter (spec 6.3) beside a reference target, from a support GGUF: the same plain
+// f64 loops, its own reading of the support file's keys, the whole history of committed ring
+// entries. Rows each query attends: the entries of the last `window` committed positions in
+// ring-slot order (slot = position mod window, [OFF] get_dspark_topk_idxs), then the block's keys.
+struct DraftResult {
+  std::vector<uint32_t> drafts;                      // [block]
+  std::vector<std::vector<float>> logits;            // [block][vocab], Markov bias included
+  std::vector<float> confidence;                     // [block]
+  std::vector<std::vector<std::vector<uint32_t>>> experts;  // [stage][row]
+};
+class Drafter {
+ public:
+  Drafter(const Forward& target, const std::string& support_path);
+  ~Drafter();
+  Drafter(const Drafter&) = delete;
+  Drafter& operator=(const Drafter&) = delete;
+  const std::vector<uint32_t>& target_layers() const;
+  // The next position's captured rows (target layers' captures, concatenated).
+  void commit(const std::vector<double>& hidden);
+  // The ring entry of stage s at position p (nullptr when not committed), for comparisons.
+  std::vector<double>* entry(uint32_t stage, uint32_t position);
+  DraftResult propose(uint32_t anchor) const;
 
  private:
   struct Impl;
