@@ -555,3 +555,4 @@ TEST_F(Dspark, TheDrafterMatchesTheReferenceDrafter) {
 
 }  // namespace
 }  // namespace sluice
+

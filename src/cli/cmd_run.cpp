@@ -194,6 +194,16 @@ void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
   sub->add_option("--checkpoint-budget", o.checkpoint_budget,
                   "memory for prefix checkpoints: BYTES (e.g. 64MiB); 0 = none (default " +
                       format_bytes(kDefaultCheckpointBudget) + ")");
+  sub->add_option("--dspark,--model-draft", o.dspark,
+                  "DSpark support GGUF (the model's own drafter, `make-model --dspark-out`): exact speculative "
+                  "decoding while one request runs; output is token for token (greedy) or in distribution (sampling) "
+                  "what plain decoding gives");
+  sub->add_flag("--no-dspark", o.no_dspark, "do not draft even when --dspark is given");
+  sub->add_option("--draft-max", o.draft_max, "drafts verified per cycle at most, 2 .. the drafter's block of 5 (default 5)");
+  sub->add_option("--dspark-conf", o.dspark_conf,
+                  "keep drafts while sigmoid(confidence) >= T, in [0, 1]; 0 = every draft (default 0.7)");
+  sub->add_flag("--no-dspark-guard", o.no_dspark_guard,
+                "draft on even when fewer than 60% of the last 10 cycles' drafts were accepted (default: pause 64 tokens)");
   sub->add_flag("--print-plan", o.print_plan, "print the memory plan's breakdown on stderr (default: when it is a terminal)");
   sub->add_option("--watchdog", o.watchdog,
                   "SOFT:HARD byte sizes: run under a memory watchdog (SIGTERM at SOFT, kill at HARD)");
@@ -231,6 +241,12 @@ SessionOptions session_options(const EngineCliOptions& e, const std::string& mod
     throw UsageError("--route-bias needs streamed experts (with --resident-experts every expert is cached)");
   so.route_bias = e.route_bias;
   so.max_cache_experts = e.cache_experts;
+  if (!e.no_dspark) so.dspark_path = e.dspark;
+  if (!(e.dspark_conf >= 0.0f && e.dspark_conf <= 1.0f)) throw UsageError("--dspark-conf must be in [0, 1]");
+  if (e.draft_max < 2 || e.draft_max > 16) throw UsageError("--draft-max must be in 2..16 (the drafter's block bounds it further)");
+  so.draft_max = e.draft_max;
+  so.dspark_conf = e.dspark_conf;
+  so.dspark_guard = !e.no_dspark_guard;
   if (isatty(2)) {
     so.progress = [last = std::chrono::steady_clock::time_point{}](const std::string& stage, uint64_t done,
                                                                      uint64_t total) mutable {
@@ -271,26 +287,39 @@ std::string session_summary(const Session& s, uint64_t tokens_evaluated) {
   const SessionStats st = s.stats();
   const ProcMemory pm = read_self_status();
   char buf[512];
+  std::string out;
   if (!st.streaming) {
     std::snprintf(buf, sizeof buf, "experts resident | peak RSS %s of budget %s", format_bytes(pm.hwm).c_str(),
                   format_bytes(st.budget_bytes).c_str());
-    return buf;
+    out = buf;
+  } else {
+    const storage::LayerStats t = st.store.total();
+    const double hit = t.requests ? 100.0 * (double)t.hits / (double)t.requests : 0.0;
+    const uint64_t bytes = t.bytes_demand + t.bytes_prefetch;
+    std::snprintf(buf, sizeof buf,
+                  "expert cache %u slots, hit rate %.1f%% (%llu/%llu), read %s (%s/token, prefetch %s), stall %.3f s | "
+                  "peak RSS %s of budget %s",
+                  st.store.slots, hit, (unsigned long long)t.hits, (unsigned long long)t.requests,
+                  format_bytes(bytes).c_str(), format_bytes(tokens_evaluated ? bytes / tokens_evaluated : 0).c_str(),
+                  format_bytes(t.bytes_prefetch).c_str(), (double)t.stall_ns / 1e9, format_bytes(pm.hwm).c_str(),
+                  format_bytes(st.budget_bytes).c_str());
+    out = buf;
   }
-  const storage::LayerStats t = st.store.total();
-  const double hit = t.requests ? 100.0 * (double)t.hits / (double)t.requests : 0.0;
-  const uint64_t bytes = t.bytes_demand + t.bytes_prefetch;
-  std::snprintf(buf, sizeof buf,
-                "expert cache %u slots, hit rate %.1f%% (%llu/%llu), read %s (%s/token, prefetch %s), stall %.3f s | "
-                "peak RSS %s of budget %s",
-                st.store.slots, hit, (unsigned long long)t.hits, (unsigned long long)t.requests,
-                format_bytes(bytes).c_str(), format_bytes(tokens_evaluated ? bytes / tokens_evaluated : 0).c_str(),
-                format_bytes(t.bytes_prefetch).c_str(), (double)t.stall_ns / 1e9, format_bytes(pm.hwm).c_str(),
-                format_bytes(st.budget_bytes).c_str());
-  std::string out = buf;
   if (st.engram_unique) {
     std::snprintf(buf, sizeof buf, " | Engram rows %.1f%% from cache (%llu of %llu distinct), read %s",
                   100.0 * (double)st.engram_hits / (double)st.engram_unique, (unsigned long long)st.engram_hits,
                   (unsigned long long)st.engram_unique, format_bytes(st.engram_bytes).c_str());
+    out += buf;
+  }
+  if (st.dspark) {
+    std::snprintf(buf, sizeof buf,
+                  " | DSpark: %llu blocks, %llu verify cycles, %llu/%llu drafts accepted (%.1f%%), %.2f tokens per cycle, "
+                  "%llu guard pauses; propose %.3f s, verify %.3f s",
+                  (unsigned long long)st.spec_blocks, (unsigned long long)st.spec_cycles,
+                  (unsigned long long)st.spec_accepted, (unsigned long long)st.spec_drafts,
+                  st.spec_drafts ? 100.0 * (double)st.spec_accepted / (double)st.spec_drafts : 0.0,
+                  st.spec_cycles ? (double)st.spec_tokens / (double)st.spec_cycles : 0.0,
+                  (unsigned long long)st.spec_pauses, st.spec_propose_s, st.spec_verify_s);
     out += buf;
   }
   if (s.options().route_bias != 0.0f)

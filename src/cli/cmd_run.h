@@ -30,6 +30,11 @@ struct EngineCliOptions {
   std::string checkpoint_budget;      // their byte budget (0: none; empty: kDefaultCheckpointBudget)
   std::string watchdog;        // SOFT:HARD; handled in main() (re-executes under the watchdog)
   bool print_plan = false;     // the admission breakdown on stderr (always when stderr is a terminal)
+  std::string dspark;          // --dspark FILE: the drafter's support file (exact speculative decoding)
+  bool no_dspark = false;      // --no-dspark: ignore --dspark
+  uint32_t draft_max = 5;      // --draft-max
+  float dspark_conf = 0.7f;    // --dspark-conf
+  bool no_dspark_guard = false;
 };
 void add_engine_options(CLI::App* sub, EngineCliOptions& o);
 // Throws UsageError for bad values. ctx 0: the session's default.

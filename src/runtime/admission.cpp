@@ -222,6 +222,11 @@ Eval evaluate(const ModelFootprint& fp, const PlanOptions& o, uint32_t chunk, in
         "--kv-disk-dir: 2 snapshots waiting to be written + 1 being read, each up to " + format_bytes(one));
   }
 
+  if (o.dspark_fixed || o.dspark_per_sequence || o.dspark_per_row)
+    add("DSpark drafter", o.dspark_fixed + o.dspark_per_sequence * o.sequences + o.dspark_per_row * chunk,
+        o.dspark_detail + "; rings " + format_bytes(o.dspark_per_sequence) + " x " + num(o.sequences) +
+            " sequence(s); captured rows " + format_bytes(o.dspark_per_row) + " x chunk " + num(chunk));
+
   // --cache-experts: the cache holds at most this many experts, whatever the budget leaves.
   const uint64_t slot_limit =
       o.max_cache_experts ? std::min<uint64_t>(fp.total_experts(), o.max_cache_experts) : fp.total_experts();

@@ -152,6 +152,10 @@ struct PlanOptions {
   // --kv-disk-dir: states on disk. Memory: snapshots waiting to be written (two of the largest)
   // and one being read (Plan::state_disk_queue, state_disk_read).
   bool state_disk = false;
+  // --dspark: the drafter's line (resident weights + its activation tensors + verify buffers,
+  // per sequence its rings, per chunk row the target's captured rows). 0 / empty: none.
+  uint64_t dspark_fixed = 0, dspark_per_sequence = 0, dspark_per_row = 0;
+  std::string dspark_detail;
   // Hook for the expert store: its own bytes (cache of `slots` experts + bounce buffers +
   // anything else it allocates) for a cache of `slots` experts. Must be non-decreasing in
   // slots. When set, it replaces the bounce-buffer and expert-cache formulas.

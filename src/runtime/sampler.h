@@ -71,6 +71,9 @@ class Sampler {
   // Greedy consumes no randomness; otherwise exactly one draw per call.
   TokenId sample(std::span<const float> logits);
   const SamplerOptions& options() const { return opt_; }
+  // The generator itself, for draws that belong to this request's sampling (the acceptance tests
+  // of speculative decoding, runtime/speculative.h).
+  std::mt19937_64& rng() { return rng_; }
 
  private:
   SamplerOptions opt_;

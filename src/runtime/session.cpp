@@ -1,6 +1,8 @@
 #include "runtime/session.h"
 
 #include <algorithm>
+#include <cmath>
+#include <deque>
 #include <chrono>
 #include <filesystem>
 #include <mutex>
@@ -9,6 +11,9 @@
 
 #include "format/gguf.h"
 #include "model/architecture.h"
+#include "model/deepseek41/dspark_forward.h"
+#include "model/deepseek41/dspark_model.h"
+#include "model/deepseek41/engine_footprint.h"
 #include "model/deepseek41/forward.h"
 #include "model/deepseek41/load_checks.h"
 #include "model/model.h"
@@ -18,6 +23,7 @@
 #include "runtime/state_disk.h"
 #include "runtime/meminfo.h"
 #include "runtime/prompt_cache.h"
+#include "runtime/speculative.h"
 #include "runtime/store_plan.h"
 #include "text/tokenizer.h"
 #include "util/error.h"
@@ -77,6 +83,13 @@ struct Slot {
   CheckpointSet checkpoints{0};    // of prefixes of `history`
   PromptCache prompt_cache;        // guarded by Impl::prompt_mu (handler threads read it)
   std::optional<ActiveRequest> job;
+  // --dspark: the drafter's rings of `history`'s positions. Entries from draft_from on were
+  // committed by this slot's evaluations; a state that jumped (rollback, restore, reset) leaves
+  // older ring entries stale, so drafting waits until a window of new ones is in.
+  DraftState draft;
+  uint32_t draft_from = 0;
+  std::deque<std::pair<uint32_t, uint32_t>> recent;  // the last cycles' (drafts verified, accepted)
+  uint32_t pause_left = 0;                            // plain decode steps before drafting again
 };
 
 // A slot's SlotStats as atomics, written by the driving thread and read by stats() from any.
@@ -102,6 +115,12 @@ struct Session::Impl {
   mutable std::mutex prefix_mu;
   PrefixCacheStats prefix_stats;        // published for stats(), under prefix_mu
   std::unique_ptr<StateDisk> disk;      // --kv-disk-dir; null: none
+  std::unique_ptr<DsparkModel> dspark;  // --dspark; null: none
+  std::unique_ptr<Drafter> drafter;
+  std::vector<float> step_hidden;       // a step's captured rows (chunk x capture width, planned)
+  std::vector<float> verify_logits, verify_hidden;  // a verify pass's rows (block + 1, planned)
+  std::atomic<uint64_t> spec_blocks{0}, spec_cycles{0}, spec_drafts{0}, spec_accepted{0}, spec_tokens{0},
+      spec_pauses{0}, spec_propose_ns{0}, spec_verify_ns{0};
   mutable std::mutex prompt_mu;
   uint64_t started = 0;
   std::vector<float> step_logits;   // a step's rows of logits (at most chunk x vocab, planned)
@@ -190,6 +209,7 @@ struct Session::Impl {
     if (pos == 0) return false;
     engine->restore(sl.state, ls.snap);
     sl.history.assign(prompt.begin(), prompt.begin() + pos);
+    draft_jump(sl);
     sl.last_logits = ls.logits;
     sl.checkpoints.drop_after((uint32_t)std::min<size_t>(common, pos));
     publish_checkpoints();
@@ -232,6 +252,7 @@ struct Session::Impl {
         const uint32_t pos = hit->pos();
         engine->restore(sl.state, hit->snap);
         sl.history.assign(prompt.begin(), prompt.begin() + pos);
+        draft_jump(sl);
         sl.last_logits = hit->logits;
         // The slot's checkpoints of tokens the new sequence shares stay valid (the restored
         // state holds those tokens and the same compressed rows before them).
@@ -251,6 +272,7 @@ struct Session::Impl {
     const uint32_t pos = c->pos();
     engine->rollback(sl.state, c->seq);
     sl.history.resize(pos);
+    draft_jump(sl);
     sl.last_logits = c->logits;
     sl.checkpoints.drop_after(pos);
     ++ck_rollbacks;
@@ -275,6 +297,7 @@ struct Session::Impl {
   // not the state itself.
   void forget_record(Slot& sl) {
     sl.history.clear();
+    draft_jump(sl);
     sl.last_logits.clear();
     sl.checkpoints.clear();
     publish_checkpoints();
@@ -335,19 +358,143 @@ struct Session::Impl {
   void sample_next(Slot& sl) {
     ActiveRequest& a = *sl.job;
     const ModelConfig& c = model->config;
-    GenerateResult& res = a.res;
-    if (res.tokens.size() >= a.r.max_tokens) return finish(sl, Finish::Length);
+    if (a.res.tokens.size() >= a.r.max_tokens) return finish(sl, Finish::Length);
     const TokenId next = a.sampler.sample(std::span<const float>(sl.last_logits.data(), c.vocab_size));
+    if (const Finish f = emit(sl, next); f != Finish::None) finish(sl, f);
+  }
+  // `next` is the request's next token: its callback and the stop rules. None: it is pending
+  // (the next step evaluates it); otherwise why the request ends (the caller finishes it).
+  Finish emit(Slot& sl, TokenId next) {
+    ActiveRequest& a = *sl.job;
+    const ModelConfig& c = model->config;
+    GenerateResult& res = a.res;
     res.tokens.push_back(next);
     ++generated_tokens;
     const bool keep_going = !a.ev.on_token || a.ev.on_token(next);
     const bool is_stop = std::find(a.r.stop_tokens.begin(), a.r.stop_tokens.end(), next) != a.r.stop_tokens.end();
-    if ((!a.r.ignore_eos && next == c.eos_token_id) || is_stop) return finish(sl, Finish::Stop);
-    if (!keep_going) return finish(sl, Finish::Cancelled);
-    if (res.tokens.size() >= a.r.max_tokens) return finish(sl, Finish::Length);
-    if (sl.history.size() >= plan.ctx) return finish(sl, Finish::Context);
+    if ((!a.r.ignore_eos && next == c.eos_token_id) || is_stop) return Finish::Stop;
+    if (!keep_going) return Finish::Cancelled;
+    if (res.tokens.size() >= a.r.max_tokens) return Finish::Length;
+    if (sl.history.size() >= plan.ctx) return Finish::Context;
     a.pending = next;
     a.decoding = true;
+    return Finish::None;
+  }
+
+  // --dspark: the slot's rings no longer match its state (see Slot::draft).
+  void draft_jump(Slot& sl) {
+    sl.draft.committed = (uint32_t)sl.history.size();
+    sl.draft_from = (uint32_t)sl.history.size();
+  }
+  void draft_commit(Slot& sl, const float* hidden, uint32_t n) {
+    if (!drafter) return;
+    if (sl.draft.committed != sl.history.size() - n) draft_jump(sl);  // defensive: never commit out of place
+    else drafter->commit(sl.draft, hidden, n);
+  }
+
+  // One speculative cycle of the only running request (spec 6.4-6.5): the drafter proposes a
+  // block after the slot's last position with its pending token as the anchor, the leading
+  // drafts the confidence gate keeps are verified in one target pass, the exact acceptance
+  // rule picks the accepted drafts and one more token, the state is cut back to what was
+  // accepted and every emitted token goes through the same rules as a plainly sampled one.
+  // false: no cycle this step (plain decode instead).
+  bool speculate(Slot& sl) {
+    ActiveRequest& a = *sl.job;
+    const ModelConfig& c = model->config;
+    const uint32_t V = c.vocab_size, W = c.sliding_window, pos = (uint32_t)sl.history.size();
+    if (!drafter || !a.decoding || opt.tensors || (a.r.observer && a.r.observer->on_eval)) return false;
+    if (sl.draft.committed != pos) draft_jump(sl);
+    if (sl.draft_from != 0 && pos - sl.draft_from < W) return false;  // its rings are not refilled yet
+    if (sl.pause_left) {
+      --sl.pause_left;
+      return false;
+    }
+    // Drafts d_1..d_K are verified at positions pos+1..pos+K beside the anchor at pos; every
+    // emitted token counts towards max_tokens.
+    const uint64_t left = a.r.max_tokens - a.res.tokens.size();
+    const uint64_t k_max = std::min<uint64_t>({opt.draft_max, drafter->config().block_size, plan.ctx - pos - 1,
+                                               plan.chunk - 1, W - 1, left ? left - 1 : 0});
+    if (pos + 1 >= plan.ctx || k_max < 2) return false;
+    const auto t0 = std::chrono::steady_clock::now();
+    DraftBlock b = drafter->propose(sl.draft, a.pending);
+    if (opt.draft_hook) {
+      opt.draft_hook(pos, b.drafts);
+      if (b.drafts.size() != drafter->config().block_size) throw Error("dspark: the draft hook changed the block size");
+      for (TokenId& d : b.drafts) d = std::min<TokenId>(d, V - 1);
+    }
+    ++spec_blocks;
+    const auto t1 = std::chrono::steady_clock::now();
+    spec_propose_ns += (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
+    uint32_t K = 0;
+    while (K < k_max && 1.0 / (1.0 + std::exp(-(double)b.confidence[K])) >= opt.dspark_conf) ++K;
+    if (K < 2) return false;  // one draft does not pay a verify pass: decode plainly
+
+    std::vector<TokenId> toks = {a.pending};
+    toks.insert(toks.end(), b.drafts.begin(), b.drafts.begin() + K);
+    const size_t cw = drafter->capture_width();
+    verify_logits.resize(toks.size() * V);
+    verify_hidden.resize(toks.size() * cw);
+    VerifyRecord rec;
+    try {
+      engine->eval_verify(sl.state, toks, verify_logits.data(), verify_hidden.data(), rec);
+    } catch (const std::exception& e) {
+      publish_engram();
+      const std::string msg = e.what();
+      fail(sl, msg);
+      throw;
+    }
+    publish_engram();
+    ++step_sizes[1];
+    spec_verify_ns += (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t1).count();
+
+    std::vector<std::vector<TokenProb>> p(toks.size());
+    for (size_t i = 0; i < toks.size(); ++i)
+      p[i] = sampling_distribution(std::span<const float>(verify_logits.data() + i * V, V), a.r.sampling);
+    const Verdict v = verify_point_mass(p, std::span<const TokenId>(b.drafts.data(), K), a.sampler.rng());
+
+    // The emitted tokens: the accepted drafts, then the correction or bonus token. Before token
+    // k is emitted the sequence holds the verify pass's first k tokens, as in plain decoding.
+    std::vector<TokenId> out(b.drafts.begin(), b.drafts.begin() + v.accepted);
+    out.push_back(v.next);
+    Finish f = Finish::None;
+    uint32_t kept = 0;
+    for (size_t k = 0; k < out.size(); ++k) {
+      if (a.res.tokens.size() >= a.r.max_tokens) {
+        f = Finish::Length;
+        break;
+      }
+      sl.history.push_back(toks[k]);
+      ++kept;
+      ++a.res.decode_steps;
+      sl.last_logits.assign(verify_logits.begin() + (ptrdiff_t)(k * V), verify_logits.begin() + (ptrdiff_t)((k + 1) * V));
+      f = emit(sl, out[k]);
+      if (f != Finish::None) break;
+    }
+    engine->keep_verified(sl.state, rec, kept);
+    draft_commit(sl, verify_hidden.data(), kept);
+    ++a.res.spec_cycles;
+    a.res.drafts_proposed += K;
+    a.res.drafts_accepted += v.accepted;
+    ++spec_cycles;
+    spec_drafts += K;
+    spec_accepted += v.accepted;
+    spec_tokens += v.accepted + 1;
+    if (opt.dspark_guard) {
+      sl.recent.emplace_back(K, v.accepted);
+      if (sl.recent.size() > 10) sl.recent.pop_front();
+      uint32_t drafted = 0, accepted = 0;
+      for (auto [d, acc] : sl.recent) drafted += d, accepted += acc;
+      if (sl.recent.size() == 10 && accepted * 10 < drafted * 6) {
+        sl.pause_left = 64;
+        sl.recent.clear();
+        ++spec_pauses;
+      }
+    }
+    const uint32_t every = opt.checkpoint_interval;
+    if (every && sl.state.position() / every > pos / every) take_checkpoint(sl, false);
+    if (f != Finish::None) finish(sl, f);
+    else publish_slot(sl);
+    return true;
   }
 };
 
@@ -394,6 +541,27 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
     spo.store.queue_depth = opt.io_depth;
     spo.store.direct_io = opt.direct_io;
     spo.stream_experts = opt.stream_experts;
+    if (!opt.dspark_path.empty()) {
+      // The support file is checked against this model before anything is planned or read.
+      const gguf::File sf = gguf::File::open(opt.dspark_path);
+      const DsparkReport rep = validate_dspark(sf, &cfg);
+      if (!rep.ok()) throw Error(with_path(opt.dspark_path, rep.errors.front() + (rep.errors.size() > 1 ? " (and " +
+                                 std::to_string(rep.errors.size() - 1) + " more; `sluice inspect` lists them)" : "")));
+      if (opt.draft_max < 2 || opt.draft_max > rep.config.block_size)
+        throw Error("--draft-max must be in 2.." + std::to_string(rep.config.block_size) + " (the drafter's block)");
+      uint64_t weights = 0;
+      for (const gguf::TensorInfo& t : sf.tensors()) weights += loaded_tensor_bytes(t.type, t.nbytes);
+      const uint64_t cw = (uint64_t)rep.config.target_layers.size() * cfg.hidden_size;
+      const uint64_t rows = rep.config.block_size + 1;  // a verify pass: anchor + drafts
+      const uint64_t verify = rows * (cfg.vocab_size + cw) * sizeof(float) + checkpoint_bytes(cfg, spo.plan.ctx) +
+                              rows * cfg.kv_source_layer_ids.size() * cfg.head_dim * 2 * sizeof(float);
+      spo.plan.dspark_fixed = weights + drafter_scratch_bytes(cfg, rep.config) + verify;
+      spo.plan.dspark_per_sequence = draft_state_bytes(cfg, rep.config);
+      spo.plan.dspark_per_row = 2 * cw * sizeof(float);  // the engine's capture and the step's copy
+      spo.plan.dspark_detail = format_bytes(weights) + " weights as loaded (" + std::to_string(sf.tensors().size()) +
+                               " tensors, routed experts resident), activations " +
+                               format_bytes(drafter_scratch_bytes(cfg, rep.config)) + ", verify buffers " + format_bytes(verify);
+    }
     s.plan = plan_for_file(header.file, spo);
     require_admitted(s.plan);
   } catch (const Error& e) {  // every error about the file names it once, as run's do
@@ -413,6 +581,12 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
     throw Error("route bias needs streamed experts (with resident experts every expert is cached)");
   eo.route_bias = opt.route_bias;
   eo.engram_cache_rows = s.plan.engram_cache_rows;
+  if (!opt.dspark_path.empty()) {
+    LoadOptions dl;
+    if (opt.progress) dl.progress = [&](uint64_t done, uint64_t total) { opt.progress("loading drafter", done, total); };
+    s.dspark = load_dspark(opt.dspark_path, *s.model, dl);
+    eo.capture_layers = s.dspark->config.target_layers;
+  }
   if (opt.stream_experts) {
     storage::StoreOptions so;
     so.policy = opt.policy;
@@ -423,6 +597,8 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
     eo.experts = s.streamed.get();
   }
   s.engine = s.arch->make_engine(*s.model, eo);
+  // The drafter runs on the engine's backend (its threads; both models' weights prepared for it).
+  if (s.dspark) s.drafter = std::make_unique<Drafter>(*s.model, *s.dspark, s.engine->backend());
   // One decode step of every slot is one pass of parallel rows, which the chunk's scratch holds.
   if (s.plan.chunk < opt.parallel)
     throw Error(with_path(opt.model_path, "--parallel " + std::to_string(opt.parallel) + " needs a chunk of at least " +
@@ -447,6 +623,7 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
   }
   for (Slot& sl : s.slots) {
     sl.state = s.engine->new_sequence();
+    if (s.drafter) sl.draft = s.drafter->new_state();
     sl.checkpoints = CheckpointSet(opt.checkpoint_budget);  // the plan charges it per sequence
   }
 }
@@ -596,6 +773,10 @@ void Session::cancel(uint32_t k) {
 void Session::step(uint32_t prefill_tokens) {
   Impl& s = *impl_;
   const uint32_t V = s.model->config.vocab_size;
+  // Speculative decoding while one request runs and decodes (a batch already shares its reads).
+  if (s.drafter && s.busy == 1)
+    for (Slot& sl : s.slots)
+      if (sl.job && sl.job->decoding && s.speculate(sl)) return;
   struct Part {
     uint32_t slot;
     size_t n;
@@ -649,6 +830,18 @@ void Session::step(uint32_t prefill_tokens) {
     items.push_back(it);
   }
   s.step_logits.resize(out_rows * V);
+  // With a drafter every evaluated row's capture feeds its slot's rings.
+  const size_t cw = s.drafter ? s.drafter->capture_width() : 0;
+  if (s.drafter) {
+    size_t rows_in = 0;
+    for (const Engine::BatchItem& it : items) rows_in += it.tokens.size();
+    s.step_hidden.resize(rows_in * cw);
+    size_t off = 0;
+    for (Engine::BatchItem& it : items) {
+      it.hidden = s.step_hidden.data() + off * cw;
+      off += it.tokens.size();
+    }
+  }
   try {
     s.engine->eval_batch(items, out_rows ? s.step_logits.data() : nullptr);
   } catch (const std::exception& e) {
@@ -669,6 +862,7 @@ void Session::step(uint32_t prefill_tokens) {
     const uint32_t pos = (uint32_t)sl.history.size();
     const std::span<const TokenId> toks = items[i].tokens;
     sl.history.insert(sl.history.end(), toks.begin(), toks.end());
+    if (s.drafter) s.draft_commit(sl, items[i].hidden, (uint32_t)toks.size());
     const size_t n_out = items[i].logits == Logits::All ? pt.n : items[i].logits == Logits::Last ? 1 : 0;
     if (n_out) sl.last_logits.assign(row + (n_out - 1) * V, row + n_out * V);
     else sl.last_logits.clear();
@@ -761,6 +955,11 @@ SessionStats Session::stats() const {
     st.disk_skipped = d.skipped, st.disk_evicted = d.evicted, st.disk_rejected = d.rejected;
     st.disk_ignored = d.ignored, st.disk_write_errors = d.write_errors;
   }
+  st.dspark = s.drafter != nullptr;
+  st.spec_blocks = s.spec_blocks, st.spec_cycles = s.spec_cycles, st.spec_drafts = s.spec_drafts;
+  st.spec_accepted = s.spec_accepted, st.spec_tokens = s.spec_tokens, st.spec_pauses = s.spec_pauses;
+  st.spec_propose_s = (double)s.spec_propose_ns.load() / 1e9;
+  st.spec_verify_s = (double)s.spec_verify_ns.load() / 1e9;
   st.slots = (uint32_t)s.slots.size();
   st.busy_slots = s.busy;
   for (size_t k = 0; k < s.slots.size(); ++k) {

@@ -82,6 +82,18 @@ struct SessionOptions {
   // the plan accounts the snapshots queued for writing and the one being read. Empty: none.
   std::string kv_disk_dir;
   uint64_t kv_disk_budget = 0;
+  // --dspark FILE: the DSpark drafter's support file (spec 6, docs/dspark.md): exact speculative
+  // decoding while one request runs (runtime/speculative.h); empty: none. Drafts are verified
+  // draft_max at most per cycle (2 .. the block size), kept while sigmoid(confidence) >=
+  // dspark_conf; with dspark_guard, drafting pauses for 64 tokens when fewer than 60% of the
+  // drafts of the last 10 cycles were accepted. Output is exact either way; these change speed.
+  std::string dspark_path;
+  uint32_t draft_max = 5;
+  float dspark_conf = 0.7f;
+  bool dspark_guard = true;
+  // Test hook: sees each proposed block's drafts (the anchor's position, the drafts) and may
+  // replace them (forced drafts: the acceptance rule keeps the output exact for any drafts).
+  std::function<void(uint32_t anchor_pos, std::vector<TokenId>& drafts)> draft_hook;
   // Where the session's log lines go (one line, no newline; a damaged state file, for one).
   // Empty: stderr.
   std::function<void(const std::string&)> log;
@@ -139,6 +151,8 @@ struct GenerateResult {
   uint32_t prompt_evaluated = 0; // prompt tokens in the sequence after prefill (< prompt_tokens if cancelled)
   uint32_t decode_steps = 0;     // generated tokens fed back and evaluated
   double prefill_s = 0, decode_s = 0;
+  // Speculative decoding (--dspark): verify cycles, drafts verified in them, drafts accepted.
+  uint32_t spec_cycles = 0, drafts_proposed = 0, drafts_accepted = 0;
 };
 
 // What one slot is doing (for /slots and /metrics).
@@ -183,6 +197,11 @@ struct SessionStats {
   uint64_t disk_rejected = 0, disk_ignored = 0, disk_write_errors = 0;
   uint32_t slots = 1, busy_slots = 0;  // --parallel, and how many run a request now
   std::vector<SlotStats> slot;         // per slot
+  // Speculative decoding (--dspark): whether a drafter is loaded; blocks proposed, verify cycles,
+  // drafts verified and accepted, tokens emitted by cycles, guard pauses; seconds proposing and verifying.
+  bool dspark = false;
+  uint64_t spec_blocks = 0, spec_cycles = 0, spec_drafts = 0, spec_accepted = 0, spec_tokens = 0, spec_pauses = 0;
+  double spec_propose_s = 0, spec_verify_s = 0;
   // steps_by_sequences[k]: step() passes that evaluated k sequences together (index 0 unused).
   std::vector<uint64_t> steps_by_sequences;
 };

@@ -10,21 +10,36 @@
 
 namespace sluice {
 
+std::vector<std::pair<size_t, size_t>> drafter_tensor_shapes(const ModelConfig& c, const DsparkConfig& d) {
+  const size_t H = c.hidden_size, hc = c.hc_mult, q_dim = (size_t)c.num_attention_heads * c.head_dim;
+  const size_t B = d.block_size, W = c.sliding_window, mix = (2 + hc) * hc;
+  const size_t cw = d.target_layers.size() * H;
+  return {{B, hc * H}, {B, hc * H}, {B, H}, {B, H},                                   // X, X2, xin, out
+          {B, mix}, {B, mix}, {B, hc},                                                // A, F, P0
+          {B, c.q_lora_rank}, {B, q_dim}, {B, c.head_dim}, {B, q_dim},                 // qr, q, kv, heads
+          {B, (size_t)c.o_groups * c.o_lora_rank}, {B, d.expert_count}, {B, H}, {B, H},  // z, router, shared, routed
+          {W, cw}, {W, H}, {W, c.head_dim},                                           // commit: rows, z, entries
+          {B, H}, {B, H}, {B, c.vocab_size},                                          // h, normed h, logits
+          {1, d.markov_rank}, {1, c.vocab_size}, {1, H + d.markov_rank}, {1, 1}};     // u, bias, [h, u], kappa
+}
+
+uint64_t drafter_scratch_bytes(const ModelConfig& c, const DsparkConfig& d) {
+  uint64_t b = 0;
+  for (auto [rows, width] : drafter_tensor_shapes(c, d)) b += (uint64_t)rows * width * sizeof(float);
+  return b;
+}
+
+uint64_t draft_state_bytes(const ModelConfig& c, const DsparkConfig& d) {
+  return (uint64_t)d.stages * c.sliding_window * c.head_dim * sizeof(uint16_t);
+}
+
 Drafter::Drafter(const Model& target, const DsparkModel& d, const Backend& be)
     : t_(target), d_(d), be_(be), freqs_(rope_frequencies(target.config, 0)), B_(d.config.block_size),
       W_(target.config.sliding_window), hd_(target.config.head_dim) {
-  const ModelConfig& c = t_.config;
-  const size_t H = c.hidden_size, hc = c.hc_mult, q_dim = (size_t)c.num_attention_heads * c.head_dim;
-  auto t = [&](size_t n, size_t w) { return be_.tensor(n, w); };
-  X_ = t(B_, hc * H), X2_ = t(B_, hc * H), xin_ = t(B_, H), out_ = t(B_, H);
-  const size_t mix = (2 + hc) * hc;
-  A_ = t(B_, mix), F_ = t(B_, mix), P0_ = t(B_, hc);
-  qr_ = t(B_, c.q_lora_rank), q_ = t(B_, q_dim), kv_ = t(B_, hd_), heads_ = t(B_, q_dim);
-  z_ = t(B_, (size_t)c.o_groups * c.o_lora_rank), router_ = t(B_, d.config.expert_count);
-  sh_ = t(B_, H), routed_ = t(B_, H);
-  cap_ = t(W_, capture_width()), zc_ = t(W_, H), ec_ = t(W_, hd_);
-  h_ = t(B_, H), hn_ = t(B_, H), lg_ = t(B_, c.vocab_size);
-  u_ = t(1, d.config.markov_rank), bias_ = t(1, c.vocab_size), hu_ = t(1, H + d.config.markov_rank), kappa_ = t(1, 1);
+  std::vector<Tensor*> order = {&X_, &X2_, &xin_, &out_, &A_, &F_, &P0_, &qr_, &q_, &kv_, &heads_, &z_, &router_,
+                                &sh_, &routed_, &cap_, &zc_, &ec_, &h_, &hn_, &lg_, &u_, &bias_, &hu_, &kappa_};
+  const std::vector<std::pair<size_t, size_t>> shapes = drafter_tensor_shapes(t_.config, d_.config);
+  for (size_t i = 0; i < order.size(); ++i) *order[i] = be_.tensor(shapes[i].first, shapes[i].second);
 }
 
 DraftState Drafter::new_state() const {

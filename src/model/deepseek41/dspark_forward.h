@@ -39,6 +39,13 @@ struct DraftBlock {
   std::vector<std::vector<std::vector<uint32_t>>> experts;  // [stage][row] routed experts, selection order
 };
 
+// The drafter's activation tensors, as (rows, width) f32 shapes in the order Drafter allocates
+// them, and their bytes: what the plan charges for them.
+std::vector<std::pair<size_t, size_t>> drafter_tensor_shapes(const ModelConfig& target, const DsparkConfig& d);
+uint64_t drafter_scratch_bytes(const ModelConfig& target, const DsparkConfig& d);
+// One sequence's DraftState (stages x window x head_dim BF16).
+uint64_t draft_state_bytes(const ModelConfig& target, const DsparkConfig& d);
+
 class Drafter {
  public:
   // be must be the backend that prepared both models' weights; all three must outlive this.

@@ -46,6 +46,7 @@ Engine::Engine(const Model& m, EngineOptions o) : model_(m), opt_(o) {
 Engine::~Engine() = default;
 
 EngramReadStats Engine::engram_stats() const { return impl_->engram_stats; }
+const Backend& Engine::backend() const { return impl_->be; }
 
 void Engine::set_route_bias(float d) {
   check_route_bias(d);

@@ -174,6 +174,9 @@ class Engine {
   // Engram rows looked up, read and found in the row cache since construction. Same thread as eval().
   EngramReadStats engram_stats() const;
   const Model& model() const { return model_; }
+  // The backend the ops run on (the options', or the engine's own CPU backend): a drafter
+  // beside the engine runs on it too.
+  const Backend& backend() const;
 
  private:
   void eval_one(SequenceState& s, std::span<const TokenId> tokens, std::span<const uint8_t> masked, float* logits,

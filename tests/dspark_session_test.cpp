@@ -1,0 +1,131 @@
+// DSpark through the Session (issue 15 items 4-5): speculative decoding while one request runs
+// is exactly plain decoding (greedy: token for token), with the drafter's own drafts and with
+// forced ones. (Apart from dspark_test.cpp: synth/generate.h has a GenerateResult of its own.)
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "model/deepseek41/config.h"
+#include "runtime/session.h"
+
+namespace sluice {
+namespace {
+
+namespace fs = std::filesystem;
+
+class DsparkSession : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("sluice-dspark-session-" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    model_path_ = (dir_ / "tiny.gguf").string();
+    support_path_ = (dir_ / "tiny-dspark.gguf").string();
+    const std::string cmd = std::string(SLUICE_BINARY) + " make-model --preset tiny -o " + model_path_ +
+                            " --dspark-out " + support_path_ + " --seed 3 > /dev/null";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  }
+  static void TearDownTestSuite() {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  static uint32_t vocab() { return tiny_config().vocab_size; }
+  static inline fs::path dir_;
+  static inline std::string model_path_, support_path_;
+};
+
+}  // namespace
+}  // namespace sluice
+
+namespace sluice {
+namespace {
+
+SessionOptions spec_options(const std::string& model, const std::string& support, bool streamed) {
+  SessionOptions so;
+  so.model_path = model;
+  so.ctx = 96;
+  so.chunk = 16;
+  so.threads = 2;
+  so.budget = BudgetSpec{false, 2ull << 30};
+  so.allow_swap = true;
+  so.stream_experts = streamed;
+  if (streamed) so.max_cache_experts = 40;  // 5 per layer: verify passes read experts
+  so.dspark_path = support;
+  so.dspark_conf = 0.0f;  // random weights: the gate would stop every block
+  so.dspark_guard = false;
+  return so;
+}
+
+GenerateRequest greedy_request(uint32_t k, uint32_t vocab, uint32_t max_tokens) {
+  GenerateRequest r;
+  for (uint32_t i = 0; i < 4 + 7 * k; ++i) r.prompt.push_back((i * 7919u + 101u * k + 13u) % vocab);
+  r.max_tokens = max_tokens;
+  r.ignore_eos = true;
+  return r;
+}
+
+// spec 6.5 test (1): greedy speculation is token for token plain greedy decoding, resident and
+// through a small expert cache, also for a second turn that extends the first (the kept state
+// after speculation is the plain one).
+TEST_F(DsparkSession, GreedySpeculationEqualsPlainDecoding) {
+  for (const bool streamed : {false, true}) {
+    SessionOptions plain_o = spec_options(model_path_, "", streamed);
+    Session plain(plain_o), spec(spec_options(model_path_, support_path_, streamed));
+    for (uint32_t k = 0; k < 2; ++k) {
+      GenerateRequest r = greedy_request(k, vocab(), 24);
+      const GenerateResult a = plain.generate(r, {}, {}), b = spec.generate(r, {}, {});
+      EXPECT_EQ(a.tokens, b.tokens) << "streamed " << streamed << " prompt " << k;
+      EXPECT_GT(b.spec_cycles, 0u);
+      // The next turn extends this one: prompt + generated + 3 more tokens.
+      r.prompt.insert(r.prompt.end(), a.tokens.begin(), a.tokens.end());
+      for (TokenId t : {5u, 6u, 7u}) r.prompt.push_back(t);
+      r.max_tokens = 8;
+      const GenerateResult a2 = plain.generate(r, {}, {}), b2 = spec.generate(r, {}, {});
+      EXPECT_EQ(a2.tokens, b2.tokens);
+      EXPECT_EQ(b2.reused_tokens, a2.reused_tokens);  // the speculative state was kept like the plain one
+    }
+    const SessionStats st = spec.stats();
+    EXPECT_TRUE(st.dspark);
+    EXPECT_GT(st.spec_drafts, 0u);
+  }
+}
+
+// Forced drafts (spec 6.5, [COLIBRI]): the target's own tokens are all accepted; with the last
+// draft of each block corrupted, all but that one; the output is plain greedy decoding's.
+TEST_F(DsparkSession, ForcedDraftsAreAcceptedExactlyAsFarAsTheyAgree) {
+  const GenerateRequest r = greedy_request(1, vocab(), 40);
+  Session plain(spec_options(model_path_, "", false));
+  const GenerateResult ref = plain.generate(r, {}, {});
+  const uint32_t P = (uint32_t)r.prompt.size(), V = vocab();
+  for (const bool corrupt : {false, true}) {
+    SessionOptions so = spec_options(model_path_, support_path_, false);
+    so.draft_hook = [&](uint32_t pos, std::vector<TokenId>& d) {
+      // The anchor at pos is generated token pos - P; the drafts are the ones after it.
+      for (size_t j = 0; j < d.size(); ++j) {
+        const size_t g = pos - P + 1 + j;
+        d[j] = g < ref.tokens.size() ? ref.tokens[g] : 0;
+      }
+      if (corrupt) d.back() = (d.back() + 1) % V;
+    };
+    Session spec(so);
+    const GenerateResult b = spec.generate(r, {}, {});
+    EXPECT_EQ(b.tokens, ref.tokens) << "corrupt " << corrupt;
+    ASSERT_GT(b.spec_cycles, 0u);
+    if (!corrupt) {
+      EXPECT_EQ(b.drafts_accepted, b.drafts_proposed);
+    } else {
+      EXPECT_LT(b.drafts_accepted, b.drafts_proposed);
+      EXPECT_GE(b.drafts_accepted + b.spec_cycles, b.drafts_proposed);  // only the corrupted last ones fail
+    }
+    // Every cycle emits its accepted drafts and one more: far fewer target passes than tokens.
+    if (!corrupt) {
+      EXPECT_LT(b.spec_cycles * 3, (uint32_t)ref.tokens.size());
+    }
+  }
+}
+
+}  // namespace
+}  // namespace sluice
