@@ -242,3 +242,31 @@ TEST_F(BenchCli, UsageErrors) {
 
 }  // namespace
 }  // namespace sluice
+
+namespace sluice {
+namespace {
+
+// bench --dspark: plain decode, then the drafter's own drafts and forced drafts at 0-100% right,
+// the same greedy tokens in every mode; every forced-right draft is accepted.
+TEST_F(BenchCli, DsparkComparesSpeculationWithPlainDecodeAtControlledAcceptance) {
+  const std::string support = (dir_->path / "tiny-dspark.gguf").string();
+  ASSERT_EQ(std::system((q(SLUICE_BINARY) + " make-model --preset tiny --dspark-out " + q(support) + " --seed 3 >/dev/null").c_str()), 0);
+  const CmdResult r = bench("-m " + q(model_) + " -p 8 -n 16 -r 1 --read-mib 64 --resident-experts --allow-swap -t 1 "
+                            "--dspark " + q(support) + " --dspark-conf 0 --no-dspark-guard --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto js = lines(r.out);
+  ASSERT_EQ(js.size(), 1u);
+  const nlohmann::json& d = js[0]["dspark"];
+  ASSERT_EQ(d.size(), 6u);
+  EXPECT_EQ(d[0]["mode"], "own drafts");
+  EXPECT_EQ(d[1]["forced_rate"].get<double>(), 0.0);
+  EXPECT_EQ(d[1]["acceptance"].get<double>(), 0.0);
+  EXPECT_EQ(d[5]["forced_rate"].get<double>(), 1.0);
+  EXPECT_EQ(d[5]["acceptance"].get<double>(), 1.0);
+  EXPECT_GT(d[5]["tokens_per_cycle"].get<double>(), 2.0);
+  for (const auto& row : d) EXPECT_GT(row["cycles"].get<uint64_t>(), 0u);
+  EXPECT_EQ(bench("-m " + q(model_) + " -p 8 -n 4 --dspark " + q(support)).rc, 2);  // -n below 8
+}
+
+}  // namespace
+}  // namespace sluice

@@ -102,7 +102,7 @@ TEST_F(DsparkSession, ForcedDraftsAreAcceptedExactlyAsFarAsTheyAgree) {
   const uint32_t P = (uint32_t)r.prompt.size(), V = vocab();
   for (const bool corrupt : {false, true}) {
     SessionOptions so = spec_options(model_path_, support_path_, false);
-    so.draft_hook = [&](uint32_t pos, std::vector<TokenId>& d) {
+    so.draft_hook = [&](uint32_t pos, TokenId, std::vector<TokenId>& d) {
       // The anchor at pos is generated token pos - P; the drafts are the ones after it.
       for (size_t j = 0; j < d.size(); ++j) {
         const size_t g = pos - P + 1 + j;
@@ -125,6 +125,116 @@ TEST_F(DsparkSession, ForcedDraftsAreAcceptedExactlyAsFarAsTheyAgree) {
       EXPECT_LT(b.spec_cycles * 3, (uint32_t)ref.tokens.size());
     }
   }
+}
+
+}  // namespace
+}  // namespace sluice
+
+#include <cmath>
+#include <map>
+#include <span>
+
+#include "model/deepseek41/forward.h"
+#include "model/model.h"
+#include "runtime/speculative.h"
+
+namespace sluice {
+namespace {
+
+// The 99.9% point of chi-square with df degrees of freedom (Wilson-Hilferty).
+double chi2_999(double df) {
+  const double z = 3.090, a = 2.0 / (9.0 * df);
+  return df * std::pow(1.0 - a + z * std::sqrt(a), 3.0);
+}
+
+// spec 6.5 test (3): at temperature 1, top-p 0.95 (and top-k 6: the tiny model's random logits
+// are flat, so the truncation keeps the test's bins few and well filled) the token the first speculative cycle emits
+// (the second generated token) has the plain sampler's distribution: its exact marginal
+// sum_t1 p(t1) p(t2 | t1), enumerated with an Engine, against the counts of seeded speculative
+// runs (chi-square, rare tokens pooled). Drafts are forced to each anchor's most likely next
+// token, so the cycles accept often and the accepted and the corrected paths both carry mass.
+TEST_F(DsparkSession, SampledSpeculationHasThePlainDistribution) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "thousands of seeded runs: checked in the optimized build";
+#endif
+  const std::vector<TokenId> prompt = {11, 250, 3, 97, 480};
+  SamplerOptions so;
+  so.temp = 1.0f;
+  so.top_p = 0.95f;
+  so.top_k = 6;  // concentrated enough that the runs see every likely token many times
+  // Exact: p(t1) after the prompt, p(t2 | t1) for every t1 it can draw.
+  std::map<TokenId, double> expected;
+  std::map<TokenId, TokenId> likeliest;  // t1 -> argmax of p(t2 | t1)
+  {
+    const std::unique_ptr<Model> m = load_model(model_path_);
+    EngineOptions eo;
+    eo.ctx = 16;
+    eo.chunk = 8;
+    eo.threads = 1;  // tiny ops: a pool would only add wake-ups
+    Engine e(*m, eo);
+    const uint32_t V = m->config.vocab_size;
+    SequenceState s = e.new_sequence();
+    std::vector<float> lg(prompt.size() * V), row(V);
+    e.eval(s, prompt, lg.data());
+    const SequenceCheckpoint ck = e.checkpoint(s);
+    const std::vector<TokenProb> p1 = sampling_distribution(std::span<const float>(lg.data() + (prompt.size() - 1) * V, V), so);
+    for (const TokenProb& a : p1) {
+      e.rollback(s, ck);
+      e.eval(s, std::span<const TokenId>(&a.id, 1), row.data());
+      const std::vector<TokenProb> p2 = sampling_distribution(row, so);
+      likeliest[a.id] = p2.front().id;
+      for (const TokenProb& b : p2) expected[b.id] += a.p * b.p;
+    }
+  }
+  SessionOptions o;
+  o.model_path = model_path_;
+  o.ctx = 16;
+  o.chunk = 8;
+  o.threads = 1;
+  o.budget = BudgetSpec{false, 2ull << 30};
+  o.allow_swap = true;
+  o.stream_experts = false;
+  o.dspark_path = support_path_;
+  o.dspark_conf = 0.0f;
+  o.dspark_guard = false;
+  o.draft_max = 2;
+  o.draft_hook = [&](uint32_t, TokenId anchor, std::vector<TokenId>& d) { d[0] = likeliest.at(anchor); };
+  Session sess(o);
+  const int N = 10000;
+  std::map<TokenId, int> got;
+  uint64_t cycles = 0, accepted = 0;
+  for (int i = 0; i < N; ++i) {
+    GenerateRequest r;
+    r.prompt = prompt;
+    r.max_tokens = 4;  // t1 plain, then one cycle of 2 drafts emits t2 (and more)
+    r.ignore_eos = true;
+    r.sampling = so;
+    r.sampling.seed = 7000 + (uint64_t)i;
+    const GenerateResult res = sess.generate(r, {}, {});
+    ASSERT_GE(res.tokens.size(), 2u);
+    got[res.tokens[1]]++;
+    cycles += res.spec_cycles;
+    accepted += res.drafts_accepted;
+  }
+  ASSERT_GE(cycles, (uint64_t)N);  // every run verified
+  // Pool the tokens expected fewer than 5 times.
+  double x2 = 0, pooled_e = 0, pooled_o = 0;
+  int bins = 0;
+  for (auto [id, p] : expected) {
+    const double e = p * N, ob = got.count(id) ? got[id] : 0;
+    if (e < 5) {
+      pooled_e += e, pooled_o += ob;
+      continue;
+    }
+    x2 += (ob - e) * (ob - e) / e;
+    ++bins;
+  }
+  if (pooled_e > 0) x2 += (pooled_o - pooled_e) * (pooled_o - pooled_e) / pooled_e, ++bins;
+  for (auto [id, n] : got) EXPECT_TRUE(expected.count(id)) << "token " << id << " has probability 0";
+  std::printf("[dspark] %d sampled runs: chi-square %.1f over %d bins (99.9%% point %.1f); drafts accepted %llu of %llu\n",
+              N, x2, bins, chi2_999(bins - 1), (unsigned long long)accepted, (unsigned long long)cycles * 2);
+  EXPECT_LT(x2, chi2_999(bins - 1));
+  EXPECT_GT(accepted, (uint64_t)N / 20);  // the accepted path carries mass too
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <iterator>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -78,14 +79,19 @@ struct Timings {
   std::vector<double> pre, dec, disk_bytes_tok, stall_frac, hit_rate;
   std::vector<double> ms_tok, stall_ms_tok;  // decode: wall time and store stall per token
   std::vector<double> engram_hit;             // decode: share of distinct Engram rows found cached
+  std::vector<std::vector<TokenId>> tokens;   // each run's generated tokens
+  uint64_t spec_cycles = 0, spec_drafts = 0, spec_accepted = 0, spec_tokens = 0;  // --dspark, over the runs
 };
 
 // -r runs: reset, prefill -p pseudo-random tokens (the same ones for every mode), decode -n greedy
 // tokens. The decode figures count from the first generated token on.
-Timings time_runs(Session& session, const BenchOptions& o, uint32_t n_gen) {
+Timings time_runs(Session& session, const BenchOptions& o, uint32_t n_gen,
+                  const std::function<void(uint32_t run)>& before_run = {}) {
   const ModelConfig& c = session.config();
   Timings t;
+  const SessionStats at_start = session.stats();
   for (uint32_t r = 0; r < o.repetitions; ++r) {
+    if (before_run) before_run(r);
     session.reset();
     GenerateRequest req;
     uint64_t x = 1000 + r;
@@ -107,6 +113,7 @@ Timings time_runs(Session& session, const BenchOptions& o, uint32_t n_gen) {
     if (ss_end.engram_unique > ss_first.engram_unique)
       t.engram_hit.push_back((double)(ss_end.engram_hits - ss_first.engram_hits) /
                              (double)(ss_end.engram_unique - ss_first.engram_unique));
+    t.tokens.push_back(res.tokens);
     t.pre.push_back(res.prompt_evaluated / res.prefill_s);
     if (res.decode_steps > 0) {
       t.dec.push_back(res.decode_steps / res.decode_s);
@@ -120,7 +127,59 @@ Timings time_runs(Session& session, const BenchOptions& o, uint32_t n_gen) {
       if (req_n) t.hit_rate.push_back((double)(end.hits - at_first.hits) / (double)req_n);
     }
   }
+  const SessionStats at_end = session.stats();
+  t.spec_cycles = at_end.spec_cycles - at_start.spec_cycles;
+  t.spec_drafts = at_end.spec_drafts - at_start.spec_drafts;
+  t.spec_accepted = at_end.spec_accepted - at_start.spec_accepted;
+  t.spec_tokens = at_end.spec_tokens - at_start.spec_tokens;
   return t;
+}
+
+// --dspark: decode with speculation against the plain runs (the same prompts, greedy, so every
+// mode generates the same tokens): the drafter's own drafts, then forced drafts of controlled
+// quality -- each draft is the plain run's next token with probability `rate` (a fixed hash of
+// its position), else another token -- so the acceptance that makes speculation pay is measured
+// on this machine even with random weights.
+struct SpecRow {
+  std::string mode;
+  double rate = -1;        // forced: the chance a draft is right; -1: the drafter's own
+  Figure dec;
+  double acceptance = 0, tokens_per_cycle = 0;
+  uint64_t cycles = 0;
+};
+
+std::vector<SpecRow> time_speculation(Session& session, const BenchOptions& o, uint32_t n_gen, const Timings& plain) {
+  std::vector<SpecRow> rows;
+  const uint32_t V = session.config().vocab_size, P = o.n_prompt;
+  auto row = [&](std::string mode, double rate, const Timings& t) {
+    SpecRow r;
+    r.mode = std::move(mode);
+    r.rate = rate;
+    r.dec = figure(t.dec);
+    r.cycles = t.spec_cycles;
+    r.acceptance = t.spec_drafts ? (double)t.spec_accepted / (double)t.spec_drafts : 0.0;
+    r.tokens_per_cycle = t.spec_cycles ? (double)t.spec_tokens / (double)t.spec_cycles : 0.0;
+    rows.push_back(r);
+  };
+  session.set_speculation(true);
+  session.set_draft_hook({});
+  row("own drafts", -1, time_runs(session, o, n_gen));
+  uint32_t run = 0;
+  for (const double rate : {0.0, 0.25, 0.5, 0.75, 1.0}) {
+    session.set_draft_hook([&, rate](uint32_t pos, TokenId, std::vector<TokenId>& d) {
+      const std::vector<TokenId>& ref = plain.tokens.at(run);
+      for (size_t j = 0; j < d.size(); ++j) {
+        const size_t g = pos - P + 1 + j;  // the anchor at pos is generated token pos - P
+        const TokenId right = g < ref.size() ? ref[g] : 0;
+        const double u = (double)(splitmix64(((uint64_t)pos << 8) + j) >> 11) * 0x1.0p-53;
+        d[j] = u < rate ? right : (right + 1) % V;
+      }
+    });
+    row("forced", rate, time_runs(session, o, n_gen, [&](uint32_t r) { run = r; }));
+  }
+  session.set_draft_hook({});
+  session.set_speculation(false);
+  return rows;
 }
 
 // --parallel N: -r runs of N streams, each prefilled with its own -p pseudo-random tokens, then
@@ -325,7 +384,15 @@ int run_bench(const BenchOptions& o) {
     exact = time_runs(session, o, n_gen);
     session.set_route_bias(bias);
   }
+  const bool dspark = session.stats().dspark;
+  if (dspark) {
+    if (o.parallel > 1 || bias != 0.0f) throw UsageError("--dspark is measured alone (not with --parallel or --route-bias)");
+    if (n_gen < 8) throw UsageError("--dspark needs -n of at least 8");
+    session.set_speculation(false);  // the plain runs first: the baseline and the forced drafts' tokens
+  }
   const Timings t = time_runs(session, o, n_gen);
+  std::vector<SpecRow> spec;
+  if (dspark) spec = time_speculation(session, o, n_gen, t);
   RouteBiasCost cost;
   if (bias != 0.0f) cost = route_bias_cost(session, bias);
   ParallelTimings par;
@@ -401,6 +468,15 @@ int run_bench(const BenchOptions& o) {
       j["top1_agreement"] = cost.top1;
       j["quality_positions"] = cost.positions;
     }
+    if (dspark) {
+      nlohmann::json a = nlohmann::json::array();
+      for (const SpecRow& r : spec)
+        a.push_back({{"mode", r.mode}, {"forced_rate", r.rate}, {"decode_tok_s", r.dec.median},
+                     {"decode_tok_s_min", r.dec.min}, {"decode_tok_s_max", r.dec.max}, {"acceptance", r.acceptance},
+                     {"tokens_per_cycle", r.tokens_per_cycle}, {"cycles", r.cycles},
+                     {"over_plain", fd.median > 0 ? r.dec.median / fd.median : 0.0}});
+      j["dspark"] = a;
+    }
     if (o.parallel > 1) {
       j["parallel"] = o.parallel;
       j["parallel_batched_tok_s"] = figure(par.batched).median;
@@ -451,6 +527,27 @@ int run_bench(const BenchOptions& o) {
     const Figure fe = figure(t.engram_hit);
     std::printf("decode Engram rows from the row cache %.1f%% (min %.1f, max %.1f; %llu rows per table)\n",
                 100 * fe.median, 100 * fe.min, 100 * fe.max, (unsigned long long)session.stats().engram_cache_rows);
+  }
+  if (dspark) {
+    std::printf("DSpark speculative decode vs the plain decode above (same prompts, greedy, same tokens):\n");
+    std::printf("  %-22s %10s %12s %22s %9s\n", "drafts", "accepted", "tokens/cycle", "decode tok/s (min-max)", "vs plain");
+    double prev_acc = -1, prev_ratio = 0, break_even = -1;
+    for (const SpecRow& r : spec) {
+      char name[64];
+      if (r.rate < 0) std::snprintf(name, sizeof name, "%s", r.mode.c_str());
+      else std::snprintf(name, sizeof name, "forced, %3.0f%% right", 100 * r.rate);
+      const double ratio = fd.median > 0 ? r.dec.median / fd.median : 0.0;
+      std::printf("  %-22s %9.1f%% %12.2f %10.2f (%.2f-%.2f) %8.2fx\n", name, 100 * r.acceptance, r.tokens_per_cycle,
+                  r.dec.median, r.dec.min, r.dec.max, ratio);
+      if (r.rate >= 0) {
+        if (break_even < 0 && ratio >= 1.0)
+          break_even = prev_acc < 0 ? r.acceptance
+                                    : prev_acc + (1.0 - prev_ratio) * (r.acceptance - prev_acc) / std::max(ratio - prev_ratio, 1e-9);
+        prev_acc = r.acceptance, prev_ratio = ratio;
+      }
+    }
+    if (break_even >= 0) std::printf("  break-even: speculation pays from about %.0f%% of drafts accepted\n", 100 * break_even);
+    else std::printf("  break-even: not reached (speculation did not pay even with every draft right)\n");
   }
   if (o.parallel > 1) {
     const Figure b = figure(par.batched), it = figure(par.in_turn);

@@ -206,7 +206,7 @@ Eval evaluate(const ModelFootprint& fp, const PlanOptions& o, uint32_t chunk, in
           format_bytes(o.allocation_slack_bytes) + ")");
 
   // At most one checkpoint per position, so ctx of the largest bound them below the budget.
-  const uint64_t one_checkpoint = largest_checkpoint_bytes(c);
+  const uint64_t one_checkpoint = largest_checkpoint_bytes(c) + o.dspark_per_sequence;  // + the drafter's rings
   const uint64_t checkpoints = std::min<uint64_t>(o.checkpoint_budget, (uint64_t)o.ctx * one_checkpoint);
   add("prefix checkpoints", checkpoints * o.sequences,
       o.checkpoint_budget == 0 ? std::string("off (checkpoint budget 0)")

@@ -15,8 +15,12 @@ struct SessionCheckpoint {
   SequenceCheckpoint seq;
   std::vector<float> logits;  // the row after the last token; only at the end of a prompt
   bool prompt_end = false;    // taken at the end of a prompt (after its last token or before it)
+  // --dspark: the drafter's rings at pos (empty: none) and the first position they hold that
+  // was committed from an evaluation (Session's Slot::draft_from), so a rollback restores them.
+  std::vector<uint16_t> draft_rings;
+  uint32_t draft_from = 0;
   uint32_t pos() const { return seq.pos; }
-  uint64_t bytes() const { return seq.bytes() + logits.size() * sizeof(float); }
+  uint64_t bytes() const { return seq.bytes() + logits.size() * sizeof(float) + draft_rings.size() * sizeof(uint16_t); }
 };
 
 class CheckpointSet {

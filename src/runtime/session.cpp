@@ -117,6 +117,7 @@ struct Session::Impl {
   std::unique_ptr<StateDisk> disk;      // --kv-disk-dir; null: none
   std::unique_ptr<DsparkModel> dspark;  // --dspark; null: none
   std::unique_ptr<Drafter> drafter;
+  bool speculation = true;              // Session::set_speculation
   std::vector<float> step_hidden;       // a step's captured rows (chunk x capture width, planned)
   std::vector<float> verify_logits, verify_hidden;  // a verify pass's rows (block + 1, planned)
   std::atomic<uint64_t> spec_blocks{0}, spec_cycles{0}, spec_drafts{0}, spec_accepted{0}, spec_tokens{0},
@@ -152,11 +153,17 @@ struct Session::Impl {
       if (prompt_end) sl.checkpoints.mark_prompt_end(pos);
       if (!with_logits || !held->logits.empty()) return;
     }
-    const uint64_t need = checkpoint_bytes(model->config, pos) + (with_logits ? sl.last_logits.size() * sizeof(float) : 0);
+    const bool with_draft = drafter && sl.draft.committed == pos;
+    const uint64_t need = checkpoint_bytes(model->config, pos) + (with_logits ? sl.last_logits.size() * sizeof(float) : 0) +
+                          (with_draft ? sl.draft.rings.size() * sizeof(uint16_t) : 0);
     if (sl.checkpoints.make_room(pos, need)) {
       SessionCheckpoint c;
       c.seq = engine->checkpoint(sl.state);
       if (with_logits) c.logits = sl.last_logits;
+      if (with_draft) {
+        c.draft_rings = sl.draft.rings;
+        c.draft_from = sl.draft_from;
+      }
       c.prompt_end = prompt_end;
       sl.checkpoints.add(std::move(c));
       ++ck_taken;
@@ -273,6 +280,10 @@ struct Session::Impl {
     engine->rollback(sl.state, c->seq);
     sl.history.resize(pos);
     draft_jump(sl);
+    if (!c->draft_rings.empty()) {  // the drafter's rings as they were at pos
+      sl.draft.rings = c->draft_rings;
+      sl.draft_from = c->draft_from;
+    }
     sl.last_logits = c->logits;
     sl.checkpoints.drop_after(pos);
     ++ck_rollbacks;
@@ -388,6 +399,7 @@ struct Session::Impl {
   }
   void draft_commit(Slot& sl, const float* hidden, uint32_t n) {
     if (!drafter) return;
+    if (!speculation || !hidden) return draft_jump(sl);  // off: no rings kept (set_speculation)
     if (sl.draft.committed != sl.history.size() - n) draft_jump(sl);  // defensive: never commit out of place
     else drafter->commit(sl.draft, hidden, n);
   }
@@ -402,7 +414,7 @@ struct Session::Impl {
     ActiveRequest& a = *sl.job;
     const ModelConfig& c = model->config;
     const uint32_t V = c.vocab_size, W = c.sliding_window, pos = (uint32_t)sl.history.size();
-    if (!drafter || !a.decoding || opt.tensors || (a.r.observer && a.r.observer->on_eval)) return false;
+    if (!drafter || !speculation || !a.decoding || opt.tensors || (a.r.observer && a.r.observer->on_eval)) return false;
     if (sl.draft.committed != pos) draft_jump(sl);
     if (sl.draft_from != 0 && pos - sl.draft_from < W) return false;  // its rings are not refilled yet
     if (sl.pause_left) {
@@ -418,7 +430,7 @@ struct Session::Impl {
     const auto t0 = std::chrono::steady_clock::now();
     DraftBlock b = drafter->propose(sl.draft, a.pending);
     if (opt.draft_hook) {
-      opt.draft_hook(pos, b.drafts);
+      opt.draft_hook(pos, a.pending, b.drafts);
       if (b.drafts.size() != drafter->config().block_size) throw Error("dspark: the draft hook changed the block size");
       for (TokenId& d : b.drafts) d = std::min<TokenId>(d, V - 1);
     }
@@ -832,7 +844,7 @@ void Session::step(uint32_t prefill_tokens) {
   s.step_logits.resize(out_rows * V);
   // With a drafter every evaluated row's capture feeds its slot's rings.
   const size_t cw = s.drafter ? s.drafter->capture_width() : 0;
-  if (s.drafter) {
+  if (s.drafter && s.speculation) {
     size_t rows_in = 0;
     for (const Engine::BatchItem& it : items) rows_in += it.tokens.size();
     s.step_hidden.resize(rows_in * cw);
@@ -911,6 +923,18 @@ GenerateResult Session::generate(const GenerateRequest& r, const std::function<b
   // already ended.
   while (!done) step(0);
   return out;
+}
+
+void Session::set_speculation(bool on) {
+  if (!impl_->drafter) throw Error("speculation needs a drafter (--dspark FILE)");
+  if (impl_->busy) throw Error("set_speculation() while requests run");
+  impl_->speculation = on;
+}
+
+void Session::set_draft_hook(std::function<void(uint32_t, TokenId, std::vector<TokenId>&)> hook) {
+  if (!impl_->drafter) throw Error("a draft hook needs a drafter (--dspark FILE)");
+  if (impl_->busy) throw Error("set_draft_hook() while requests run");
+  impl_->opt.draft_hook = std::move(hook);
 }
 
 SessionStats Session::stats() const {

@@ -91,9 +91,9 @@ struct SessionOptions {
   uint32_t draft_max = 5;
   float dspark_conf = 0.7f;
   bool dspark_guard = true;
-  // Test hook: sees each proposed block's drafts (the anchor's position, the drafts) and may
+  // Test hook: sees each proposed block's drafts (the anchor's position and token, the drafts) and may
   // replace them (forced drafts: the acceptance rule keeps the output exact for any drafts).
-  std::function<void(uint32_t anchor_pos, std::vector<TokenId>& drafts)> draft_hook;
+  std::function<void(uint32_t anchor_pos, TokenId anchor, std::vector<TokenId>& drafts)> draft_hook;
   // Where the session's log lines go (one line, no newline; a damaged state file, for one).
   // Empty: stderr.
   std::function<void(const std::string&)> log;
@@ -256,6 +256,11 @@ class Session {
   // Cache-aware routing from the next generate() on (EngineOptions::route_bias; 0: exact). Throws
   // Error for a bad value, or a non-zero one without streamed experts. Not during generate().
   void set_route_bias(float d);
+  // --dspark, between requests: speculation on or off (the drafter stays loaded and its rings
+  // keep being filled), and SessionOptions::draft_hook replaced (empty: none). bench compares
+  // plain and speculative decoding on one loaded model with them. Throws Error without a drafter.
+  void set_speculation(bool on);
+  void set_draft_hook(std::function<void(uint32_t anchor_pos, TokenId anchor, std::vector<TokenId>& drafts)> hook);
   // Safe to call from any thread, also while generate() runs.
   SessionStats stats() const;
 

@@ -194,6 +194,18 @@ std::string render_metrics(const MetricsInput& in) {
           "This model's state files that failed their checks (deleted; the state was recomputed).", (double)s.disk_rejected);
     w.one("sluice_state_disk_write_errors_total", "counter", "State file writes that failed.", (double)s.disk_write_errors);
   }
+  if (s.dspark) {
+    w.one("sluice_dspark_blocks_total", "counter", "Drafter blocks proposed (--dspark).", (double)s.spec_blocks);
+    w.one("sluice_dspark_cycles_total", "counter", "Speculative verify passes.", (double)s.spec_cycles);
+    w.one("sluice_dspark_drafts_total", "counter", "Drafts verified.", (double)s.spec_drafts);
+    w.one("sluice_dspark_drafts_accepted_total", "counter", "Drafts accepted by the exact rule.", (double)s.spec_accepted);
+    w.one("sluice_dspark_tokens_total", "counter", "Tokens emitted by verify passes (accepted drafts + one each).",
+          (double)s.spec_tokens);
+    w.one("sluice_dspark_guard_pauses_total", "counter", "Times the acceptance guard paused drafting for 64 tokens.",
+          (double)s.spec_pauses);
+    w.one("sluice_dspark_propose_seconds_total", "counter", "Seconds spent proposing blocks.", s.spec_propose_s);
+    w.one("sluice_dspark_verify_seconds_total", "counter", "Seconds spent in verify passes.", s.spec_verify_s);
+  }
   w.family("sluice_slot_busy", "gauge", "1 while the slot runs a request.");
   for (size_t k = 0; k < s.slot.size(); ++k)
     w.sample("sluice_slot_busy", "slot=\"" + std::to_string(k) + "\"", s.slot[k].phase == SlotStats::Phase::Idle ? 0 : 1);
