@@ -454,5 +454,28 @@ TEST_F(StateDiskSession, OneDirectoryHasOneOwner) {
   EXPECT_EQ(slurp(f), std::vector<uint8_t>{'x'});
 }
 
+
+// A dead writer's temporary (".<32 hex>.<pid>.tmp") is removed when the directory is opened, but
+// only when it is what a writer leaves: empty, or starting with a state file's magic. A file of
+// that name with anything else in it, or a link, is left alone.
+TEST_F(StateDiskSession, OnlyADeadWritersOwnTemporariesAreRemoved) {
+  fs::create_directories(states_);
+  const std::string hex(32, 'a'), dead = ".999999999.tmp";  // above any pid_max: no such process
+  const fs::path empty = states_ / ("." + hex + dead), ours = states_ / ("." + std::string(32, 'b') + dead);
+  const fs::path other = states_ / ("." + std::string(32, 'c') + dead), link = states_ / ("." + std::string(32, 'd') + dead);
+  const fs::path target = dir_ / "link-target";
+  { std::ofstream(empty.string()); }
+  { std::ofstream(ours.string()) << std::string(kStateMagic, sizeof kStateMagic) << "partial"; }
+  { std::ofstream(other.string()) << "somebody's notes"; }
+  { std::ofstream(target.string()) << "kept"; }
+  fs::create_symlink(target, link);
+  { Session s(options()); }
+  EXPECT_FALSE(fs::exists(empty));
+  EXPECT_FALSE(fs::exists(ours));
+  EXPECT_TRUE(fs::exists(other));
+  EXPECT_TRUE(fs::is_symlink(link));
+  EXPECT_EQ(slurp(target), (std::vector<uint8_t>{'k', 'e', 'p', 't'}));
+}
+
 }  // namespace
 }  // namespace sluice

@@ -54,6 +54,17 @@ long tmp_pid(const std::string& name) {
   return pid;
 }
 
+bool our_temporary(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) return false;
+  UniqueFd guard(fd);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return false;
+  if (st.st_size == 0) return true;
+  char head[sizeof kStateMagic];
+  return ::pread(fd, head, sizeof head, 0) == (ssize_t)sizeof head && std::memcmp(head, kStateMagic, sizeof head) == 0;
+}
+
 }  // namespace
 
 StateShape state_shape(const ModelConfig& c, uint32_t ctx) {
@@ -178,7 +189,9 @@ void StateDisk::scan() {
     const std::string name = de->d_name;
     const std::string path = opt_.dir + "/" + name;
     if (const long pid = tmp_pid(name)) {
-      if (::kill((pid_t)pid, 0) != 0 && errno == ESRCH) ::unlink(path.c_str());
+      // A dead writer's temporary: removed only when it is what a writer leaves (a regular file,
+      // empty or starting with a state file's magic), never a file someone else named so.
+      if (::kill((pid_t)pid, 0) != 0 && errno == ESRCH && our_temporary(path)) ::unlink(path.c_str());
       continue;
     }
     Digest128 key;
@@ -273,7 +286,7 @@ bool StateDisk::load(std::span<const TokenId> prompt, uint32_t pos, LoadedState*
   }
   UniqueFd guard(fd);
   LoadedState ls;
-  StateCheck c = read_state_file(fd, opt_.shape, opt_.identity, &ls);
+  StateCheck c = read_state_file(fd, opt_.shape, opt_.identity, &ls, pos);
   if (c && (ls.tokens.size() != pos || !std::equal(ls.tokens.begin(), ls.tokens.end(), prompt.begin())))
     c = StateCheck{StateReject::Tokens, "its tokens are not the prompt's (a key collision)"};
   if (c && ls.snap.pos() > opt_.shape.ctx) c = StateCheck{StateReject::BadShape, "beyond the context"};

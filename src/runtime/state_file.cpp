@@ -274,10 +274,14 @@ StateCheck read_state_summary(int fd, const StateShape& shape, const Digest128& 
   return header_of(fd, shape, model_identity, h, out);
 }
 
-StateCheck read_state_file(int fd, const StateShape& shape, const Digest128& model_identity, LoadedState* out) {
+StateCheck read_state_file(int fd, const StateShape& shape, const Digest128& model_identity, LoadedState* out,
+                           uint32_t expect_pos) {
   uint8_t h[kStateHeaderBytes];
   StateFileSummary sum;
   if (StateCheck c = header_of(fd, shape, model_identity, h, &sum); !c) return c;
+  if (expect_pos && sum.pos != expect_pos)  // replaced since it was indexed: not read at all
+    return StateCheck{StateReject::Tokens, "it holds position " + std::to_string(sum.pos) + ", not the " +
+                                               std::to_string(expect_pos) + " it was indexed at (replaced meanwhile)"};
   const Sections x = sections(shape, sum.pos, sum.with_logits);
   Digest128 stored;
   std::memcpy(stored.data(), h + kOffChecksum, stored.size());

@@ -82,6 +82,9 @@ struct LoadedState {
   std::vector<float> logits;  // empty without a logits row
 };
 // Reads the whole file, checks the header, the checksum and that the tokens hash to the key.
-StateCheck read_state_file(int fd, const StateShape& shape, const Digest128& model_identity, LoadedState* out);
+// expect_pos (0: any): the position the caller looked it up at; a header with another position
+// is refused before anything past the header is read.
+StateCheck read_state_file(int fd, const StateShape& shape, const Digest128& model_identity, LoadedState* out,
+                           uint32_t expect_pos = 0);
 
 }  // namespace sluice
