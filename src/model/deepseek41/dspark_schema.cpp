@@ -83,35 +83,10 @@ std::vector<TensorSpec> dspark_tensors(const DsparkConfig& d, const ModelConfig&
                  ByteClass cls = ByteClass::Resident) {
     out.push_back(TensorSpec{std::move(name), std::move(ne), type, cls, stage, field});
   };
-  const uint64_t hc_flat = (uint64_t)c.hc_mult * H, hc_mix = (uint64_t)(2 + c.hc_mult) * c.hc_mult;
-  const uint64_t q_dim = (uint64_t)c.num_attention_heads * c.head_dim, o_dim = (uint64_t)c.o_groups * c.o_lora_rank;
-  const uint64_t E = d.expert_count, F = c.moe_intermediate_size;
   for (uint32_t s = 0; s < d.stages; ++s) {
     const std::string p = "mtp." + std::to_string(s) + ".";
     const int st = (int)s;
-    for (const char* sub : {"attn", "ffn"}) {
-      const std::string b = sub;
-      add(p + "hc_" + b + "_fn.weight", {hc_flat, hc_mix}, ty.small_f16, "small_f16", st);
-      add(p + "hc_" + b + "_base.weight", {hc_mix}, GgmlType::F32, "", st);
-      add(p + "hc_" + b + "_scale.weight", {3}, GgmlType::F32, "", st);
-      add(p + b + "_norm.weight", {H}, GgmlType::F32, "", st);
-    }
-    add(p + "attn_sinks.weight", {c.num_attention_heads}, GgmlType::F32, "", st);
-    add(p + "attn_q_a.weight", {H, c.q_lora_rank}, ty.attn, "attn", st);
-    add(p + "attn_q_a_norm.weight", {c.q_lora_rank}, GgmlType::F32, "", st);
-    add(p + "attn_q_b.weight", {c.q_lora_rank, q_dim}, ty.attn, "attn", st);
-    add(p + "attn_kv.weight", {H, c.head_dim}, ty.attn, "attn", st);
-    add(p + "attn_kv_a_norm.weight", {c.head_dim}, GgmlType::F32, "", st);
-    add(p + "attn_output_a.weight", {q_dim / c.o_groups, o_dim}, ty.attn, "attn", st);
-    add(p + "attn_output_b.weight", {o_dim, H}, ty.attn, "attn", st);
-    add(p + "ffn_gate_inp.weight", {H, E}, ty.router, "router", st);
-    add(p + "exp_probs_b.bias", {E}, GgmlType::F32, "", st);
-    add(p + "ffn_gate_shexp.weight", {H, F}, ty.shared_expert, "shared_expert", st);
-    add(p + "ffn_up_shexp.weight", {H, F}, ty.shared_expert, "shared_expert", st);
-    add(p + "ffn_down_shexp.weight", {F, H}, ty.shared_expert, "shared_expert", st);
-    add(p + "ffn_gate_exps.weight", {H, F, E}, ty.routed_gate_up, "routed_gate_up", st, ByteClass::RoutedExpert);
-    add(p + "ffn_up_exps.weight", {H, F, E}, ty.routed_gate_up, "routed_gate_up", st, ByteClass::RoutedExpert);
-    add(p + "ffn_down_exps.weight", {F, H, E}, ty.routed_down, "routed_down", st, ByteClass::RoutedExpert);
+    add_block_tensors(out, c, p, st, d.expert_count, /*image_bias=*/false);
   }
   const std::string last = "mtp." + std::to_string(d.stages - 1) + ".";
   add("mtp.0.main_proj.weight", {H * d.target_layers.size(), H}, ty.attn, "attn", 0);

@@ -13,6 +13,45 @@ uint64_t TensorSpec::nbytes() const {
   return row_bytes(type, ne[0]) * rows;
 }
 
+void add_block_tensors(std::vector<TensorSpec>& out, const ModelConfig& c, const std::string& p, int l, uint64_t E,
+                       bool image_bias) {
+  const TensorTypes& ty = c.types;
+  const uint64_t H = c.hidden_size;
+  auto add = [&](std::string name, std::vector<uint64_t> ne, GgmlType type, const char* field,
+                 ByteClass cls = ByteClass::Resident) {
+    out.push_back(TensorSpec{std::move(name), std::move(ne), type, cls, l, field});
+  };
+  const uint64_t hc_flat = (uint64_t)c.hc_mult * H;                  // 4 streams side by side
+  const uint64_t hc_mix = (uint64_t)(2 + c.hc_mult) * c.hc_mult;     // pre + post + hc x hc comb
+  const uint64_t q_dim = (uint64_t)c.num_attention_heads * c.head_dim;
+  const uint64_t o_dim = (uint64_t)c.o_groups * c.o_lora_rank;
+  const uint64_t F = c.moe_intermediate_size;
+  for (const char* sub : {"attn", "ffn"}) {
+    const std::string s = sub;
+    add(p + "hc_" + s + "_fn.weight", {hc_flat, hc_mix}, ty.small_f16, "small_f16");
+    add(p + "hc_" + s + "_base.weight", {hc_mix}, GgmlType::F32, "");
+    add(p + "hc_" + s + "_scale.weight", {3}, GgmlType::F32, "");
+    add(p + s + "_norm.weight", {H}, GgmlType::F32, "");
+  }
+  add(p + "attn_sinks.weight", {c.num_attention_heads}, GgmlType::F32, "");
+  add(p + "attn_q_a.weight", {H, c.q_lora_rank}, ty.attn, "attn");
+  add(p + "attn_q_a_norm.weight", {c.q_lora_rank}, GgmlType::F32, "");
+  add(p + "attn_q_b.weight", {c.q_lora_rank, q_dim}, ty.attn, "attn");
+  add(p + "attn_kv.weight", {H, c.head_dim}, ty.attn, "attn");
+  add(p + "attn_kv_a_norm.weight", {c.head_dim}, GgmlType::F32, "");
+  add(p + "attn_output_a.weight", {q_dim / c.o_groups, o_dim}, ty.attn, "attn");
+  add(p + "attn_output_b.weight", {o_dim, H}, ty.attn, "attn");
+  add(p + "ffn_gate_inp.weight", {H, E}, ty.router, "router");
+  add(p + "exp_probs_b.bias", {E}, GgmlType::F32, "");
+  if (image_bias) add(p + "exp_probs_b_vl.bias", {E}, GgmlType::F32, "");
+  add(p + "ffn_gate_shexp.weight", {H, F}, ty.shared_expert, "shared_expert");
+  add(p + "ffn_up_shexp.weight", {H, F}, ty.shared_expert, "shared_expert");
+  add(p + "ffn_down_shexp.weight", {F, H}, ty.shared_expert, "shared_expert");
+  add(p + "ffn_gate_exps.weight", {H, F, E}, ty.routed_gate_up, "routed_gate_up", ByteClass::RoutedExpert);
+  add(p + "ffn_up_exps.weight", {H, F, E}, ty.routed_gate_up, "routed_gate_up", ByteClass::RoutedExpert);
+  add(p + "ffn_down_exps.weight", {F, H, E}, ty.routed_down, "routed_down", ByteClass::RoutedExpert);
+}
+
 std::vector<TensorSpec> deepseek41_tensors(const ModelConfig& c) {
   std::vector<TensorSpec> out;
   const TensorTypes& ty = c.types;
@@ -26,38 +65,10 @@ std::vector<TensorSpec> deepseek41_tensors(const ModelConfig& c) {
   add("output.weight", {H, c.vocab_size}, ty.output, "output", -1);
 
   const std::vector<LayerRole> roles = layer_roles(c);
-  const uint64_t hc_flat = (uint64_t)c.hc_mult * H;                  // 4 streams side by side
-  const uint64_t hc_mix = (uint64_t)(2 + c.hc_mult) * c.hc_mult;     // pre + post + hc x hc comb
-  const uint64_t q_dim = (uint64_t)c.num_attention_heads * c.head_dim;
-  const uint64_t o_dim = (uint64_t)c.o_groups * c.o_lora_rank;
-  const uint64_t E = c.n_routed_experts, F = c.moe_intermediate_size;
   for (uint32_t L = 0; L < c.num_hidden_layers; ++L) {
     const std::string p = "blk." + std::to_string(L) + ".";
     const int l = (int)L;
-    for (const char* sub : {"attn", "ffn"}) {
-      const std::string s = sub;
-      add(p + "hc_" + s + "_fn.weight", {hc_flat, hc_mix}, ty.small_f16, "small_f16", l);
-      add(p + "hc_" + s + "_base.weight", {hc_mix}, GgmlType::F32, "", l);
-      add(p + "hc_" + s + "_scale.weight", {3}, GgmlType::F32, "", l);
-      add(p + s + "_norm.weight", {H}, GgmlType::F32, "", l);
-    }
-    add(p + "attn_sinks.weight", {c.num_attention_heads}, GgmlType::F32, "", l);
-    add(p + "attn_q_a.weight", {H, c.q_lora_rank}, ty.attn, "attn", l);
-    add(p + "attn_q_a_norm.weight", {c.q_lora_rank}, GgmlType::F32, "", l);
-    add(p + "attn_q_b.weight", {c.q_lora_rank, q_dim}, ty.attn, "attn", l);
-    add(p + "attn_kv.weight", {H, c.head_dim}, ty.attn, "attn", l);
-    add(p + "attn_kv_a_norm.weight", {c.head_dim}, GgmlType::F32, "", l);
-    add(p + "attn_output_a.weight", {q_dim / c.o_groups, o_dim}, ty.attn, "attn", l);
-    add(p + "attn_output_b.weight", {o_dim, H}, ty.attn, "attn", l);
-    add(p + "ffn_gate_inp.weight", {H, E}, ty.router, "router", l);
-    add(p + "exp_probs_b.bias", {E}, GgmlType::F32, "", l);
-    add(p + "exp_probs_b_vl.bias", {E}, GgmlType::F32, "", l);
-    add(p + "ffn_gate_shexp.weight", {H, F}, ty.shared_expert, "shared_expert", l);
-    add(p + "ffn_up_shexp.weight", {H, F}, ty.shared_expert, "shared_expert", l);
-    add(p + "ffn_down_shexp.weight", {F, H}, ty.shared_expert, "shared_expert", l);
-    add(p + "ffn_gate_exps.weight", {H, F, E}, ty.routed_gate_up, "routed_gate_up", l, ByteClass::RoutedExpert);
-    add(p + "ffn_up_exps.weight", {H, F, E}, ty.routed_gate_up, "routed_gate_up", l, ByteClass::RoutedExpert);
-    add(p + "ffn_down_exps.weight", {F, H, E}, ty.routed_down, "routed_down", l, ByteClass::RoutedExpert);
+    add_block_tensors(out, c, p, l, c.n_routed_experts, /*image_bias=*/true);
     const LayerRole& r = roles[L];
     if (r.is_kv_source) {
       add(p + "attn_compressor_kv.weight", {H, c.head_dim}, ty.small_f16, "small_f16", l);

@@ -34,6 +34,10 @@ struct TensorSpec {
 // then, if an Engram precedes L, engram_q_norm, engram_k_norm, engram_kv. The
 // blk.L.engram_embd tables (I8 [row_bytes, rows]) follow all layers, in engram_layer_ids order.
 std::vector<TensorSpec> deepseek41_tensors(const ModelConfig& c);
+// The 25 tensors of one block in that order (24 without exp_probs_b_vl) under prefix p
+// ("blk.L." or a DSpark stage's "mtp.S."), with E routed experts, tagged with `layer`.
+void add_block_tensors(std::vector<TensorSpec>& out, const ModelConfig& c, const std::string& p, int layer, uint64_t E,
+                       bool image_bias);
 
 // Provenance strings of the general.* / quantization keys. The defaults are the published
 // artifact's; `quantization` empty means "describe c.types" (which for the published recipe
