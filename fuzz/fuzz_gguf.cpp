@@ -1,4 +1,4 @@
-// libFuzzer target for the GGUF reader (and the DSpark support-file checks): every input is a candidate file. The reader may refuse
+// libFuzzer target for the GGUF reader: every input is a candidate file. The reader may refuse
 // it (sluice::Error), but must never crash, hang, leak or allocate beyond its Limits.
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -11,8 +11,6 @@
 #include <vector>
 
 #include "format/gguf.h"
-#include "model/deepseek41/config.h"
-#include "model/deepseek41/dspark_schema.h"
 #include "util/error.h"
 
 namespace {
@@ -46,17 +44,6 @@ void exercise(const sluice::gguf::File& f) {
     if (t.file_offset + t.nbytes > f.file_size() || t.file_offset % f.alignment() != 0) std::abort();
     uint64_t n = t.nbytes < sizeof buf ? t.nbytes : sizeof buf;
     f.read_bytes(t, t.nbytes - n, buf, n);
-  }
-  // A file that says it is a DSpark support file: its checks, alone and against a target, must
-  // refuse with messages, never crash (they read only the header).
-  if (sluice::is_dspark_architecture(f)) {
-    static const sluice::ModelConfig target = [] {
-      sluice::ModelConfig c = sluice::tiny_config();
-      sluice::finalize(c);
-      return c;
-    }();
-    (void)sluice::validate_dspark(f, nullptr);
-    (void)sluice::validate_dspark(f, &target);
   }
 }
 
