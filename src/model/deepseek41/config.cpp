@@ -32,6 +32,8 @@ std::string list_str(const std::vector<uint32_t>& v) {
 
 // ---- checked JSON reads: every failure names the key ------------------------------------------
 
+}  // namespace
+
 uint64_t json_uint(const json& v, const std::string& key, uint64_t max) {
   if (v.is_number_unsigned()) {
     uint64_t x = v.get<uint64_t>();
@@ -48,6 +50,8 @@ uint64_t json_uint(const json& v, const std::string& key, uint64_t max) {
   }
   throw Error("config key " + key + ": value " + v.dump() + " is out of range [0, " + std::to_string(max) + "]");
 }
+
+namespace {
 
 double json_num(const json& v, const std::string& key) {
   if (!v.is_number()) throw Error("config key " + key + ": expected a number, got " + v.dump());

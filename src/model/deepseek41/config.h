@@ -124,6 +124,9 @@ ModelConfig tiny_config();  // every V4.1 layer role present, runs the test suit
 // The model's own config.json format (spec section 1 keys; `text_config` nesting accepted);
 // missing keys take the published values. Calls finalize().
 ModelConfig config_from_json(const nlohmann::json& j);
+// A config value that must be an integer in [0, max] (integral floats such as 65536.0 accepted,
+// as config.json writers emit them); Error names the key. What every integer key is read with.
+uint64_t json_uint(const nlohmann::json& v, const std::string& key, uint64_t max);
 //
 // config_to_json writes every section 1 key (compress_ratios with num_hidden_layers entries,
 // engram_num_embeddings derived from the primes), `sluice_tensor_types` with the TensorTypes fields

@@ -23,21 +23,11 @@ DsparkConfig dspark_defaults(const ModelConfig& t) {
   return d;
 }
 
-namespace {
-
-uint32_t json_u32(const nlohmann::json& v, const char* key) {
-  if (v.is_number_unsigned() && v.get<uint64_t>() <= UINT32_MAX) return (uint32_t)v.get<uint64_t>();
-  if (v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() <= (int64_t)UINT32_MAX)
-    return (uint32_t)v.get<int64_t>();
-  throw Error(std::string("config key ") + key + ": expected an integer in [0, 2^32), got " + v.dump());
-}
-
-}  // namespace
 
 DsparkConfig dspark_config_from_json(const ModelConfig& target, const nlohmann::json& j) {
   DsparkConfig d = dspark_defaults(target);
   auto has = [&](const char* k) { auto it = j.find(k); return it != j.end() && !it->is_null(); };
-  auto u32 = [&](const char* k, uint32_t& dst) { if (has(k)) dst = json_u32(j.at(k), k); };
+  auto u32 = [&](const char* k, uint32_t& dst) { if (has(k)) dst = (uint32_t)json_uint(j.at(k), k, UINT32_MAX); };
   u32("n_mtp_layers", d.stages);
   u32("dspark_block_size", d.block_size);
   u32("dspark_noise_token_id", d.noise_token);
@@ -48,7 +38,7 @@ DsparkConfig dspark_config_from_json(const ModelConfig& target, const nlohmann::
     const nlohmann::json& a = j.at("dspark_target_layer_ids");
     if (!a.is_array()) throw Error("config key dspark_target_layer_ids: expected an array of integers");
     d.target_layers.clear();
-    for (const nlohmann::json& v : a) d.target_layers.push_back(json_u32(v, "dspark_target_layer_ids"));
+    for (const nlohmann::json& v : a) d.target_layers.push_back((uint32_t)json_uint(v, "dspark_target_layer_ids", UINT32_MAX));
   }
   return d;
 }
