@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -235,6 +237,122 @@ TEST_F(DsparkSession, SampledSpeculationHasThePlainDistribution) {
               N, x2, bins, chi2_999(bins - 1), (unsigned long long)accepted, (unsigned long long)cycles * 2);
   EXPECT_LT(x2, chi2_999(bins - 1));
   EXPECT_GT(accepted, (uint64_t)N / 20);  // the accepted path carries mass too
+}
+
+}  // namespace
+}  // namespace sluice
+
+#include "model/deepseek41/dspark_forward.h"
+
+namespace sluice {
+namespace {
+
+// What a request's observer saw: every shown row (position, token, logits bits, routed experts)
+// and every drafter block.
+struct Seen {
+  std::vector<uint32_t> pos;
+  std::vector<TokenId> tokens;
+  std::vector<float> logits;
+  std::vector<std::vector<std::vector<uint32_t>>> experts;
+  std::vector<DraftBlock> blocks;
+  std::vector<std::pair<uint32_t, uint32_t>> verdicts;  // (verified, accepted) per block
+};
+
+EvalObserver observe(Seen& seen, uint32_t V) {
+  EvalObserver obs;
+  obs.want_trace = true;
+  obs.on_eval = [&seen, V](uint32_t first, std::span<const TokenId> toks, const float* logits,
+                           const std::vector<TokenTrace>* tr) {
+    for (size_t i = 0; i < toks.size(); ++i) {
+      seen.pos.push_back(first + (uint32_t)i);
+      seen.tokens.push_back(toks[i]);
+      seen.experts.push_back((*tr)[i].experts);
+    }
+    seen.logits.insert(seen.logits.end(), logits, logits + toks.size() * V);
+  };
+  obs.on_draft = [&seen](const DraftBlock& b, uint32_t verified, uint32_t accepted) {
+    seen.blocks.push_back(b);
+    seen.verdicts.emplace_back(verified, accepted);
+  };
+  return obs;
+}
+
+// issue 15 item 6: an observed request (run --dump-logits / --trace) is still decoded
+// speculatively, and it is shown exactly the rows plain decoding shows (the kept rows of each
+// verify pass, bit for bit, with their routing); each block it is shown says what the verify
+// pass made of it.
+TEST_F(DsparkSession, AnObservedRequestSeesThePlainRowsAndEveryBlock) {
+  const uint32_t V = vocab();
+  GenerateRequest r = greedy_request(2, V, 20);
+  Seen plain_seen, spec_seen;
+  const EvalObserver plain_obs = observe(plain_seen, V), spec_obs = observe(spec_seen, V);
+  Session plain(spec_options(model_path_, "", false)), spec(spec_options(model_path_, support_path_, false));
+  r.observer = &plain_obs;
+  const GenerateResult a = plain.generate(r, {}, {});
+  r.observer = &spec_obs;
+  const GenerateResult b = spec.generate(r, {}, {});
+  EXPECT_EQ(a.tokens, b.tokens);
+  ASSERT_GT(b.spec_cycles, 0u);
+  EXPECT_EQ(spec_seen.pos, plain_seen.pos);
+  EXPECT_EQ(spec_seen.tokens, plain_seen.tokens);
+  EXPECT_EQ(spec_seen.experts, plain_seen.experts);
+  ASSERT_EQ(spec_seen.logits.size(), plain_seen.logits.size());
+  EXPECT_EQ(std::memcmp(spec_seen.logits.data(), plain_seen.logits.data(), plain_seen.logits.size() * sizeof(float)), 0);
+  EXPECT_TRUE(plain_seen.blocks.empty());
+  uint32_t cycles = 0, verified = 0, accepted = 0;
+  for (size_t i = 0; i < spec_seen.blocks.size(); ++i) {
+    const auto [k, acc] = spec_seen.verdicts[i];
+    EXPECT_LE(acc, k);
+    cycles += k > 0, verified += k, accepted += acc;
+  }
+  EXPECT_EQ(cycles, b.spec_cycles);
+  EXPECT_EQ(verified, b.drafts_proposed);
+  EXPECT_EQ(accepted, b.drafts_accepted);
+}
+
+// issue 15 item 6, the audit mode: decoding is plain greedy decoding, and a block is proposed
+// after every committed position, prompt included, anchored on the sequence's own next token;
+// each block equals, bit for bit, the one the speculative session proposes at the same position
+// (rings committed one by one vs in chunks and verify passes), and its drafts are its rows' argmax.
+TEST_F(DsparkSession, AuditModeDraftsAtEveryCommittedPosition) {
+  const uint32_t V = vocab();
+  GenerateRequest r = greedy_request(1, V, 12);
+  Seen audit_seen, spec_seen;
+  const EvalObserver audit_obs = observe(audit_seen, V), spec_obs = observe(spec_seen, V);
+  SessionOptions ao = spec_options(model_path_, support_path_, false);
+  ao.draft_audit = true;
+  Session audit(ao), spec(spec_options(model_path_, support_path_, false)), plain(spec_options(model_path_, "", false));
+  const GenerateResult ref = plain.generate(r, {}, {});
+  r.observer = &audit_obs;
+  const GenerateResult a = audit.generate(r, {}, {});
+  r.observer = &spec_obs;
+  const GenerateResult b = spec.generate(r, {}, {});
+  EXPECT_EQ(a.tokens, ref.tokens);
+  EXPECT_EQ(a.spec_cycles, 0u);
+  std::vector<TokenId> seq = r.prompt;
+  seq.insert(seq.end(), ref.tokens.begin(), ref.tokens.end());
+  ASSERT_EQ(audit_seen.blocks.size(), seq.size() - 1);
+  for (size_t c = 0; c < audit_seen.blocks.size(); ++c) {
+    const DraftBlock& blk = audit_seen.blocks[c];
+    ASSERT_EQ(blk.c, c);
+    EXPECT_EQ(blk.anchor, seq[c + 1]) << c;
+    EXPECT_EQ(audit_seen.verdicts[c], std::make_pair(0u, 0u));
+    for (size_t j = 0; j < blk.drafts.size(); ++j) {
+      const float* row = blk.logits.data() + j * V;
+      EXPECT_EQ(blk.drafts[j], (TokenId)(std::max_element(row, row + V) - row)) << c << " " << j;
+    }
+  }
+  ASSERT_FALSE(spec_seen.blocks.empty());
+  for (const DraftBlock& sb : spec_seen.blocks) {
+    ASSERT_LT(sb.c, audit_seen.blocks.size());
+    const DraftBlock& ab = audit_seen.blocks[sb.c];
+    EXPECT_EQ(sb.anchor, ab.anchor) << sb.c;
+    EXPECT_EQ(sb.drafts, ab.drafts) << sb.c;
+    EXPECT_EQ(sb.experts, ab.experts) << sb.c;
+    EXPECT_EQ(std::memcmp(sb.logits.data(), ab.logits.data(), sb.logits.size() * sizeof(float)), 0) << sb.c;
+    EXPECT_EQ(std::memcmp(sb.confidence.data(), ab.confidence.data(), sb.confidence.size() * sizeof(float)), 0) << sb.c;
+  }
+  EXPECT_EQ(b.tokens, ref.tokens);
 }
 
 }  // namespace

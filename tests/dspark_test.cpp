@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -556,3 +557,111 @@ TEST_F(Dspark, TheDrafterMatchesTheReferenceDrafter) {
 }  // namespace
 }  // namespace sluice
 
+
+namespace sluice {
+namespace {
+
+std::vector<nlohmann::json> json_lines(const std::string& text) {
+  std::vector<nlohmann::json> out;
+  size_t i = 0;
+  while (i < text.size()) {
+    const size_t nl = text.find('\n', i);
+    out.push_back(nlohmann::json::parse(text.substr(i, nl - i)));
+    i = nl == std::string::npos ? text.size() : nl + 1;
+  }
+  return out;
+}
+
+// issue 15 item 6 from the command line: speculation leaves --dump-logits and trace.jsonl byte
+// for byte what plain decoding writes; --trace adds drafts.jsonl; --draft-audit drafts after every
+// committed position and --dump-draft-logits holds each block's rows, whose argmax are the drafts.
+TEST(DsparkCli, RunTracesAndDumpsTheDrafterBlocks) {
+  test::TempDir dir("sluice_dspark_run");
+  const std::string t = dir / "t.gguf", d = dir / "d.gguf";
+  test::CmdResult r = test::run_sluice(dir, "make-model --preset tiny -o " + test::q(t) + " --dspark-out " + test::q(d));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string base = "run -m " + test::q(t) + " --tokens 3,17,29,101,7,64,5 -n 10 --ignore-eos -t 1 ";
+  const std::string spec = "--dspark " + test::q(d) + " --dspark-conf 0 --no-dspark-guard ";
+  r = test::run_sluice(dir, base + "--dump-logits " + test::q(dir / "plain.f32") + " --trace " + test::q(dir / "plain"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string plain_ids = r.out;
+  r = test::run_sluice(dir, base + spec + "--dump-logits " + test::q(dir / "spec.f32") + " --trace " + test::q(dir / "spec"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, plain_ids);
+  EXPECT_NE(r.err.find("drafts accepted"), std::string::npos) << r.err;  // the summary's acceptance statistics
+  EXPECT_EQ(test::slurp(dir / "spec.f32"), test::slurp(dir / "plain.f32"));
+  EXPECT_EQ(test::slurp(dir / "spec.f32.json"), test::slurp(dir / "plain.f32.json"));
+  EXPECT_EQ(test::slurp(dir / "spec/trace.jsonl"), test::slurp(dir / "plain/trace.jsonl"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "plain/drafts.jsonl"));
+  const std::vector<nlohmann::json> spec_blocks = json_lines(test::slurp(dir / "spec/drafts.jsonl"));
+  ASSERT_FALSE(spec_blocks.empty());
+  uint32_t verified = 0;
+  for (const nlohmann::json& b : spec_blocks) verified += b["verified"].get<uint32_t>();
+  EXPECT_GT(verified, 0u);
+
+  r = test::run_sluice(dir, base + spec + "--draft-audit --trace " + test::q(dir / "audit") + " --dump-draft-logits " +
+                                test::q(dir / "drafts.f32"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, plain_ids);
+  const std::vector<nlohmann::json> blocks = json_lines(test::slurp(dir / "audit/drafts.jsonl"));
+  const uint32_t P = 7, G = 10, B = 5, V = tiny_config().vocab_size;
+  ASSERT_EQ(blocks.size(), P + G - 1);
+  const std::string rows = test::slurp(dir / "drafts.f32");
+  ASSERT_EQ(rows.size(), (size_t)blocks.size() * B * V * sizeof(float));
+  const nlohmann::json index = nlohmann::json::parse(test::slurp(dir / "drafts.f32.json"));
+  EXPECT_EQ(index["vocab"], V);
+  EXPECT_EQ(index["block"], B);
+  ASSERT_EQ(index["blocks"].size(), blocks.size());
+  for (size_t c = 0; c < blocks.size(); ++c) {
+    const nlohmann::json& b = blocks[c];
+    EXPECT_EQ(b["c"], c);
+    EXPECT_EQ(b["drafts"].size(), B);
+    EXPECT_EQ(b["confidence"].size(), B);
+    EXPECT_EQ(b["experts"].size(), 3u);  // stages
+    EXPECT_EQ(b["verified"], 0u);
+    EXPECT_EQ(index["blocks"][c]["c"], c);
+    EXPECT_EQ(index["blocks"][c]["drafts"], b["drafts"]);
+    EXPECT_EQ(index["blocks"][c]["row"], c * B);
+    for (uint32_t j = 0; j < B; ++j) {
+      std::vector<float> row(V);
+      std::memcpy(row.data(), rows.data() + ((c * B + j) * V) * sizeof(float), V * sizeof(float));
+      EXPECT_EQ(b["drafts"][j], std::max_element(row.begin(), row.end()) - row.begin()) << c << " " << j;
+    }
+  }
+  // The speculative run's blocks are the audit's at the same positions.
+  for (const nlohmann::json& sb : spec_blocks) {
+    const nlohmann::json& ab = blocks.at(sb["c"].get<size_t>());
+    EXPECT_EQ(sb["anchor"], ab["anchor"]);
+    EXPECT_EQ(sb["drafts"], ab["drafts"]);
+    EXPECT_EQ(sb["confidence"], ab["confidence"]);
+  }
+  // The captured rows are named tensor dumps: l<L>.dspark_capture for each target layer, one row
+  // per evaluated position, the mean of the 4 streams l<L-1>.out hands to layer L (BF16).
+  r = test::run_sluice(dir, base + spec + "--dump-tensors " + test::q(dir / "tensors") +
+                                " --dump-filter '^l[4-7]\\.(out|dspark_capture)$'");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const nlohmann::json tindex = nlohmann::json::parse(test::slurp(dir / "tensors/index.json"));
+  const uint32_t H = tiny_config().hidden_size, hc = tiny_config().hc_mult;
+  for (uint32_t L : {5u, 6u, 7u}) {
+    const std::string cap = test::slurp(dir / ("tensors/l" + std::to_string(L) + ".dspark_capture.f32"));
+    const std::string in = test::slurp(dir / ("tensors/l" + std::to_string(L - 1) + ".out.f32"));
+    ASSERT_EQ(cap.size(), (size_t)(P + G - 1) * H * sizeof(float)) << L;
+    ASSERT_EQ(in.size(), cap.size() * hc) << L;
+    std::vector<float> c(cap.size() / 4), x(in.size() / 4);
+    std::memcpy(c.data(), cap.data(), cap.size());
+    std::memcpy(x.data(), in.data(), in.size());
+    for (size_t p = 0; p < P + G - 1; ++p)
+      for (uint32_t i = 0; i < H; ++i) {
+        float m = 0;  // spec 6.3 step 1: the f32 sum of the streams over 4, rounded to BF16
+        for (uint32_t k = 0; k < hc; ++k) m += x[(p * hc + k) * H + i];
+        ASSERT_EQ(c[p * H + i], round_bf16(m / (float)hc)) << L << " " << p << " " << i;
+      }
+  }
+  EXPECT_NE(tindex.dump().find("l5.dspark_capture"), std::string::npos);
+  // Without a drafter these flags are usage errors.
+  EXPECT_EQ(test::run_sluice(dir, base + "--draft-audit").rc, 2);
+  EXPECT_EQ(test::run_sluice(dir, base + "--dump-draft-logits " + test::q(dir / "x.f32")).rc, 2);
+}
+
+}  // namespace
+}  // namespace sluice

@@ -10,6 +10,7 @@
 #include <csignal>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -26,6 +27,7 @@
 #include "cli/tensor_dump.h"
 #include "model/architecture.h"
 #include "model/deepseek41/config.h"
+#include "model/deepseek41/dspark_forward.h"
 #include "model/deepseek41/forward.h"
 #include "model/model.h"
 #include "runtime/meminfo.h"
@@ -99,13 +101,51 @@ class LogitsDump {
   std::vector<TokenId> tokens_;
 };
 
-// --trace DIR (util/output_dir.h): DIR/trace.jsonl is an AtomicOutputFile, renamed into place
-// when the run ends well; a failed run removes its temporary file and the directory too if this
-// run created it.
+// --dump-draft-logits OUT: per drafter block, its block_size rows of vocab f32 logits (row j:
+// the logits of draft j, Markov bias included), no header; OUT.json describes the blocks when
+// the run ends. Atomic like LogitsDump.
+class DraftLogitsDump {
+ public:
+  DraftLogitsDump(const std::string& path, uint32_t vocab, Existing existing)
+      : rows_(path, existing), meta_(path + ".json", existing), vocab_(vocab) {}
+
+  void block(const DraftBlock& b, uint32_t verified, uint32_t accepted) {
+    const size_t rows = b.drafts.size();
+    if (b.logits.size() != rows * vocab_) throw Error("internal: a draft block's logits are not its rows x vocab");
+    if (block_ == 0) block_ = (uint32_t)rows;
+    rows_.write(b.logits.data(), b.logits.size() * sizeof(float));
+    index_.push_back({{"c", b.c}, {"anchor", b.anchor}, {"drafts", b.drafts}, {"row", rows_written_},
+                      {"verified", verified}, {"accepted", accepted}});
+    rows_written_ += rows;
+  }
+  void finish() {
+    nlohmann::json j;
+    j["vocab"] = vocab_;
+    j["block"] = block_;
+    j["rows"] = rows_written_;
+    j["blocks"] = index_;
+    meta_.write(j.dump() + "\n");
+    rows_.commit();
+    meta_.commit();
+  }
+
+ private:
+  AtomicOutputFile rows_, meta_;
+  uint32_t vocab_, block_ = 0;
+  uint64_t rows_written_ = 0;
+  nlohmann::json index_ = nlohmann::json::array();
+};
+
+// --trace DIR (util/output_dir.h): DIR/trace.jsonl (and with --dspark DIR/drafts.jsonl) are
+// AtomicOutputFiles, renamed into place when the run ends well; a failed run removes its
+// temporary files and the directory too if this run created it.
 class TraceFile {
  public:
-  TraceFile(const std::string& dir, Existing existing)
-      : dir_(dir, existing, "--trace directory", "trace.jsonl"), file_(dir_.file("trace.jsonl"), existing) {}
+  TraceFile(const std::string& dir, Existing existing, bool drafts)
+      : dir_(dir, existing, "--trace directory", drafts ? "trace.jsonl and drafts.jsonl" : "trace.jsonl"),
+        file_(dir_.file("trace.jsonl"), existing) {
+    if (drafts) drafts_.emplace(dir_.file("drafts.jsonl"), existing);
+  }
   TraceFile(const TraceFile&) = delete;
   TraceFile& operator=(const TraceFile&) = delete;
 
@@ -125,14 +165,29 @@ class TraceFile {
     }
     file_.write(lines);
   }
+  // One drafter block: its committed position, anchor, drafts, raw confidence logits, each
+  // stage's routed experts per row, and what the verify pass made of it.
+  void block(const DraftBlock& b, uint32_t verified, uint32_t accepted) {
+    nlohmann::json j;
+    j["c"] = b.c;
+    j["anchor"] = b.anchor;
+    j["drafts"] = b.drafts;
+    j["confidence"] = b.confidence;
+    j["experts"] = b.experts;
+    j["verified"] = verified;
+    j["accepted"] = accepted;
+    drafts_->write(j.dump() + "\n");
+  }
   void finish() {
     file_.commit();
+    if (drafts_) drafts_->commit();
     dir_.keep();
   }
 
  private:
-  OutputDir dir_;  // first: destroyed after the file, so an unused DIR it created is empty again
+  OutputDir dir_;  // first: destroyed after the files, so an unused DIR it created is empty again
   AtomicOutputFile file_;
+  std::optional<AtomicOutputFile> drafts_;
 };
 
 // Generated ids go to stdout as they come (one line, space-separated), so a reader sees progress
@@ -368,6 +423,15 @@ CLI::App* setup_run(CLI::App& app, RunOptions& o) {
       "\"engram_rows\": [Engram layer][column] table rows, \"experts\": [layer][k] routed expert ids\n"
       "(descending score), \"expert_weights\": [layer][k], \"selected_rows\": [layer][...] compressed rows\n"
       "chosen by the indexer (ascending; empty for layers that are not index sources)}.\n"
+      "With --dspark, DIR/drafts.jsonl: one JSON object per drafter block: {\"c\" (the last committed\n"
+      "position), \"anchor\" (the token at c + 1), \"drafts\" (for c + 2 ..), \"confidence\" (raw logits),\n"
+      "\"experts\": [stage][row][k] routed expert ids, \"verified\", \"accepted\"}. Speculation keeps\n"
+      "--dump-logits and trace.jsonl exactly as plain decoding writes them (only kept rows).\n"
+      "--dump-draft-logits OUT (with --dspark): block x vocab f32 rows per drafter block, Markov bias\n"
+      "included; OUT.json: {\"vocab\", \"block\", \"rows\", \"blocks\": [{\"c\", \"anchor\", \"drafts\",\n"
+      "\"row\", \"verified\", \"accepted\"}]}. --draft-audit (with --dspark, a test mode): decode plainly\n"
+      "and propose a block after every committed position, prompt included, with the sequence's own\n"
+      "next token as the anchor, so an independent drafter can be compared block by block.\n"
       "--dump-tensors DIR: the forward pass's named intermediates (embd, l<L>.attn_in, l<L>.out,\n"
       "out_norm, logits, ...), one file DIR/<name>.f32 each: f32 little-endian rows of the tensor's\n"
       "width, one per evaluated position in order (prompt, then each token fed back); DIR/index.json\n"
@@ -400,6 +464,10 @@ CLI::App* setup_run(CLI::App& app, RunOptions& o) {
                   "write the forward pass's named intermediates to DIR (one f32 file each + index.json)");
   sub->add_option("--dump-filter", o.dump_filter,
                   "with --dump-tensors: only names this ECMAScript regex matches (searched, not anchored)");
+  sub->add_option("--dump-draft-logits", o.dump_draft_logits,
+                  "with --dspark: write each drafter block's logit rows to this file (+ FILE.json)");
+  sub->add_flag("--draft-audit", o.draft_audit,
+                "with --dspark, a test mode: decode plainly and draft at every committed position (see --trace)");
   sub->add_flag("--force", o.force,
                 "replace existing regular files at --dump-logits / DIR/trace.jsonl / the --dump-tensors files "
                 "(never links or devices)");
@@ -417,6 +485,9 @@ int run_run(const RunOptions& o) {
     throw UsageError("give a prompt: -p TEXT, -f FILE or --tokens IDS");
   if (o.chat && !o.tokens.empty()) throw UsageError("--chat needs a text prompt (-p or -f), not --tokens");
   if (!o.dump_filter.empty() && o.dump_tensors.empty()) throw UsageError("--dump-filter needs --dump-tensors DIR");
+  const bool drafter = !o.engine.dspark.empty() && !o.engine.no_dspark;
+  if (!drafter && !o.dump_draft_logits.empty()) throw UsageError("--dump-draft-logits needs --dspark FILE");
+  if (!drafter && o.draft_audit) throw UsageError("--draft-audit needs --dspark FILE");
   const bool text_mode = o.tokens.empty();
   const SamplerOptions so = sampler_options(o.temp, o.top_p, o.seed, o.top_k, o.min_p);
   // Usage checks that do not need the model come before it is opened.
@@ -476,12 +547,16 @@ int run_run(const RunOptions& o) {
   std::unique_ptr<LogitsDump> dump;
   if (!o.dump_logits.empty()) dump = std::make_unique<LogitsDump>(o.dump_logits, cfg.vocab_size, (uint32_t)prompt_n, existing);
   std::unique_ptr<TraceFile> trace;
-  if (!o.trace_dir.empty()) trace = std::make_unique<TraceFile>(o.trace_dir, existing);
+  if (!o.trace_dir.empty()) trace = std::make_unique<TraceFile>(o.trace_dir, existing, drafter);
+  std::unique_ptr<DraftLogitsDump> draft_dump;
+  if (!o.dump_draft_logits.empty())
+    draft_dump = std::make_unique<DraftLogitsDump>(o.dump_draft_logits, cfg.vocab_size, existing);
   std::unique_ptr<TensorDump> tensors;
   if (!o.dump_tensors.empty()) tensors = std::make_unique<TensorDump>(o.dump_tensors, o.dump_filter, existing);
 
   SessionOptions sopt = session_options(o.engine, o.model, (uint32_t)ctx);
   sopt.tensors = tensors.get();
+  sopt.draft_audit = o.draft_audit;
   Session session(std::move(sopt), header);
   maybe_print_plan(o.engine, session);
   const double load_s = seconds_since(t_load);
@@ -491,13 +566,18 @@ int run_run(const RunOptions& o) {
     if (dump) dump->rows(toks, logits);
     if (trace) trace->positions(pos, toks, *tr);
   };
+  if (drafter && (trace || draft_dump))
+    obs.on_draft = [&](const DraftBlock& b, uint32_t verified, uint32_t accepted) {
+      if (trace) trace->block(b, verified, accepted);
+      if (draft_dump) draft_dump->block(b, verified, accepted);
+    };
 
   GenerateRequest req;
   req.prompt.assign(ids.begin(), ids.end());
   req.max_tokens = (uint32_t)n_predict;
   req.sampling = so;
   req.ignore_eos = o.ignore_eos;
-  req.observer = (dump || trace) ? &obs : nullptr;
+  req.observer = (dump || trace || draft_dump) ? &obs : nullptr;
 
   IdPrinter out_ids;
   std::unique_ptr<text::OutputDecoder> decoder;
@@ -539,6 +619,7 @@ int run_run(const RunOptions& o) {
   }
   if (dump) dump->finish();
   if (trace) trace->finish();
+  if (draft_dump) draft_dump->finish();
   if (tensors) {
     // What was evaluated: the prompt (all of it unless a signal stopped the prefill), then each
     // generated token that was fed back.

@@ -379,6 +379,8 @@ struct Session::Impl {
     ActiveRequest& a = *sl.job;
     const ModelConfig& c = model->config;
     GenerateResult& res = a.res;
+    // --draft-audit: `next` is the anchor after the newest committed position (even a last token).
+    if (opt.draft_audit && drafter && speculation && sl.draft.committed == sl.history.size()) audit_block(sl, next);
     res.tokens.push_back(next);
     ++generated_tokens;
     const bool keep_going = !a.ev.on_token || a.ev.on_token(next);
@@ -400,8 +402,28 @@ struct Session::Impl {
   void draft_commit(Slot& sl, const float* hidden, uint32_t n) {
     if (!drafter) return;
     if (!speculation || !hidden) return draft_jump(sl);  // off: no rings kept (set_speculation)
-    if (sl.draft.committed != sl.history.size() - n) draft_jump(sl);  // defensive: never commit out of place
-    else drafter->commit(sl.draft, hidden, n);
+    if (sl.draft.committed != sl.history.size() - n) return draft_jump(sl);  // defensive: never commit out of place
+    if (!opt.draft_audit) return drafter->commit(sl.draft, hidden, n);
+    // --draft-audit: one position at a time, each block proposed from the rings as they are
+    // after its position; the anchor of the newest position is decided later (emit()).
+    const size_t cw = drafter->capture_width();
+    for (uint32_t i = 0; i < n; ++i) {
+      drafter->commit(sl.draft, hidden + i * cw, 1);
+      const uint32_t next = sl.draft.committed;  // the anchor's position
+      if (next < sl.history.size()) audit_block(sl, sl.history[next]);
+      else if (sl.job && !sl.job->decoding && next < sl.job->r.prompt.size()) audit_block(sl, sl.job->r.prompt[next]);
+    }
+  }
+  // --draft-audit: the block after the last committed position with this anchor, reported and
+  // never verified. Only for rings that hold every position (no restore jumped them).
+  void audit_block(Slot& sl, TokenId anchor) {
+    const EvalObserver* obs = sl.job ? sl.job->r.observer : nullptr;
+    if (sl.draft_from != 0 || !obs || !obs->on_draft) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    const DraftBlock b = drafter->propose(sl.draft, anchor);
+    ++spec_blocks;
+    spec_propose_ns += (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+    obs->on_draft(b, 0, 0);
   }
 
   // One speculative cycle of the only running request (spec 6.4-6.5): the drafter proposes a
@@ -414,7 +436,7 @@ struct Session::Impl {
     ActiveRequest& a = *sl.job;
     const ModelConfig& c = model->config;
     const uint32_t V = c.vocab_size, W = c.sliding_window, pos = (uint32_t)sl.history.size();
-    if (!drafter || !speculation || !a.decoding || opt.tensors || (a.r.observer && a.r.observer->on_eval)) return false;
+    if (!drafter || !speculation || opt.draft_audit || !a.decoding || opt.tensors) return false;
     if (sl.draft.committed != pos) draft_jump(sl);
     if (sl.draft_from != 0 && pos - sl.draft_from < W) return false;  // its rings are not refilled yet
     if (sl.pause_left) {
@@ -439,7 +461,11 @@ struct Session::Impl {
     spec_propose_ns += (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
     uint32_t K = 0;
     while (K < k_max && 1.0 / (1.0 + std::exp(-(double)b.confidence[K])) >= opt.dspark_conf) ++K;
-    if (K < 2) return false;  // one draft does not pay a verify pass: decode plainly
+    const EvalObserver* obs = a.r.observer;
+    if (K < 2) {  // one draft does not pay a verify pass: decode plainly
+      if (obs && obs->on_draft) obs->on_draft(b, 0, 0);
+      return false;
+    }
 
     std::vector<TokenId> toks = {a.pending};
     toks.insert(toks.end(), b.drafts.begin(), b.drafts.begin() + K);
@@ -447,8 +473,10 @@ struct Session::Impl {
     verify_logits.resize(toks.size() * V);
     verify_hidden.resize(toks.size() * cw);
     VerifyRecord rec;
+    std::vector<TokenTrace> trace;
     try {
-      engine->eval_verify(sl.state, toks, verify_logits.data(), verify_hidden.data(), rec);
+      engine->eval_verify(sl.state, toks, verify_logits.data(), verify_hidden.data(), rec,
+                          obs && obs->want_trace ? &trace : nullptr);
     } catch (const std::exception& e) {
       publish_engram();
       const std::string msg = e.what();
@@ -484,6 +512,12 @@ struct Session::Impl {
     }
     engine->keep_verified(sl.state, rec, kept);
     draft_commit(sl, verify_hidden.data(), kept);
+    if (obs && obs->on_draft) obs->on_draft(b, K, v.accepted);
+    if (obs && obs->on_eval) {  // the kept rows only: what plain decoding would have shown
+      if (obs->want_trace) trace.resize(kept);
+      obs->on_eval(pos, std::span<const TokenId>(toks.data(), kept), verify_logits.data(),
+                   obs->want_trace ? &trace : nullptr);
+    }
     ++a.res.spec_cycles;
     a.res.drafts_proposed += K;
     a.res.drafts_accepted += v.accepted;
@@ -553,6 +587,7 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
     spo.store.queue_depth = opt.io_depth;
     spo.store.direct_io = opt.direct_io;
     spo.stream_experts = opt.stream_experts;
+    if (opt.draft_audit && opt.dspark_path.empty()) throw Error("draft_audit needs a drafter (--dspark FILE)");
     if (!opt.dspark_path.empty()) {
       // The support file is checked against this model before anything is planned or read.
       const gguf::File sf = gguf::File::open(opt.dspark_path);

@@ -94,6 +94,12 @@ struct SessionOptions {
   // Test hook: sees each proposed block's drafts (the anchor's position and token, the drafts) and may
   // replace them (forced drafts: the acceptance rule keeps the output exact for any drafts).
   std::function<void(uint32_t anchor_pos, TokenId anchor, std::vector<TokenId>& drafts)> draft_hook;
+  // --draft-audit (a test mode for comparing drafters from outside): no speculation; after every
+  // committed position c the drafter proposes the block whose anchor is the sequence's own token
+  // at c + 1 (a prompt token, or the one decoding chose) and reports it to the request's
+  // EvalObserver::on_draft. Decoding is plain decoding, so the blocks are those an independent
+  // drafter fed the same target states proposes at each position.
+  bool draft_audit = false;
   // Where the session's log lines go (one line, no newline; a damaged state file, for one).
   // Empty: stderr.
   std::function<void(const std::string&)> log;
@@ -102,13 +108,19 @@ struct SessionOptions {
 };
 
 struct TokenTrace;
+struct DraftBlock;
 
 // Sees every eval() of a generate(): the position of its first token, the tokens, their logits
-// (tokens.size() x vocab) and, when want_trace, their routing traces.
+// (tokens.size() x vocab) and, when want_trace, their routing traces. With speculation only the
+// kept rows of a verify pass are shown, so a request sees the same rows as plain decoding.
+// on_draft (--dspark): each block the drafter proposed for the request, with how many of its
+// drafts the confidence gate sent to the verify pass and how many were accepted (0 and 0: not
+// verified: a gate that kept fewer than two, or --draft-audit).
 struct EvalObserver {
   bool want_trace = false;
   std::function<void(uint32_t first_pos, std::span<const TokenId> tokens, const float* logits,
                      const std::vector<TokenTrace>* trace)> on_eval;
+  std::function<void(const DraftBlock& block, uint32_t verified, uint32_t accepted)> on_draft;
 };
 
 struct GenerateRequest {

@@ -156,10 +156,11 @@ class Engine {
 
   // A DSpark verify pass (spec 6.4): tokens (at most options.chunk and the window) evaluated in
   // one chunk, exactly as eval() would, with every row's logits (may be null) and, with
-  // capture_layers, captured rows (may be null); rec receives what keep_verified needs. Row i
-  // equals a single-token decode at its position, bit for bit (the determinism contract).
+  // capture_layers, captured rows (may be null) and every row's routing trace (may be null);
+  // rec receives what keep_verified needs. Row i equals a single-token decode at its position,
+  // bit for bit (the determinism contract).
   void eval_verify(SequenceState& s, std::span<const TokenId> tokens, float* logits, float* hidden,
-                   VerifyRecord& rec) const;
+                   VerifyRecord& rec, std::vector<TokenTrace>* trace = nullptr) const;
   // Straight after eval_verify(s, ..., rec): s becomes, bit for bit, the state after only the
   // first n of its tokens (0 <= n <= all): the window slots the rest overwrote come back from
   // rec's checkpoint, their compressed rows are zeroed, the compressor carry is the one at the

@@ -19,7 +19,7 @@
 namespace sluice {
 
 void Engine::eval_verify(SequenceState& s, std::span<const TokenId> tokens, float* logits, float* hidden,
-                         VerifyRecord& rec) const {
+                         VerifyRecord& rec, std::vector<TokenTrace>* trace) const {
   const Impl& im = *impl_;
   if (tokens.empty()) throw Error("engine: a verify pass needs at least one token");
   if (tokens.size() > opt_.chunk || tokens.size() > im.c.sliding_window)
@@ -29,7 +29,7 @@ void Engine::eval_verify(SequenceState& s, std::span<const TokenId> tokens, floa
   VerifyRecord r;
   r.before = checkpoint(s);
   r.tokens.assign(tokens.begin(), tokens.end());
-  eval_one(s, tokens, {}, logits, nullptr, BatchItem::Logits::All, hidden, &r);
+  eval_one(s, tokens, {}, logits, trace, BatchItem::Logits::All, hidden, &r);
   rec = std::move(r);
 }
 
