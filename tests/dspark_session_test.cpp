@@ -54,7 +54,7 @@ SessionOptions spec_options(const std::string& model, const std::string& support
   so.budget = BudgetSpec{false, 2ull << 30};
   so.allow_swap = true;
   so.stream_experts = streamed;
-  if (streamed) so.max_cache_experts = 40;  // 5 per layer: verify passes read experts
+  if (streamed) so.max_cache_experts = 96;  // 12 of 16 per layer: verify passes (of 3 rows at most) read experts
   so.dspark_path = support;
   so.dspark_conf = 0.0f;  // random weights: the gate would stop every block
   so.dspark_guard = false;
@@ -353,6 +353,39 @@ TEST_F(DsparkSession, AuditModeDraftsAtEveryCommittedPosition) {
     EXPECT_EQ(std::memcmp(sb.confidence.data(), ab.confidence.data(), sb.confidence.size() * sizeof(float)), 0) << sb.c;
   }
   EXPECT_EQ(b.tokens, ref.tokens);
+}
+
+}  // namespace
+}  // namespace sluice
+
+namespace sluice {
+namespace {
+
+// issue 15 item 5: a verify pass is capped so that its rows' worst-case expert union is leased
+// at once (the plan says how deep); a cache too small for two drafts means plain decoding.
+TEST_F(DsparkSession, TheExpertCacheCapsTheVerifyDepth) {
+  const GenerateRequest r = greedy_request(1, vocab(), 24);
+  Session plain(spec_options(model_path_, "", true));
+  const GenerateResult ref = plain.generate(r, {}, {});
+  EXPECT_FALSE(plain.plan().dspark);
+  // tiny: 8 layers, top-4 of 16 experts; lru-per-layer shares of 12, 16 and 5 experts.
+  for (const auto& [slots, depth] : {std::pair{96u, 2u}, std::pair{128u, 5u}, std::pair{40u, 0u}}) {
+    SessionOptions so = spec_options(model_path_, support_path_, true);
+    so.max_cache_experts = slots;
+    Session spec(so);
+    EXPECT_EQ(spec.plan().dspark_verify_max, depth) << slots;
+    const std::string text = format_plan(spec.plan());
+    EXPECT_NE(text.find("a verify pass checks at most " + std::to_string(depth) + " drafts"), std::string::npos) << text;
+    const GenerateResult b = spec.generate(r, {}, {});
+    EXPECT_EQ(b.tokens, ref.tokens) << slots;
+    EXPECT_LE(b.drafts_proposed, depth * b.spec_cycles) << slots;
+    if (depth >= 2) {
+      EXPECT_GT(b.spec_cycles, 0u) << slots;
+      EXPECT_GT(b.drafts_proposed, (depth - 1) * b.spec_cycles) << slots;  // the cap, not less, was used
+    } else {
+      EXPECT_EQ(b.spec_cycles, 0u) << slots;
+    }
+  }
 }
 
 }  // namespace

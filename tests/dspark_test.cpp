@@ -658,6 +658,18 @@ TEST(DsparkCli, RunTracesAndDumpsTheDrafterBlocks) {
       }
   }
   EXPECT_NE(tindex.dump().find("l5.dspark_capture"), std::string::npos);
+  // plan --dspark: the drafter's line and the verify depth the expert cache allows (12 of a
+  // layer's 16 experts: 3 rows of top-4), as run plans it.
+  r = test::run_sluice(dir, "plan -m " + test::q(t) + " --dspark " + test::q(d) + " --cache-experts 96");
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("DSpark drafter"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("a verify pass checks at most 2 drafts"), std::string::npos) << r.out;
+  r = test::run_sluice(dir, "plan --json -m " + test::q(t) + " --dspark " + test::q(d));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["dspark_verify_max"], 5);
+  r = test::run_sluice(dir, "plan -m " + test::q(t) + " --dspark " + test::q(t));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("not a DSpark support file"), std::string::npos) << r.err;
   // Without a drafter these flags are usage errors.
   EXPECT_EQ(test::run_sluice(dir, base + "--draft-audit").rc, 2);
   EXPECT_EQ(test::run_sluice(dir, base + "--dump-draft-logits " + test::q(dir / "x.f32")).rc, 2);

@@ -17,6 +17,7 @@
 #include "runtime/session.h"
 #include "runtime/store_plan.h"
 #include "text/tokenizer.h"
+#include "runtime/dspark_plan.h"
 #include "util/error.h"
 
 namespace sluice::cli {
@@ -47,6 +48,10 @@ CLI::App* setup_plan(CLI::App& app, PlanCommandOptions& o) {
   sub->add_option("--cache-ram", o.cache_ram, "memory for the shared prefix cache, as serve takes it (default: none)");
   sub->add_flag("--kv-disk", o.kv_disk,
                 "count the memory serve's --kv-disk-dir holds (snapshots waiting to be written, one being read)");
+  sub->add_option("--dspark,--model-draft", o.dspark,
+                  "DSpark support GGUF: checked against the model; the plan adds the drafter's line and the verify depth "
+                  "the expert cache allows, as run/chat/serve plan it");
+  sub->add_option("--draft-max", o.draft_max, "as run/chat/serve take it (default 5)");
   sub->add_flag("--json", o.json, "print one JSON object instead of the table");
   return sub;
 }
@@ -81,6 +86,7 @@ int run_plan(const PlanCommandOptions& o) {
   const ModelConfig cfg = read_model_config(o.model, f);
   check_ctx(o.ctx, cfg.max_position_embeddings);
   spo.plan.ctx = o.ctx ? o.ctx : default_context(cfg.max_position_embeddings);
+  if (!o.dspark.empty()) plan_dspark(o.dspark, cfg, o.draft_max, spo.plan);
   // run/chat/serve plan with the tokenizer parsed (open_model_header), and the plan's runtime
   // overhead is this process's resident set: parse it here too, so plan measures what run does.
   std::string tokenizer_problem;

@@ -22,6 +22,8 @@ struct PlanCommandOptions {
   uint32_t parallel = 1;          // --parallel N: sequences held at once (sluice bench --parallel)
   std::string cache_ram;          // --cache-ram, as serve takes it (empty: none)
   bool kv_disk = false;           // --kv-disk: the state directory's buffers, as serve's --kv-disk-dir holds them
+  std::string dspark;             // --dspark FILE: the drafter's line and verify depth, as run/chat/serve plan it
+  uint32_t draft_max = 5;
   bool json = false;
 };
 CLI::App* setup_plan(CLI::App& app, PlanCommandOptions& o);

@@ -359,6 +359,8 @@ Plan make_plan(const ModelFootprint& fp, const PlanOptions& o, const HostFacts& 
   p.union_capacity = cap(p.cache_slots);
   p.max_chunk_for_cache = p.union_capacity >= p.n_expert ? o.ctx : (uint32_t)(p.union_capacity / p.top_k);
   p.stream_window = p.chunk_union > p.union_capacity ? std::max<uint64_t>(1, p.union_capacity / 2) : 0;
+  p.dspark = o.dspark_block != 0;
+  if (o.dspark_block) p.dspark_verify_max = std::min<uint32_t>(o.dspark_block, std::max<uint32_t>(p.max_chunk_for_cache, 1) - 1);
   p.unused_bytes = sat_sub(p.budget, p.planned_bytes());
 
   // With several sequences their states (and checkpoint budgets) are counted once each.
@@ -429,6 +431,11 @@ std::string format_plan(const Plan& p) {
               : "so a longer chunk's experts stream through it in windows of " + num(p.stream_window) +
                     " (each read at most once per layer per chunk; at once up to chunk " + num(p.max_chunk_for_cache) + ")") +
          "\n";
+  if (p.dspark)
+    out += "  DSpark: a verify pass checks at most " + num(p.dspark_verify_max) + " drafts" +
+           (p.dspark_verify_max < 2 ? " (fewer than 2: no speculation; a larger expert cache allows it)"
+                                    : " (its " + num(p.dspark_verify_max + 1) + " rows' experts fit the cache at once)") +
+           "\n";
   out += std::string("  swap: ") + (p.swap_active ? "active: " + p.swap_detail : "off") + "\n";
   for (const std::string& w : p.warnings) out += "  warning: " + w + "\n";
   if (p.admitted) {
@@ -468,6 +475,7 @@ nlohmann::ordered_json plan_to_json(const Plan& p) {
   j["chunk_union"] = p.chunk_union;
   j["max_chunk_for_cache"] = p.max_chunk_for_cache;
   j["stream_window"] = p.stream_window;
+  if (p.dspark) j["dspark_verify_max"] = p.dspark_verify_max;
   j["unused_bytes"] = p.unused_bytes;
   j["planned_bytes"] = p.planned_bytes();
   j["swap_active"] = p.swap_active;

@@ -156,6 +156,7 @@ struct PlanOptions {
   // per sequence its rings, per chunk row the target's captured rows). 0 / empty: none.
   uint64_t dspark_fixed = 0, dspark_per_sequence = 0, dspark_per_row = 0;
   std::string dspark_detail;
+  uint32_t dspark_block = 0;  // the drafter's block (drafts per proposal); 0: no drafter
   // Hook for the expert store: its own bytes (cache of `slots` experts + bounce buffers +
   // anything else it allocates) for a cache of `slots` experts. Must be non-decreasing in
   // slots. When set, it replaces the bounce-buffer and expert-cache formulas.
@@ -192,6 +193,10 @@ struct Plan {
   uint64_t state_disk_read = 0;         // and of the one being read
   uint64_t chunk_union = 0;             // min(chunk x top_k, n_expert): worst-case experts of one layer
   uint32_t max_chunk_for_cache = 0;     // the largest chunk whose worst-case union is leased at once
+  // --dspark: drafts one verify pass checks at most, so that its rows' worst-case expert union
+  // (anchor + drafts) is leased at once like any chunk the cache holds (0: no drafter or no room).
+  uint32_t dspark_verify_max = 0;
+  bool dspark = false;
   uint64_t stream_window = 0;           // 0: the chunk's union fits a layer's share; else experts per window
   uint64_t unused_bytes = 0;
   bool swap_active = false;

@@ -19,6 +19,7 @@
 #include "model/model.h"
 #include "model/streamed_experts.h"
 #include "runtime/checkpoint_set.h"
+#include "runtime/dspark_plan.h"
 #include "runtime/prefix_cache.h"
 #include "runtime/state_disk.h"
 #include "runtime/meminfo.h"
@@ -447,7 +448,8 @@ struct Session::Impl {
     // emitted token counts towards max_tokens.
     const uint64_t left = a.r.max_tokens - a.res.tokens.size();
     const uint64_t k_max = std::min<uint64_t>({opt.draft_max, drafter->config().block_size, plan.ctx - pos - 1,
-                                               plan.chunk - 1, W - 1, left ? left - 1 : 0});
+                                               plan.chunk - 1, W - 1, left ? left - 1 : 0,
+                                               plan.dspark_verify_max});
     if (pos + 1 >= plan.ctx || k_max < 2) return false;
     const auto t0 = std::chrono::steady_clock::now();
     DraftBlock b = drafter->propose(sl.draft, a.pending);
@@ -588,27 +590,8 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
     spo.store.direct_io = opt.direct_io;
     spo.stream_experts = opt.stream_experts;
     if (opt.draft_audit && opt.dspark_path.empty()) throw Error("draft_audit needs a drafter (--dspark FILE)");
-    if (!opt.dspark_path.empty()) {
-      // The support file is checked against this model before anything is planned or read.
-      const gguf::File sf = gguf::File::open(opt.dspark_path);
-      const DsparkReport rep = validate_dspark(sf, &cfg);
-      if (!rep.ok()) throw Error(with_path(opt.dspark_path, rep.errors.front() + (rep.errors.size() > 1 ? " (and " +
-                                 std::to_string(rep.errors.size() - 1) + " more; `sluice inspect` lists them)" : "")));
-      if (opt.draft_max < 2 || opt.draft_max > rep.config.block_size)
-        throw Error("--draft-max must be in 2.." + std::to_string(rep.config.block_size) + " (the drafter's block)");
-      uint64_t weights = 0;
-      for (const gguf::TensorInfo& t : sf.tensors()) weights += loaded_tensor_bytes(t.type, t.nbytes);
-      const uint64_t cw = (uint64_t)rep.config.target_layers.size() * cfg.hidden_size;
-      const uint64_t rows = rep.config.block_size + 1;  // a verify pass: anchor + drafts
-      const uint64_t verify = rows * (cfg.vocab_size + cw) * sizeof(float) + checkpoint_bytes(cfg, spo.plan.ctx) +
-                              rows * cfg.kv_source_layer_ids.size() * cfg.head_dim * 2 * sizeof(float);
-      spo.plan.dspark_fixed = weights + drafter_scratch_bytes(cfg, rep.config) + verify;
-      spo.plan.dspark_per_sequence = draft_state_bytes(cfg, rep.config);
-      spo.plan.dspark_per_row = 2 * cw * sizeof(float);  // the engine's capture and the step's copy
-      spo.plan.dspark_detail = format_bytes(weights) + " weights as loaded (" + std::to_string(sf.tensors().size()) +
-                               " tensors, routed experts resident), activations " +
-                               format_bytes(drafter_scratch_bytes(cfg, rep.config)) + ", verify buffers " + format_bytes(verify);
-    }
+    // The support file is checked against this model before anything is planned or read.
+    if (!opt.dspark_path.empty()) plan_dspark(opt.dspark_path, cfg, opt.draft_max, spo.plan);
     s.plan = plan_for_file(header.file, spo);
     require_admitted(s.plan);
   } catch (const Error& e) {  // every error about the file names it once, as run's do
