@@ -670,6 +670,13 @@ TEST(DsparkCli, RunTracesAndDumpsTheDrafterBlocks) {
   r = test::run_sluice(dir, "plan -m " + test::q(t) + " --dspark " + test::q(t));
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.err.find("not a DSpark support file"), std::string::npos) << r.err;
+  // A support file that is not one: refused before loading, the error naming it (not the model).
+  const std::string other = dir / "other.gguf";
+  ASSERT_EQ(test::run_sluice(dir, "make-model --preset tiny --seed 9 -o " + test::q(other)).rc, 0);
+  r = test::run_sluice(dir, base + "--dspark " + test::q(other));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("sluice: error: " + other + ": general.architecture"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find(t), std::string::npos) << r.err;
   // Without a drafter these flags are usage errors.
   EXPECT_EQ(test::run_sluice(dir, base + "--draft-audit").rc, 2);
   EXPECT_EQ(test::run_sluice(dir, base + "--dump-draft-logits " + test::q(dir / "x.f32")).rc, 2);

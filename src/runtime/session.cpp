@@ -546,6 +546,14 @@ struct Session::Impl {
   }
 };
 
+namespace {
+// An error about the DSpark support file, already naming it: not prefixed with the model's path.
+struct DsparkFileError : Error {
+  using Error::Error;
+};
+
+}  // namespace
+
 ModelHeader open_model_header(const std::string& path) {
   try {
     ModelHeader h{path, gguf::File::open(path), nullptr, {}, nullptr};
@@ -590,10 +598,19 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
     spo.store.direct_io = opt.direct_io;
     spo.stream_experts = opt.stream_experts;
     if (opt.draft_audit && opt.dspark_path.empty()) throw Error("draft_audit needs a drafter (--dspark FILE)");
-    // The support file is checked against this model before anything is planned or read.
-    if (!opt.dspark_path.empty()) plan_dspark(opt.dspark_path, cfg, opt.draft_max, spo.plan);
+    // The support file is checked against this model before anything is planned or read; its
+    // errors name the support file (plan_dspark), not the model.
+    if (!opt.dspark_path.empty()) {
+      try {
+        plan_dspark(opt.dspark_path, cfg, opt.draft_max, spo.plan);
+      } catch (const Error& e) {
+        throw DsparkFileError(e.what());
+      }
+    }
     s.plan = plan_for_file(header.file, spo);
     require_admitted(s.plan);
+  } catch (const DsparkFileError& e) {
+    throw Error(e.what());
   } catch (const Error& e) {  // every error about the file names it once, as run's do
     throw Error(with_path(opt.model_path, e.what()));
   }
