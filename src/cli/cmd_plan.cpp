@@ -14,10 +14,10 @@
 #include "format/gguf.h"
 #include "model/deepseek41/schema.h"
 #include "runtime/admission.h"
+#include "runtime/dspark_plan.h"
 #include "runtime/session.h"
 #include "runtime/store_plan.h"
 #include "text/tokenizer.h"
-#include "runtime/dspark_plan.h"
 #include "util/error.h"
 
 namespace sluice::cli {

@@ -23,7 +23,6 @@ DsparkConfig dspark_defaults(const ModelConfig& t) {
   return d;
 }
 
-
 DsparkConfig dspark_config_from_json(const ModelConfig& target, const nlohmann::json& j) {
   DsparkConfig d = dspark_defaults(target);
   auto has = [&](const char* k) { auto it = j.find(k); return it != j.end() && !it->is_null(); };
