@@ -13,13 +13,16 @@ namespace sluice {
 
 namespace {
 
-const __m512 kE2m1 = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f,
-                                    -3.0f, -4.0f, -6.0f);
+// A constant table, not a namespace-scope __m512: that one is built by a static initializer, and
+// running it executes AVX-512 at program start on every machine, with or without AVX-512 (the
+// build's isa_initializers test keeps ISA-specific files free of static initializers).
+alignas(64) constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                         -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
 // The block's 16 values as BF16 words (kBf16Nan for a NaN scale, as the reference).
 inline __m256i block_lut(float s) {
   if (s != s) return _mm256_set1_epi16((short)kBf16Nan);
-  const __m512 v = _mm512_mul_ps(kE2m1, _mm512_set1_ps(s));
+  const __m512 v = _mm512_mul_ps(_mm512_load_ps(kE2m1), _mm512_set1_ps(s));
   return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16));
 }
 
