@@ -705,3 +705,59 @@ TEST(AdmissionCli, ServeRefusesAParallelThatDoesNotFit) {
 
 }  // namespace
 }  // namespace sluice
+
+// issue 15 item 2: a DSpark drafter's routed experts are resident when the plan has room for
+// them with a verify pass of two drafts or more, and otherwise stream through a cache of their
+// own (one proposal's worst case: 3 stages x min(5 x 3, 128) = 45 experts); the plan says which.
+TEST(AdmissionPlan, TheDrafterExpertsStreamOnlyWhenResidentOnesLeaveNoRoom) {
+  const ModelFootprint& fp = published_footprint();
+  auto options = [&](uint64_t budget, DsparkExperts mode) {
+    PlanOptions o = published_options(budget, 16384);
+    o.dspark_block = 5;
+    o.dspark_fixed = 300 * MiB;
+    o.dspark_expert_bytes = 3 * 128 * fp.expert_bytes();  // the drafter's experts have the target's widths
+    o.dspark_stream_slots = 45;
+    o.dspark_stream_bytes = 45 * fp.slot_window_bytes(4096);
+    o.dspark_experts = mode;
+    return o;
+  };
+  const uint64_t saved = 3 * 128 * fp.expert_bytes() - 45 * fp.slot_window_bytes(4096);
+  const Plan roomy = make_plan(fp, options(116 * GiB, DsparkExperts::Auto), quiet_host());
+  ASSERT_TRUE(roomy.admitted) << format_plan(roomy);
+  EXPECT_FALSE(roomy.dspark_streamed);
+  EXPECT_EQ(roomy.dspark_verify_max, 5u);
+  EXPECT_NE(format_plan(roomy).find("the drafter's routed experts are resident"), std::string::npos) << format_plan(roomy);
+  EXPECT_EQ(plan_to_json(roomy)["dspark_experts"], "resident");
+
+  bool streamed_for_depth = false, streamed_to_fit = false;
+  for (uint64_t budget = 10 * GiB; budget <= 24 * GiB; budget += GiB / 4) {
+    const Plan a = make_plan(fp, options(budget, DsparkExperts::Auto), quiet_host());
+    const Plan r = make_plan(fp, options(budget, DsparkExperts::Resident), quiet_host());
+    const Plan s = make_plan(fp, options(budget, DsparkExperts::Streamed), quiet_host());
+    ASSERT_FALSE(r.dspark_streamed);
+    ASSERT_TRUE(s.dspark_streamed);
+    EXPECT_EQ(s.dspark_cache_slots, 45u);
+    // Streaming frees the difference for the target's cache (the same chunk and the same lines).
+    if (r.admitted && s.admitted && r.chunk == s.chunk) {
+      EXPECT_EQ(r.mandatory_bytes - s.mandatory_bytes, saved) << budget;
+      EXPECT_GE(s.cache_slots, r.cache_slots) << budget;
+    }
+    const bool resident_ok = r.admitted && r.dspark_verify_max >= 2;
+    if (resident_ok) {
+      EXPECT_FALSE(a.dspark_streamed) << budget;
+    } else if (s.admitted && (!r.admitted || s.dspark_verify_max >= 2)) {
+      ASSERT_TRUE(a.dspark_streamed) << budget << "\n" << format_plan(a);
+      const std::string text = format_plan(a);
+      EXPECT_NE(text.find("the drafter's routed experts are streamed (45 slots of their own)"), std::string::npos) << text;
+      EXPECT_NE(text.find(r.admitted ? "would leave the verify pass fewer than 2 drafts" : "do not fit the budget"),
+                std::string::npos) << text;
+      EXPECT_EQ(plan_to_json(a)["dspark_experts"], "streamed");
+      (r.admitted ? streamed_for_depth : streamed_to_fit) = true;
+    } else {
+      EXPECT_FALSE(a.dspark_streamed) << budget;
+    }
+  }
+  // Both reasons to stream occur between a budget too small for anything and a roomy one.
+  EXPECT_TRUE(streamed_for_depth);
+  EXPECT_TRUE(streamed_to_fit);
+}

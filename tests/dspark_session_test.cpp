@@ -390,3 +390,39 @@ TEST_F(DsparkSession, TheExpertCacheCapsTheVerifyDepth) {
 
 }  // namespace
 }  // namespace sluice
+
+namespace sluice {
+namespace {
+
+// issue 15 item 2: with --dspark-experts stream the drafter's routed experts are read from the
+// support file through a store of their own in the same budget; speculation is still plain
+// greedy decoding token for token. By default (a roomy budget) they are resident.
+TEST_F(DsparkSession, StreamedDrafterExpertsKeepSpeculationExact) {
+  const GenerateRequest r = greedy_request(2, vocab(), 20);
+  Session plain(spec_options(model_path_, "", true));
+  const GenerateResult ref = plain.generate(r, {}, {});
+  for (const DsparkExperts mode : {DsparkExperts::Auto, DsparkExperts::Streamed}) {
+    SessionOptions so = spec_options(model_path_, support_path_, true);
+    so.dspark_experts = mode;
+    Session spec(so);
+    const bool streamed = mode == DsparkExperts::Streamed;
+    EXPECT_EQ(spec.plan().dspark_streamed, streamed);
+    const std::string text = format_plan(spec.plan());
+    EXPECT_NE(text.find(streamed ? "the drafter's routed experts are streamed" : "the drafter's routed experts are resident"),
+              std::string::npos) << text;
+    const GenerateResult b = spec.generate(r, {}, {});
+    EXPECT_EQ(b.tokens, ref.tokens) << streamed;
+    EXPECT_GT(b.spec_cycles, 0u);
+    const SessionStats st = spec.stats();
+    if (streamed) {
+      EXPECT_EQ(st.dspark_store.slots, spec.plan().dspark_cache_slots);
+      EXPECT_GT(st.dspark_store.total().requests, 0u);
+      EXPECT_GT(st.dspark_store.total().bytes_demand, 0u);
+    } else {
+      EXPECT_EQ(st.dspark_store.slots, 0u);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace sluice

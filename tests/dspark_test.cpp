@@ -24,7 +24,9 @@
 #include "model/deepseek41/dspark_schema.h"
 #include "model/deepseek41/forward.h"
 #include "model/model.h"
+#include "model/streamed_experts.h"
 #include "runtime/speculative.h"
+#include "storage/expert_store.h"
 #include "synth/generate.h"
 #include "util/error.h"
 
@@ -292,6 +294,50 @@ TEST_F(Dspark, TheDrafterProposesABlockThatDependsOnlyOnTheCommittedPositions) {
   d1.commit(shorter, h.data(), (uint32_t)p.size() - 1);
   EXPECT_FALSE(same_block(b, d1.propose(shorter, 77)));
   EXPECT_THROW(d1.propose(d1.new_state(), 77), Error);  // nothing committed
+}
+
+// issue 15 item 2: the drafter's routed experts streamed from the support file through a store
+// of their own give the resident drafter's blocks bit for bit: with the planned cache (one
+// proposal's worst case per stage, leased at once) and with one so small that a stage's union
+// streams through it in windows.
+TEST_F(Dspark, AStreamedDrafterProposesTheResidentDraftersBlocks) {
+  CpuBackend be(2);
+  const Drafter resident(m(), *dspark_, be);
+  LoadOptions lo;
+  lo.resident_experts = false;
+  const std::unique_ptr<DsparkModel> lean = load_dspark(support_path_, m(), lo);
+  EXPECT_FALSE(lean->resident_experts);
+  EXPECT_LT(lean->loaded_bytes, dspark_->loaded_bytes);
+  EXPECT_THROW(Drafter(m(), *lean, be), Error);  // no experts and no store
+  const DsparkConfig& dc = lean->config;
+  ASSERT_EQ(dspark_stream_slots(dc), dc.stages * std::min(dc.block_size * dc.expert_used, dc.expert_count));
+
+  const std::unique_ptr<storage::ExpertStore> planned = open_dspark_expert_store(*lean, {});
+  EXPECT_EQ(planned->budget().slots, dspark_stream_slots(dc));
+  storage::StoreOptions tight = dspark_store_options(dc, {});
+  tight.max_slots = 2 * dc.stages;  // a share of 2 per stage: a block's union streams in windows of 1
+  storage::ExpertStore small(lean->file, dspark_expert_geometry(lean->file, dc), tight);
+  const StreamedExperts from_planned(*planned), from_small(small);
+  const Drafter d1(m(), *lean, be, &from_planned), d2(m(), *lean, be, &from_small);
+
+  const std::vector<TokenId> p = prompt(19, 4);
+  const std::vector<float> h = capture_rows(m(), resident, p, 2);
+  DraftState st = resident.new_state();
+  for (uint32_t n : {5u, 1u, 13u}) {  // blocks after three different committed prefixes
+    resident.commit(st, h.data() + (size_t)st.committed * resident.capture_width(), n);
+    for (TokenId anchor : {3u, 41u}) {
+      const DraftBlock want = resident.propose(st, anchor);
+      EXPECT_TRUE(same_block(want, d1.propose(st, anchor))) << st.committed << " " << anchor;
+      EXPECT_TRUE(same_block(want, d2.propose(st, anchor))) << st.committed << " " << anchor;
+    }
+  }
+  from_planned.release();
+  from_small.release();
+  // Both stores read the experts from the support file; the small one had to read them again.
+  const storage::LayerStats a = planned->stats().total(), b = small.stats().total();
+  EXPECT_GT(a.bytes_demand, 0u);
+  EXPECT_GT(a.hits, 0u);
+  EXPECT_GT(b.bytes_demand, a.bytes_demand);
 }
 
 // --- exact acceptance (spec 6.5), synthetic distributions ------------------------------------
@@ -667,6 +713,15 @@ TEST(DsparkCli, RunTracesAndDumpsTheDrafterBlocks) {
   r = test::run_sluice(dir, "plan --json -m " + test::q(t) + " --dspark " + test::q(d));
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(nlohmann::json::parse(r.out)["dspark_verify_max"], 5);
+  EXPECT_EQ(nlohmann::json::parse(r.out)["dspark_experts"], "resident");
+  r = test::run_sluice(dir, "plan --json -m " + test::q(t) + " --dspark " + test::q(d) + " --dspark-experts stream");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["dspark_experts"], "streamed");
+  EXPECT_EQ(nlohmann::json::parse(r.out)["dspark_cache_slots"], 45);  // 3 stages x min(5 x 3, 16)
+  // run streams them too, and its summary says what their store read.
+  r = test::run_sluice(dir, base + "--dspark " + test::q(d) + " --dspark-experts stream --dspark-conf 0");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("drafter experts streamed: 45 slots"), std::string::npos) << r.err;
   r = test::run_sluice(dir, "plan -m " + test::q(t) + " --dspark " + test::q(t));
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.err.find("not a DSpark support file"), std::string::npos) << r.err;

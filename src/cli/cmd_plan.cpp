@@ -52,6 +52,8 @@ CLI::App* setup_plan(CLI::App& app, PlanCommandOptions& o) {
                   "DSpark support GGUF: checked against the model; the plan adds the drafter's line and the verify depth "
                   "the expert cache allows, as run/chat/serve plan it");
   sub->add_option("--draft-max", o.draft_max, "as run/chat/serve take it (default 5)");
+  sub->add_option("--dspark-experts", o.dspark_experts, "auto (default), resident or stream, as run/chat/serve take it")
+      ->check(CLI::IsMember({"auto", "resident", "stream"}));
   sub->add_flag("--json", o.json, "print one JSON object instead of the table");
   return sub;
 }
@@ -86,7 +88,10 @@ int run_plan(const PlanCommandOptions& o) {
   const ModelConfig cfg = read_model_config(o.model, f);
   check_ctx(o.ctx, cfg.max_position_embeddings);
   spo.plan.ctx = o.ctx ? o.ctx : default_context(cfg.max_position_embeddings);
-  if (!o.dspark.empty()) plan_dspark(o.dspark, cfg, o.draft_max, spo.plan);
+  if (!o.dspark.empty()) {
+    spo.plan.dspark_experts = parse_dspark_experts(o.dspark_experts);
+    plan_dspark(o.dspark, cfg, o.draft_max, spo.plan, spo.store);
+  }
   // run/chat/serve plan with the tokenizer parsed (open_model_header), and the plan's runtime
   // overhead is this process's resident set: parse it here too, so plan measures what run does.
   std::string tokenizer_problem;

@@ -24,6 +24,7 @@ struct PlanCommandOptions {
   bool kv_disk = false;           // --kv-disk: the state directory's buffers, as serve's --kv-disk-dir holds them
   std::string dspark;             // --dspark FILE: the drafter's line and verify depth, as run/chat/serve plan it
   uint32_t draft_max = 5;
+  std::string dspark_experts = "auto";
   bool json = false;
 };
 CLI::App* setup_plan(CLI::App& app, PlanCommandOptions& o);

@@ -254,6 +254,10 @@ void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
                   "decoding while one request runs; output is token for token (greedy) or in distribution (sampling) "
                   "what plain decoding gives");
   sub->add_flag("--no-dspark", o.no_dspark, "do not draft even when --dspark is given");
+  sub->add_option("--dspark-experts", o.dspark_experts,
+                  "the drafter's routed experts: resident (loaded), stream (read from the support file through a "
+                  "small cache of their own, in the same budget) or auto: resident when the plan has room (default)")
+      ->check(CLI::IsMember({"auto", "resident", "stream"}));
   sub->add_option("--draft-max", o.draft_max, "drafts verified per cycle at most, 2 .. the drafter's block of 5 (default 5)");
   sub->add_option("--dspark-conf", o.dspark_conf,
                   "keep drafts while sigmoid(confidence) >= T, in [0, 1]; 0 = every draft (default 0.7)");
@@ -300,6 +304,7 @@ SessionOptions session_options(const EngineCliOptions& e, const std::string& mod
   if (!(e.dspark_conf >= 0.0f && e.dspark_conf <= 1.0f)) throw UsageError("--dspark-conf must be in [0, 1]");
   if (e.draft_max < 2 || e.draft_max > 16) throw UsageError("--draft-max must be in 2..16 (the drafter's block bounds it further)");
   so.draft_max = e.draft_max;
+  so.dspark_experts = parse_dspark_experts(e.dspark_experts);
   so.dspark_conf = e.dspark_conf;
   so.dspark_guard = !e.no_dspark_guard;
   if (isatty(2)) {
@@ -376,6 +381,14 @@ std::string session_summary(const Session& s, uint64_t tokens_evaluated) {
                   st.spec_cycles ? (double)st.spec_tokens / (double)st.spec_cycles : 0.0,
                   (unsigned long long)st.spec_pauses, st.spec_propose_s, st.spec_verify_s);
     out += buf;
+    if (st.dspark_store.slots) {
+      const storage::LayerStats t = st.dspark_store.total();
+      std::snprintf(buf, sizeof buf, "; drafter experts streamed: %u slots, hit rate %.1f%% (%llu/%llu), read %s, stall %.3f s",
+                    st.dspark_store.slots, t.requests ? 100.0 * (double)t.hits / (double)t.requests : 0.0,
+                    (unsigned long long)t.hits, (unsigned long long)t.requests,
+                    format_bytes(t.bytes_demand + t.bytes_prefetch).c_str(), (double)t.stall_ns / 1e9);
+      out += buf;
+    }
   }
   if (s.options().route_bias != 0.0f)
     out += " | route bias " + std::to_string(s.options().route_bias) + " (lossy: routing favours cached experts)";

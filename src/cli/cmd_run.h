@@ -33,6 +33,7 @@ struct EngineCliOptions {
   std::string dspark;          // --dspark FILE: the drafter's support file (exact speculative decoding)
   bool no_dspark = false;      // --no-dspark: ignore --dspark
   uint32_t draft_max = 5;      // --draft-max
+  std::string dspark_experts = "auto";  // --dspark-experts auto|resident|stream
   float dspark_conf = 0.7f;    // --dspark-conf
   bool no_dspark_guard = false;
 };

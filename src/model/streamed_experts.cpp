@@ -56,17 +56,21 @@ void StreamedExperts::hint(uint32_t layer, std::span<const uint32_t> experts) co
   store_.hint(layer, experts.first(std::min(experts.size(), window_for(experts.size(), cap))));
 }
 
-std::unique_ptr<storage::ExpertStore> open_expert_store(const Model& m, storage::StoreOptions o) {
-  const ModelConfig& c = m.config;
-  storage::ExpertGeometry g = storage::expert_geometry(m.file, c.num_hidden_layers, c.n_routed_experts);
-  for (uint32_t L = 0; L < c.num_hidden_layers && L < m.layers.size(); ++L) {
-    const ExpertLayout& lay = m.layers[L].experts;
+void check_expert_slices(const storage::ExpertGeometry& g, std::span<const LayerWeights> layers, const char* who) {
+  for (uint32_t L = 0; L < g.layers.size() && L < layers.size(); ++L) {
+    const ExpertLayout& lay = layers[L].experts;
     const uint64_t want[storage::kParts] = {lay.gate_bytes, lay.up_bytes, lay.down_bytes};
     for (uint32_t p = 0; p < storage::kParts; ++p)
       if (g.layers[L][p].slice != want[p])
-        throw Error(m.file.path() + ": " + g.layers[L][p].name + " holds " + std::to_string(g.layers[L][p].slice) +
-                    "-byte expert slices but the model expects " + std::to_string(want[p]));
+        throw Error(g.path + ": " + g.layers[L][p].name + " holds " + std::to_string(g.layers[L][p].slice) +
+                    "-byte expert slices but " + who + " expects " + std::to_string(want[p]));
   }
+}
+
+std::unique_ptr<storage::ExpertStore> open_expert_store(const Model& m, storage::StoreOptions o) {
+  const ModelConfig& c = m.config;
+  storage::ExpertGeometry g = storage::expert_geometry(m.file, c.num_hidden_layers, c.n_routed_experts);
+  check_expert_slices(g, m.layers, "the model");
   return std::make_unique<storage::ExpertStore>(m.file, std::move(g), std::move(o));
 }
 

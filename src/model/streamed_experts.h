@@ -52,6 +52,9 @@ class StreamedExperts final : public ExpertSource {
   mutable size_t window_ = 0;
 };
 
+// Throws Error naming the file and tensor when a layer's slices in g are not the bytes of one
+// expert of layers[L].experts (what `who` expects: "the model", "the drafter").
+void check_expert_slices(const storage::ExpertGeometry& g, std::span<const LayerWeights> layers, const char* who);
 // A store over m.file's routed experts (num_hidden_layers x n_routed_experts). Throws Error when
 // the slices in the file do not match the model's expert layouts, or when the options do not fit.
 std::unique_ptr<storage::ExpertStore> open_expert_store(const Model& m, storage::StoreOptions o);

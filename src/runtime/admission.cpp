@@ -266,7 +266,8 @@ std::string swap_description(const HostFacts& host) {
 
 }  // namespace
 
-Plan make_plan(const ModelFootprint& fp, const PlanOptions& o, const HostFacts& host) {
+// The plan with the drafter's line as o gives it (make_plan chooses where its experts live).
+static Plan make_plan_with(const ModelFootprint& fp, const PlanOptions& o, const HostFacts& host) {
   const ModelConfig& c = fp.config;
   if (o.ctx == 0) throw Error("-c/--ctx-size must be at least 1");
   if (o.ctx > c.max_position_embeddings)
@@ -435,6 +436,8 @@ std::string format_plan(const Plan& p) {
     out += "  DSpark: a verify pass checks at most " + num(p.dspark_verify_max) + " drafts" +
            (p.dspark_verify_max < 2 ? " (fewer than 2: no speculation; a larger expert cache allows it)"
                                     : " (its " + num(p.dspark_verify_max + 1) + " rows' experts fit the cache at once)") +
+           "; the drafter's routed experts are " +
+           (p.dspark_streamed ? "streamed (" + num(p.dspark_cache_slots) + " slots of their own)" : std::string("resident")) +
            "\n";
   out += std::string("  swap: ") + (p.swap_active ? "active: " + p.swap_detail : "off") + "\n";
   for (const std::string& w : p.warnings) out += "  warning: " + w + "\n";
@@ -475,7 +478,11 @@ nlohmann::ordered_json plan_to_json(const Plan& p) {
   j["chunk_union"] = p.chunk_union;
   j["max_chunk_for_cache"] = p.max_chunk_for_cache;
   j["stream_window"] = p.stream_window;
-  if (p.dspark) j["dspark_verify_max"] = p.dspark_verify_max;
+  if (p.dspark) {
+    j["dspark_verify_max"] = p.dspark_verify_max;
+    j["dspark_experts"] = p.dspark_streamed ? "streamed" : "resident";
+    j["dspark_cache_slots"] = p.dspark_cache_slots;
+  }
   j["unused_bytes"] = p.unused_bytes;
   j["planned_bytes"] = p.planned_bytes();
   j["swap_active"] = p.swap_active;
@@ -483,6 +490,44 @@ nlohmann::ordered_json plan_to_json(const Plan& p) {
   j["refusals"] = p.refusals;
   j["warnings"] = p.warnings;
   return j;
+}
+
+DsparkExperts parse_dspark_experts(std::string_view s) {
+  if (s == "auto") return DsparkExperts::Auto;
+  if (s == "resident") return DsparkExperts::Resident;
+  if (s == "stream") return DsparkExperts::Streamed;
+  throw Error("--dspark-experts must be auto, resident or stream (got '" + std::string(s) + "')");
+}
+
+// The drafter's routed experts are a choice of the plan: resident they cost their bytes once
+// and no reads; streamed they cost a small cache (one proposal's worst-case union per stage)
+// and reads at every proposal. Resident is the better use of memory whenever it fits with a
+// useful verify depth, because all three stages' experts are touched on every cycle; only a
+// budget too tight for that streams them.
+Plan make_plan(const ModelFootprint& fp, const PlanOptions& o, const HostFacts& host) {
+  if (!o.dspark_block) return make_plan_with(fp, o, host);
+  auto with = [&](bool streamed, const std::string& why) {
+    PlanOptions q = o;
+    q.dspark_fixed += streamed ? o.dspark_stream_bytes : o.dspark_expert_bytes;
+    q.dspark_detail += streamed ? "; routed experts streamed through a cache of " + num(o.dspark_stream_slots) + " (" +
+                                      format_bytes(o.dspark_stream_bytes) + ", one proposal's worst case per stage" + why + ")"
+                                : "; routed experts resident (" + format_bytes(o.dspark_expert_bytes) + why + ")";
+    Plan p = make_plan_with(fp, q, host);
+    p.dspark_streamed = streamed;
+    p.dspark_cache_slots = streamed ? o.dspark_stream_slots : 0;
+    return p;
+  };
+  if (o.dspark_experts == DsparkExperts::Streamed) {
+    if (!o.dspark_stream_bytes) throw Error("--dspark-experts stream: the drafter's experts cannot be streamed here (no store figure)");
+    return with(true, "; --dspark-experts stream");
+  }
+  if (o.dspark_experts == DsparkExperts::Resident || !o.dspark_stream_bytes) return with(false, "");
+  Plan r = with(false, "");
+  if (r.admitted && r.dspark_verify_max >= 2) return r;
+  Plan s = with(true, r.admitted ? "; resident they would leave the verify pass fewer than 2 drafts"
+                                 : "; resident they do not fit the budget");
+  if (s.admitted && (!r.admitted || s.dspark_verify_max >= 2)) return s;
+  return r;
 }
 
 std::string refusal_summary(const Plan& p) {

@@ -119,6 +119,11 @@ constexpr uint64_t kDefaultCheckpointBudget = 128ull << 20;
 // logits row of a prompt's last token.
 uint64_t largest_checkpoint_bytes(const ModelConfig& c);
 
+// Where a DSpark drafter's routed experts live (PlanOptions::dspark_experts).
+enum class DsparkExperts { Auto, Resident, Streamed };
+// "auto", "resident", "stream" -> the enum; throws Error naming the accepted values.
+DsparkExperts parse_dspark_experts(std::string_view s);
+
 struct PlanOptions {
   uint32_t ctx = 4096;          // positions per sequence
   uint32_t sequences = 1;       // sequences held at once (each with its own state)
@@ -152,11 +157,18 @@ struct PlanOptions {
   // --kv-disk-dir: states on disk. Memory: snapshots waiting to be written (two of the largest)
   // and one being read (Plan::state_disk_queue, state_disk_read).
   bool state_disk = false;
-  // --dspark: the drafter's line (resident weights + its activation tensors + verify buffers,
-  // per sequence its rings, per chunk row the target's captured rows). 0 / empty: none.
+  // --dspark: the drafter's line (weights but its routed experts + its activation tensors +
+  // verify buffers, per sequence its rings, per chunk row the target's captured rows), plus its
+  // routed experts: resident (dspark_expert_bytes as loaded) or streamed through a store of
+  // their own (dspark_stream_bytes for dspark_stream_slots; 0: cannot stream). 0 / empty: none.
   uint64_t dspark_fixed = 0, dspark_per_sequence = 0, dspark_per_row = 0;
+  uint64_t dspark_expert_bytes = 0, dspark_stream_bytes = 0;
+  uint32_t dspark_stream_slots = 0;
   std::string dspark_detail;
   uint32_t dspark_block = 0;  // the drafter's block (drafts per proposal); 0: no drafter
+  // Auto: resident when that plan is admitted with a verify depth of at least 2; otherwise
+  // streamed when that is (the plan says which and why). --dspark-experts resident|stream.
+  DsparkExperts dspark_experts = DsparkExperts::Auto;
   // Hook for the expert store: its own bytes (cache of `slots` experts + bounce buffers +
   // anything else it allocates) for a cache of `slots` experts. Must be non-decreasing in
   // slots. When set, it replaces the bounce-buffer and expert-cache formulas.
@@ -197,6 +209,8 @@ struct Plan {
   // (anchor + drafts) is leased at once like any chunk the cache holds (0: no drafter or no room).
   uint32_t dspark_verify_max = 0;
   bool dspark = false;
+  bool dspark_streamed = false;     // the drafter's routed experts stream (dspark_cache_slots slots)
+  uint32_t dspark_cache_slots = 0;
   uint64_t stream_window = 0;           // 0: the chunk's union fits a layer's share; else experts per window
   uint64_t unused_bytes = 0;
   bool swap_active = false;

@@ -117,6 +117,8 @@ struct Session::Impl {
   PrefixCacheStats prefix_stats;        // published for stats(), under prefix_mu
   std::unique_ptr<StateDisk> disk;      // --kv-disk-dir; null: none
   std::unique_ptr<DsparkModel> dspark;  // --dspark; null: none
+  std::unique_ptr<storage::ExpertStore> dspark_store;  // its routed experts when the plan streams them
+  std::unique_ptr<StreamedExperts> dspark_streamed;
   std::unique_ptr<Drafter> drafter;
   bool speculation = true;              // Session::set_speculation
   std::vector<float> step_hidden;       // a step's captured rows (chunk x capture width, planned)
@@ -602,7 +604,8 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
     // errors name the support file (plan_dspark), not the model.
     if (!opt.dspark_path.empty()) {
       try {
-        plan_dspark(opt.dspark_path, cfg, opt.draft_max, spo.plan);
+        spo.plan.dspark_experts = opt.dspark_experts;
+        plan_dspark(opt.dspark_path, cfg, opt.draft_max, spo.plan, spo.store);
       } catch (const Error& e) {
         throw DsparkFileError(e.what());
       }
@@ -630,8 +633,16 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
   eo.engram_cache_rows = s.plan.engram_cache_rows;
   if (!opt.dspark_path.empty()) {
     LoadOptions dl;
+    dl.resident_experts = !s.plan.dspark_streamed;
     if (opt.progress) dl.progress = [&](uint64_t done, uint64_t total) { opt.progress("loading drafter", done, total); };
     s.dspark = load_dspark(opt.dspark_path, *s.model, dl);
+    if (s.plan.dspark_streamed) {
+      storage::StoreOptions so;
+      so.queue_depth = opt.io_depth;
+      so.direct_io = opt.direct_io;
+      s.dspark_store = open_dspark_expert_store(*s.dspark, so);
+      s.dspark_streamed = std::make_unique<StreamedExperts>(*s.dspark_store);
+    }
     eo.capture_layers = s.dspark->config.target_layers;
   }
   if (opt.stream_experts) {
@@ -645,7 +656,7 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
   }
   s.engine = s.arch->make_engine(*s.model, eo);
   // The drafter runs on the engine's backend (its threads; both models' weights prepared for it).
-  if (s.dspark) s.drafter = std::make_unique<Drafter>(*s.model, *s.dspark, s.engine->backend());
+  if (s.dspark) s.drafter = std::make_unique<Drafter>(*s.model, *s.dspark, s.engine->backend(), s.dspark_streamed.get());
   // One decode step of every slot is one pass of parallel rows, which the chunk's scratch holds.
   if (s.plan.chunk < opt.parallel)
     throw Error(with_path(opt.model_path, "--parallel " + std::to_string(opt.parallel) + " needs a chunk of at least " +
@@ -677,6 +688,7 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
 
 Session::~Session() {
   if (impl_ && impl_->streamed) impl_->streamed->release();
+  if (impl_ && impl_->dspark_streamed) impl_->dspark_streamed->release();
 }
 
 const text::Tokenizer& Session::tokenizer() const { return *impl_->tokenizer; }
@@ -1015,6 +1027,7 @@ SessionStats Session::stats() const {
     st.disk_ignored = d.ignored, st.disk_write_errors = d.write_errors;
   }
   st.dspark = s.drafter != nullptr;
+  if (s.dspark_store) st.dspark_store = s.dspark_store->stats();
   st.spec_blocks = s.spec_blocks, st.spec_cycles = s.spec_cycles, st.spec_drafts = s.spec_drafts;
   st.spec_accepted = s.spec_accepted, st.spec_tokens = s.spec_tokens, st.spec_pauses = s.spec_pauses;
   st.spec_propose_s = (double)s.spec_propose_ns.load() / 1e9;

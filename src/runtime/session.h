@@ -88,6 +88,9 @@ struct SessionOptions {
   // dspark_conf; with dspark_guard, drafting pauses for 64 tokens when fewer than 60% of the
   // drafts of the last 10 cycles were accepted. Output is exact either way; these change speed.
   std::string dspark_path;
+  // --dspark-experts: the drafter's routed experts loaded or streamed from the support file
+  // through a small store of their own (auto: the plan decides, PlanOptions::dspark_experts).
+  DsparkExperts dspark_experts = DsparkExperts::Auto;
   uint32_t draft_max = 5;
   float dspark_conf = 0.7f;
   bool dspark_guard = true;
@@ -211,7 +214,9 @@ struct SessionStats {
   std::vector<SlotStats> slot;         // per slot
   // Speculative decoding (--dspark): whether a drafter is loaded; blocks proposed, verify cycles,
   // drafts verified and accepted, tokens emitted by cycles, guard pauses; seconds proposing and verifying.
+  // dspark_store: the drafter's expert store when its experts stream (all zero when resident).
   bool dspark = false;
+  storage::StoreStats dspark_store;
   uint64_t spec_blocks = 0, spec_cycles = 0, spec_drafts = 0, spec_accepted = 0, spec_tokens = 0, spec_pauses = 0;
   double spec_propose_s = 0, spec_verify_s = 0;
   // steps_by_sequences[k]: step() passes that evaluated k sequences together (index 0 unused).

@@ -31,7 +31,7 @@ uint64_t ExpertGeometry::load_bytes(uint32_t layer, uint32_t expert) const {
   return total;
 }
 
-ExpertGeometry expert_geometry(const gguf::File& f, uint32_t n_layer, uint32_t n_expert) {
+ExpertGeometry expert_geometry(const gguf::File& f, uint32_t n_layer, uint32_t n_expert, std::string_view prefix) {
   if (n_layer == 0 || n_expert == 0) throw Error("expert store: n_layer and n_expert must be positive");
   ExpertGeometry g;
   g.path = f.path();
@@ -41,7 +41,7 @@ ExpertGeometry expert_geometry(const gguf::File& f, uint32_t n_layer, uint32_t n
   g.layers.resize(n_layer);
   for (uint32_t L = 0; L < n_layer; ++L) {
     for (uint32_t p = 0; p < kParts; ++p) {
-      const std::string name = "blk." + std::to_string(L) + "." + part_tensor_suffix(p);
+      const std::string name = std::string(prefix) + std::to_string(L) + "." + part_tensor_suffix(p);
       const gguf::TensorInfo* t = f.find_tensor(name);
       if (!t) throw Error(f.path() + ": routed expert tensor " + name + " is missing");
       if (t->n_dims == 0 || t->ne[t->n_dims - 1] != n_expert || t->nbytes % n_expert != 0 || t->nbytes == 0)

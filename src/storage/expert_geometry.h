@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "format/gguf.h"
@@ -48,9 +49,10 @@ struct ExpertGeometry {
   uint64_t load_bytes(uint32_t layer, uint32_t expert) const;
 };
 
-// Geometry of blk.L.ffn_{gate,up,down}_exps.weight for L < n_layer. Throws Error naming the
-// tensor when one is missing, its last dimension is not n_expert, or it lies outside the file.
-ExpertGeometry expert_geometry(const gguf::File& f, uint32_t n_layer, uint32_t n_expert);
+// Geometry of <prefix>L.ffn_{gate,up,down}_exps.weight for L < n_layer ("blk." for a model's
+// layers, "mtp." for a DSpark drafter's stages). Throws Error naming the tensor when one is
+// missing, its last dimension is not n_expert, or it lies outside the file.
+ExpertGeometry expert_geometry(const gguf::File& f, uint32_t n_layer, uint32_t n_expert, std::string_view prefix = "blk.");
 
 // How a cache slot is carved: one aligned region per part, each large enough for that part's
 // widest window in any layer (so every expert fits every slot).

@@ -33,8 +33,16 @@ uint64_t draft_state_bytes(const ModelConfig& c, const DsparkConfig& d) {
   return (uint64_t)d.stages * c.sliding_window * c.head_dim * sizeof(uint16_t);
 }
 
-Drafter::Drafter(const Model& target, const DsparkModel& d, const Backend& be)
-    : t_(target), d_(d), be_(be), freqs_(rope_frequencies(target.config, 0)), B_(d.config.block_size),
+namespace {
+const ExpertSource& drafter_experts(const DsparkModel& d, const ExpertSource* given) {
+  if (given) return *given;
+  if (!d.resident_experts) throw Error("dspark: the drafter's routed experts are not loaded and no expert store was given");
+  return d.experts;
+}
+}  // namespace
+
+Drafter::Drafter(const Model& target, const DsparkModel& d, const Backend& be, const ExpertSource* experts)
+    : t_(target), d_(d), be_(be), experts_(drafter_experts(d, experts)), freqs_(rope_frequencies(target.config, 0)), B_(d.config.block_size),
       W_(target.config.sliding_window), hd_(target.config.head_dim) {
   std::vector<Tensor*> order = {&X_, &X2_, &xin_, &out_, &A_, &F_, &P0_, &qr_, &q_, &kv_, &heads_, &z_, &router_,
                                 &sh_, &routed_, &cap_, &zc_, &ec_, &h_, &hn_, &lg_, &u_, &bias_, &hu_, &kappa_};
@@ -145,9 +153,9 @@ void Drafter::stage_moe(uint32_t s, Mat x, Mat out, DraftBlock& b) const {
   const Mat sh = sh_.m(), routed = routed_.m();
   be_.shared_ffn(w.gate_sh, w.up_sh, w.down_sh, mc.swiglu_limit, x, sh);
   be_.fill_rows(routed, std::vector<float>(H, 0.0f));
-  d_.experts.prepare(s, used);
+  experts_.prepare(s, used);
   const ExpertLayout& lay = w.experts;
-  be_.routed_ffn(ExpertTensors{&lay.gate, &lay.up, &lay.down}, d_.experts, s, triples, mc.swiglu_limit, x, routed);
+  be_.routed_ffn(ExpertTensors{&lay.gate, &lay.up, &lay.down}, experts_, s, triples, mc.swiglu_limit, x, routed);
   be_.add_round(routed, sh, out);
 }
 

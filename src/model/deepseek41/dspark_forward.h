@@ -48,8 +48,9 @@ uint64_t draft_state_bytes(const ModelConfig& target, const DsparkConfig& d);
 
 class Drafter {
  public:
-  // be must be the backend that prepared both models' weights; all three must outlive this.
-  Drafter(const Model& target, const DsparkModel& d, const Backend& be);
+  // be must be the backend that prepared both models' weights; all must outlive this. experts:
+  // where the routed experts come from; null: d's resident ones (required when d has none).
+  Drafter(const Model& target, const DsparkModel& d, const Backend& be, const ExpertSource* experts = nullptr);
 
   const DsparkConfig& config() const { return d_.config; }
   // Floats per position of the target's capture (target layers x hidden).
@@ -69,6 +70,7 @@ class Drafter {
   const Model& t_;
   const DsparkModel& d_;
   const Backend& be_;
+  const ExpertSource& experts_;
   std::vector<double> freqs_;  // RoPE of ratio-0 layers: theta 10000, no YaRN
   uint32_t B_, W_, hd_;
   Tensor X_, X2_, xin_, out_, A_, F_, P0_, qr_, q_, kv_, heads_, z_, router_, sh_, routed_;
