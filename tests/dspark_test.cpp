@@ -732,6 +732,19 @@ TEST(DsparkCli, RunTracesAndDumpsTheDrafterBlocks) {
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.err.find("sluice: error: " + other + ": general.architecture"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find(t), std::string::npos) << r.err;
+  // Two outputs on one path are refused before anything is written (the logits over the draft
+  // rows, or one's index over the other's).
+  const std::string same = dir / "same.f32";
+  r = test::run_sluice(dir, base + "--dspark " + test::q(d) + " --dump-logits " + test::q(same) + " --dump-draft-logits " +
+                                test::q(same));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("--dump-logits and --dump-draft-logits are the same path"), std::string::npos) << r.err;
+  r = test::run_sluice(dir, base + "--dspark " + test::q(d) + " --dump-logits " + test::q(same + ".json") +
+                                " --dump-draft-logits " + test::q(same));
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("the same path"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(same));
+  EXPECT_FALSE(fs::exists(same + ".json"));
   // Without a drafter these flags are usage errors.
   EXPECT_EQ(test::run_sluice(dir, base + "--draft-audit").rc, 2);
   EXPECT_EQ(test::run_sluice(dir, base + "--dump-draft-logits " + test::q(dir / "x.f32")).rc, 2);

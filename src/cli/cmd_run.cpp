@@ -9,6 +9,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <span>
@@ -489,6 +490,30 @@ CLI::App* setup_run(CLI::App& app, RunOptions& o) {
   return sub;
 }
 
+namespace {
+
+// Two outputs on one path would write over each other (a dump over another's data or index,
+// or into a directory another one makes): refused before anything is opened.
+void check_distinct_outputs(const RunOptions& o) {
+  std::vector<std::pair<std::string, std::filesystem::path>> outs;
+  auto add = [&](const char* flag, const std::string& path, bool with_index) {
+    if (path.empty()) return;
+    const std::filesystem::path p = std::filesystem::absolute(path).lexically_normal();
+    outs.emplace_back(flag, p);
+    if (with_index) outs.emplace_back(std::string(flag) + "'s index", p.string() + ".json");
+  };
+  add("--dump-logits", o.dump_logits, true);
+  add("--dump-draft-logits", o.dump_draft_logits, true);
+  add("--trace", o.trace_dir, false);
+  add("--dump-tensors", o.dump_tensors, false);
+  for (size_t i = 0; i < outs.size(); ++i)
+    for (size_t j = i + 1; j < outs.size(); ++j)
+      if (outs[i].second == outs[j].second)
+        throw UsageError(outs[i].first + " and " + outs[j].first + " are the same path (" + outs[i].second.string() + ")");
+}
+
+}  // namespace
+
 int run_run(const RunOptions& o) {
   using Clock = std::chrono::steady_clock;
   const StopSignals stop_signals;  // first: a signal during the (long) load still ends cleanly
@@ -501,6 +526,7 @@ int run_run(const RunOptions& o) {
   const bool drafter = !o.engine.dspark.empty() && !o.engine.no_dspark;
   if (!drafter && !o.dump_draft_logits.empty()) throw UsageError("--dump-draft-logits needs --dspark FILE");
   if (!drafter && o.draft_audit) throw UsageError("--draft-audit needs --dspark FILE");
+  check_distinct_outputs(o);
   const bool text_mode = o.tokens.empty();
   const SamplerOptions so = sampler_options(o.temp, o.top_p, o.seed, o.top_k, o.min_p);
   // Usage checks that do not need the model come before it is opened.
