@@ -426,3 +426,51 @@ TEST_F(DsparkSession, StreamedDrafterExpertsKeepSpeculationExact) {
 
 }  // namespace
 }  // namespace sluice
+
+namespace sluice {
+namespace {
+
+// A state restored from the prefix cache brings the drafter's rings with it (as a checkpoint
+// rollback does), so drafting resumes at once: in audit mode the blocks after the restored
+// prefix are, bit for bit, those of a session that evaluated the whole prompt itself. Without
+// the rings the restored slot would wait a window of new positions and report none.
+TEST_F(DsparkSession, APrefixCacheHitRestoresTheDrafterRings) {
+  const uint32_t V = vocab();
+  GenerateRequest first = greedy_request(2, V, 3), other = greedy_request(0, V, 2);
+  GenerateRequest again = first;
+  for (TokenId t : {9u, 10u, 11u}) again.prompt.push_back(t);
+  again.max_tokens = 4;
+  SessionOptions o = spec_options(model_path_, support_path_, false);
+  o.draft_audit = true;
+  SessionOptions cached = o;
+  cached.cache_ram = 64ull << 20;
+  cached.checkpoint_budget = 0;  // the slot's own checkpoints would serve the prompt instead
+  Session warm(cached), fresh(o);
+  warm.generate(first, {}, {});
+  warm.generate(other, {}, {});  // the slot now holds another sequence: `again` comes from the cache
+  Seen warm_seen, fresh_seen;
+  const EvalObserver warm_obs = observe(warm_seen, V), fresh_obs = observe(fresh_seen, V);
+  again.observer = &warm_obs;
+  const GenerateResult a = warm.generate(again, {}, {});
+  again.observer = &fresh_obs;
+  const GenerateResult b = fresh.generate(again, {}, {});
+  EXPECT_EQ(a.tokens, b.tokens);
+  ASSERT_EQ(a.reused_tokens, first.prompt.size());  // the prefix cache's entry at first's prompt end
+  EXPECT_EQ(warm.stats().prefix_hits, 1u);
+  // warm reports the blocks after each position it commits itself (the first after the
+  // restored ones); fresh all of them.
+  ASSERT_FALSE(warm_seen.blocks.empty());
+  ASSERT_EQ(fresh_seen.blocks.size(), again.prompt.size() + a.tokens.size() - 1);
+  for (const DraftBlock& wb : warm_seen.blocks) {
+    ASSERT_GE(wb.c, a.reused_tokens);
+    const DraftBlock& fb = fresh_seen.blocks[wb.c];
+    ASSERT_EQ(fb.c, wb.c);
+    EXPECT_EQ(wb.anchor, fb.anchor) << wb.c;
+    EXPECT_EQ(wb.drafts, fb.drafts) << wb.c;
+    EXPECT_EQ(std::memcmp(wb.logits.data(), fb.logits.data(), wb.logits.size() * sizeof(float)), 0) << wb.c;
+  }
+  EXPECT_EQ(warm_seen.blocks.size(), fresh_seen.blocks.size() - a.reused_tokens);
+}
+
+}  // namespace
+}  // namespace sluice

@@ -27,16 +27,22 @@ namespace sluice {
 struct PrefixEntry {
   SequenceSnapshot snap;
   std::vector<float> logits;  // the row after the prefix's last token (empty: not kept)
+  // --dspark: the drafter's rings at pos (DraftState::rings; empty: not kept) and the first
+  // position whose entries its sequence committed (0: all), so a restored state drafts at once.
+  std::vector<uint16_t> draft_rings;
+  uint32_t draft_from = 0;
   uint32_t pos() const { return snap.pos(); }
-  uint64_t bytes() const { return snap.bytes() + logits.size() * sizeof(float); }
-  // Heap blocks an entry holds: the snapshot's vectors and the logits row, plus the tree node,
-  // its map slot and its label, which an entry may add.
+  uint64_t bytes() const {
+    return snap.bytes() + logits.size() * sizeof(float) + draft_rings.size() * sizeof(uint16_t);
+  }
+  // Heap blocks an entry holds: the snapshot's vectors, the logits row and the rings, plus the
+  // tree node, its map slot and its label, which an entry may add.
   size_t blocks() const {
-    return 2 + snap.ck.carry_k.size() + snap.ck.carry_s.size() + snap.kv.size() + snap.index_k.size() + 1 + 3;
+    return 2 + snap.ck.carry_k.size() + snap.ck.carry_s.size() + snap.kv.size() + snap.index_k.size() + 2 + 3;
   }
 };
 // The same count from the number of KV sources (before a snapshot exists).
-inline size_t prefix_entry_blocks(size_t kv_sources) { return 6 + 4 * kv_sources; }
+inline size_t prefix_entry_blocks(size_t kv_sources) { return 7 + 4 * kv_sources; }
 
 // What an entry is charged: its bytes, its whole token prefix and, per heap block, the
 // allocator's bound (a page plus a header, as admission counts long-lived allocations).

@@ -186,11 +186,13 @@ struct Session::Impl {
     if ((!prefix && !disk) || pos == 0) return;
     with_logits = with_logits && !sl.last_logits.empty();
     const std::span<const TokenId> key(sl.history.data(), pos);
+    const bool with_draft = drafter && sl.draft.committed == pos;
     bool ram = false;
     if (prefix && !prefix->contains(key, with_logits)) {
-      const uint64_t need = prefix_entry_charge(
-          snapshot_bytes(model->config, pos) + (with_logits ? sl.last_logits.size() * sizeof(float) : 0),
-          prefix_entry_blocks(sl.state.sources.size()), pos);
+      const uint64_t need = prefix_entry_charge(snapshot_bytes(model->config, pos) +
+                                                    (with_logits ? sl.last_logits.size() * sizeof(float) : 0) +
+                                                    (with_draft ? sl.draft.rings.size() * sizeof(uint16_t) : 0),
+                                                prefix_entry_blocks(sl.state.sources.size()), pos);
       ram = prefix->make_room(need);
     }
     const bool to_disk = disk && disk->wants(key, with_logits);
@@ -203,6 +205,10 @@ struct Session::Impl {
         PrefixEntry e;
         e.snap = std::move(snap);
         if (with_logits) e.logits = sl.last_logits;
+        if (with_draft) {
+          e.draft_rings = sl.draft.rings;
+          e.draft_from = sl.draft_from;
+        }
         prefix->insert(key, std::move(e));
       }
     }
@@ -263,6 +269,10 @@ struct Session::Impl {
         engine->restore(sl.state, hit->snap);
         sl.history.assign(prompt.begin(), prompt.begin() + pos);
         draft_jump(sl);
+        if (!hit->draft_rings.empty()) {  // the drafter's rings as they were at pos
+          sl.draft.rings = hit->draft_rings;
+          sl.draft_from = hit->draft_from;
+        }
         sl.last_logits = hit->logits;
         // The slot's checkpoints of tokens the new sequence shares stay valid (the restored
         // state holds those tokens and the same compressed rows before them).
