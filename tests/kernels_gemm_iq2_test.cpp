@@ -54,36 +54,46 @@ void put32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
 
 const TypeTraits& row_of(GgmlType t) { return type_traits(t); }
 
-// Runs the type's AVX-512 GEMM on all rows x all activations and compares with dot_scalar.
-void expect_scalar_bits(const TypeTraits& t, const std::vector<uint8_t>& w, int64_t rows,
-                        const std::vector<std::vector<uint8_t>>& acts, int64_t n, const std::string& what) {
-  ASSERT_NE(t.gemm_avx512, nullptr) << t.name;
-  const size_t stride = (size_t)(n / 256) * (size_t)t.block_bytes;
-  ASSERT_EQ(w.size(), stride * (size_t)rows);
-  std::vector<const uint8_t*> ptrs;
-  for (const auto& a : acts) ptrs.push_back(a.data());
-  const size_t ldy = (size_t)rows + 1;
-  std::vector<float> y(ldy * acts.size(), -3.0f);
-  t.gemm_avx512(w.data(), stride, rows, ptrs.data(), (int64_t)acts.size(), n, y.data(), ldy);
-  int bad = 0;
-  for (size_t tk = 0; tk < acts.size(); ++tk)
-    for (int64_t r = 0; r < rows && bad < 4; ++r) {
-      const float want = t.dot_scalar(w.data() + (size_t)r * stride, ptrs[tk], n);
-      const float got = y[tk * ldy + (size_t)r];
-      // Bits, except between NaNs: when two NaNs meet (Inf - Inf's default NaN and a propagated
-      // one), which one an add or multiply returns depends on its operand order, and the
-      // compiler may swap commutative operands (seen: the -O2 sanitizer build's scalar gave +nan
-      // where the -O3 build and the GEMM give -nan). NaN must still be NaN on both sides.
-      const bool same = std::memcmp(&want, &got, 4) == 0 || (std::isnan(want) && std::isnan(got));
-      if (!same) {
-        ++bad;
-        ADD_FAILURE() << t.name << " " << what << " at (r=" << r << ", t=" << tk << "): got " << std::hexfloat << got
-                      << " scalar " << want;
-      }
-    }
+// The type's GEMMs this CPU can run, by ISA name.
+std::vector<std::pair<std::string, GemmFn>> gemms_of(const TypeTraits& t) {
+  std::vector<std::pair<std::string, GemmFn>> v;
+  if (detect_isa() >= Isa::Avx2 && t.gemm_avx2) v.emplace_back("avx2", t.gemm_avx2);
+  if (detect_isa() >= Isa::Avx512 && t.gemm_avx512) v.emplace_back("avx512", t.gemm_avx512);
+  return v;
 }
 
-bool have_avx512() { return detect_isa() >= Isa::Avx512; }
+// Runs each of the type's GEMMs on all rows x all activations and compares with dot_scalar.
+void expect_scalar_bits(const TypeTraits& t, const std::vector<uint8_t>& w, int64_t rows,
+                        const std::vector<std::vector<uint8_t>>& acts, int64_t n, const std::string& what) {
+  const auto gemms = gemms_of(t);
+  ASSERT_FALSE(gemms.empty()) << t.name;
+  for (const auto& [isa, gemm] : gemms) {
+    const size_t stride = (size_t)(n / 256) * (size_t)t.block_bytes;
+    ASSERT_EQ(w.size(), stride * (size_t)rows);
+    std::vector<const uint8_t*> ptrs;
+    for (const auto& a : acts) ptrs.push_back(a.data());
+    const size_t ldy = (size_t)rows + 1;
+    std::vector<float> y(ldy * acts.size(), -3.0f);
+    gemm(w.data(), stride, rows, ptrs.data(), (int64_t)acts.size(), n, y.data(), ldy);
+    int bad = 0;
+    for (size_t tk = 0; tk < acts.size(); ++tk)
+      for (int64_t r = 0; r < rows && bad < 4; ++r) {
+        const float want = t.dot_scalar(w.data() + (size_t)r * stride, ptrs[tk], n);
+        const float got = y[tk * ldy + (size_t)r];
+        // Bits, except between NaNs: when two NaNs meet (Inf - Inf's default NaN and a propagated
+        // one), which one an add or multiply returns depends on its operand order, and the
+        // compiler may swap commutative operands (seen: the -O2 sanitizer build's scalar gave +nan
+        // where the -O3 build and the GEMM give -nan). NaN must still be NaN on both sides.
+        const bool same = std::memcmp(&want, &got, 4) == 0 || (std::isnan(want) && std::isnan(got));
+        if (!same) {
+          ++bad;
+          ADD_FAILURE() << t.name << " " << isa << " " << what << " at (r=" << r << ", t=" << tk << "): got "
+                        << std::hexfloat << got << " scalar " << want;
+        }
+      }
+  }
+}
+
 
 // The activation sets: saturated codes of each sign, alternating 127 / -128, and random codes,
 // with ordinary, zero, huge, infinite and NaN scales.
@@ -132,8 +142,8 @@ std::vector<uint8_t> iq2_weight(int64_t rows, int64_t nb, const std::function<ui
 }
 
 TEST(GemmIq2, Iq2xxsExtremeCodesAndScales) {
-  if (!have_avx512()) GTEST_SKIP() << "no AVX-512";
   const TypeTraits& t = row_of(GgmlType::IQ2_XXS);
+  if (gemms_of(t).empty()) GTEST_SKIP() << "no IQ2_XXS GEMM on this CPU";
   for (int64_t nb : {1, 9}) {
     const auto acts = extreme_acts(nb);
     // Every sub-block scale 15, grid index 255, sign index 127 (all eight signs set).
@@ -166,8 +176,8 @@ std::vector<uint8_t> q2k_weight(int64_t rows, int64_t nb, const std::function<vo
 }
 
 TEST(GemmIq2, Q2kExtremeCodesAndScales) {
-  if (!have_avx512()) GTEST_SKIP() << "no AVX-512";
   const TypeTraits& t = row_of(GgmlType::Q2_K);
+  if (gemms_of(t).empty()) GTEST_SKIP() << "no Q2_K GEMM on this CPU";
   for (int64_t nb : {1, 9}) {
     const auto acts = extreme_acts(nb);
     // Every scale and min 15, every code 3.
@@ -193,9 +203,11 @@ TEST(GemmIq2, Q2kExtremeCodesAndScales) {
 // Random valid blocks over shapes that cross the K-chunks and the 64-token groups, with
 // activation bsums that disagree with the codes (the Q2_K scalar reads the stored ones).
 TEST(GemmIq2, RandomAcrossChunksAndTokenGroups) {
-  if (!have_avx512()) GTEST_SKIP() << "no AVX-512";
+  if (gemms_of(row_of(GgmlType::IQ2_XXS)).empty() && gemms_of(row_of(GgmlType::Q2_K)).empty())
+    GTEST_SKIP() << "no IQ2_XXS or Q2_K GEMM on this CPU";
   for (GgmlType ty : {GgmlType::IQ2_XXS, GgmlType::Q2_K}) {
     const TypeTraits& t = row_of(ty);
+    if (gemms_of(t).empty()) continue;
     for (int64_t nb : {8, 9, 17}) {
       const int64_t rows = 35;
       std::vector<uint8_t> w((size_t)(rows * nb) * (size_t)t.block_bytes);

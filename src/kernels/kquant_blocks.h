@@ -111,7 +111,9 @@ float dot_q2_k_avx512(const void* x, const void* y, int64_t n);
 float dot_q3_k_avx512(const void* x, const void* y, int64_t n);
 float dot_q4_k_avx512(const void* x, const void* y, int64_t n);
 float dot_q6_k_avx512(const void* x, const void* y, int64_t n);
-// GEMM (types.h GemmFn), gemm_q2_k_avx512.cpp.
+// GEMM (types.h GemmFn), gemm_q2_k_avx2.cpp / gemm_q2_k_avx512.cpp.
+void gemm_q2_k_avx2(const void* w, size_t w_stride, int64_t nrows, const uint8_t* const* acts, int64_t nacts,
+                    int64_t n, float* y, size_t ldy);
 void gemm_q2_k_avx512(const void* w, size_t w_stride, int64_t nrows, const uint8_t* const* acts, int64_t nacts,
                       int64_t n, float* y, size_t ldy);
 

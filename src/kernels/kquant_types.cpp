@@ -346,7 +346,7 @@ const TypeTraits kRows[] = {
     {GgmlType::Q8_K, "Q8_K", kQK, q8k::kBytes, ActType::Q8_K, true, dequant_q8_k, random_q8_k,
      dot_q8_k_scalar, dot_q8_k_avx2, dot_q8_k_avx512, nullptr, nullptr},
     {GgmlType::Q2_K, "Q2_K", kQK, q2k::kBytes, ActType::Q8_K, true, dequant_q2_k, random_q2_k,
-     dot_q2_k_scalar, dot_q2_k_avx2, dot_q2_k_avx512, nullptr, gemm_q2_k_avx512},
+     dot_q2_k_scalar, dot_q2_k_avx2, dot_q2_k_avx512, gemm_q2_k_avx2, gemm_q2_k_avx512},
     {GgmlType::Q3_K, "Q3_K", kQK, q3k::kBytes, ActType::Q8_K, true, dequant_q3_k, random_q3_k,
      dot_q3_k_scalar, dot_q3_k_avx2, dot_q3_k_avx512, nullptr, nullptr},
     {GgmlType::Q4_K, "Q4_K", kQK, q4k::kBytes, ActType::Q8_K, true, dequant_q4_k, random_q4_k,
