@@ -299,7 +299,7 @@ constexpr TypeTraits kRows[] = {
     {GgmlType::Q2_0, "Q2_0", 64, kQ2_0Bytes, ActType::Q8_0, true, dequant_q2_0, random_q2_0,
      dot_q2_0_scalar, dot_q2_0_avx2, dot_q2_0_avx512, nullptr, nullptr},
     {GgmlType::IQ2_XXS, "IQ2_XXS", 256, kIq2xxsBytes, ActType::Q8_K, true, dequant_iq2_xxs,
-     random_iq2_xxs, dot_iq2_xxs_scalar, dot_iq2_xxs_avx2, dot_iq2_xxs_avx512, nullptr, gemm_iq2_xxs_avx512},
+     random_iq2_xxs, dot_iq2_xxs_scalar, dot_iq2_xxs_avx2, dot_iq2_xxs_avx512, gemm_iq2_xxs_avx2, gemm_iq2_xxs_avx512},
     {GgmlType::IQ2_XS, "IQ2_XS", 256, kIq2xsBytes, ActType::Q8_K, true, dequant_iq2_xs, random_iq2_xs,
      dot_iq2_xs_scalar, dot_iq2_xs_avx2, dot_iq2_xs_avx512, nullptr, nullptr},
     {GgmlType::TQ2_0, "TQ2_0", 256, kTq2_0Bytes, ActType::Q8_K, true, dequant_tq2_0, random_tq2_0,

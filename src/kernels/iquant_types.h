@@ -76,7 +76,9 @@ float dot_iq2_xxs_avx512(const void* x, const void* y, int64_t n);
 float dot_iq2_xs_avx512(const void* x, const void* y, int64_t n);
 float dot_tq2_0_avx512(const void* x, const void* y, int64_t n);
 
-// GEMM (types.h GemmFn), gemm_iq2_xxs_avx512.cpp.
+// GEMM (types.h GemmFn), gemm_iq2_xxs_avx2.cpp / gemm_iq2_xxs_avx512.cpp.
+void gemm_iq2_xxs_avx2(const void* w, size_t w_stride, int64_t nrows, const uint8_t* const* acts, int64_t nacts,
+                       int64_t n, float* y, size_t ldy);
 void gemm_iq2_xxs_avx512(const void* w, size_t w_stride, int64_t nrows, const uint8_t* const* acts, int64_t nacts,
                          int64_t n, float* y, size_t ldy);
 
