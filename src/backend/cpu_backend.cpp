@@ -19,6 +19,7 @@ void prepare_cpu_weight(Weight& w) {
   if (!w.traits) w.traits = &type_traits(w.type);
   w.dot = dot_for(*w.traits);
   w.gemm = gemm_for(*w.traits);
+  w.gemm_min = (uint32_t)gemm_min_tokens(*w.traits, active_isa());
 }
 
 void CpuBackend::prepare_weight(Weight& w) const { prepare_cpu_weight(w); }

@@ -6,6 +6,13 @@
 
 namespace sluice {
 
+size_t gemm_min_tokens(const TypeTraits& t, Isa isa) {
+  if (t.act == ActType::F32) return 1;
+  if (isa < Isa::Avx512 && t.type == GgmlType::Q2_K) return 4;
+  if (isa < Isa::Avx512 && t.type == GgmlType::IQ2_XXS) return 3;
+  return 2;
+}
+
 ActRows quantize_rows(ActType a, const float* x, size_t x_stride, size_t n, size_t cols) {
   ActRows r;
   r.type = a;
@@ -21,7 +28,7 @@ void matmul(ThreadPool& pool, const Weight& W, std::span<const uint8_t* const> a
   const size_t n = acts.size();
   if (n == 0 || nrows == 0) return;
   const int64_t cols = (int64_t)W.cols;
-  if (W.gemm && n >= gemm_min_tokens(W.act())) {
+  if (W.gemm && n >= W.gemm_min) {
     // Threads take whole tiles of kGemmRowTile rows so that no kernel call gets a ragged tile
     // except the last; the kernel gives each (row, token) the dot product's bits.
     const size_t tiles = (nrows + kGemmRowTile - 1) / kGemmRowTile;

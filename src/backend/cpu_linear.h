@@ -11,15 +11,20 @@
 
 #include "backend/thread_pool.h"
 #include "backend/weight.h"
+#include "kernels/cpu.h"
 
 namespace sluice {
 
-// matmul uses the weight's GEMM (when it has one) from this many tokens on, and hands each
-// thread whole tiles of kGemmRowTile rows. Measured (issue 11): the float GEMMs beat their dot
-// loop already at one token (1.3-2.1x: several rows share each activation load, and one row's
-// fma chain, which the scalar bits fix, no longer limits the read), Q8_0 breaks even there and
-// the 2-bit GEMMs lose (0.3-0.9x: the decoded tile is used once); from two tokens every GEMM wins.
-inline size_t gemm_min_tokens(ActType a) { return a == ActType::F32 ? 1 : 2; }
+// matmul uses the weight's GEMM (when it has one) from W.gemm_min tokens on (prepare_cpu_weight
+// sets it from this), and hands each thread whole tiles of kGemmRowTile rows. Measured (issue
+// 11, docs/cpu-speed.md), AVX-512: the float GEMMs beat their dot loop already at one token
+// (1.3-2.1x: several rows share each activation load, and one row's fma chain, which the scalar
+// bits fix, no longer limits the read), Q8_0 breaks even there and the 2-bit GEMMs lose (0.3-0.9x:
+// the decoded tile is used once); from two tokens every GEMM wins. AVX2 (no VNNI, no VBMI: the
+// 2-bit tiles cost more to decode and to multiply) needs more tokens per tile: at two the Q2_K
+// GEMM runs at 0.76x its dot loop and IQ2_XXS at 0.89x; IQ2_XXS wins from three (1.22x), Q2_K
+// from four (1.18x; even at three).
+size_t gemm_min_tokens(const TypeTraits& t, Isa isa);
 inline constexpr size_t kGemmRowTile = 16;
 
 // n activation rows of `cols` elements in one activation format.

@@ -17,6 +17,7 @@ struct Weight {
   const TypeTraits* traits = nullptr;
   DotFn dot = nullptr;             // CPU backend: the type's kernel for this CPU
   GemmFn gemm = nullptr;           // CPU backend: its GEMM for several tokens, if the type has one
+  uint32_t gemm_min = 2;           // CPU backend: the GEMM runs from this many tokens on (gemm_min_tokens)
   const void* device = nullptr;    // another backend's handle for this weight (not owned here)
   ActType act() const { return traits->act; }
   const uint8_t* row(uint64_t r) const { return data + r * row_bytes; }
