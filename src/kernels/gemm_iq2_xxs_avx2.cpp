@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/gemm_tile_avx2.h"
 #include "kernels/iq_tables.h"
 #include "kernels/iquant_types.h"
 #include "kernels/prefetch.h"
@@ -40,25 +41,6 @@ inline uint32_t ld32(const void* p) {
   uint32_t v;
   std::memcpy(&v, p, 4);
   return v;
-}
-
-// 8x8 dword transpose: r[i] is row i; out[j] lane i = r[i] dword j.
-inline void transpose8(const __m256i r[8], __m256i* out) {
-  __m256i t[8], u[8];
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  for (int h = 0; h < 2; ++h) {
-    u[4 * h + 0] = _mm256_unpacklo_epi64(t[4 * h + 0], t[4 * h + 2]);
-    u[4 * h + 1] = _mm256_unpackhi_epi64(t[4 * h + 0], t[4 * h + 2]);
-    u[4 * h + 2] = _mm256_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
-    u[4 * h + 3] = _mm256_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
-  }
-  for (int c = 0; c < 4; ++c) {
-    out[c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x20);
-    out[c + 4] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x31);
-  }
 }
 
 // One block's 256 values times their sub-block's 2s+1, as int16 in element order. A group of 8 is

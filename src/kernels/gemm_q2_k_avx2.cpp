@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "kernels/f16c_load.h"
+#include "kernels/gemm_tile_avx2.h"
 #include "kernels/kquant_blocks.h"
 #include "kernels/prefetch.h"
 #include "kernels/types.h"
@@ -36,25 +37,6 @@ inline int32_t ld32(const uint8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
   return v;
-}
-
-// 8x8 dword transpose: r[i] is row i; out[j] lane i = r[i] dword j.
-inline void transpose8(const __m256i r[8], __m256i* out) {
-  __m256i t[8], u[8];
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  for (int h = 0; h < 2; ++h) {
-    u[4 * h + 0] = _mm256_unpacklo_epi64(t[4 * h + 0], t[4 * h + 2]);
-    u[4 * h + 1] = _mm256_unpackhi_epi64(t[4 * h + 0], t[4 * h + 2]);
-    u[4 * h + 2] = _mm256_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
-    u[4 * h + 3] = _mm256_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
-  }
-  for (int c = 0; c < 4; ++c) {
-    out[c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x20);
-    out[c + 4] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x31);
-  }
 }
 
 // Elements 128h + 32j .. +31 of one block, each times its sub-block scale: (qs[32h + l] >> 2j) & 3

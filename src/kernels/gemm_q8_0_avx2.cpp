@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "kernels/gemm_q8_0.h"
+#include "kernels/gemm_tile_avx2.h"
 #include "kernels/iquant_types.h"
 #include "kernels/types.h"
 
@@ -39,25 +40,6 @@ static_assert(sizeof(PackedBlock) * kChunkBlocks + sizeof(ActChunk) + 4096 <= sl
 inline uint16_t ld16(const uint8_t* p) { uint16_t v; std::memcpy(&v, p, 2); return v; }
 inline uint32_t ld32(const int16_t* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }
 inline __m128i load128(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
-
-// 8x8 dword transpose: r[i] row i in, out[j] = column j (lane i = r[i][j]).
-inline void transpose8(const __m256i r[8], __m256i* out) {
-  __m256i t[8], u[8];
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  for (int h = 0; h < 2; ++h) {
-    u[4 * h + 0] = _mm256_unpacklo_epi64(t[4 * h + 0], t[4 * h + 2]);  // cols 0 | 4
-    u[4 * h + 1] = _mm256_unpackhi_epi64(t[4 * h + 0], t[4 * h + 2]);  // cols 1 | 5
-    u[4 * h + 2] = _mm256_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);  // cols 2 | 6
-    u[4 * h + 3] = _mm256_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);  // cols 3 | 7
-  }
-  for (int c = 0; c < 4; ++c) {
-    out[c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x20);
-    out[c + 4] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x31);
-  }
-}
 
 // Rows of the tile start at base + off[r] (lanes past the last row repeat it: computed, never stored).
 void pack_tile(const uint8_t* base, const size_t off[kRows], int64_t b0, int nb, PackedBlock* out) {
