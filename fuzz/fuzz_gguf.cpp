@@ -13,17 +13,9 @@
 #include "format/gguf.h"
 #include "util/error.h"
 
-namespace {
+#include "memfd_input.h"
 
-// One memfd reused for every input: File::open takes a path, /proc/self/fd/N provides one.
-int input_fd() {
-  static int fd = [] {
-    int f = ::memfd_create("fuzz_gguf", MFD_CLOEXEC);
-    if (f < 0) std::abort();
-    return f;
-  }();
-  return fd;
-}
+namespace {
 
 void exercise(const sluice::gguf::File& f) {
   for (const auto& kv : f.kvs()) {
@@ -50,15 +42,8 @@ void exercise(const sluice::gguf::File& f) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  int fd = input_fd();
-  if (::ftruncate(fd, 0) != 0) std::abort();
-  size_t done = 0;
-  while (done < size) {
-    ssize_t r = ::pwrite(fd, data + done, size - done, (off_t)done);
-    if (r <= 0) std::abort();
-    done += (size_t)r;
-  }
-  const std::string path = "/proc/self/fd/" + std::to_string(fd);
+  fuzz::put_file(data, size);
+  const std::string path = fuzz::input_path();
   try {
     sluice::gguf::File f = sluice::gguf::File::open(path);
     exercise(f);

@@ -17,27 +17,9 @@
 #include "runtime/state_file.h"
 #include "util/error.h"
 
+#include "memfd_input.h"
+
 namespace {
-
-int input_fd() {
-  static int fd = [] {
-    int f = ::memfd_create("fuzz_state_file", MFD_CLOEXEC);
-    if (f < 0) std::abort();
-    return f;
-  }();
-  return fd;
-}
-
-void put_file(const uint8_t* data, size_t n) {
-  const int fd = input_fd();
-  if (::ftruncate(fd, 0) != 0) std::abort();
-  size_t done = 0;
-  while (done < n) {
-    const ssize_t w = ::pwrite(fd, data + done, n - done, (off_t)done);
-    if (w <= 0) std::abort();
-    done += (size_t)w;
-  }
-}
 
 sluice::StateShape shape() {
   sluice::StateShape s;
@@ -68,7 +50,7 @@ std::vector<uint8_t> valid_file(uint8_t seed, sluice::SequenceSnapshot* snap_out
   std::vector<sluice::TokenId> tokens(pos);
   for (auto& t : tokens) t = next() % 1000;
   const std::vector<float> logits = seed & 1 ? std::vector<float>{1, 2, 3} : std::vector<float>{};
-  const int fd = input_fd();
+  const int fd = fuzz::input_fd();
   if (::ftruncate(fd, 0) != 0) std::abort();
   sluice::write_state_file(fd, "fuzz", s, kIdentity, tokens, snap, logits);
   std::vector<uint8_t> bytes(sluice::state_file_bytes(s, pos, !logits.empty()));
@@ -83,8 +65,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const sluice::StateShape s = shape();
   sluice::LoadedState out;
   if (data[0] & 1) {
-    put_file(data + 1, size - 1);
-    (void)sluice::read_state_file(input_fd(), s, kIdentity, &out);
+    fuzz::put_file(data + 1, size - 1);
+    (void)sluice::read_state_file(fuzz::input_fd(), s, kIdentity, &out);
     return 0;
   }
   if (size < 2) return 0;
@@ -102,8 +84,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     file.resize(cut);
   }
   const bool damaged = file != intact;
-  put_file(file.data(), file.size());
-  const sluice::StateCheck c = sluice::read_state_file(input_fd(), s, kIdentity, &out);
+  fuzz::put_file(file.data(), file.size());
+  const sluice::StateCheck c = sluice::read_state_file(fuzz::input_fd(), s, kIdentity, &out);
   if (!damaged && (!c || !(out.snap == written))) std::abort();  // an intact file must read back
   if (damaged && c) std::abort();  // every damage is noticed (the checksum covers every byte)
   return 0;

@@ -26,28 +26,9 @@
 #include "storage/expert_geometry.h"
 #include "util/error.h"
 
+#include "memfd_input.h"
+
 namespace {
-
-int input_fd() {
-  static int fd = [] {
-    int f = ::memfd_create("fuzz_support_file", MFD_CLOEXEC);
-    if (f < 0) std::abort();
-    return f;
-  }();
-  return fd;
-}
-
-void put_file(const uint8_t* data, size_t n, uint64_t size) {
-  const int fd = input_fd();
-  if (::ftruncate(fd, 0) != 0) std::abort();
-  size_t done = 0;
-  while (done < n) {
-    const ssize_t w = ::pwrite(fd, data + done, n - done, (off_t)done);
-    if (w <= 0) std::abort();
-    done += (size_t)w;
-  }
-  if (size > n && ::ftruncate(fd, (off_t)size) != 0) std::abort();  // the payload: a hole
-}
 
 const sluice::ModelConfig& tiny() {
   static const sluice::ModelConfig c = sluice::tiny_config();
@@ -169,7 +150,7 @@ void exercise(const sluice::gguf::File& f) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size >= 4 && std::memcmp(data, "GGUF", 4) == 0) {
-    put_file(data, size, size);
+    fuzz::put_file(data, size, size);
   } else if (size && (data[0] & 1)) {
     const Seed& s = seed();
     std::vector<sluice::gguf::KV> kvs = s.kvs;
@@ -178,7 +159,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::vector<uint8_t> h;
     uint64_t file_size = 0;
     if (!serialise(s, kvs, ts, h, file_size) || file_size > (64ull << 20)) return 0;
-    put_file(h.data(), h.size(), file_size);
+    fuzz::put_file(h.data(), h.size(), file_size);
   } else {
     const Seed& s = seed();
     std::vector<uint8_t> h = s.header;
@@ -194,10 +175,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const uint32_t off = ((uint32_t)data[i] | (uint32_t)data[i + 1] << 8) % (uint32_t)h.size();
       h[off] ^= data[i + 2];
     }
-    put_file(h.data(), (size_t)cut, cut == h.size() ? s.file_size : cut);
+    fuzz::put_file(h.data(), (size_t)cut, cut == h.size() ? s.file_size : cut);
   }
   try {
-    const sluice::gguf::File f = sluice::gguf::File::open("/proc/self/fd/" + std::to_string(input_fd()));
+    const sluice::gguf::File f = sluice::gguf::File::open(fuzz::input_path());
     exercise(f);
   } catch (const sluice::Error&) {
   }
