@@ -37,18 +37,12 @@ struct ActChunk {
 };
 static_assert(sizeof(Iq2Tile) + sizeof(ActChunk) + kRows * 256 * 2 + 8192 < sluice::kGemmStackBytes);
 
-inline uint32_t ld32(const void* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
 // One block's 256 values times their sub-block's 2s+1, as int16 in element order. A group of 8 is
 // a grid row (8 magnitude bytes) with the 8 sign bits of ksigns_iq2xs: bit j set negates element j.
 inline void decode_block(const uint8_t* x, int16_t* out) {
   const __m128i bit = _mm_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128);
   for (int sb = 0; sb < 8; ++sb) {
-    const uint32_t w0 = ld32(x + 2 + 8 * sb), w1 = ld32(x + 6 + 8 * sb);
+    const uint32_t w0 = (uint32_t)gemm_ld32(x + 2 + 8 * sb), w1 = (uint32_t)gemm_ld32(x + 6 + 8 * sb);
     const __m128i m = _mm_set1_epi16((short)(2 * (w1 >> 28) + 1));
     for (int l = 0; l < 4; ++l) {
       const __m128i mag = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)iq2xxs_grid[(w0 >> (8 * l)) & 255]));
@@ -68,7 +62,7 @@ void pack_tile(const uint8_t* w, size_t w_stride, int rn, int nblk, Iq2Tile& t) 
       const uint8_t* x = w + (size_t)r * w_stride + (size_t)b * kIq2xxsBytes;
       if (r < rn) {
         decode_block(x, rowv[r]);
-        dx[r] = _cvtsh_ss((unsigned short)(ld32(x) & 0xffff));
+        dx[r] = _cvtsh_ss((unsigned short)(gemm_ld32(x) & 0xffff));
       } else {
         std::memset(rowv[r], 0, sizeof rowv[r]);
         dx[r] = 0.0f;
@@ -106,7 +100,7 @@ void run_tokens(const Iq2Tile& tile, int nblk, const ActChunk& a, float* y, size
     for (int k = 0; k < 128; ++k) {
       const __m256i wv = tile.w[b][k];
       for (int t = 0; t < T; ++t)
-        acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(wv, _mm256_set1_epi32((int)ld32(a.q[t][b] + 2 * k))));
+        acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(wv, _mm256_set1_epi32(gemm_ld32(a.q[t][b] + 2 * k))));
     }
     for (int t = 0; t < T; ++t)  // step_iq2: sumf + (dx * dy) * (float)bsum
       sumf[t] = _mm256_add_ps(sumf[t], _mm256_mul_ps(_mm256_mul_ps(tile.dx[b], _mm256_set1_ps(a.d[t][b])),

@@ -33,12 +33,6 @@ struct Q2kTile {
 };
 static_assert(sizeof(Q2kTile) + 8192 < kGemmStackBytes);
 
-inline int32_t ld32(const uint8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
 // Elements 128h + 32j .. +31 of one block, each times its sub-block scale: (qs[32h + l] >> 2j) & 3
 // looked up in a per-lane table (0, s, 2s, 3s), the low 128-bit lane for sub-block 8h + 2j, the
 // high one for 8h + 2j + 1.
@@ -87,15 +81,15 @@ inline void tile_tokens(const Q2kTile& tile, int nblk, const uint8_t* const* a, 
       const __m256i w0 = tile.w[b][k], w1 = tile.w[b][k + 1];
       for (int t = 0; t < T; ++t) {
         const uint8_t* q = a[t] + boff + q8k::kQs + 4 * k;
-        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(w0, _mm256_set1_epi32(ld32(q))),
-                                           _mm256_maddubs_epi16(w1, _mm256_set1_epi32(ld32(q + 4))));
+        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(w0, _mm256_set1_epi32(gemm_ld32(q))),
+                                           _mm256_maddubs_epi16(w1, _mm256_set1_epi32(gemm_ld32(q + 4))));
         acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(p, ones));
       }
     }
     for (int j = 0; j < 8; ++j) {
       const __m256i mv = tile.mins[b][j];
       for (int t = 0; t < T; ++t)
-        sm[t] = _mm256_add_epi32(sm[t], _mm256_madd_epi16(mv, _mm256_set1_epi32(ld32(a[t] + boff + q8k::kBsums + 4 * j))));
+        sm[t] = _mm256_add_epi32(sm[t], _mm256_madd_epi16(mv, _mm256_set1_epi32(gemm_ld32(a[t] + boff + q8k::kBsums + 4 * j))));
     }
     for (int t = 0; t < T; ++t) {
       const __m256 yd = _mm256_set1_ps(load_f32_at(a[t] + boff + q8k::kD));

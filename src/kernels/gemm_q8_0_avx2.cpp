@@ -38,7 +38,6 @@ struct ActChunk {
 static_assert(sizeof(PackedBlock) * kChunkBlocks + sizeof(ActChunk) + 4096 <= sluice::kGemmStackBytes);
 
 inline uint16_t ld16(const uint8_t* p) { uint16_t v; std::memcpy(&v, p, 2); return v; }
-inline uint32_t ld32(const int16_t* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }
 inline __m128i load128(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
 
 // Rows of the tile start at base + off[r] (lanes past the last row repeat it: computed, never stored).
@@ -78,7 +77,7 @@ void tile_tokens(const PackedBlock* pk, int nb, const ActChunk& a, __m256 sumf[]
     for (int k = 0; k < 16; ++k) {
       const __m256i w = p.w[k];
       for (int t = 0; t < NT; ++t)
-        acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(w, _mm256_set1_epi32((int)ld32(a.q[t][b] + 2 * k))));
+        acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(w, _mm256_set1_epi32(gemm_ld32(a.q[t][b] + 2 * k))));
     }
     for (int t = 0; t < NT; ++t) {
       const __m256 prod = _mm256_mul_ps(p.dx, _mm256_set1_ps(a.d[t][b]));

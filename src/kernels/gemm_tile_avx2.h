@@ -1,9 +1,12 @@
 // Helpers shared by the AVX2 GEMM kernels (gemm_*_avx2.cpp): the 8x8 dword transpose that turns
 // 8 rows' decoded data into the packed tile layout (ymm q holds dword q of every row, row r in
-// dword lane r). Only included by files compiled with the AVX2 flags; internal linkage so no
+// dword lane r), and the unaligned 4-byte load a broadcast operand comes from. Only included by files compiled with the AVX2 flags; internal linkage so no
 // ISA-flagged copy can be shared with other files (see kquant_blocks.h).
 #pragma once
 #include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
 
 namespace sluice {
 namespace {
@@ -25,6 +28,13 @@ inline void transpose8(const __m256i r[8], __m256i* out) {
     out[c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x20);
     out[c + 4] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x31);
   }
+}
+
+// 4 bytes at p (any alignment) as the int32 _mm256_set1_epi32 broadcasts.
+inline int32_t gemm_ld32(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
 }
 
 }  // namespace
