@@ -13,6 +13,7 @@
 
 #include "model/deepseek41/config.h"
 #include "runtime/session.h"
+#include "server/metrics.h"
 
 namespace sluice {
 namespace {
@@ -421,6 +422,16 @@ TEST_F(DsparkSession, StreamedDrafterExpertsKeepSpeculationExact) {
     } else {
       EXPECT_EQ(st.dspark_store.slots, 0u);
     }
+    // /metrics shows the drafter store's figures (zero when its experts are resident).
+    server::MetricsInput in;
+    in.loaded = true;
+    in.session = st;
+    const std::string metrics = server::render_metrics(in);
+    const uint64_t read = st.dspark_store.total().bytes_demand + st.dspark_store.total().bytes_prefetch;
+    EXPECT_NE(metrics.find("\nsluice_dspark_expert_slots " + std::to_string(st.dspark_store.slots) + "\n"), std::string::npos)
+        << metrics;
+    EXPECT_NE(metrics.find("\nsluice_dspark_expert_read_bytes_total " + std::to_string(read) + "\n"), std::string::npos)
+        << metrics;
   }
 }
 

@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -338,6 +340,37 @@ TEST_F(Dspark, AStreamedDrafterProposesTheResidentDraftersBlocks) {
   EXPECT_GT(a.bytes_demand, 0u);
   EXPECT_GT(a.hits, 0u);
   EXPECT_GT(b.bytes_demand, a.bytes_demand);
+}
+
+// A read error in the drafter's store is an Error naming the tensor, and leaves nothing behind:
+// the next proposal reads again and gives the resident drafter's block bit for bit.
+TEST_F(Dspark, AReadErrorInTheDrafterStoreIsReportedAndTheNextProposalReadsAgain) {
+  CpuBackend be(1);
+  const Drafter resident(m(), *dspark_, be);
+  LoadOptions lo;
+  lo.resident_experts = false;
+  const std::unique_ptr<DsparkModel> lean = load_dspark(support_path_, m(), lo);
+  std::atomic<bool> fail{true};
+  storage::StoreOptions o = dspark_store_options(lean->config, {});
+  o.fault_injector = [&fail](const storage::ReadAttempt&) {
+    return fail ? storage::ReadFault::fail(EIO) : storage::ReadFault::ok();
+  };
+  storage::ExpertStore store(lean->file, dspark_expert_geometry(lean->file, lean->config), o);
+  const StreamedExperts streamed(store);
+  const Drafter d(m(), *lean, be, &streamed);
+  const std::vector<TokenId> p = prompt(11, 2);
+  const std::vector<float> h = capture_rows(m(), resident, p, 1);
+  DraftState st = resident.new_state();
+  resident.commit(st, h.data(), (uint32_t)p.size());
+  try {
+    (void)d.propose(st, 5);
+    ADD_FAILURE() << "a failing read was not reported";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("mtp.0.ffn_"), std::string::npos) << e.what();
+  }
+  fail = false;
+  EXPECT_TRUE(same_block(resident.propose(st, 5), d.propose(st, 5)));
+  streamed.release();
 }
 
 // --- exact acceptance (spec 6.5), synthetic distributions ------------------------------------

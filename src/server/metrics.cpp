@@ -205,6 +205,14 @@ std::string render_metrics(const MetricsInput& in) {
           (double)s.spec_pauses);
     w.one("sluice_dspark_propose_seconds_total", "counter", "Seconds spent proposing blocks.", s.spec_propose_s);
     w.one("sluice_dspark_verify_seconds_total", "counter", "Seconds spent in verify passes.", s.spec_verify_s);
+    // The drafter's own expert store (--dspark-experts stream; all zero when its experts are resident).
+    const storage::LayerStats d = s.dspark_store.total();
+    w.one("sluice_dspark_expert_slots", "gauge", "Slots of the drafter's expert store (0: its experts are resident).",
+          (double)s.dspark_store.slots);
+    w.one("sluice_dspark_expert_requests_total", "counter", "Drafter expert lookups in its store.", (double)d.requests);
+    w.one("sluice_dspark_expert_hits_total", "counter", "Drafter expert lookups served from memory.", (double)d.hits);
+    w.one("sluice_dspark_expert_read_bytes_total", "counter", "Bytes the drafter's expert store read from the support file.",
+          (double)(d.bytes_demand + d.bytes_prefetch));
   }
   w.family("sluice_slot_busy", "gauge", "1 while the slot runs a request.");
   for (size_t k = 0; k < s.slot.size(); ++k)
