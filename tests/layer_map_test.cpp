@@ -41,6 +41,9 @@ TEST(LayerMap, UpwardIncludesDoNotCompile) {
   EXPECT_FALSE(compiles_in("storage", "text/tokenizer.h", dir));
   EXPECT_FALSE(compiles_in("util", "format/gguf.h", dir));
   EXPECT_FALSE(compiles_in("runtime", "cli/commands.h", dir));
+  EXPECT_TRUE(compiles_in("runtime", "fabric/frames.h", dir));
+  EXPECT_FALSE(compiles_in("model", "fabric/fabric.h", dir));
+  EXPECT_FALSE(compiles_in("fabric", "format/gguf.h", dir));
 }
 
 // One architecture's subfolders (model/deepseek41, text/deepseek41) belong to their layer: they

@@ -188,6 +188,10 @@ class Backend {
   virtual void fill_rows(Mat x, std::span<const float> row) const = 0;
   // dst row i = src row rows[i] (dst.width == src.width; dst.n == rows.size()).
   virtual void gather_rows(CMat src, std::span<const uint32_t> rows, Mat dst) const = 0;
+  // dst row rows[i] = src row i (src.n == rows.size()).
+  virtual void scatter_rows(CMat src, std::span<const uint32_t> rows, Mat dst) const = 0;
+  // out row tokens[j] += terms row j, f32, for j in order (terms.n == tokens.size()).
+  virtual void add_rows(CMat terms, std::span<const uint32_t> tokens, Mat out) const = 0;
 
   // --- hyper-connections (spec 3.2) -----------------------------------------------------------
   // Mixes of every token: the projections of the flattened streams X (f32, scaled by their rms
@@ -226,6 +230,11 @@ class Backend {
   // the caller has prepared.
   virtual void routed_ffn(ExpertTensors t, const ExpertSource& src, uint32_t layer,
                           std::span<const ExpertTriple> triples, float limit, CMat x, Mat routed) const = 0;
+  // rows[j] = the term routed_ffn adds for triple j, f32 (rows.n == triples.size()): for callers
+  // that add the terms themselves, with terms other processes computed (expert parallelism), in
+  // the same order, so add_rows over all of them gives routed_ffn's bits.
+  virtual void routed_ffn_rows(ExpertTensors t, const ExpertSource& src, uint32_t layer,
+                               std::span<const ExpertTriple> triples, float limit, CMat x, Mat rows) const = 0;
 
   // --- Engram (spec 4.5) ----------------------------------------------------------------------
   // X[t][h] = bf16(X + gate * value) for the hc streams of each token; the key of stream h is

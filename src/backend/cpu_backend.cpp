@@ -95,6 +95,24 @@ void CpuBackend::gather_rows(CMat src, std::span<const uint32_t> rows, Mat dst) 
   }
 }
 
+void CpuBackend::scatter_rows(CMat src, std::span<const uint32_t> rows, Mat dst) const {
+  if (dst.width != src.width || src.n != rows.size()) throw Error("scatter_rows: shapes differ");
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] >= dst.n) throw Error("scatter_rows: row " + std::to_string(rows[i]) + " of " + std::to_string(dst.n));
+    std::copy(src.row(i), src.row(i) + src.width, dst.row(rows[i]));
+  }
+}
+
+void CpuBackend::add_rows(CMat terms, std::span<const uint32_t> tokens, Mat out) const {
+  if (out.width != terms.width || terms.n != tokens.size()) throw Error("add_rows: shapes differ");
+  for (size_t j = 0; j < tokens.size(); ++j) {
+    if (tokens[j] >= out.n) throw Error("add_rows: row " + std::to_string(tokens[j]) + " of " + std::to_string(out.n));
+    float* o = out.row(tokens[j]);
+    const float* d = terms.row(j);
+    for (size_t k = 0; k < out.width; ++k) o[k] += d[k];
+  }
+}
+
 // spec 3.2: the projections are one linear layer over the flattened streams (f32, no
 // rounding), scaled by the f32 rms factor of the streams.
 void CpuBackend::hc_mix(const Weight& fn, const float* base, const float* scale, HcParams p, CMat X,

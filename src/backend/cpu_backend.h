@@ -2,6 +2,7 @@
 // output rows (or tokens x heads) only, so every output element is computed by one thread
 // with the same code whatever the thread count: results are bit-identical for any --threads.
 #pragma once
+#include <functional>
 #include "backend/backend.h"
 #include "backend/thread_pool.h"
 #include "kernels/index_scores.h"
@@ -36,6 +37,8 @@ class CpuBackend : public Backend {
   void add_round(CMat a, CMat b, Mat out) const override;
   void fill_rows(Mat x, std::span<const float> row) const override;
   void gather_rows(CMat src, std::span<const uint32_t> rows, Mat dst) const override;
+  void scatter_rows(CMat src, std::span<const uint32_t> rows, Mat dst) const override;
+  void add_rows(CMat terms, std::span<const uint32_t> tokens, Mat out) const override;
   void hc_mix(const Weight& fn, const float* base, const float* scale, HcParams p, CMat X, Mat mixes) const override;
   void hc_pre_norm(CMat X, CMat pre, const float* norm_w, HcParams p, Mat y) const override;
   void hc_pre(CMat X, CMat pre, HcParams p, Mat y) const override;
@@ -51,10 +54,15 @@ class CpuBackend : public Backend {
                   Mat out) const override;
   void routed_ffn(ExpertTensors t, const ExpertSource& src, uint32_t layer, std::span<const ExpertTriple> triples,
                   float limit, CMat x, Mat routed) const override;
+  void routed_ffn_rows(ExpertTensors t, const ExpertSource& src, uint32_t layer, std::span<const ExpertTriple> triples,
+                       float limit, CMat x, Mat rows) const override;
   void engram_gate(Mat X, uint32_t hc, CMat kv, const float* q_norm, const float* k_norm, float eps,
                    const uint8_t* masked) const override;
 
  private:
+  // Each triple's term (expert output rows, f32) handed to `take(j, row)` in triple order.
+  void routed_terms(ExpertTensors t, const ExpertSource& src, uint32_t layer, std::span<const ExpertTriple> triples,
+                    float limit, CMat x, const std::function<void(size_t, const float*)>& take) const;
   // Queries i0 .. i0 + gn - 1 of a, each over its rows (rows[i - i0]), every head.
   void attend_group(const SparseAttention& a, uint32_t i0, uint32_t gn,
                     const std::vector<std::vector<const uint16_t*>>& rows, float scale, Mat o) const;

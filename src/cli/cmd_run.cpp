@@ -487,6 +487,7 @@ CLI::App* setup_run(CLI::App& app, RunOptions& o) {
                 "(never links or devices)");
   sub->add_flag("--expert-stats", o.expert_stats, "after the summary, print the expert store's statistics per layer");
   add_engine_options(sub, o.engine);
+  add_fabric_options(sub, o.fabric);
   return sub;
 }
 
@@ -514,6 +515,9 @@ void check_distinct_outputs(const RunOptions& o) {
 
 }  // namespace
 
+int run_body(const RunOptions& o, const ModelHeader& header, const std::vector<uint64_t>& ids, uint64_t ctx,
+             std::chrono::steady_clock::time_point t_load, FabricJob* job);
+
 int run_run(const RunOptions& o) {
   using Clock = std::chrono::steady_clock;
   const StopSignals stop_signals;  // first: a signal during the (long) load still ends cleanly
@@ -528,7 +532,7 @@ int run_run(const RunOptions& o) {
   if (!drafter && o.draft_audit) throw UsageError("--draft-audit needs --dspark FILE");
   check_distinct_outputs(o);
   const bool text_mode = o.tokens.empty();
-  const SamplerOptions so = sampler_options(o.temp, o.top_p, o.seed, o.top_k, o.min_p);
+  sampler_options(o.temp, o.top_p, o.seed, o.top_k, o.min_p);  // bad values are usage errors before the load
   // Usage checks that do not need the model come before it is opened.
   session_options(o.engine, o.model, 0);
 
@@ -581,6 +585,27 @@ int run_run(const RunOptions& o) {
                      " exceeds the model's max_position_embeddings " + std::to_string(max_pos));
   const uint64_t ctx = o.ctx != 0 ? o.ctx : std::max<uint64_t>(1, prompt_n + n_predict);
 
+  // Every rank of a --fabric job runs this command; the others serve experts and write nothing.
+  std::unique_ptr<FabricJob> job = FabricJob::open(o.fabric, header);
+  if (job && !job->coordinator()) return job->serve(session_options(o.engine, o.model, (uint32_t)ctx), header);
+  try {
+    return run_body(o, header, ids, ctx, t_load, job.get());
+  } catch (const std::exception& e) {
+    if (job) job->fail(e.what());  // every rank ends with it, this error named once
+    throw;
+  }
+}
+
+int run_body(const RunOptions& o, const ModelHeader& header, const std::vector<uint64_t>& ids, uint64_t ctx,
+             std::chrono::steady_clock::time_point t_load, FabricJob* job) {
+  const ModelConfig& cfg = header.config;
+  const text::Tokenizer* tok = header.tokenizer.get();
+  const bool drafter = !o.engine.dspark.empty() && !o.engine.no_dspark;
+  const bool text_mode = o.tokens.empty();
+  const SamplerOptions so = sampler_options(o.temp, o.top_p, o.seed, o.top_k, o.min_p);
+  const uint64_t n_predict = (uint64_t)o.n_predict;
+  const uint64_t prompt_n = ids.size();
+
   // Output files before the (long) load, so a path they may not use is refused at once.
   const Existing existing = o.force ? Existing::Replace : Existing::Refuse;
   std::unique_ptr<LogitsDump> dump;
@@ -596,7 +621,9 @@ int run_run(const RunOptions& o) {
   SessionOptions sopt = session_options(o.engine, o.model, (uint32_t)ctx);
   sopt.tensors = tensors.get();
   sopt.draft_audit = o.draft_audit;
+  if (job) sopt.remote = job->remote();
   Session session(std::move(sopt), header);
+  if (job) job->start(session);
   maybe_print_plan(o.engine, session);
   const double load_s = seconds_since(t_load);
   EvalObserver obs;
@@ -648,6 +675,7 @@ int run_run(const RunOptions& o) {
     return true;
   };
   const GenerateResult res = session.generate(req, on_prefill, on_token);
+  if (job) job->end();
   if (decoder) {
     const std::string rest = decoder->finish();
     std::fwrite(rest.data(), 1, rest.size(), stdout);
@@ -696,6 +724,7 @@ int run_run(const RunOptions& o) {
                res.tokens.size(), (unsigned long long)decode_evals, res.decode_s,
                rate((double)decode_evals, res.decode_s).c_str(), stop.c_str(), load_s, session.plan().threads,
                (unsigned long long)ctx, session.plan().chunk, store_line.c_str());
+  if (job) std::fprintf(stderr, "sluice run: %s\n", job->summary().c_str());
   if (o.expert_stats) std::fputs(expert_stats_table(session.stats()).c_str(), stderr);
   return 0;
 }

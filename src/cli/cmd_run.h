@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli/fabric_job.h"
 #include "runtime/session.h"
 
 namespace sluice::cli {
@@ -76,6 +77,7 @@ struct RunOptions {
   bool force = false;          // --dump-logits / --trace / --dump-tensors may replace existing regular files
   bool expert_stats = false;   // per-layer store statistics after the summary
   EngineCliOptions engine;
+  FabricCliOptions fabric;     // --fabric mpi: routed experts spread over the ranks of an mpirun job
 };
 CLI::App* setup_run(CLI::App& app, RunOptions& o);
 // 0 on success, also when SIGTERM/SIGINT stopped generation early (the summary is printed).

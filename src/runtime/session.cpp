@@ -640,6 +640,8 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
   if (opt.route_bias != 0.0f && !opt.stream_experts)
     throw Error("route bias needs streamed experts (with resident experts every expert is cached)");
   eo.route_bias = opt.route_bias;
+  if (opt.remote && opt.route_bias != 0.0f) throw Error("--route-bias does not work across ranks (--fabric)");
+  eo.remote = opt.remote;
   eo.engram_cache_rows = s.plan.engram_cache_rows;
   if (!opt.dspark_path.empty()) {
     LoadOptions dl;
@@ -705,6 +707,11 @@ const text::Tokenizer& Session::tokenizer() const { return *impl_->tokenizer; }
 const ModelConfig& Session::config() const { return impl_->model->config; }
 const Architecture& Session::architecture() const { return *impl_->arch; }
 const Plan& Session::plan() const { return impl_->plan; }
+const Model& Session::model() const { return *impl_->model; }
+const Backend& Session::backend() const { return impl_->engine->backend(); }
+const ExpertSource& Session::experts() const {
+  return impl_->streamed ? static_cast<const ExpertSource&>(*impl_->streamed) : resident_expert_source(*impl_->model);
+}
 const SessionOptions& Session::options() const { return impl_->opt; }
 uint32_t Session::ctx() const { return impl_->plan.ctx; }
 

@@ -29,7 +29,10 @@
 
 namespace sluice {
 namespace text { class Tokenizer; }
+class Backend;
+class ExpertSource;
 class Model;
+class RemoteExperts;
 class TensorObserver;
 struct Architecture;
 
@@ -40,6 +43,9 @@ inline uint32_t default_context(uint64_t max_position_embeddings) {
 
 struct SessionOptions {
   std::string model_path;
+  // Expert parallelism (runtime/expert_parallel.h): the routed experts it does not call local are
+  // computed by other ranks (EngineOptions::remote). Null: all here. Must outlive the Session.
+  const RemoteExperts* remote = nullptr;
   uint32_t ctx = 0;              // 0: min(max_position_embeddings, 4096)
   uint32_t chunk = 0;            // 0: the largest the plan admits (up to PlanOptions::max_chunk)
   int threads = 0;               // 0: all cores
@@ -251,6 +257,11 @@ class Session {
   const Architecture& architecture() const;  // the file's (its chat format, its engine)
   const ModelConfig& config() const;
   const Plan& plan() const;
+  // What an expert server (runtime/expert_parallel.h) computes with: the loaded model, the
+  // engine's backend and the routed experts (resident, or the store).
+  const Model& model() const;
+  const Backend& backend() const;
+  const ExpertSource& experts() const;
   const SessionOptions& options() const;
   uint32_t ctx() const;
   std::string model_id() const;  // file name without directory and .gguf

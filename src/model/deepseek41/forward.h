@@ -16,6 +16,7 @@
 #include "model/deepseek41/engine_footprint.h"
 #include "model/deepseek41/engram.h"
 #include "model/model.h"
+#include "model/remote_experts.h"
 #include "model/deepseek41/sequence_state.h"
 #include "util/token_id.h"
 
@@ -70,6 +71,10 @@ struct EngineOptions {
   // mean of the hc streams entering it, BF16, written to BatchItem::hidden of the items that
   // give one (capture_layers.size() x hidden_size floats per token). Empty: nothing is captured.
   std::vector<uint32_t> capture_layers;
+  // Expert parallelism (docs/scale-out.md): the routed experts `remote` does not call local are
+  // computed by other processes; results have the same bits. Null: every expert here. Must
+  // outlive the Engine.
+  const RemoteExperts* remote = nullptr;
 };
 
 struct TokenTrace {                                   // one per evaluated position

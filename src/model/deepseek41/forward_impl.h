@@ -59,6 +59,8 @@ struct Engine::Impl {
   // Experts layer L's router picks for the pass's tokens given FFN input x (ascending, distinct).
   // The layer's selection bias (text or image), plus route_bias on the experts the source holds.
   std::vector<float> selection_bias(uint32_t L, const std::vector<float>& base) const;
+  // moe() when some experts are computed by other processes (EngineOptions::remote).
+  void moe_split(Pass& p, uint32_t L, CMat x, const std::vector<ExpertTriple>& triples, Mat out) const;
   std::vector<uint32_t> predict_experts(uint32_t L, const Pass& p, CMat x) const;
 
   RopeTable rope_table(uint32_t L) const { return RopeTable{freqs[L].data(), freqs[L].size()}; }

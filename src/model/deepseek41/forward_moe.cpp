@@ -75,6 +75,7 @@ void Engine::Impl::moe(Pass& p, uint32_t L, CMat x, Mat out) const {
   // Ascending expert, tokens in order within an expert.
   std::stable_sort(triples.begin(), triples.end(),
                    [](const ExpertTriple& a, const ExpertTriple& b) { return a.expert < b.expert; });
+  if (opt.remote) return moe_split(p, L, x, triples, out);
   std::vector<uint32_t> used;
   for (const ExpertTriple& t : triples)
     if (used.empty() || used.back() != t.expert) used.push_back(t.expert);
@@ -93,6 +94,59 @@ void Engine::Impl::moe(Pass& p, uint32_t L, CMat x, Mat out) const {
   experts->prepare(L, used);
   const ExpertLayout& lay = w.experts;
   be.routed_ffn(ExpertTensors{&lay.gate, &lay.up, &lay.down}, *experts, L, triples, lim, x, routed);
+  name(p, (int)L, "ffn_routed", routed);
+  be.add_round(routed, sh, out);  // f_out
+}
+
+// Expert parallelism: the triples of experts other processes own go out first, so they compute
+// while this one runs the shared expert and its own experts; then every term, local or remote,
+// is added in the sorted triple order, the order routed_ffn adds them in.
+void Engine::Impl::moe_split(Pass& p, uint32_t L, CMat x, const std::vector<ExpertTriple>& triples, Mat out) const {
+  const LayerWeights& w = m.layers[L];
+  const uint32_t n = p.n, H = c.hidden_size;
+  const float lim = c.swiglu_limit;
+  std::vector<ExpertTriple> mine, theirs;
+  std::vector<uint32_t> at_mine, at_theirs, tokens(triples.size());
+  for (uint32_t j = 0; j < triples.size(); ++j) {
+    const bool local = opt.remote->local(L, triples[j].expert);
+    (local ? mine : theirs).push_back(triples[j]);
+    (local ? at_mine : at_theirs).push_back(j);
+    tokens[j] = triples[j].token;
+  }
+  std::vector<uint32_t> used;
+  for (const ExpertTriple& t : mine)
+    if (used.empty() || used.back() != t.expert) used.push_back(t.expert);
+  if (!theirs.empty()) opt.remote->begin(L, theirs, x);
+  if (prefetching()) {
+    experts->hint(L, used);
+    if (L + 1 < c.num_hidden_layers) {
+      std::vector<uint32_t> next;
+      for (uint32_t e : predict_experts(L + 1, p, x))
+        if (opt.remote->local(L + 1, e)) next.push_back(e);
+      experts->hint(L + 1, next);
+    }
+  }
+  const Mat sh = ws(Ws::Shared, n), routed = ws(Ws::Routed, n);
+  be.shared_ffn(w.gate_sh, w.up_sh, w.down_sh, lim, x, sh);
+  // One term per triple (triples x hidden f32: the decode step's 6 rows, a prefill chunk's
+  // chunk x top-k), in the order they are added.
+  const Tensor terms = be.tensor(triples.size(), H);
+  if (!mine.empty()) {
+    experts->prepare(L, used);
+    const Tensor t = be.tensor(mine.size(), H);
+    const ExpertLayout& lay = w.experts;
+    be.routed_ffn_rows(ExpertTensors{&lay.gate, &lay.up, &lay.down}, *experts, L, mine, lim, x, t.m());
+    be.scatter_rows(t.c(), at_mine, terms.m());
+  }
+  if (!theirs.empty()) {
+    const Tensor t = be.tensor(theirs.size(), H);
+    be.sync();
+    opt.remote->finish(L, t.m());
+    be.scatter_rows(t.c(), at_theirs, terms.m());
+  }
+  be.fill_rows(routed, std::vector<float>(H, 0.0f));
+  be.add_rows(terms.c(), tokens, routed);
+  name(p, (int)L, "ffn_routed", routed);
   be.add_round(routed, sh, out);  // f_out
 }
 

@@ -1,0 +1,127 @@
+#include "cli/fabric_job.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+
+#include <unistd.h>
+
+#include "cli/commands.h"
+#include "fabric/mpi_fabric.h"
+#include "runtime/meminfo.h"
+#include "util/read_file.h"
+
+namespace sluice::cli {
+
+void add_fabric_options(CLI::App* sub, FabricCliOptions& o) {
+  sub->add_option("--fabric", o.fabric, "none (default) or mpi: run under mpirun, routed experts spread over the ranks")
+      ->check(CLI::IsMember({"none", "mpi"}));
+  sub->add_option("--fabric-if", o.iface,
+                  "with --fabric mpi, required: the interface or CIDR of the dedicated link the ranks talk over "
+                  "(MPI over TCP has no authentication or encryption)");
+  sub->add_option("--placement", o.placement, "which rank computes each expert: balanced (default) or a FILE");
+  sub->add_option("--fabric-timeout", o.timeout_ms, "milliseconds a rank may take to answer one exchange (default 2000)")
+      ->check(CLI::Range(1u, 3600000u));
+  sub->add_option("--fabric-start-timeout", o.start_timeout_s,
+                  "seconds every rank may take to load and say Hello (default 600)")
+      ->check(CLI::Range(1u, 86400u));
+}
+
+std::unique_ptr<FabricJob> FabricJob::open(const FabricCliOptions& o, const ModelHeader& h) {
+  if (o.fabric == "none") {
+    if (!o.iface.empty()) throw UsageError("--fabric-if needs --fabric mpi");
+    return nullptr;
+  }
+  if (o.iface.empty())
+    throw UsageError("--fabric mpi needs --fabric-if IF: the interface or CIDR of a dedicated link (MPI over TCP has "
+                     "no authentication or encryption; docs/scale-out.md)");
+  std::unique_ptr<fabric::Fabric> f = fabric::open_mpi_fabric(o.iface);
+  const ModelConfig& c = h.config;
+  const uint32_t R = (uint32_t)f->size();
+  fabric::Placement p =
+      o.placement == "balanced"
+          ? fabric::balanced_placement(R, c.num_hidden_layers, c.n_routed_experts)
+          : fabric::parse_placement(read_file_bounded(o.placement, 64ull << 20, "64 MiB, a placement file's limit"), R,
+                                    c.num_hidden_layers, c.n_routed_experts);
+  return std::make_unique<FabricJob>(std::move(f), std::move(p), o, h);
+}
+
+FabricJob::FabricJob(std::unique_ptr<fabric::Fabric> f, fabric::Placement p, const FabricCliOptions& o,
+                     const ModelHeader& h)
+    : f_(std::move(f)), p_(std::move(p)), o_(o), model_path_(h.path), data_offset_(h.file.data_offset()), cfg_(h.config) {
+  if (f_->rank() == 0)
+    experts_ = std::make_unique<FabricExperts>(*f_, p_, cfg_.hidden_size, std::chrono::milliseconds(o_.timeout_ms));
+}
+
+FabricJob::~FabricJob() = default;
+
+fabric::Hello FabricJob::hello(const Session& s) const {
+  fabric::Hello h = own_hello(model_path_, data_offset_, cfg_, p_);
+  const Plan& pl = s.plan();
+  h.owned_experts = p_.owned_by(f_->rank());
+  h.owned_bytes = h.owned_experts * pl.expert_bytes;
+  h.budget = pl.budget;
+  h.cache_slots = pl.cache_slots;
+  h.resident = !s.options().stream_experts;
+  return h;
+}
+
+int FabricJob::serve(SessionOptions so, const ModelHeader& h) {
+  try {
+    Session s(std::move(so), h);
+    const fabric::Hello me = hello(s);
+    const JobStart job = join_job(*f_, me, std::chrono::seconds(o_.start_timeout_s));
+    std::fprintf(stderr, "sluice (rank %d): pid %d serving %llu experts\n", f_->rank(), (int)::getpid(),
+                 (unsigned long long)me.owned_experts);
+    const ServeStats st = serve_experts(*f_, s.backend(), s.model(), s.experts(), p_, job);
+    std::fprintf(stderr, "sluice (rank %d): served %llu exchanges, %llu expert terms, %llu failed | %s experts %s\n",
+                 f_->rank(), (unsigned long long)st.frames, (unsigned long long)st.triples,
+                 (unsigned long long)st.failed, std::to_string(me.owned_experts).c_str(),
+                 me.resident ? "resident" : ("streamed, " + std::to_string(me.cache_slots) + " cache slots").c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    fail(e.what());
+  }
+}
+
+void FabricJob::start(const Session& s) {
+  std::random_device rd;
+  uint64_t nonce = 0;
+  while (nonce == 0) nonce = ((uint64_t)rd() << 32) ^ rd();
+  const uint32_t max_rows = std::max<uint32_t>({s.plan().chunk, s.options().parallel, 16});
+  try {
+    start_job(*f_, hello(s), nonce, max_rows, std::chrono::seconds(o_.start_timeout_s));
+  } catch (const std::exception& e) {
+    fail(e.what());
+  }
+  experts_->start(nonce, max_rows);
+}
+
+void FabricJob::end() {
+  if (experts_ && !ended_) experts_->end();
+  ended_ = true;
+}
+
+void FabricJob::fail(const std::string& why) {
+  std::fprintf(stderr, "sluice (rank %d): %s\n", f_->rank(), why.c_str());
+  std::fflush(stderr);
+  f_->abort(75);
+  std::_Exit(75);
+}
+
+std::vector<PeerTraffic> FabricJob::traffic() const { return experts_ ? experts_->traffic() : std::vector<PeerTraffic>{}; }
+
+std::string FabricJob::summary() const {
+  std::string s = "fabric: " + std::to_string(f_->size()) + " ranks (" + std::string(f_->name()) + ", " + p_.name + ")";
+  const std::vector<PeerTraffic> t = traffic();
+  for (size_t r = 1; r < t.size(); ++r) {
+    char b[256];
+    std::snprintf(b, sizeof b, " | rank %zu: %llu exchanges, %llu terms, %s out, %s in, p50 %.0f us, p99 %.0f us", r,
+                  (unsigned long long)t[r].exchanges, (unsigned long long)t[r].triples, format_bytes(t[r].work_bytes).c_str(),
+                  format_bytes(t[r].result_bytes).c_str(), t[r].p50_us, t[r].p99_us);
+    s += b;
+  }
+  return s;
+}
+
+}  // namespace sluice::cli

@@ -1,0 +1,29 @@
+// Routed experts another process computes (expert parallelism across boxes, docs/scale-out.md).
+// The forward pass hands each layer's triples of the experts it does not own to begin() before
+// it computes the shared expert and its own experts, and takes their terms from finish() after:
+// the other processes work while this one does. Every term is then added in the single-box
+// order (ascending expert, tokens in order), so the routed sums, and the logits, have the bits
+// of one process computing every expert.
+#pragma once
+#include <cstdint>
+#include <span>
+
+#include "backend/backend.h"
+
+namespace sluice {
+
+class RemoteExperts {
+ public:
+  virtual ~RemoteExperts() = default;
+  // True when this process computes `expert` of `layer` itself.
+  virtual bool local(uint32_t layer, uint32_t expert) const = 0;
+  // Starts the terms of `triples` (experts that are not local, sorted by expert then token) on
+  // the rows of x they name (BF16 values); returns without waiting. May throw Error.
+  virtual void begin(uint32_t layer, std::span<const ExpertTriple> triples, CMat x) const = 0;
+  // The terms of the last begin()'s triples: terms row j for triple j (f32, x's width). Throws
+  // Error when a process does not answer in time or answers wrongly; the pass then fails as any
+  // failed read does (the sequence is left as it was).
+  virtual void finish(uint32_t layer, Mat terms) const = 0;
+};
+
+}  // namespace sluice

@@ -1,0 +1,283 @@
+#include "runtime/expert_parallel.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/cpu.h"
+#include "model/model.h"
+#include "runtime/state_disk.h"
+#include "util/error.h"
+
+namespace sluice {
+
+namespace {
+
+using fabric::Clock;
+constexpr size_t kLatencyRing = 4096;
+
+std::string rank_name(int r) { return "rank " + std::to_string(r); }
+
+// A Result, or a Failed of at most kMaxTextBytes.
+size_t answer_limit(uint64_t triples, uint32_t hidden) {
+  return (size_t)std::max<uint64_t>(fabric::result_frame_bytes(triples, hidden), fabric::kHeaderBytes + fabric::kMaxTextBytes);
+}
+
+double percentile(std::vector<float> v, double q) {
+  if (v.empty()) return 0;
+  const size_t k = std::min(v.size() - 1, (size_t)(q * (double)(v.size() - 1) + 0.5));
+  std::nth_element(v.begin(), v.begin() + (ptrdiff_t)k, v.end());
+  return v[k];
+}
+
+}  // namespace
+
+fabric::Hello own_hello(const std::string& model_path, uint64_t data_offset, const ModelConfig& c,
+                        const fabric::Placement& p) {
+  fabric::Hello h;
+  h.build = std::string("sluice " SLUICE_VERSION " ") + __VERSION__;
+  h.isa = std::string(isa_name(active_isa()));
+  h.model = model_file_identity(model_path, data_offset, 0.0f);
+  h.placement = p.hash();
+  h.ranks = p.ranks;
+  h.layers = c.num_hidden_layers;
+  h.experts = c.n_routed_experts;
+  h.hidden = c.hidden_size;
+  return h;
+}
+
+std::vector<fabric::Hello> start_job(fabric::Fabric& f, const fabric::Hello& mine, uint64_t nonce, uint32_t max_rows,
+                                     std::chrono::milliseconds timeout) {
+  const int R = f.size();
+  std::vector<fabric::Hello> all(R);
+  all[0] = mine;
+  std::string why;
+  const Clock::time_point deadline = fabric::deadline_in(timeout);
+  for (int r = 1; r < R && why.empty(); ++r) {
+    try {
+      std::optional<std::vector<uint8_t>> m = f.recv(r, fabric::kTagToCoordinator, 1024, deadline);
+      if (!m) {
+        why = rank_name(r) + " did not say Hello within " + std::to_string(timeout.count()) + " ms";
+        break;
+      }
+      all[r] = fabric::decode_hello(*m, r);
+      const std::string d = fabric::hello_mismatch(mine, all[r]);
+      if (!d.empty()) why = rank_name(r) + " differs from rank 0 in its " + d;
+    } catch (const Error& e) {
+      why = e.what();
+    }
+  }
+  for (int r = 1; r < R; ++r)
+    f.send(r, fabric::kTagToPeer,
+           why.empty() ? fabric::encode_welcome(nonce, max_rows) : fabric::encode_text(fabric::Kind::Refuse, 0, 0, why));
+  f.flush(fabric::deadline_in(timeout));
+  if (!why.empty()) throw Error("fabric: the job does not start: " + why);
+  return all;
+}
+
+JobStart join_job(fabric::Fabric& f, const fabric::Hello& mine, std::chrono::milliseconds timeout) {
+  f.send(0, fabric::kTagToCoordinator, fabric::encode_hello(mine));
+  std::optional<std::vector<uint8_t>> m =
+      f.recv(0, fabric::kTagToPeer, fabric::kHeaderBytes + fabric::kMaxTextBytes, fabric::deadline_in(timeout));
+  if (!m) throw Error("fabric: rank 0 did not answer this rank's Hello within " + std::to_string(timeout.count()) + " ms");
+  const fabric::Header h = fabric::decode_header(*m, 0);
+  if (h.kind == fabric::Kind::Refuse) throw Error("fabric: the job does not start: " + fabric::decode_text(*m, 0));
+  if (h.kind != fabric::Kind::Welcome || h.nonce == 0 || h.rows == 0)
+    throw Error(std::string("fabric: rank 0 answered Hello with a ") + fabric::kind_name(h.kind) + " frame");
+  return JobStart{h.nonce, h.rows};
+}
+
+// --- coordinator --------------------------------------------------------------------------------
+
+FabricExperts::FabricExperts(fabric::Fabric& f, fabric::Placement p, uint32_t hidden, std::chrono::milliseconds timeout)
+    : f_(f), p_(std::move(p)), hidden_(hidden), timeout_(timeout),
+      done_seq_(f.size(), 0), traffic_(f.size()), lat_us_(f.size()) {
+  if (f.rank() != 0) throw Error("fabric: only rank 0 coordinates");
+  if ((int)p_.ranks != f.size())
+    throw Error("fabric: a placement for " + std::to_string(p_.ranks) + " ranks in a job of " + std::to_string(f.size()));
+}
+
+void FabricExperts::start(uint64_t nonce, uint32_t max_rows) {
+  nonce_ = nonce;
+  max_rows_ = max_rows;
+}
+
+bool FabricExperts::local(uint32_t layer, uint32_t expert) const { return p_.owner_of(layer, expert) == 0; }
+
+void FabricExperts::begin(uint32_t layer, std::span<const ExpertTriple> triples, CMat x) const {
+  if (nonce_ == 0) throw Error("fabric: an exchange before the job started");
+  if (x.width != hidden_) throw Error("fabric: rows of width " + std::to_string(x.width));
+  // Answers a failed pass left behind are recognised by their exchange number and dropped.
+  out_.clear();
+  layer_ = layer;
+  const int R = f_.size();
+  std::vector<std::vector<uint32_t>> by_rank(R);
+  for (uint32_t j = 0; j < triples.size(); ++j) {
+    const int r = p_.owner_of(layer, triples[j].expert);
+    if (r == 0) throw Error("fabric: a local expert was handed to the fabric");
+    by_rank[r].push_back(j);
+  }
+  std::vector<int32_t> row_of(x.n, -1);
+  for (int r = 1; r < R; ++r) {
+    if (by_rank[r].empty()) continue;
+    // The rows this rank needs, ascending, as exact BF16 (the FFN input is BF16-rounded, so
+    // nothing is lost and the peer quantizes exactly what this process would have).
+    std::vector<uint32_t> rows;
+    for (uint32_t j : by_rank[r]) rows.push_back(triples[j].token);
+    std::sort(rows.begin(), rows.end());
+    rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+    if (rows.size() > max_rows_) throw Error("fabric: " + std::to_string(rows.size()) + " rows in one exchange");
+    std::vector<uint16_t> bits(rows.size() * hidden_);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      row_of[rows[i]] = (int32_t)i;
+      const float* v = x.row(rows[i]);
+      for (uint32_t k = 0; k < hidden_; ++k) {
+        uint32_t u;
+        std::memcpy(&u, &v[k], 4);
+        if (u & 0xffffu) throw Error("fabric: an FFN input value is not BF16 (layer " + std::to_string(layer) + ")");
+        bits[i * hidden_ + k] = (uint16_t)(u >> 16);
+      }
+    }
+    std::vector<fabric::WorkTriple> wt;
+    for (uint32_t j : by_rank[r]) wt.push_back({triples[j].expert, (uint32_t)row_of[triples[j].token], triples[j].weight});
+    Outstanding o;
+    o.rank = r;
+    o.seq = ++seq_;
+    o.at = by_rank[r];
+    std::vector<uint8_t> frame = fabric::encode_work(nonce_, o.seq, layer, hidden_, bits, wt);
+    traffic_[r].exchanges += 1;
+    traffic_[r].work_bytes += frame.size();
+    traffic_[r].triples += wt.size();
+    o.sent = Clock::now();
+    f_.send(r, fabric::kTagToPeer, std::move(frame));
+    out_.push_back(std::move(o));
+  }
+}
+
+void FabricExperts::finish(uint32_t layer, Mat terms) const {
+  if (layer != layer_) throw Error("fabric: finish of layer " + std::to_string(layer) + " after begin of " + std::to_string(layer_));
+  for (const Outstanding& o : out_) {
+    const Clock::time_point deadline = o.sent + timeout_;
+    fabric::Expect ex;
+    ex.from = o.rank;
+    ex.nonce = nonce_;
+    ex.width = hidden_;
+    for (;;) {
+      std::optional<std::vector<uint8_t>> m = f_.recv(o.rank, fabric::kTagToCoordinator, answer_limit(o.at.size(), hidden_), deadline);
+      if (!m)
+        throw Error("fabric: " + rank_name(o.rank) + " did not return layer " + std::to_string(layer) + " outputs (exchange " +
+                    std::to_string(o.seq) + ") within " + std::to_string(timeout_.count()) + " ms");
+      const fabric::Header h = fabric::decode_header(*m, o.rank);
+      if (h.nonce != nonce_) throw Error("fabric: " + rank_name(o.rank) + " sent a frame with another job's nonce");
+      if ((h.kind == fabric::Kind::Result || h.kind == fabric::Kind::Failed) && h.seq < o.seq && h.seq > done_seq_[o.rank]) {
+        traffic_[o.rank].stale += 1;  // an abandoned exchange's answer
+        done_seq_[o.rank] = h.seq;
+        continue;
+      }
+      if (h.kind == fabric::Kind::Failed) {
+        done_seq_[o.rank] = std::max(done_seq_[o.rank], h.seq);
+        throw Error("fabric: " + rank_name(o.rank) + " could not compute layer " + std::to_string(layer) + ": " +
+                    fabric::decode_text(*m, o.rank));
+      }
+      const std::span<const uint8_t> rows = fabric::decode_result(*m, ex, o.seq, layer, (uint32_t)o.at.size());
+      done_seq_[o.rank] = o.seq;
+      for (size_t j = 0; j < o.at.size(); ++j) std::memcpy(terms.row(o.at[j]), rows.data() + j * hidden_ * 4, hidden_ * 4);
+      PeerTraffic& t = traffic_[o.rank];
+      t.result_bytes += m->size();
+      std::vector<float>& lat = lat_us_[o.rank];
+      const float us = (float)std::chrono::duration<double, std::micro>(Clock::now() - o.sent).count();
+      if (lat.size() < kLatencyRing) lat.push_back(us);
+      else lat[(t.exchanges - 1) % kLatencyRing] = us;
+      break;
+    }
+  }
+  out_.clear();
+}
+
+void FabricExperts::end() const {
+  for (int r = 1; r < f_.size(); ++r) f_.send(r, fabric::kTagToPeer, fabric::encode_bye(nonce_));
+  f_.flush(fabric::deadline_in(timeout_));
+}
+
+std::vector<PeerTraffic> FabricExperts::traffic() const {
+  std::vector<PeerTraffic> t = traffic_;
+  for (size_t r = 1; r < t.size(); ++r) {
+    t[r].p50_us = percentile(lat_us_[r], 0.50);
+    t[r].p99_us = percentile(lat_us_[r], 0.99);
+  }
+  return t;
+}
+
+// --- expert server ------------------------------------------------------------------------------
+
+ServeStats serve_experts(fabric::Fabric& f, const Backend& be, const Model& m, const ExpertSource& src,
+                         const fabric::Placement& p, const JobStart& job) {
+  const ModelConfig& c = m.config;
+  const int me = f.rank();
+  fabric::Expect ex;
+  ex.from = 0;
+  ex.nonce = job.nonce;
+  ex.layers = c.num_hidden_layers;
+  ex.experts = c.n_routed_experts;
+  ex.width = c.hidden_size;
+  ex.max_rows = job.max_rows;
+  ex.max_triples = job.max_rows * c.num_experts_per_tok;
+  const size_t limit = fabric::work_frame_bytes(ex.max_rows, ex.max_triples, ex.width);
+  const uint32_t H = c.hidden_size;
+  ServeStats st;
+  uint64_t last_seq = 0;
+  for (;;) {
+    std::optional<std::vector<uint8_t>> msg = f.recv(0, fabric::kTagToPeer, limit, Clock::time_point::max());
+    fabric::Work w;
+    try {
+      const fabric::Header h = fabric::decode_header(*msg, 0);
+      if (h.kind == fabric::Kind::Bye && h.nonce == job.nonce) return st;
+      w = fabric::decode_work(*msg, ex);
+      if (w.h.seq <= last_seq)
+        throw Error("fabric: rank 0 sent exchange " + std::to_string(w.h.seq) + " after " + std::to_string(last_seq));
+      for (const fabric::WorkTriple& t : w.triples)
+        if (p.owner_of(w.h.layer, t.expert) != me)
+          throw Error("fabric: rank 0 sent Work for expert " + std::to_string(t.expert) + " of layer " +
+                      std::to_string(w.h.layer) + ", which " + rank_name(me) + " does not own");
+    } catch (const Error& e) {
+      f.send(0, fabric::kTagToCoordinator, fabric::encode_text(fabric::Kind::Failed, job.nonce, 0, e.what()));
+      f.flush(fabric::deadline_in(std::chrono::milliseconds(2000)));
+      throw;
+    }
+    last_seq = w.h.seq;
+    st.frames += 1;
+    try {
+      const Tensor x = be.tensor(w.h.rows, H);
+      const Mat xm = x.m();
+      for (uint32_t i = 0; i < w.h.rows; ++i)
+        for (uint32_t k = 0; k < H; ++k) {
+          uint16_t b;
+          std::memcpy(&b, w.rows.data() + ((size_t)i * H + k) * 2, 2);
+          const uint32_t u = (uint32_t)b << 16;
+          std::memcpy(&xm.row(i)[k], &u, 4);
+        }
+      std::vector<ExpertTriple> tr(w.triples.size());
+      std::vector<uint32_t> used;
+      for (size_t j = 0; j < tr.size(); ++j) {
+        tr[j] = ExpertTriple{w.triples[j].expert, w.triples[j].row, w.triples[j].weight};
+        if (used.empty() || used.back() != tr[j].expert) used.push_back(tr[j].expert);
+      }
+      const Tensor terms = be.tensor(tr.size(), H);
+      src.prepare(w.h.layer, used);
+      const ExpertLayout& lay = m.layers[w.h.layer].experts;
+      be.routed_ffn_rows(ExpertTensors{&lay.gate, &lay.up, &lay.down}, src, w.h.layer, tr, c.swiglu_limit, x.c(),
+                         terms.m());
+      be.sync();
+      std::vector<uint8_t> out = fabric::result_frame(job.nonce, w.h.seq, w.h.layer, (uint32_t)tr.size(), H);
+      const size_t o = out.size();
+      out.resize(o + tr.size() * H * 4);
+      for (size_t j = 0; j < tr.size(); ++j) std::memcpy(out.data() + o + j * H * 4, terms.c().row(j), H * 4);
+      st.triples += tr.size();
+      f.send(0, fabric::kTagToCoordinator, std::move(out));
+    } catch (const Error& e) {
+      st.failed += 1;
+      f.send(0, fabric::kTagToCoordinator, fabric::encode_text(fabric::Kind::Failed, job.nonce, w.h.seq, e.what()));
+    }
+  }
+}
+
+}  // namespace sluice

@@ -1,0 +1,100 @@
+// Expert parallelism across processes (docs/scale-out.md): rank 0, the coordinator, runs the
+// whole forward pass and owns a share of the routed experts; every other rank is an expert
+// server that computes the experts the placement gives it, on the rows rank 0 sends, and sends
+// each (expert, token) term back. Rank 0 adds all terms in the single-box order, so logits are
+// bit-identical to one process.
+//
+// Start: every peer sends rank 0 its Hello (build, kernel ISA, model file identity, placement,
+// its admission); rank 0 compares each with its own and answers Welcome (the job's nonce, the
+// most rows a frame carries) or Refuse (the first field that differs). Then rank 0 sends Work
+// frames during its passes and Bye at the end.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fabric/fabric.h"
+#include "fabric/frames.h"
+#include "fabric/placement.h"
+#include "model/deepseek41/config.h"
+#include "model/remote_experts.h"
+
+namespace sluice {
+
+class Model;
+class ExpertSource;
+
+// What one rank exchanged with rank 0, as rank 0 counted it.
+struct PeerTraffic {
+  uint64_t exchanges = 0;      // Work frames sent (each answered by one Result)
+  uint64_t work_bytes = 0, result_bytes = 0;
+  uint64_t triples = 0;        // (expert, token) terms computed there
+  uint64_t stale = 0;          // answers to an exchange a failed pass abandoned, dropped
+  double p50_us = 0, p99_us = 0;  // exchange latency, Work sent to Result received (last 4096)
+};
+
+// This process's Hello: build, ISA, identity of the model file, the placement and the shape.
+fabric::Hello own_hello(const std::string& model_path, uint64_t data_offset, const ModelConfig& c,
+                        const fabric::Placement& p);
+
+// Rank 0: every peer's Hello (within `timeout`), compared with `mine`; each gets Welcome, or,
+// when any differs or a peer does not answer, every peer gets Refuse and this throws Error
+// naming the rank and the field. Returns the peers' Hellos (index = rank; [0] is mine).
+std::vector<fabric::Hello> start_job(fabric::Fabric& f, const fabric::Hello& mine, uint64_t nonce, uint32_t max_rows,
+                                     std::chrono::milliseconds timeout);
+
+// The coordinator's side: a RemoteExperts over the fabric.
+class FabricExperts final : public RemoteExperts {
+ public:
+  FabricExperts(fabric::Fabric& f, fabric::Placement p, uint32_t hidden, std::chrono::milliseconds timeout);
+  // After start_job: the job's nonce and the most rows one exchange may carry. begin() before
+  // it is an Error.
+  void start(uint64_t nonce, uint32_t max_rows);
+  bool local(uint32_t layer, uint32_t expert) const override;
+  void begin(uint32_t layer, std::span<const ExpertTriple> triples, CMat x) const override;
+  void finish(uint32_t layer, Mat terms) const override;
+  // Tells every peer the job is over (they exit) and waits for the sends to leave.
+  void end() const;
+  std::vector<PeerTraffic> traffic() const;  // index = rank ([0] stays empty)
+  const fabric::Placement& placement() const { return p_; }
+
+ private:
+  struct Outstanding {
+    int rank = 0;
+    uint64_t seq = 0;
+    std::vector<uint32_t> at;  // the begin() triple index of each term the rank returns
+    fabric::Clock::time_point sent;
+  };
+  fabric::Fabric& f_;
+  fabric::Placement p_;
+  uint32_t hidden_, max_rows_ = 0;
+  uint64_t nonce_ = 0;
+  std::chrono::milliseconds timeout_;
+  mutable uint64_t seq_ = 0;
+  mutable uint32_t layer_ = 0;
+  mutable std::vector<Outstanding> out_;
+  mutable std::vector<uint64_t> done_seq_;  // per rank: the newest exchange answered
+  mutable std::vector<PeerTraffic> traffic_;
+  mutable std::vector<std::vector<float>> lat_us_;  // per rank, a ring of the last 4096
+};
+
+// Rank >= 1: Hello to rank 0, then Welcome (returned: the nonce and the most rows per frame) or
+// Refuse (an Error with rank 0's reason).
+struct JobStart {
+  uint64_t nonce = 0;
+  uint32_t max_rows = 0;
+};
+JobStart join_job(fabric::Fabric& f, const fabric::Hello& mine, std::chrono::milliseconds timeout);
+
+// Rank >= 1: computes Work frames from rank 0 until Bye, with `src` (this rank's resident or
+// streamed experts) on `be`. A Work frame that cannot be computed (a read error) is answered
+// with Failed, and serving goes on; a malformed frame is answered with Failed and ends serving
+// with an Error naming what was wrong.
+struct ServeStats {
+  uint64_t frames = 0, triples = 0, failed = 0;
+};
+ServeStats serve_experts(fabric::Fabric& f, const Backend& be, const Model& m, const ExpertSource& src,
+                         const fabric::Placement& p, const JobStart& job);
+
+}  // namespace sluice

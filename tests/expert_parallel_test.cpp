@@ -1,0 +1,495 @@
+// Expert parallelism (issue 17, docs/scale-out.md) in one process: the ranks of a LocalFabric are
+// threads, each peer a Session serving its experts, rank 0 a Session whose routed experts partly
+// come over the fabric. The logits equal a single process's bit for bit (2 and 3 ranks, balanced
+// and an interleaved placement, streamed and resident experts, chunked prefill and decode); the
+// traffic counters equal the frame formula over the traced routing; a peer that stops answering
+// is an Error naming it within the timeout; a handshake mismatch names the field; malformed frames
+// are refused with their cause. The same job under mpirun is tests/fabric/mpi_job.sh.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fabric/frames.h"
+#include "fabric/local_fabric.h"
+#include "fabric/placement.h"
+#include "model/deepseek41/forward.h"
+#include "model/deepseek41/primitives.h"
+#include "runtime/expert_parallel.h"
+#include "runtime/session.h"
+#include "util/error.h"
+
+namespace sluice {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+class ExpertParallel : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("sluice-expert-parallel-" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    for (int seed : {1, 2}) {
+      const std::string p = (dir_ / ("tiny" + std::to_string(seed) + ".gguf")).string();
+      const std::string cmd = std::string(SLUICE_BINARY) + " make-model --preset tiny --seed " +
+                              std::to_string(seed) + " -o " + p + " > /dev/null";
+      ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    }
+  }
+  static void TearDownTestSuite() {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  static std::string model(int seed = 1) { return (dir_ / ("tiny" + std::to_string(seed) + ".gguf")).string(); }
+  static SessionOptions opts(bool stream, uint32_t chunk = 8, int seed = 1) {
+    SessionOptions so;
+    so.model_path = model(seed);
+    so.ctx = 256;
+    so.chunk = chunk;
+    so.threads = 1;
+    so.stream_experts = stream;
+    so.budget = BudgetSpec{false, 2ull << 30};
+    so.allow_swap = true;
+    return so;
+  }
+  static std::vector<uint32_t> tokens(uint32_t n, uint64_t seed) {
+    std::vector<uint32_t> t(n);
+    uint64_t x = seed;
+    for (uint32_t i = 0; i < n; ++i) {
+      x = splitmix64(x);
+      t[i] = 3 + (uint32_t)(x % 500);
+    }
+    return t;
+  }
+  static fs::path dir_;
+};
+fs::path ExpertParallel::dir_;
+
+// Every layer's routed sum (f32, before it is rounded: a change in the order terms are added in
+// shows here even where BF16 rounding would hide it), by name and position.
+struct RoutedSums final : TensorObserver {
+  std::map<std::string, std::map<uint32_t, std::vector<float>>> rows;
+  bool wants(std::string_view name) const override { return name.ends_with(".ffn_routed"); }
+  void observe(std::string_view name, uint32_t p0, uint32_t n, const float* data, size_t width, size_t stride) override {
+    for (uint32_t i = 0; i < n; ++i) rows[std::string(name)][p0 + i].assign(data + i * stride, data + i * stride + width);
+  }
+};
+
+// Every row of logits, by position, and each pass's routing.
+struct Seen {
+  std::map<uint32_t, std::vector<float>> rows;
+  std::vector<std::vector<TokenTrace>> passes;
+  EvalObserver observer(uint32_t V) {
+    EvalObserver o;
+    o.want_trace = true;
+    o.on_eval = [this, V](uint32_t first, std::span<const uint32_t> toks, const float* logits,
+                          const std::vector<TokenTrace>* tr) {
+      for (size_t i = 0; i < toks.size(); ++i) rows[first + (uint32_t)i].assign(logits + i * V, logits + (i + 1) * V);
+      passes.push_back(*tr);
+    };
+    return o;
+  }
+};
+
+GenerateRequest request(std::vector<uint32_t> prompt, uint32_t max_tokens, const EvalObserver* obs) {
+  GenerateRequest r;
+  r.prompt = std::move(prompt);
+  r.max_tokens = max_tokens;
+  r.ignore_eos = true;
+  r.observer = obs;
+  return r;
+}
+
+fabric::Hello hello_for(const SessionOptions& so, const Session& s, const fabric::Placement& p, int rank) {
+  const ModelHeader h = open_model_header(so.model_path);
+  fabric::Hello me = own_hello(so.model_path, h.file.data_offset(), s.config(), p);
+  me.owned_experts = p.owned_by(rank);
+  me.resident = !so.stream_experts;
+  return me;
+}
+
+// A peer thread: a Session of its own, Hello, then serving until Bye. `error` gets what ended it.
+struct Peer {
+  std::thread t;
+  std::string error;
+  ServeStats stats;
+  void run(fabric::Fabric& f, SessionOptions so, fabric::Placement p) {
+    t = std::thread([this, &f, so, p] {
+      try {
+        Session s(so);
+        const JobStart job = join_job(f, hello_for(so, s, p, f.rank()), 20s);
+        stats = serve_experts(f, s.backend(), s.model(), s.experts(), p, job);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    });
+  }
+};
+
+// Owner rank e % ranks: every rank's experts interleave, so the merge of local and remote terms
+// is tested in the general order, not only as one block after another.
+fabric::Placement interleaved(uint32_t ranks, uint32_t layers, uint32_t experts) {
+  std::string text = "# interleaved\n";
+  for (uint32_t l = 0; l < layers; ++l) {
+    text += std::to_string(l) + ":";
+    for (uint32_t e = 0; e < experts; ++e) {
+      text += ' ';
+      text += std::to_string(e % ranks);
+    }
+    text += "\n";
+  }
+  return fabric::parse_placement(text, ranks, layers, experts);
+}
+
+struct JobResult {
+  Seen seen;
+  RoutedSums sums;
+  std::vector<uint32_t> generated;
+  std::vector<PeerTraffic> traffic;
+  std::vector<ServeStats> served;
+};
+
+// The request run by rank 0 of a job of `ranks` ranks (peers as threads).
+JobResult run_job(uint32_t ranks, uint32_t chunk, bool interleave, const std::vector<uint32_t>& prompt,
+                  uint32_t gen, SessionOptions base) {
+  fabric::LocalHub hub((int)ranks);
+  std::vector<std::unique_ptr<fabric::LocalFabric>> fab;
+  for (uint32_t r = 0; r < ranks; ++r) fab.push_back(std::make_unique<fabric::LocalFabric>(hub, (int)r));
+  const ModelHeader h = open_model_header(base.model_path);
+  const ModelConfig& c = h.config;
+  const fabric::Placement p = interleave ? interleaved(ranks, c.num_hidden_layers, c.n_routed_experts)
+                                         : fabric::balanced_placement(ranks, c.num_hidden_layers, c.n_routed_experts);
+  std::vector<Peer> peers(ranks);
+  for (uint32_t r = 1; r < ranks; ++r) peers[r].run(*fab[r], base, p);
+  JobResult out;
+  {
+    FabricExperts fx(*fab[0], p, c.hidden_size, 5000ms);
+    SessionOptions so = base;
+    so.remote = &fx;
+    so.tensors = &out.sums;
+    Session s(so);
+    start_job(*fab[0], hello_for(so, s, p, 0), 0x1234, std::max(chunk, 16u), 20s);
+    fx.start(0x1234, std::max(chunk, 16u));
+    const EvalObserver obs = out.seen.observer(c.vocab_size);
+    out.generated = s.generate(request(prompt, gen, &obs), {}, {}).tokens;
+    out.traffic = fx.traffic();
+    fx.end();
+  }
+  for (uint32_t r = 1; r < ranks; ++r) {
+    peers[r].t.join();
+    EXPECT_EQ(peers[r].error, "") << "rank " << r;
+    out.served.push_back(peers[r].stats);
+  }
+  return out;
+}
+
+TEST_F(ExpertParallel, LogitsEqualOneProcessBitForBit) {
+  const std::vector<uint32_t> prompt = tokens(37, 7);
+  for (bool stream : {true, false}) {
+    RoutedSums want_sums;
+    SessionOptions so = opts(stream);
+    so.tensors = &want_sums;
+    Session single(so);
+    Seen want;
+    const EvalObserver wobs = want.observer(single.config().vocab_size);
+    const std::vector<uint32_t> want_tokens = single.generate(request(prompt, 12, &wobs), {}, {}).tokens;
+    for (uint32_t ranks : {2u, 3u})
+      for (bool interleave : {false, true}) {
+        SCOPED_TRACE(std::string(stream ? "streamed" : "resident") + ", " + std::to_string(ranks) + " ranks, " +
+                     (interleave ? "interleaved" : "balanced"));
+        const JobResult got = run_job(ranks, 8, interleave, prompt, 12, opts(stream));
+        EXPECT_EQ(got.generated, want_tokens);
+        ASSERT_EQ(got.seen.rows.size(), want.rows.size());
+        for (const auto& [pos, row] : want.rows) {
+          ASSERT_TRUE(got.seen.rows.count(pos));
+          EXPECT_EQ(std::memcmp(row.data(), got.seen.rows.at(pos).data(), row.size() * sizeof(float)), 0)
+              << "logits at position " << pos;
+        }
+        ASSERT_EQ(got.sums.rows.size(), want_sums.rows.size());
+        for (const auto& [name, by_pos] : want_sums.rows)
+          for (const auto& [pos, row] : by_pos)
+            ASSERT_EQ(std::memcmp(row.data(), got.sums.rows.at(name).at(pos).data(), row.size() * sizeof(float)), 0)
+                << name << " at position " << pos;
+        for (uint32_t r = 1; r < ranks; ++r) EXPECT_GT(got.traffic[r].triples, 0u) << "rank " << r << " computed nothing";
+      }
+  }
+}
+
+// Bytes per exchange: header + BF16 rows + 12 per triple out, header + f32 per triple back; one
+// exchange per (pass, layer, rank) with work. Summed over the traced routing of every pass.
+TEST_F(ExpertParallel, TrafficEqualsTheFrameFormulaOverTheTracedRouting) {
+  const std::vector<uint32_t> prompt = tokens(29, 9);
+  const JobResult got = run_job(3, 8, false, prompt, 6, opts(true));
+  const ModelHeader h = open_model_header(model());
+  const ModelConfig& c = h.config;
+  const fabric::Placement p = fabric::balanced_placement(3, c.num_hidden_layers, c.n_routed_experts);
+  std::vector<uint64_t> out(3, 0), back(3, 0), exchanges(3, 0), terms(3, 0);
+  for (const std::vector<TokenTrace>& pass : got.seen.passes)
+    for (uint32_t L = 0; L < c.num_hidden_layers; ++L)
+      for (int r = 1; r < 3; ++r) {
+        uint64_t rows = 0, triples = 0;
+        for (const TokenTrace& t : pass) {
+          uint64_t k = 0;
+          for (uint32_t e : t.experts[L]) k += p.owner_of(L, e) == r;
+          rows += k > 0;
+          triples += k;
+        }
+        if (!triples) continue;
+        exchanges[r] += 1;
+        terms[r] += triples;
+        out[r] += fabric::work_frame_bytes(rows, triples, c.hidden_size);
+        back[r] += fabric::result_frame_bytes(triples, c.hidden_size);
+      }
+  for (int r = 1; r < 3; ++r) {
+    EXPECT_GT(exchanges[r], 0u);
+    EXPECT_EQ(got.traffic[r].exchanges, exchanges[r]) << "rank " << r;
+    EXPECT_EQ(got.traffic[r].triples, terms[r]) << "rank " << r;
+    EXPECT_EQ(got.traffic[r].work_bytes, out[r]) << "rank " << r;
+    EXPECT_EQ(got.traffic[r].result_bytes, back[r]) << "rank " << r;
+    EXPECT_EQ(got.served[r - 1].triples, terms[r]) << "rank " << r;
+  }
+}
+
+// A peer that stops answering (as under SIGSTOP): the pass fails with an Error naming the rank,
+// the layer and the timeout, within the timeout and a little.
+TEST_F(ExpertParallel, APeerThatStopsAnsweringIsAnErrorWithinTheTimeout) {
+  fabric::LocalHub hub(2);
+  fabric::LocalFabric f0(hub, 0), f1(hub, 1);
+  const ModelHeader h = open_model_header(model());
+  const ModelConfig& c = h.config;
+  const fabric::Placement p = fabric::balanced_placement(2, c.num_hidden_layers, c.n_routed_experts);
+  std::atomic<bool> quit{false};
+  std::thread silent([&] {
+    Session s(opts(true));
+    join_job(f1, hello_for(opts(true), s, p, 1), 20s);
+    while (!quit) std::this_thread::sleep_for(5ms);  // takes the Work frames in, never answers
+  });
+  FabricExperts fx(f0, p, c.hidden_size, 300ms);
+  SessionOptions so = opts(true);
+  so.remote = &fx;
+  Session s(so);
+  start_job(f0, hello_for(so, s, p, 0), 77, 16, 20s);
+  fx.start(77, 16);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    s.generate(request(tokens(5, 3), 2, nullptr), {}, {});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 did not return layer "), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("within 300 ms"), std::string::npos) << e.what();
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(secs, 0.3 + 2.0);
+  EXPECT_GE(secs, 0.3);
+  quit = true;
+  silent.join();
+}
+
+// The handshake compares what each rank is: another model file, or another placement, and the job
+// does not start, on either side, naming the field.
+TEST_F(ExpertParallel, AHandshakeMismatchIsRefusedNamingTheField) {
+  const ModelHeader h = open_model_header(model());
+  const ModelConfig& c = h.config;
+  const fabric::Placement balanced = fabric::balanced_placement(2, c.num_hidden_layers, c.n_routed_experts);
+  const fabric::Placement other = interleaved(2, c.num_hidden_layers, c.n_routed_experts);
+  struct Case {
+    int seed;
+    const fabric::Placement* peer_placement;
+    const char* field;
+  };
+  for (const Case& k : {Case{2, &balanced, "model file identity"}, Case{1, &other, "placement"}}) {
+    SCOPED_TRACE(k.field);
+    fabric::LocalHub hub(2);
+    fabric::LocalFabric f0(hub, 0), f1(hub, 1);
+    std::string peer_error;
+    std::thread peer([&] {
+      try {
+        Session s(opts(true, 8, k.seed));
+        join_job(f1, hello_for(opts(true, 8, k.seed), s, *k.peer_placement, 1), 20s);
+      } catch (const Error& e) {
+        peer_error = e.what();
+      }
+    });
+    Session s(opts(true));
+    try {
+      start_job(f0, hello_for(opts(true), s, balanced, 0), 5, 16, 20s);
+      ADD_FAILURE() << "the job started";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("rank 1 differs from rank 0 in its ") + k.field), std::string::npos)
+          << e.what();
+    }
+    peer.join();
+    EXPECT_NE(peer_error.find("the job does not start"), std::string::npos) << peer_error;
+    EXPECT_NE(peer_error.find(k.field), std::string::npos) << peer_error;
+  }
+}
+
+// A Work frame for an expert the peer does not own is answered with Failed naming it, and the
+// peer stops serving with the same Error.
+TEST_F(ExpertParallel, APeerRefusesWorkForAnExpertItDoesNotOwn) {
+  fabric::LocalHub hub(2);
+  fabric::LocalFabric f0(hub, 0), f1(hub, 1);
+  const ModelHeader h = open_model_header(model());
+  const ModelConfig& c = h.config;
+  const fabric::Placement p = fabric::balanced_placement(2, c.num_hidden_layers, c.n_routed_experts);
+  Peer peer;
+  peer.run(f1, opts(true), p);
+  Session s(opts(true));
+  start_job(f0, hello_for(opts(true), s, p, 0), 99, 16, 20s);
+  const std::vector<uint16_t> row(c.hidden_size, 0x3f80);  // 1.0
+  const fabric::WorkTriple t{0, 0, 0.5f};                  // expert 0 is rank 0's
+  f0.send(1, fabric::kTagToPeer, fabric::encode_work(99, 1, 0, c.hidden_size, row, std::span(&t, 1)));
+  const std::optional<std::vector<uint8_t>> m = f0.recv(1, fabric::kTagToCoordinator, 1 << 16, fabric::deadline_in(20s));
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(fabric::decode_header(*m, 1).kind, fabric::Kind::Failed);
+  EXPECT_NE(fabric::decode_text(*m, 1).find("expert 0 of layer 0, which rank 1 does not own"), std::string::npos);
+  peer.t.join();
+  EXPECT_NE(peer.error.find("does not own"), std::string::npos) << peer.error;
+}
+
+// Every field a receiver checks, broken one at a time.
+TEST(FabricFrames, MalformedWorkFramesAreRefusedWithTheirCause) {
+  const uint32_t W = 8;
+  std::vector<uint16_t> rows(2 * W, 0x3f80);
+  const std::vector<fabric::WorkTriple> ok = {{3, 0, 0.25f}, {3, 1, 0.5f}, {7, 1, 0.125f}};
+  fabric::Expect ex;
+  ex.from = 0;
+  ex.nonce = 42;
+  ex.layers = 4;
+  ex.experts = 16;
+  ex.width = W;
+  ex.max_rows = 4;
+  ex.max_triples = 24;
+  const std::vector<uint8_t> good = fabric::encode_work(42, 9, 2, W, rows, ok);
+  const fabric::Work w = fabric::decode_work(good, ex);
+  EXPECT_EQ(w.h.seq, 9u);
+  EXPECT_EQ(w.h.layer, 2u);
+  EXPECT_EQ(w.h.rows, 2u);
+  ASSERT_EQ(w.triples.size(), 3u);
+  EXPECT_EQ(w.triples[2].expert, 7u);
+  EXPECT_EQ(w.triples[1].weight, 0.5f);
+  EXPECT_EQ(good.size(), fabric::work_frame_bytes(2, 3, W));
+
+  const auto refused = [&](std::vector<uint8_t> m, const std::string& cause) {
+    try {
+      fabric::decode_work(m, ex);
+      ADD_FAILURE() << "accepted: " << cause;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(cause), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("fabric: rank 0 sent"), std::string::npos) << e.what();
+    }
+  };
+  const auto poke32 = [&](size_t at, uint32_t v) {
+    std::vector<uint8_t> m = good;
+    std::memcpy(m.data() + at, &v, 4);
+    return m;
+  };
+  refused(std::vector<uint8_t>(good.begin(), good.begin() + 10), "shorter than its header");
+  refused(poke32(0, 0xdeadbeef), "bad magic");
+  {
+    std::vector<uint8_t> m = good;
+    m[4] = 9;
+    refused(m, "protocol version 9");
+  }
+  {
+    std::vector<uint8_t> m = good;
+    m[6] = 99;
+    refused(m, "unknown kind 99");
+  }
+  refused(fabric::encode_work(43, 9, 2, W, rows, ok), "another job's nonce");
+  refused(fabric::encode_work(42, 9, 4, W, rows, ok), "layer 4");
+  std::vector<uint16_t> wide(2 * (W + 1), 0);
+  refused(fabric::encode_work(42, 9, 2, W + 1, wide, ok), "width 9");
+  std::vector<uint16_t> many(5 * W, 0);
+  refused(fabric::encode_work(42, 9, 2, W, many, ok), "5 rows");
+  {
+    std::vector<uint8_t> m = good;
+    m.push_back(0);
+    refused(m, "payload bytes");
+  }
+  refused(poke32(32, 9), "payload bytes");  // the header's triple count no longer fits the size
+  refused(fabric::encode_work(42, 9, 2, W, rows, std::vector<fabric::WorkTriple>{{16, 0, 1.0f}}), "expert 16");
+  refused(fabric::encode_work(42, 9, 2, W, rows, std::vector<fabric::WorkTriple>{{3, 2, 1.0f}}), "row 2 of 2");
+  refused(fabric::encode_work(42, 9, 2, W, rows, std::vector<fabric::WorkTriple>{{7, 0, 1.0f}, {3, 0, 1.0f}}),
+          "not in ascending order");
+  refused(fabric::encode_work(42, 9, 2, W, rows, std::vector<fabric::WorkTriple>{{3, 0, 1.0f}, {3, 0, 1.0f}}),
+          "not in ascending order");
+  refused(fabric::encode_work(42, 9, 2, W, rows, std::vector<fabric::WorkTriple>{{3, 0, NAN}}), "not finite");
+  refused(fabric::encode_work(42, 9, 2, W, rows, std::vector<fabric::WorkTriple>{}), "0 experts");
+  refused(fabric::encode_bye(42), "where Work was due");
+}
+
+TEST(FabricFrames, ResultsMustAnswerTheExchangeAsked) {
+  fabric::Expect ex;
+  ex.from = 2;
+  ex.nonce = 5;
+  ex.width = 4;
+  std::vector<uint8_t> r = fabric::result_frame(5, 11, 3, 2, 4);
+  r.resize(r.size() + 2 * 4 * 4, 0);
+  EXPECT_EQ(fabric::decode_result(r, ex, 11, 3, 2).size(), 32u);
+  EXPECT_THROW(fabric::decode_result(r, ex, 12, 3, 2), Error);  // another exchange
+  EXPECT_THROW(fabric::decode_result(r, ex, 11, 4, 2), Error);  // another layer
+  EXPECT_THROW(fabric::decode_result(r, ex, 11, 3, 3), Error);  // another count
+  ex.nonce = 6;
+  EXPECT_THROW(fabric::decode_result(r, ex, 11, 3, 2), Error);
+}
+
+TEST(FabricPlacement, BalancedSplitsContiguousRangesAndFilesAreChecked) {
+  const fabric::Placement p = fabric::balanced_placement(2, 40, 384);
+  EXPECT_EQ(p.owned_by(0), 40u * 192);
+  EXPECT_EQ(p.owned_by(1), 40u * 192);
+  EXPECT_EQ(p.owner_of(0, 191), 0);
+  EXPECT_EQ(p.owner_of(39, 192), 1);
+  const fabric::Placement q = fabric::balanced_placement(3, 40, 384);
+  EXPECT_EQ(q.owned_by(0), 40u * 128);
+  EXPECT_EQ(q.owner_of(5, 255), 1);
+  EXPECT_EQ(q.owner_of(5, 256), 2);
+  EXPECT_NE(p.hash(), q.hash());
+  EXPECT_EQ(fabric::parse_placement("0: 0 1 1\n1: 1 0 0\n", 2, 2, 3).owner_of(1, 0), 1);
+  const auto refused = [](const std::string& text, const std::string& cause) {
+    try {
+      fabric::parse_placement(text, 2, 2, 3);
+      ADD_FAILURE() << "accepted " << text;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(cause), std::string::npos) << e.what();
+    }
+  };
+  refused("0: 0 1 1\n", "no line for layer 1");
+  refused("0: 0 1 1\n0: 0 1 1\n", "given twice");
+  refused("0: 0 1 2\n1: 0 0 0\n", "rank 2");
+  refused("0: 0 1\n1: 0 0 0\n", "expert 2");
+  refused("0: 0 1 1 1\n1: 0 0 0\n", "more than 3 owners");
+  refused("2: 0 1 1\n", "layer 2");
+  refused("zero: 0\n", "expected");
+  EXPECT_THROW(fabric::balanced_placement(4, 2, 3), Error);  // more ranks than experts
+}
+
+TEST(LocalFabric, DeadlinesSizeLimitsAndAbort) {
+  fabric::LocalHub hub(2);
+  fabric::LocalFabric a(hub, 0), b(hub, 1);
+  EXPECT_FALSE(b.recv(0, 1, 100, fabric::deadline_in(20ms)).has_value());
+  a.send(1, 1, std::vector<uint8_t>(10, 7));
+  EXPECT_THROW(b.recv(0, 1, 9, fabric::deadline_in(20ms)), Error);
+  EXPECT_EQ(b.recv(0, 1, 10, fabric::deadline_in(20ms))->size(), 10u);
+  EXPECT_EQ(a.counters().sent_bytes, 10u);
+  EXPECT_EQ(b.counters().received_bytes, 10u);
+  EXPECT_THROW(a.send(2, 1, {}), Error);
+  std::thread waiter([&] { EXPECT_THROW(b.recv(0, 1, 10, fabric::Clock::time_point::max()), Error); });
+  std::this_thread::sleep_for(10ms);
+  a.abort(75);
+  waiter.join();
+}
+
+}  // namespace
+}  // namespace sluice

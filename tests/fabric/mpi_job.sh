@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# The expert-parallel job under mpirun on loopback (issue 17, docs/scale-out.md): 2 and 3 ranks
+# give the logits of one process bit for bit (balanced and a placement file, streamed and
+# resident experts, chunked prefill and decode); a peer stopped with SIGSTOP or killed with
+# SIGKILL ends the job with a non-zero exit in time, the stopped one with one line naming it;
+# ranks holding different model files refuse to start, naming the field; --fabric mpi without
+# --fabric-if is refused. Usage: mpi_job.sh SLUICE_BINARY
+set -euo pipefail
+bin=$(readlink -f "$1")
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+export OMPI_MCA_plm_rsh_agent=false  # everything is local: never try ssh
+mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none --mca pml ob1 --mca btl self,tcp
+     --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo)
+fab=(--fabric mpi --fabric-if lo)
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+"$bin" make-model --preset tiny -o a.gguf --seed 4 > /dev/null
+"$bin" make-model --preset tiny -o b.gguf --seed 5 > /dev/null
+prompt=$(seq -s, 3 2 301)  # 150 tokens: several chunks of 32
+run=(run -m a.gguf --tokens "$prompt" -n 24 -t 1 --chunk 32)
+
+# 1. Bit identity.
+python3 - > interleaved.txt <<'PY'
+print("# owner rank e % 3 of every expert")
+for l in range(8):
+    print(f"{l}: " + " ".join(str(e % 3) for e in range(16)))
+PY
+for mode in "" --resident-experts; do
+  rm -f one.f32* two.f32* three.f32* file.f32*
+  "$bin" "${run[@]}" $mode --dump-logits one.f32 > one.txt 2> /dev/null
+  "${mpi[@]}" -np 2 "$bin" "${run[@]}" $mode "${fab[@]}" --dump-logits two.f32 > two.txt 2> two.err ||
+    { cat two.err >&2; fail "np 2 $mode"; }
+  "${mpi[@]}" -np 3 "$bin" "${run[@]}" $mode "${fab[@]}" --dump-logits three.f32 > three.txt 2> three.err ||
+    { cat three.err >&2; fail "np 3 $mode"; }
+  cmp one.f32 two.f32 || fail "np 2 logits differ from one process ($mode)"
+  cmp one.f32 three.f32 || fail "np 3 logits differ from one process ($mode)"
+  cmp one.txt two.txt && cmp one.txt three.txt || fail "generated tokens differ ($mode)"
+  grep -q "rank 2: [1-9][0-9]* exchanges" three.err || fail "rank 2 did no work ($mode)"
+  if true; then  # the tiny preset: 8 layers of 16 experts (parse_placement refuses anything else)
+    "${mpi[@]}" -np 3 "$bin" "${run[@]}" $mode "${fab[@]}" --placement interleaved.txt --dump-logits file.f32 \
+      > /dev/null 2> file.err || { cat file.err >&2; fail "placement file $mode"; }
+    cmp one.f32 file.f32 || fail "logits with the placement file differ ($mode)"
+  fi
+done
+echo "bit identity: ok"
+
+# 2. --fabric-if is required.
+set +e
+"$bin" "${run[@]}" --fabric mpi > /dev/null 2> noif.err
+rc=$?
+set -e
+[ $rc = 2 ] && grep -q "needs --fabric-if" noif.err || { cat noif.err >&2; fail "--fabric mpi without --fabric-if (rc $rc)"; }
+
+# 3. Different model files on the ranks: refused, naming the field.
+set +e
+"${mpi[@]}" -np 1 "$bin" "${run[@]}" "${fab[@]}" : -np 1 "$bin" run -m b.gguf --tokens "$prompt" -n 24 -t 1 --chunk 32 \
+  "${fab[@]}" > /dev/null 2> mismatch.err
+rc=$?
+set -e
+[ $rc != 0 ] && grep -q "rank 1 differs from rank 0 in its model file identity" mismatch.err ||
+  { cat mismatch.err >&2; fail "a model mismatch was not refused (rc $rc)"; }
+echo "handshake mismatch: ok"
+
+# 4. A stopped and a killed peer: a long generation, the peer signalled once it serves.
+long=(run -m a.gguf --tokens "$prompt" -n 1800 -t 1 --chunk 32 --ignore-eos "${fab[@]}" --fabric-timeout 500)
+for sig in STOP KILL; do
+  "${mpi[@]}" -np 2 "$bin" "${long[@]}" > /dev/null 2> sig.err &
+  job=$!
+  pid=""
+  for _ in $(seq 1 300); do
+    pid=$(sed -n 's/^sluice (rank 1): pid \([0-9]*\) serving.*/\1/p' sig.err | head -1)
+    [ -n "$pid" ] && break
+    sleep 0.1
+  done
+  [ -n "$pid" ] || { kill -9 $job; cat sig.err >&2; fail "rank 1 never served"; }
+  sleep 0.3
+  t0=$(date +%s.%N)
+  kill -$sig "$pid"
+  set +e
+  wait $job
+  rc=$?
+  set -e
+  t1=$(date +%s.%N)
+  kill -CONT "$pid" 2> /dev/null || true
+  secs=$(python3 -c "print(f'{$t1 - $t0:.2f}')")
+  echo "SIG$sig: rc $rc after $secs s"
+  [ $rc != 0 ] || fail "SIG$sig: the job exited 0"
+  if [ $sig = STOP ]; then
+    python3 -c "import sys; sys.exit(0 if $t1 - $t0 < 0.5 + 2.0 else 1)" || { cat sig.err >&2; fail "SIGSTOP: took $secs s"; }
+    grep -q "sluice (rank 0): fabric: rank 1 did not return layer [0-9]* outputs (exchange [0-9]*) within 500 ms" sig.err ||
+      { cat sig.err >&2; fail "SIGSTOP: no line naming the rank"; }
+  else
+    python3 -c "import sys; sys.exit(0 if $t1 - $t0 < 10 else 1)" || { cat sig.err >&2; fail "SIGKILL: took $secs s"; }
+  fi
+  # Gone, or a zombie waiting for init to reap it: nothing of the job runs on.
+  for _ in $(seq 1 50); do
+    st=$(ps -o stat= -p "$pid" 2> /dev/null || true)
+    [ -z "$st" ] || [ "${st:0:1}" = Z ] && break
+    sleep 0.1
+  done
+  [ -z "$st" ] || [ "${st:0:1}" = Z ] || fail "SIG$sig: rank 1 (pid $pid) is still running ($st)"
+done
+echo "stopped and killed peers: ok"
