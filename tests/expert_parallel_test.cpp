@@ -397,6 +397,7 @@ TEST(FabricFrames, MalformedWorkFramesAreRefusedWithTheirCause) {
   };
   refused(std::vector<uint8_t>(good.begin(), good.begin() + 10), "shorter than its header");
   refused(poke32(0, 0xdeadbeef), "bad magic");
+  refused(poke32(48, 1), "reserved header bytes");
   {
     std::vector<uint8_t> m = good;
     m[4] = 9;

@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "fabric/mpi_fabric.h"
 #include "runtime/meminfo.h"
+#include "util/error.h"
 #include "util/read_file.h"
 
 namespace sluice::cli {
@@ -73,7 +74,12 @@ int FabricJob::serve(SessionOptions so, const ModelHeader& h) {
     const JobStart job = join_job(*f_, me, std::chrono::seconds(o_.start_timeout_s));
     std::fprintf(stderr, "sluice (rank %d): pid %d serving %llu experts\n", f_->rank(), (int)::getpid(),
                  (unsigned long long)me.owned_experts);
-    const ServeStats st = serve_experts(*f_, s.backend(), s.model(), s.experts(), p_, job);
+    // A peer whose launcher went away (rank 0's box lost, mpirun killed) would wait for work
+    // forever: once it is re-parented, it ends.
+    const pid_t parent = ::getppid();
+    const ServeStats st = serve_experts(*f_, s.backend(), s.model(), s.experts(), p_, job, [parent] {
+      if (::getppid() != parent) throw Error("fabric: the process that started this rank is gone; ending");
+    });
     std::fprintf(stderr, "sluice (rank %d): served %llu exchanges, %llu expert terms, %llu failed | %s experts %s\n",
                  f_->rank(), (unsigned long long)st.frames, (unsigned long long)st.triples,
                  (unsigned long long)st.failed, std::to_string(me.owned_experts).c_str(),

@@ -161,6 +161,8 @@ Header decode_header(std::span<const uint8_t> m, int from) {
   h.triples = r.get<uint32_t>();
   h.width = r.get<uint32_t>();
   h.payload = r.get<uint32_t>();
+  for (size_t i = 44; i < kHeaderBytes; ++i)
+    if (m[i]) throw bad(from, "a frame with reserved header bytes set");
   if ((uint64_t)h.payload != m.size() - kHeaderBytes)
     throw bad(from, std::string("a ") + kind_name(h.kind) + " frame whose header says " + std::to_string(h.payload) +
                         " payload bytes but which has " + std::to_string(m.size() - kHeaderBytes));

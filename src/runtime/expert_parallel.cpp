@@ -210,7 +210,7 @@ std::vector<PeerTraffic> FabricExperts::traffic() const {
 // --- expert server ------------------------------------------------------------------------------
 
 ServeStats serve_experts(fabric::Fabric& f, const Backend& be, const Model& m, const ExpertSource& src,
-                         const fabric::Placement& p, const JobStart& job) {
+                         const fabric::Placement& p, const JobStart& job, const std::function<void()>& idle) {
   const ModelConfig& c = m.config;
   const int me = f.rank();
   fabric::Expect ex;
@@ -226,7 +226,11 @@ ServeStats serve_experts(fabric::Fabric& f, const Backend& be, const Model& m, c
   ServeStats st;
   uint64_t last_seq = 0;
   for (;;) {
-    std::optional<std::vector<uint8_t>> msg = f.recv(0, fabric::kTagToPeer, limit, Clock::time_point::max());
+    std::optional<std::vector<uint8_t>> msg = f.recv(0, fabric::kTagToPeer, limit, fabric::deadline_in(std::chrono::seconds(1)));
+    if (!msg) {  // rank 0 has nothing for us: an idle server waits as long as the job lasts
+      if (idle) idle();
+      continue;
+    }
     fabric::Work w;
     try {
       const fabric::Header h = fabric::decode_header(*msg, 0);

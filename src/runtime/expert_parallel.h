@@ -11,6 +11,7 @@
 #pragma once
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -94,7 +95,9 @@ JobStart join_job(fabric::Fabric& f, const fabric::Hello& mine, std::chrono::mil
 struct ServeStats {
   uint64_t frames = 0, triples = 0, failed = 0;
 };
+// `idle` (may be empty) is called after each second without a frame; it may throw Error to end
+// serving (the CLI's checks that the launcher is still there).
 ServeStats serve_experts(fabric::Fabric& f, const Backend& be, const Model& m, const ExpertSource& src,
-                         const fabric::Placement& p, const JobStart& job);
+                         const fabric::Placement& p, const JobStart& job, const std::function<void()>& idle = {});
 
 }  // namespace sluice
