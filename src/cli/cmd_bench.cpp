@@ -49,6 +49,7 @@ CLI::App* setup_bench(CLI::App& app, BenchOptions& o) {
       ->check(CLI::Range(1u, 256u));
   sub->add_option("--op-seconds", o.op_seconds, "with --ops: run each figure at least this long (default 0.3)");
   add_engine_options(sub, o.engine);
+  add_fabric_options(sub, o.fabric);
   return sub;
 }
 
@@ -85,14 +86,18 @@ struct Timings {
 
 // -r runs: reset, prefill -p pseudo-random tokens (the same ones for every mode), decode -n greedy
 // tokens. The decode figures count from the first generated token on.
+// `mark` (may be empty) is called when each run starts (decode false) and at its first generated
+// token (decode true).
 Timings time_runs(Session& session, const BenchOptions& o, uint32_t n_gen,
-                  const std::function<void(uint32_t run)>& before_run = {}) {
+                  const std::function<void(uint32_t run)>& before_run = {},
+                  const std::function<void(bool decode)>& mark = {}) {
   const ModelConfig& c = session.config();
   Timings t;
   const SessionStats at_start = session.stats();
   for (uint32_t r = 0; r < o.repetitions; ++r) {
     if (before_run) before_run(r);
     session.reset();
+    if (mark) mark(false);
     GenerateRequest req;
     uint64_t x = 1000 + r;
     req.prompt.resize(o.n_prompt);
@@ -105,7 +110,10 @@ Timings time_runs(Session& session, const BenchOptions& o, uint32_t n_gen,
     const GenerateResult res = session.generate(
         req, [](uint32_t, uint32_t) { return true; },
         [&](TokenId) {
-          if (first) ss_first = session.stats(), at_first = ss_first.store.total(), first = false;
+          if (first) {
+            ss_first = session.stats(), at_first = ss_first.store.total(), first = false;
+            if (mark) mark(true);
+          }
           return true;
         });
     const SessionStats ss_end = session.stats();
@@ -327,6 +335,98 @@ RouteBiasCost route_bias_cost(Session& session, float d) {
 
 }  // namespace
 
+namespace {
+
+// --fabric: the same runs in one process (every expert here) and across the job's ranks, in this
+// order, with the fabric's bytes per prefill and decode token and each rank's exchange latency.
+int bench_fabric(const BenchOptions& o, const ModelHeader& header, uint32_t n_gen, FabricJob& job) {
+  if (o.parallel > 1 || o.engine.route_bias != 0.0f || (!o.engine.dspark.empty() && !o.engine.no_dspark))
+    throw UsageError("--fabric is measured alone (not with --parallel, --route-bias or --dspark)");
+  if (n_gen < 2) throw UsageError("--fabric needs -n of at least 2");
+  const uint64_t ctx = (uint64_t)o.n_prompt + n_gen + 1;
+  SessionOptions so = session_options(o.engine, o.model, (uint32_t)ctx);
+  so.checkpoint_budget = 0;
+  Timings one;
+  {
+    Session s(so, header);
+    one = time_runs(s, o, n_gen);
+  }
+  so.remote = job.remote();
+  Session s(std::move(so), header);
+  job.start(s);
+  // Bytes between the marks: prefill (run start .. first token) and decode (first token .. the
+  // next run's start, or the end).
+  auto sum = [&](bool out) {
+    uint64_t b = 0;
+    for (const PeerTraffic& t : job.traffic()) b += out ? t.work_bytes : t.result_bytes;
+    return b;
+  };
+  uint64_t pre_out = 0, pre_in = 0, dec_out = 0, dec_in = 0, last_out = 0, last_in = 0;
+  bool in_decode = false;
+  const auto mark = [&](bool decode) {
+    const uint64_t out = sum(true), in = sum(false);
+    (in_decode ? dec_out : pre_out) += out - last_out;
+    (in_decode ? dec_in : pre_in) += in - last_in;
+    last_out = out, last_in = in, in_decode = decode;
+  };
+  const Timings t = time_runs(s, o, n_gen, {}, mark);
+  mark(false);
+  const std::vector<PeerTraffic> traffic = job.traffic();
+  job.end();
+  const double pre_tokens = (double)o.n_prompt * o.repetitions, dec_tokens = (double)(n_gen - 1) * o.repetitions;
+  const Figure p1 = figure(one.pre), d1 = figure(one.dec), pn = figure(t.pre), dn = figure(t.dec);
+  const bool same = one.tokens == t.tokens;
+  if (o.json) {
+    nlohmann::json j;
+    j["model"] = o.model;
+    j["fabric_ranks"] = traffic.size();
+    j["placement"] = o.fabric.placement;
+    j["n_prompt"] = o.n_prompt;
+    j["n_gen"] = n_gen;
+    j["repetitions"] = o.repetitions;
+    j["single_prefill_tok_s"] = p1.median;
+    j["single_decode_tok_s"] = d1.median;
+    j["prefill_tok_s"] = pn.median;
+    j["prefill_tok_s_min"] = pn.min;
+    j["prefill_tok_s_max"] = pn.max;
+    j["decode_tok_s"] = dn.median;
+    j["decode_tok_s_min"] = dn.min;
+    j["decode_tok_s_max"] = dn.max;
+    j["fabric_bytes_out_per_prefill_token"] = pre_out / pre_tokens;
+    j["fabric_bytes_in_per_prefill_token"] = pre_in / pre_tokens;
+    j["fabric_bytes_out_per_decode_token"] = dec_out / dec_tokens;
+    j["fabric_bytes_in_per_decode_token"] = dec_in / dec_tokens;
+    j["same_tokens"] = same;
+    for (size_t r = 1; r < traffic.size(); ++r) {
+      j["ranks"].push_back({{"rank", r},
+                            {"exchanges", traffic[r].exchanges},
+                            {"terms", traffic[r].triples},
+                            {"p50_us", traffic[r].p50_us},
+                            {"p99_us", traffic[r].p99_us}});
+    }
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::printf("model %s: %u layers, hidden %u; %zu ranks (%s), %u runs of -p %u -n %u\n", o.model.c_str(),
+              header.config.num_hidden_layers, header.config.hidden_size, traffic.size(), o.fabric.placement.c_str(),
+              o.repetitions, o.n_prompt, n_gen);
+  std::printf("%-12s %28s %28s\n", "", "prefill tok/s (min-max)", "decode tok/s (min-max)");
+  std::printf("%-12s %12.2f (%6.2f-%6.2f) %12.2f (%6.2f-%6.2f)\n", "one process", p1.median, p1.min, p1.max, d1.median,
+              d1.min, d1.max);
+  std::printf("%-12s %12.2f (%6.2f-%6.2f) %12.2f (%6.2f-%6.2f)  %.2fx / %.2fx\n", "across ranks", pn.median, pn.min, pn.max,
+              dn.median, dn.min, dn.max, p1.median > 0 ? pn.median / p1.median : 0, d1.median > 0 ? dn.median / d1.median : 0);
+  std::printf("fabric bytes per prefill token: %.0f out, %.0f in; per decode token: %.0f out, %.0f in\n",
+              pre_out / pre_tokens, pre_in / pre_tokens, dec_out / dec_tokens, dec_in / dec_tokens);
+  for (size_t r = 1; r < traffic.size(); ++r)
+    std::printf("rank %zu: %llu exchanges, %llu expert terms, exchange latency p50 %.0f us, p99 %.0f us\n", r,
+                (unsigned long long)traffic[r].exchanges, (unsigned long long)traffic[r].triples, traffic[r].p50_us,
+                traffic[r].p99_us);
+  std::printf("generated tokens %s one process's\n", same ? "equal" : "DIFFER from");
+  return same ? 0 : 1;
+}
+
+}  // namespace
+
 int resolved_threads(int t) { return t > 0 ? t : std::max(1, (int)std::thread::hardware_concurrency()); }
 
 int run_bench(const BenchOptions& o) {
@@ -352,6 +452,14 @@ int run_bench(const BenchOptions& o) {
   const uint64_t ctx = (uint64_t)o.n_prompt + n_gen + 1;
   if (ctx > c.max_position_embeddings) throw UsageError("-p + -n exceed the model's max_position_embeddings");
   const DecodeBytes db = decode_bytes_per_token(header.file, c);
+  if (std::unique_ptr<FabricJob> job = FabricJob::open(o.fabric, header)) {
+    if (!job->coordinator()) return job->serve(session_options(o.engine, o.model, (uint32_t)ctx), header);
+    try {
+      return bench_fabric(o, header, n_gen, *job);
+    } catch (const std::exception& e) {
+      job->fail(e.what());
+    }
+  }
 
   // The memory baseline first, before the model takes its budget; the buffer is freed again.
   const ReadBandwidth rb = bench_read_bandwidth(o, threads);

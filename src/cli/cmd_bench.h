@@ -12,6 +12,7 @@
 
 #include "backend/read_bandwidth.h"
 #include "cli/cmd_run.h"
+#include "cli/fabric_job.h"
 #include "cli/commands.h"
 
 namespace sluice::cli {
@@ -29,6 +30,7 @@ struct BenchOptions {
   double op_seconds = 0.3;       // --ops: each figure runs at least this long (and -r times)
   uint32_t parallel = 1;         // --parallel N: also N streams decoding together vs in turn
   EngineCliOptions engine;
+  FabricCliOptions fabric;       // --fabric mpi: the runs across ranks beside one process's
 };
 CLI::App* setup_bench(CLI::App& app, BenchOptions& o);
 int run_bench(const BenchOptions& o);

@@ -23,20 +23,19 @@ bool mpi_available() { return true; }
 
 namespace {
 
-// Polls spin briefly (a reply usually arrives within tens of microseconds on a real link), then
-// sleep, so waiting ranks do not take the cores from the one computing.
+// Polls yield for the first 200 us (an answer on a real link usually comes within tens of
+// microseconds), then sleep 20 us until 5 ms, then 200 us: a waiting rank leaves the cores to the
+// ones computing, and an idle one costs almost nothing.
 class Backoff {
  public:
   void pause() {
-    if (++n_ < 64) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(n_ < 512 ? 20 : 200));
-    }
+    const auto waited = std::chrono::steady_clock::now() - t0_;
+    if (waited < std::chrono::microseconds(200)) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(waited < std::chrono::milliseconds(5) ? 20 : 200));
   }
 
  private:
-  uint32_t n_ = 0;
+  std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
 };
 
 class MpiFabric final : public Fabric {
