@@ -80,6 +80,7 @@ CLI::App* setup_serve(CLI::App& app, ServeOptions& o) {
   cmd->add_option("--thinking", o.thinking, "request: think when the request asks (per API, see docs/server.md); off: never")
       ->check(CLI::IsMember({"request", "off"}));
   add_engine_options(cmd, o.engine);
+  add_fabric_options(cmd, o.fabric);
   return cmd;
 }
 
@@ -188,10 +189,23 @@ int run_serve(const ServeOptions& o) {
     throw Error(with_path(o.model, problems.front()));
   check_ctx(o.ctx, header->config.max_position_embeddings);
 
+  // --fabric: the other ranks compute experts; rank 0 serves. When the fabric breaks (a rank
+  // missed its deadline), the step's requests get their error events, then the job ends.
+  std::shared_ptr<FabricJob> job = FabricJob::open(o.fabric, *header);
+  if (job && !job->coordinator()) return job->serve(sess, *header);
+  if (job) {
+    sess.remote = job->remote();
+    so.on_step_error = [job](const std::string& error) {
+      if (!job->broken()) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the error events reach the clients
+      job->fail(error);
+    };
+  }
   const std::string model_id = !o.alias.empty() ? o.alias : std::filesystem::path(o.model).stem().string();
-  auto factory = [sess, header] {
+  auto factory = [sess, header, job] {
     const auto t0 = std::chrono::steady_clock::now();
     auto s = std::make_unique<Session>(sess, *header);
+    if (job) job->start(*s);
     std::fputs(format_plan(s->plan()).c_str(), stderr);  // the server log records what was admitted
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::fprintf(stderr, "sluice serve: model %s loaded in %.1f s, ctx %u, ready\n", s->model_id().c_str(), secs,
@@ -205,7 +219,13 @@ int run_serve(const ServeOptions& o) {
   std::fprintf(stderr, "sluice serve: listening on http://%s%s%s:%u\n", v6 ? "[" : "", o.host.c_str(), v6 ? "]" : "",
                (unsigned)port);
   std::fflush(stderr);
-  srv.serve();
+  try {
+    srv.serve();
+  } catch (const std::exception& e) {
+    if (job) job->fail(e.what());  // the whole job ends with the error named once
+    throw;
+  }
+  if (job) job->end();
   std::fprintf(stderr, "sluice serve: stopped\n");
   return 0;
 }

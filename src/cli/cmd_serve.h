@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/cmd_run.h"
+#include "cli/fabric_job.h"
 
 namespace sluice::cli {
 
@@ -38,7 +39,8 @@ struct ServeOptions {
   size_t max_json_depth = 128;
   std::vector<std::string> stops;   // --stop, added to every request's stop strings
   std::string thinking = "request"; // --thinking request|off
-  EngineCliOptions engine;           // -t, --mem-budget, --allow-swap, store options, --watchdog
+  EngineCliOptions engine;
+  FabricCliOptions fabric;           // --fabric mpi: rank 0 serves, the other ranks compute experts           // -t, --mem-budget, --allow-swap, store options, --watchdog
 };
 CLI::App* setup_serve(CLI::App& app, ServeOptions& o);
 // Serves until SIGINT/SIGTERM (exit 0) or until the model fails to load (throws Error).

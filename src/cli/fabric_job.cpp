@@ -54,7 +54,11 @@ FabricJob::FabricJob(std::unique_ptr<fabric::Fabric> f, fabric::Placement p, con
     experts_ = std::make_unique<FabricExperts>(*f_, p_, cfg_.hidden_size, std::chrono::milliseconds(o_.timeout_ms));
 }
 
-FabricJob::~FabricJob() = default;
+// A coordinator that never said Bye is leaving on an error its caller did not hand to fail():
+// the peers would wait for it (and MPI_Finalize for them), so the job ends here.
+FabricJob::~FabricJob() {
+  if (coordinator() && !ended_ && f_->size() > 1) fail("the command ended before the job did");
+}
 
 fabric::Hello FabricJob::hello(const Session& s) const {
   fabric::Hello h = own_hello(model_path_, data_offset_, cfg_, p_);

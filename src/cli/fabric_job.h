@@ -46,6 +46,7 @@ class FabricJob {
   // "fabric: 2 ranks (mpi, balanced) | rank 1: N exchanges, X out, Y in, p50 .. p99 .." for summaries.
   std::string summary() const;
   std::vector<PeerTraffic> traffic() const;
+  bool broken() const { return experts_ && experts_->broken(); }
 
  private:
   fabric::Hello hello(const Session& s) const;

@@ -15,6 +15,11 @@ namespace {
 using fabric::Clock;
 constexpr size_t kLatencyRing = 4096;
 
+// A peer's Failed answer: that exchange failed, the job goes on.
+struct ComputeFailed : Error {
+  using Error::Error;
+};
+
 std::string rank_name(int r) { return "rank " + std::to_string(r); }
 
 // A Result, or a Failed of at most kMaxTextBytes.
@@ -155,6 +160,19 @@ void FabricExperts::begin(uint32_t layer, std::span<const ExpertTriple> triples,
 
 void FabricExperts::finish(uint32_t layer, Mat terms) const {
   if (layer != layer_) throw Error("fabric: finish of layer " + std::to_string(layer) + " after begin of " + std::to_string(layer_));
+  try {
+    finish_all(layer, terms);
+  } catch (const ComputeFailed& e) {
+    out_.clear();
+    throw Error(e.what());
+  } catch (const Error&) {
+    out_.clear();
+    broken_ = true;
+    throw;
+  }
+}
+
+void FabricExperts::finish_all(uint32_t layer, Mat terms) const {
   for (const Outstanding& o : out_) {
     const Clock::time_point deadline = o.sent + timeout_;
     fabric::Expect ex;
@@ -175,8 +193,8 @@ void FabricExperts::finish(uint32_t layer, Mat terms) const {
       }
       if (h.kind == fabric::Kind::Failed) {
         done_seq_[o.rank] = std::max(done_seq_[o.rank], h.seq);
-        throw Error("fabric: " + rank_name(o.rank) + " could not compute layer " + std::to_string(layer) + ": " +
-                    fabric::decode_text(*m, o.rank));
+        throw ComputeFailed("fabric: " + rank_name(o.rank) + " could not compute layer " + std::to_string(layer) + ": " +
+                            fabric::decode_text(*m, o.rank));
       }
       const std::span<const uint8_t> rows = fabric::decode_result(*m, ex, o.seq, layer, (uint32_t)o.at.size());
       done_seq_[o.rank] = o.seq;

@@ -9,6 +9,7 @@
 // most rows a frame carries) or Refuse (the first field that differs). Then rank 0 sends Work
 // frames during its passes and Bye at the end.
 #pragma once
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -58,9 +59,13 @@ class FabricExperts final : public RemoteExperts {
   // Tells every peer the job is over (they exit) and waits for the sends to leave.
   void end() const;
   std::vector<PeerTraffic> traffic() const;  // index = rank ([0] stays empty)
+  // A rank missed its deadline or answered out of protocol: the job cannot go on. (A peer that
+  // could not compute an exchange, a read error, does not break it.)
+  bool broken() const { return broken_; }
   const fabric::Placement& placement() const { return p_; }
 
  private:
+  void finish_all(uint32_t layer, Mat terms) const;
   struct Outstanding {
     int rank = 0;
     uint64_t seq = 0;
@@ -78,6 +83,7 @@ class FabricExperts final : public RemoteExperts {
   mutable std::vector<uint64_t> done_seq_;  // per rank: the newest exchange answered
   mutable std::vector<PeerTraffic> traffic_;
   mutable std::vector<std::vector<float>> lat_us_;  // per rank, a ring of the last 4096
+  mutable std::atomic<bool> broken_{false};
 };
 
 // Rank >= 1: Hello to rank 0, then Welcome (returned: the nonce and the most rows per frame) or

@@ -1,5 +1,6 @@
 // What every endpoint needs: the options, the worker that owns the model, the counters.
 #pragma once
+#include <functional>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -16,6 +17,9 @@ struct ServerOptions {
   uint16_t port = 8080;
   size_t queue_depth = 4;             // requests that may wait behind the running ones
   uint32_t prefill_step = 64;         // prompt tokens a step evaluates while others decode (0: the chunk)
+  // Called on the worker thread after a step failed and its requests got their error events
+  // (serve --fabric ends the job there when the fabric broke). Empty: the server goes on.
+  std::function<void(const std::string& error)> on_step_error;
   size_t max_body_bytes = 8u << 20;
   size_t max_connections = 64;
   int request_timeout_ms = 30000;     // a request's head and body must arrive within this (408)

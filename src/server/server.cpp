@@ -140,9 +140,12 @@ Server::~Server() {
 
 uint16_t Server::listen() {
   const uint16_t port = http_->listen(opts_.host, opts_.port);
-  worker_ = std::make_unique<Worker>(std::move(factory_), opts_.queue_depth, opts_.prefill_step, [this](Worker::State s) {
-    if (s == Worker::State::Failed) http_->stop();
-  });
+  worker_ = std::make_unique<Worker>(
+      std::move(factory_), opts_.queue_depth, opts_.prefill_step,
+      [this](Worker::State s) {
+        if (s == Worker::State::Failed) http_->stop();
+      },
+      opts_.on_step_error);
   ctx_.reset(new ServerContext{opts_, *worker_, counters_, model_id_});
   return port;
 }

@@ -33,8 +33,10 @@ JobEvent failed(int status, std::string msg) {
 }
 }  // namespace
 
-Worker::Worker(Factory factory, size_t queue_depth, uint32_t prefill_step, std::function<void(State)> on_state)
-    : depth_(queue_depth), prefill_step_(prefill_step), on_state_(std::move(on_state)) {
+Worker::Worker(Factory factory, size_t queue_depth, uint32_t prefill_step, std::function<void(State)> on_state,
+               std::function<void(const std::string&)> on_step_error)
+    : depth_(queue_depth), prefill_step_(prefill_step), on_step_error_(std::move(on_step_error)),
+      on_state_(std::move(on_state)) {
   thread_ = std::thread([this, f = std::move(factory)]() mutable { run(std::move(f)); });
 }
 
@@ -225,9 +227,13 @@ void Worker::run(Factory factory) {
     if (session_->busy_slots() == 0) continue;
     try {
       session_->step(prefill_step_);
-    } catch (const std::exception&) {
+    } catch (const std::exception& e) {
       // The step's requests ended with on_failed (their slots as before the step); the others
-      // go on.
+      // go on, unless the hook ends the process (after the failed requests heard of it).
+      if (on_step_error_) {
+        publish();
+        on_step_error_(e.what());
+      }
     }
     const auto now = std::chrono::steady_clock::now();
     if (!ended.empty() || now - last_stats > std::chrono::seconds(1)) {

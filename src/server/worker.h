@@ -86,7 +86,9 @@ class Worker {
   // server answers /health with 503 meanwhile). queue_depth: jobs that may wait behind the
   // running ones (as many run as the Session has slots). prefill_step: see above (0: the
   // chunk). on_state is called from the worker thread on every state change.
-  Worker(Factory factory, size_t queue_depth, uint32_t prefill_step = 0, std::function<void(State)> on_state = {});
+  // on_step_error: see ServerOptions.
+  Worker(Factory factory, size_t queue_depth, uint32_t prefill_step = 0, std::function<void(State)> on_state = {},
+         std::function<void(const std::string&)> on_step_error = {});
   ~Worker();
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
@@ -123,6 +125,7 @@ class Worker {
 
   size_t depth_;
   uint32_t prefill_step_;
+  std::function<void(const std::string&)> on_step_error_;
   std::function<void(State)> on_state_;
   std::atomic<State> state_{State::Loading};
   std::atomic<size_t> running_{0};

@@ -4,7 +4,8 @@
 # resident experts, chunked prefill and decode); a peer stopped with SIGSTOP or killed with
 # SIGKILL ends the job with a non-zero exit in time, the stopped one with one line naming it;
 # ranks holding different model files refuse to start, naming the field; --fabric mpi without
-# --fabric-if is refused. Usage: mpi_job.sh SLUICE_BINARY
+# --fabric-if is refused; serve ends a stream with an error event when a peer stops. Usage:
+# mpi_job.sh SLUICE_BINARY
 set -euo pipefail
 bin=$(readlink -f "$1")
 work=$(mktemp -d)
@@ -103,3 +104,36 @@ for sig in STOP KILL; do
   [ -z "$st" ] || [ "${st:0:1}" = Z ] || fail "SIG$sig: rank 1 (pid $pid) is still running ($st)"
 done
 echo "stopped and killed peers: ok"
+
+# 5. serve across ranks: a stopped peer ends the streaming request with an error event, then the job.
+port=$((20000 + RANDOM % 20000))
+"${mpi[@]}" -np 2 "$bin" serve -m a.gguf --port $port -t 1 "${fab[@]}" --fabric-timeout 500 > /dev/null 2> serve.err &
+job=$!
+pid=""
+for _ in $(seq 1 300); do
+  pid=$(sed -n 's/^sluice (rank 1): pid \([0-9]*\) serving.*/\1/p' serve.err | head -1)
+  [ -n "$pid" ] && grep -q "listening on" serve.err && grep -q "ready" serve.err && break
+  sleep 0.1
+done
+[ -n "$pid" ] || { kill -9 $job; cat serve.err >&2; fail "serve: rank 1 never served"; }
+curl -s -N "http://127.0.0.1:$port/v1/completions" -H 'content-type: application/json' \
+  -d '{"prompt":"hello","max_tokens":4000,"stream":true,"ignore_eos":true}' > stream.out &
+client=$!
+for _ in $(seq 1 100); do grep -q '"text"' stream.out 2> /dev/null && break; sleep 0.05; done
+grep -q '"text"' stream.out || { kill -9 $job; fail "serve: no tokens streamed before the stop"; }
+t0=$(date +%s.%N)
+kill -STOP "$pid"
+set +e
+wait $job
+rc=$?
+set -e
+t1=$(date +%s.%N)
+kill -CONT "$pid" 2> /dev/null || true
+wait $client || true
+echo "serve, SIGSTOP: rc $rc after $(python3 -c "print(f'{$t1 - $t0:.2f}')") s"
+[ $rc != 0 ] || fail "serve: the job exited 0"
+python3 -c "import sys; sys.exit(0 if $t1 - $t0 < 0.5 + 2.0 else 1)" || fail "serve: took too long"
+grep -q '"error":{"code":500,"message":"fabric: rank 1 did not return layer' stream.out ||
+  { tail -c 400 stream.out >&2; fail "serve: the stream did not end with an error event"; }
+grep -q "sluice (rank 0): fabric: rank 1 did not return" serve.err || { cat serve.err >&2; fail "serve: no line naming the rank"; }
+echo "serve with a stopped peer: ok"
