@@ -251,7 +251,14 @@ TEST_F(ExpertParallel, TrafficEqualsTheFrameFormulaOverTheTracedRouting) {
         out[r] += fabric::work_frame_bytes(rows, triples, c.hidden_size);
         back[r] += fabric::result_frame_bytes(triples, c.hidden_size);
       }
+  const std::string metrics = fabric_metrics(got.traffic);
+  EXPECT_NE(metrics.find("sluice_fabric_ranks 3\n"), std::string::npos) << metrics;
   for (int r = 1; r < 3; ++r) {
+    const std::string label = "{rank=\"" + std::to_string(r) + "\"}";
+    EXPECT_NE(metrics.find("sluice_fabric_sent_bytes_total" + label + " " + std::to_string(out[r]) + "\n"), std::string::npos)
+        << metrics;
+    EXPECT_NE(metrics.find("sluice_fabric_expert_terms_total" + label + " " + std::to_string(terms[r]) + "\n"),
+              std::string::npos);
     EXPECT_GT(exchanges[r], 0u);
     EXPECT_EQ(got.traffic[r].exchanges, exchanges[r]) << "rank " << r;
     EXPECT_EQ(got.traffic[r].triples, terms[r]) << "rank " << r;

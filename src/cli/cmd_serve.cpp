@@ -200,6 +200,7 @@ int run_serve(const ServeOptions& o) {
       std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the error events reach the clients
       job->fail(error);
     };
+    so.extra_metrics = [job] { return fabric_metrics(job->traffic()); };
   }
   const std::string model_id = !o.alias.empty() ? o.alias : std::filesystem::path(o.model).stem().string();
   auto factory = [sess, header, job] {

@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include "cli/cmd_run.h"
 #include "cli/commands.h"
 #include "fabric/mpi_fabric.h"
 #include "runtime/meminfo.h"
@@ -84,10 +85,11 @@ int FabricJob::serve(SessionOptions so, const ModelHeader& h) {
     const ServeStats st = serve_experts(*f_, s.backend(), s.model(), s.experts(), p_, job, [parent] {
       if (::getppid() != parent) throw Error("fabric: the process that started this rank is gone; ending");
     });
-    std::fprintf(stderr, "sluice (rank %d): served %llu exchanges, %llu expert terms, %llu failed | %s experts %s\n",
+    // This rank's own expert store, as run's summary shows rank 0's.
+    std::fprintf(stderr, "sluice (rank %d): served %llu exchanges, %llu expert terms, %llu failed | %llu experts owned | %s\n",
                  f_->rank(), (unsigned long long)st.frames, (unsigned long long)st.triples,
-                 (unsigned long long)st.failed, std::to_string(me.owned_experts).c_str(),
-                 me.resident ? "resident" : ("streamed, " + std::to_string(me.cache_slots) + " cache slots").c_str());
+                 (unsigned long long)st.failed, (unsigned long long)me.owned_experts,
+                 session_summary(s, 0).c_str());
     return 0;
   } catch (const std::exception& e) {
     fail(e.what());

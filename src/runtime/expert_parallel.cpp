@@ -1,6 +1,7 @@
 #include "runtime/expert_parallel.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "kernels/cpu.h"
@@ -91,6 +92,39 @@ JobStart join_job(fabric::Fabric& f, const fabric::Hello& mine, std::chrono::mil
   return JobStart{h.nonce, h.rows};
 }
 
+std::string fabric_metrics(const std::vector<PeerTraffic>& t) {
+  std::string s;
+  auto line = [&](const char* name, size_t r, const char* extra, double v) {
+    char b[200];
+    std::snprintf(b, sizeof b, "%s{rank=\"%zu\"%s} %.17g\n", name, r, extra, v);
+    s += b;
+  };
+  s += "# HELP sluice_fabric_ranks Ranks of the expert-parallel job.\n# TYPE sluice_fabric_ranks gauge\n";
+  s += "sluice_fabric_ranks " + std::to_string(t.size()) + "\n";
+  const struct {
+    const char* name;
+    const char* help;
+    uint64_t PeerTraffic::*field;
+  } counters[] = {
+      {"sluice_fabric_exchanges_total", "Work frames sent to the rank (each answered once).", &PeerTraffic::exchanges},
+      {"sluice_fabric_expert_terms_total", "(expert, token) terms the rank computed.", &PeerTraffic::triples},
+      {"sluice_fabric_sent_bytes_total", "Bytes of Work frames sent to the rank.", &PeerTraffic::work_bytes},
+      {"sluice_fabric_received_bytes_total", "Bytes of Result frames received from the rank.", &PeerTraffic::result_bytes},
+      {"sluice_fabric_stale_answers_total", "Answers to exchanges a failed pass abandoned, dropped.", &PeerTraffic::stale},
+  };
+  for (const auto& c : counters) {
+    s += std::string("# HELP ") + c.name + " " + c.help + "\n# TYPE " + c.name + " counter\n";
+    for (size_t r = 1; r < t.size(); ++r) line(c.name, r, "", (double)(t[r].*c.field));
+  }
+  s += "# HELP sluice_fabric_exchange_latency_us Work sent to Result received, over the last 4096 exchanges.\n"
+       "# TYPE sluice_fabric_exchange_latency_us gauge\n";
+  for (size_t r = 1; r < t.size(); ++r) {
+    line("sluice_fabric_exchange_latency_us", r, ",quantile=\"0.5\"", t[r].p50_us);
+    line("sluice_fabric_exchange_latency_us", r, ",quantile=\"0.99\"", t[r].p99_us);
+  }
+  return s;
+}
+
 // --- coordinator --------------------------------------------------------------------------------
 
 FabricExperts::FabricExperts(fabric::Fabric& f, fabric::Placement p, uint32_t hidden, std::chrono::milliseconds timeout)
@@ -149,9 +183,12 @@ void FabricExperts::begin(uint32_t layer, std::span<const ExpertTriple> triples,
     o.seq = ++seq_;
     o.at = by_rank[r];
     std::vector<uint8_t> frame = fabric::encode_work(nonce_, o.seq, layer, hidden_, bits, wt);
-    traffic_[r].exchanges += 1;
-    traffic_[r].work_bytes += frame.size();
-    traffic_[r].triples += wt.size();
+    {
+      std::lock_guard<std::mutex> lk(stats_mu_);
+      traffic_[r].exchanges += 1;
+      traffic_[r].work_bytes += frame.size();
+      traffic_[r].triples += wt.size();
+    }
     o.sent = Clock::now();
     f_.send(r, fabric::kTagToPeer, std::move(frame));
     out_.push_back(std::move(o));
@@ -187,6 +224,7 @@ void FabricExperts::finish_all(uint32_t layer, Mat terms) const {
       const fabric::Header h = fabric::decode_header(*m, o.rank);
       if (h.nonce != nonce_) throw Error("fabric: " + rank_name(o.rank) + " sent a frame with another job's nonce");
       if ((h.kind == fabric::Kind::Result || h.kind == fabric::Kind::Failed) && h.seq < o.seq && h.seq > done_seq_[o.rank]) {
+        std::lock_guard<std::mutex> lk(stats_mu_);
         traffic_[o.rank].stale += 1;  // an abandoned exchange's answer
         done_seq_[o.rank] = h.seq;
         continue;
@@ -199,6 +237,7 @@ void FabricExperts::finish_all(uint32_t layer, Mat terms) const {
       const std::span<const uint8_t> rows = fabric::decode_result(*m, ex, o.seq, layer, (uint32_t)o.at.size());
       done_seq_[o.rank] = o.seq;
       for (size_t j = 0; j < o.at.size(); ++j) std::memcpy(terms.row(o.at[j]), rows.data() + j * hidden_ * 4, hidden_ * 4);
+      std::lock_guard<std::mutex> lk(stats_mu_);
       PeerTraffic& t = traffic_[o.rank];
       t.result_bytes += m->size();
       std::vector<float>& lat = lat_us_[o.rank];
@@ -217,6 +256,7 @@ void FabricExperts::end() const {
 }
 
 std::vector<PeerTraffic> FabricExperts::traffic() const {
+  std::lock_guard<std::mutex> lk(stats_mu_);
   std::vector<PeerTraffic> t = traffic_;
   for (size_t r = 1; r < t.size(); ++r) {
     t[r].p50_us = percentile(lat_us_[r], 0.50);

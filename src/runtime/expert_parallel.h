@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,10 @@ struct PeerTraffic {
   uint64_t stale = 0;          // answers to an exchange a failed pass abandoned, dropped
   double p50_us = 0, p99_us = 0;  // exchange latency, Work sent to Result received (last 4096)
 };
+
+// Prometheus lines of each peer's traffic (label rank="R"): exchanges, expert terms, bytes sent
+// and received, exchange latency p50 and p99 (microseconds), and the job's rank count.
+std::string fabric_metrics(const std::vector<PeerTraffic>& t);
 
 // This process's Hello: build, ISA, identity of the model file, the placement and the shape.
 fabric::Hello own_hello(const std::string& model_path, uint64_t data_offset, const ModelConfig& c,
@@ -84,6 +89,7 @@ class FabricExperts final : public RemoteExperts {
   mutable std::vector<PeerTraffic> traffic_;
   mutable std::vector<std::vector<float>> lat_us_;  // per rank, a ring of the last 4096
   mutable std::atomic<bool> broken_{false};
+  mutable std::mutex stats_mu_;  // traffic_ and lat_us_: traffic() is read from other threads (/metrics)
 };
 
 // Rank >= 1: Hello to rank 0, then Welcome (returned: the nonce and the most rows per frame) or

@@ -20,6 +20,9 @@ struct ServerOptions {
   // Called on the worker thread after a step failed and its requests got their error events
   // (serve --fabric ends the job there when the fabric broke). Empty: the server goes on.
   std::function<void(const std::string& error)> on_step_error;
+  // More Prometheus lines for /metrics (serve --fabric: each rank's traffic), called on the
+  // HTTP thread. Empty: none.
+  std::function<std::string()> extra_metrics;
   size_t max_body_bytes = 8u << 20;
   size_t max_connections = 64;
   int request_timeout_ms = 30000;     // a request's head and body must arrive within this (408)

@@ -86,7 +86,9 @@ int handle_metrics(ServerContext& ctx, Connection& conn) {
   } catch (const Error&) {
     in.rss_bytes = 0;
   }
-  send_response(conn, 200, "text/plain; version=0.0.4; charset=utf-8", render_metrics(in));
+  std::string text = render_metrics(in);
+  if (ctx.opts.extra_metrics) text += ctx.opts.extra_metrics();
+  send_response(conn, 200, "text/plain; version=0.0.4; charset=utf-8", text);
   return 200;
 }
 

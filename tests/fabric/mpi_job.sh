@@ -121,6 +121,10 @@ curl -s -N "http://127.0.0.1:$port/v1/completions" -H 'content-type: application
 client=$!
 for _ in $(seq 1 100); do grep -q '"text"' stream.out 2> /dev/null && break; sleep 0.05; done
 grep -q '"text"' stream.out || { kill -9 $job; fail "serve: no tokens streamed before the stop"; }
+curl -s "http://127.0.0.1:$port/metrics" > metrics.txt
+grep -q '^sluice_fabric_exchanges_total{rank="1"} [1-9]' metrics.txt &&
+  grep -q '^sluice_fabric_exchange_latency_us{rank="1",quantile="0.99"} ' metrics.txt ||
+  { kill -9 $job; grep fabric metrics.txt >&2; fail "serve: /metrics has no fabric lines for rank 1"; }
 t0=$(date +%s.%N)
 kill -STOP "$pid"
 set +e
