@@ -22,7 +22,7 @@ void add_fabric_options(CLI::App* sub, FabricCliOptions& o) {
                   "with --fabric mpi, required: the interface or CIDR of the dedicated link the ranks talk over "
                   "(MPI over TCP has no authentication or encryption)");
   sub->add_option("--placement", o.placement, "which rank computes each expert: balanced (default) or a FILE");
-  sub->add_option("--fabric-timeout", o.timeout_ms, "milliseconds a rank may take to answer one exchange (default 2000)")
+  sub->add_option("--fabric-timeout", o.timeout_ms, "milliseconds a rank may take to answer a decode exchange, and per token of a prefill exchange (default 2000)")
       ->check(CLI::Range(1u, 3600000u));
   sub->add_option("--fabric-start-timeout", o.start_timeout_s,
                   "seconds every rank may take to load and say Hello (default 600)")

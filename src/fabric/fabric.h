@@ -32,9 +32,10 @@ class Fabric {
   // Queues `bytes` for `peer` under `tag` and returns; the message leaves in the background
   // (progressed by recv and flush). Throws Error for a peer out of range.
   virtual void send(int peer, uint32_t tag, std::vector<uint8_t> bytes) = 0;
-  // The next message from `peer` under `tag`, or nullopt when none arrived by `deadline`
-  // (Clock::time_point::max(): wait as long as it takes). A message longer than max_bytes is an
-  // Error naming its size; it is never received into memory.
+  // The next message from `peer` under `tag`, or nullopt when none began to arrive by
+  // `deadline` (Clock::time_point::max(): wait as long as it takes). A message that began to
+  // arrive is received whole (within a bound of its own, else an Error). A message longer than
+  // max_bytes is an Error naming its size; it is never received into memory.
   virtual std::optional<std::vector<uint8_t>> recv(int peer, uint32_t tag, size_t max_bytes,
                                                    Clock::time_point deadline) = 0;
   // Waits until every queued send has left this process: false at the deadline.

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <list>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -37,6 +38,8 @@ class Backoff {
  private:
   std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
 };
+
+constexpr std::chrono::seconds kTransfer{60};
 
 class MpiFabric final : public Fabric {
  public:
@@ -81,24 +84,29 @@ class MpiFabric final : public Fabric {
     if (count < 0 || (size_t)count > max_bytes)
       throw Error("fabric: rank " + std::to_string(peer) + " sent a message of " + std::to_string(count) +
                   " bytes, more than the " + std::to_string(max_bytes) + " expected");
-    std::vector<uint8_t> m((size_t)count);
+    // Matched: the message is being received. The caller's deadline was for its arrival; the
+    // transfer itself (a large message needs the sender's progress) gets its own bound, and an
+    // MPI receive that has begun cannot be cancelled, so at that bound it is an Error and the
+    // buffer is left to MPI (the job ends on it anyway).
+    auto m = std::make_unique<std::vector<uint8_t>>((size_t)count);
     MPI_Request req = MPI_REQUEST_NULL;
-    MPI_Irecv(m.data(), count, MPI_BYTE, peer, (int)tag, MPI_COMM_WORLD, &req);
+    MPI_Irecv(m->data(), count, MPI_BYTE, peer, (int)tag, MPI_COMM_WORLD, &req);
+    const Clock::time_point done_by = std::max(deadline, Clock::now() + kTransfer);
     for (Backoff b2;;) {
       int done = 0;
       MPI_Test(&req, &done, MPI_STATUS_IGNORE);
       if (done) break;
       progress();
-      if (Clock::now() >= deadline) {
-        MPI_Cancel(&req);
-        MPI_Request_free(&req);
-        return std::nullopt;
+      if (Clock::now() >= done_by) {
+        m.release();  // NOLINT: MPI may still write into it
+        throw Error("fabric: a message of " + std::to_string(count) + " bytes from rank " + std::to_string(peer) +
+                    " did not complete within " + std::to_string(kTransfer.count()) + " s");
       }
       b2.pause();
     }
     counters_.received_messages += 1;
-    counters_.received_bytes += m.size();
-    return m;
+    counters_.received_bytes += m->size();
+    return std::move(*m);
   }
 
   bool flush(Clock::time_point deadline) override {

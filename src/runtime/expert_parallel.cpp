@@ -182,6 +182,7 @@ void FabricExperts::begin(uint32_t layer, std::span<const ExpertTriple> triples,
     o.rank = r;
     o.seq = ++seq_;
     o.at = by_rank[r];
+    o.rows = (uint32_t)rows.size();
     std::vector<uint8_t> frame = fabric::encode_work(nonce_, o.seq, layer, hidden_, bits, wt);
     {
       std::lock_guard<std::mutex> lk(stats_mu_);
@@ -192,6 +193,17 @@ void FabricExperts::begin(uint32_t layer, std::span<const ExpertTriple> triples,
     o.sent = Clock::now();
     f_.send(r, fabric::kTagToPeer, std::move(frame));
     out_.push_back(std::move(o));
+  }
+  // A large frame (a prefill chunk's rows) moves only while this process makes MPI progress:
+  // it leaves now, so the peers compute while this process does.
+  if (!out_.empty()) {
+    uint32_t rows = 1;
+    for (const Outstanding& o : out_) rows = std::max(rows, o.rows);
+    if (!f_.flush(fabric::deadline_in(timeout_ * rows))) {
+      broken_ = true;
+      throw Error("fabric: layer " + std::to_string(layer) + " work did not leave for the ranks within " +
+                  std::to_string((timeout_ * rows).count()) + " ms");
+    }
   }
 }
 
@@ -211,7 +223,10 @@ void FabricExperts::finish(uint32_t layer, Mat terms) const {
 
 void FabricExperts::finish_all(uint32_t layer, Mat terms) const {
   for (const Outstanding& o : out_) {
-    const Clock::time_point deadline = o.sent + timeout_;
+    // A decode exchange (one row) has the timeout; a prefill chunk's, which may read every
+    // expert it names from the peer's disk, has it per row.
+    const std::chrono::milliseconds allowed = timeout_ * std::max<uint32_t>(o.rows, 1);
+    const Clock::time_point deadline = o.sent + allowed;
     fabric::Expect ex;
     ex.from = o.rank;
     ex.nonce = nonce_;
@@ -220,7 +235,7 @@ void FabricExperts::finish_all(uint32_t layer, Mat terms) const {
       std::optional<std::vector<uint8_t>> m = f_.recv(o.rank, fabric::kTagToCoordinator, answer_limit(o.at.size(), hidden_), deadline);
       if (!m)
         throw Error("fabric: " + rank_name(o.rank) + " did not return layer " + std::to_string(layer) + " outputs (exchange " +
-                    std::to_string(o.seq) + ") within " + std::to_string(timeout_.count()) + " ms");
+                    std::to_string(o.seq) + ") within " + std::to_string(allowed.count()) + " ms");
       const fabric::Header h = fabric::decode_header(*m, o.rank);
       if (h.nonce != nonce_) throw Error("fabric: " + rank_name(o.rank) + " sent a frame with another job's nonce");
       if ((h.kind == fabric::Kind::Result || h.kind == fabric::Kind::Failed) && h.seq < o.seq && h.seq > done_seq_[o.rank]) {

@@ -75,6 +75,7 @@ class FabricExperts final : public RemoteExperts {
     int rank = 0;
     uint64_t seq = 0;
     std::vector<uint32_t> at;  // the begin() triple index of each term the rank returns
+    uint32_t rows = 0;         // tokens the frame carried: the deadline is the timeout per row
     fabric::Clock::time_point sent;
   };
   fabric::Fabric& f_;

@@ -36,6 +36,13 @@ for mode in "" --resident-experts; do
   "${mpi[@]}" -np 3 "$bin" "${run[@]}" $mode "${fab[@]}" --dump-logits three.f32 > three.txt 2> three.err ||
     { cat three.err >&2; fail "np 3 $mode"; }
   cmp one.f32 two.f32 || fail "np 2 logits differ from one process ($mode)"
+  # One 150-row chunk: Work frames of ~77 KB, past Open MPI's 64 KiB eager limit (rendezvous).
+  rm -f big.f32*
+  "${mpi[@]}" -np 2 "$bin" run -m a.gguf --tokens "$prompt" -n 24 -t 1 --chunk 160 $mode "${fab[@]}" \
+    --dump-logits big.f32 > /dev/null 2> big.err || { cat big.err >&2; fail "np 2, chunk 160 $mode"; }
+  "$bin" run -m a.gguf --tokens "$prompt" -n 24 -t 1 --chunk 160 $mode --dump-logits bigone.f32 > /dev/null 2>&1
+  cmp bigone.f32 big.f32 || fail "np 2 logits with 150-row frames differ ($mode)"
+  rm -f bigone.f32*
   cmp one.f32 three.f32 || fail "np 3 logits differ from one process ($mode)"
   cmp one.txt two.txt && cmp one.txt three.txt || fail "generated tokens differ ($mode)"
   grep -q "rank 2: [1-9][0-9]* exchanges" three.err || fail "rank 2 did no work ($mode)"
@@ -76,7 +83,7 @@ for sig in STOP KILL; do
     sleep 0.1
   done
   [ -n "$pid" ] || { kill -9 $job; cat sig.err >&2; fail "rank 1 never served"; }
-  sleep 0.3
+  sleep 1.0  # past the prefill: a decode exchange (one row) has the plain timeout
   t0=$(date +%s.%N)
   kill -$sig "$pid"
   set +e
