@@ -16,6 +16,30 @@ mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none --mca pml ob1 --m
      --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo)
 fab=(--fabric mpi --fabric-if lo)
 fail() { echo "FAIL: $*" >&2; exit 1; }
+# rank1_pid LOG [PATTERN]: rank 1's pid once LOG says it serves (and PATTERN, if given, is there).
+rank1_pid() {
+  local p=""
+  for _ in $(seq 1 300); do
+    p=$(sed -n 's/^sluice (rank 1): pid \([0-9]*\) serving.*/\1/p' "$1" | head -1)
+    [ -n "$p" ] && { [ -z "${2:-}" ] || grep -q "$2" "$1"; } && break
+    p=""
+    sleep 0.1
+  done
+  echo "$p"
+}
+# signal_job SIG PID JOB: signals PID, waits for the job; sets rc and secs (signal to exit).
+signal_job() {
+  local t0 t1
+  t0=$(date +%s.%N)
+  kill -"$1" "$2"
+  set +e
+  wait "$3"
+  rc=$?
+  set -e
+  t1=$(date +%s.%N)
+  kill -CONT "$2" 2> /dev/null || true
+  secs=$(python3 -c "print(f'{$t1 - $t0:.2f}')")
+}
 
 "$bin" make-model --preset tiny -o a.gguf --seed 4 > /dev/null
 "$bin" make-model --preset tiny -o b.gguf --seed 5 > /dev/null
@@ -76,31 +100,18 @@ long=(run -m a.gguf --tokens "$prompt" -n 1800 -t 1 --chunk 32 --ignore-eos "${f
 for sig in STOP KILL; do
   "${mpi[@]}" -np 2 "$bin" "${long[@]}" > /dev/null 2> sig.err &
   job=$!
-  pid=""
-  for _ in $(seq 1 300); do
-    pid=$(sed -n 's/^sluice (rank 1): pid \([0-9]*\) serving.*/\1/p' sig.err | head -1)
-    [ -n "$pid" ] && break
-    sleep 0.1
-  done
+  pid=$(rank1_pid sig.err)
   [ -n "$pid" ] || { kill -9 $job; cat sig.err >&2; fail "rank 1 never served"; }
   sleep 1.0  # past the prefill: a decode exchange (one row) has the plain timeout
-  t0=$(date +%s.%N)
-  kill -$sig "$pid"
-  set +e
-  wait $job
-  rc=$?
-  set -e
-  t1=$(date +%s.%N)
-  kill -CONT "$pid" 2> /dev/null || true
-  secs=$(python3 -c "print(f'{$t1 - $t0:.2f}')")
+  signal_job $sig "$pid" $job
   echo "SIG$sig: rc $rc after $secs s"
   [ $rc != 0 ] || fail "SIG$sig: the job exited 0"
   if [ $sig = STOP ]; then
-    python3 -c "import sys; sys.exit(0 if $t1 - $t0 < 0.5 + 2.0 else 1)" || { cat sig.err >&2; fail "SIGSTOP: took $secs s"; }
+    python3 -c "import sys; sys.exit(0 if $secs < 0.5 + 2.0 else 1)" || { cat sig.err >&2; fail "SIGSTOP: took $secs s"; }
     grep -q "sluice (rank 0): fabric: rank 1 did not return layer [0-9]* outputs (exchange [0-9]*) within 500 ms" sig.err ||
       { cat sig.err >&2; fail "SIGSTOP: no line naming the rank"; }
   else
-    python3 -c "import sys; sys.exit(0 if $t1 - $t0 < 10 else 1)" || { cat sig.err >&2; fail "SIGKILL: took $secs s"; }
+    python3 -c "import sys; sys.exit(0 if $secs < 10 else 1)" || { cat sig.err >&2; fail "SIGKILL: took $secs s"; }
   fi
   # Gone, or a zombie waiting for init to reap it: nothing of the job runs on.
   for _ in $(seq 1 50); do
@@ -116,12 +127,7 @@ echo "stopped and killed peers: ok"
 port=$((20000 + RANDOM % 20000))
 "${mpi[@]}" -np 2 "$bin" serve -m a.gguf --port $port -t 1 "${fab[@]}" --fabric-timeout 500 > /dev/null 2> serve.err &
 job=$!
-pid=""
-for _ in $(seq 1 300); do
-  pid=$(sed -n 's/^sluice (rank 1): pid \([0-9]*\) serving.*/\1/p' serve.err | head -1)
-  [ -n "$pid" ] && grep -q "listening on" serve.err && grep -q "ready" serve.err && break
-  sleep 0.1
-done
+pid=$(rank1_pid serve.err "ready")
 [ -n "$pid" ] || { kill -9 $job; cat serve.err >&2; fail "serve: rank 1 never served"; }
 curl -s -N "http://127.0.0.1:$port/v1/completions" -H 'content-type: application/json' \
   -d '{"prompt":"hello","max_tokens":4000,"stream":true,"ignore_eos":true}' > stream.out &
@@ -132,18 +138,11 @@ curl -s "http://127.0.0.1:$port/metrics" > metrics.txt
 grep -q '^sluice_fabric_exchanges_total{rank="1"} [1-9]' metrics.txt &&
   grep -q '^sluice_fabric_exchange_latency_us{rank="1",quantile="0.99"} ' metrics.txt ||
   { kill -9 $job; grep fabric metrics.txt >&2; fail "serve: /metrics has no fabric lines for rank 1"; }
-t0=$(date +%s.%N)
-kill -STOP "$pid"
-set +e
-wait $job
-rc=$?
-set -e
-t1=$(date +%s.%N)
-kill -CONT "$pid" 2> /dev/null || true
+signal_job STOP "$pid" $job
 wait $client || true
-echo "serve, SIGSTOP: rc $rc after $(python3 -c "print(f'{$t1 - $t0:.2f}')") s"
+echo "serve, SIGSTOP: rc $rc after $secs s"
 [ $rc != 0 ] || fail "serve: the job exited 0"
-python3 -c "import sys; sys.exit(0 if $t1 - $t0 < 0.5 + 2.0 else 1)" || fail "serve: took too long"
+python3 -c "import sys; sys.exit(0 if $secs < 0.5 + 2.0 else 1)" || fail "serve: took too long"
 grep -q '"error":{"code":500,"message":"fabric: rank 1 did not return layer' stream.out ||
   { tail -c 400 stream.out >&2; fail "serve: the stream did not end with an error event"; }
 grep -q "sluice (rank 0): fabric: rank 1 did not return" serve.err || { cat serve.err >&2; fail "serve: no line naming the rank"; }
