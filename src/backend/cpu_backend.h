@@ -2,7 +2,6 @@
 // output rows (or tokens x heads) only, so every output element is computed by one thread
 // with the same code whatever the thread count: results are bit-identical for any --threads.
 #pragma once
-#include <functional>
 #include "backend/backend.h"
 #include "backend/thread_pool.h"
 #include "kernels/index_scores.h"
@@ -60,9 +59,11 @@ class CpuBackend : public Backend {
                    const uint8_t* masked) const override;
 
  private:
-  // Each triple's term (expert output rows, f32) handed to `take(j, row)` in triple order.
+  // Each triple's term (expert output rows, f32) handed to `take(j, row)` in triple order
+  // (defined and instantiated in cpu_ffn.cpp only; a template, so no call allocates).
+  template <class Take>
   void routed_terms(ExpertTensors t, const ExpertSource& src, uint32_t layer, std::span<const ExpertTriple> triples,
-                    float limit, CMat x, const std::function<void(size_t, const float*)>& take) const;
+                    float limit, CMat x, Take&& take) const;
   // Queries i0 .. i0 + gn - 1 of a, each over its rows (rows[i - i0]), every head.
   void attend_group(const SparseAttention& a, uint32_t i0, uint32_t gn,
                     const std::vector<std::vector<const uint16_t*>>& rows, float scale, Mat o) const;

@@ -31,25 +31,9 @@ void CpuBackend::shared_ffn(const Weight& gate, const Weight& up, const Weight& 
   lin(pool_, down, g.data(), F, n, out.p, out.stride, true, 0, down.rows);
 }
 
-void CpuBackend::routed_ffn(ExpertTensors t, const ExpertSource& src, uint32_t layer,
-                            std::span<const ExpertTriple> triples, float limit, CMat x, Mat routed) const {
-  const size_t H = x.width;
-  routed_terms(t, src, layer, triples, limit, x, [&](size_t j, const float* d) {
-    float* ri = routed.row(triples[j].token);
-    for (size_t k = 0; k < H; ++k) ri[k] += d[k];
-  });
-}
-
-void CpuBackend::routed_ffn_rows(ExpertTensors t, const ExpertSource& src, uint32_t layer,
-                                 std::span<const ExpertTriple> triples, float limit, CMat x, Mat rows) const {
-  if (rows.n != triples.size() || rows.width != x.width) throw Error("routed_ffn_rows: shapes differ");
-  routed_terms(t, src, layer, triples, limit, x,
-               [&](size_t j, const float* d) { std::copy(d, d + x.width, rows.row(j)); });
-}
-
+template <class Take>
 void CpuBackend::routed_terms(ExpertTensors t, const ExpertSource& src, uint32_t layer,
-                              std::span<const ExpertTriple> triples, float limit, CMat x,
-                              const std::function<void(size_t, const float*)>& take) const {
+                              std::span<const ExpertTriple> triples, float limit, CMat x, Take&& take) const {
   const size_t H = x.width, F = t.gate->rows;
   // Activations are quantized once per token for every expert that uses them.
   const ActRows xg = quantize_rows(t.gate->act(), x.p, x.stride, x.n, H);
@@ -87,6 +71,22 @@ void CpuBackend::routed_terms(ExpertTensors t, const ExpertSource& src, uint32_t
     for (size_t j = 0; j < ne; ++j) take(b + j, ed.data() + j * H);
     b = e_end;
   }
+}
+
+void CpuBackend::routed_ffn(ExpertTensors t, const ExpertSource& src, uint32_t layer,
+                            std::span<const ExpertTriple> triples, float limit, CMat x, Mat routed) const {
+  const size_t H = x.width;
+  routed_terms(t, src, layer, triples, limit, x, [&](size_t j, const float* d) {
+    float* ri = routed.row(triples[j].token);
+    for (size_t k = 0; k < H; ++k) ri[k] += d[k];
+  });
+}
+
+void CpuBackend::routed_ffn_rows(ExpertTensors t, const ExpertSource& src, uint32_t layer,
+                                 std::span<const ExpertTriple> triples, float limit, CMat x, Mat rows) const {
+  if (rows.n != triples.size() || rows.width != x.width) throw Error("routed_ffn_rows: shapes differ");
+  routed_terms(t, src, layer, triples, limit, x,
+               [&](size_t j, const float* d) { std::copy(d, d + x.width, rows.row(j)); });
 }
 
 }  // namespace sluice
