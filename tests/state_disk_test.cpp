@@ -402,15 +402,20 @@ TEST_F(StateDiskSession, StatesOfAnotherModelOrBuildAreNeitherUsedNorTouched) {
 TEST_F(StateDiskSession, TheBudgetHoldsAndEvictsTheLeastRecentlyUsed) {
   // Room for about three of these states: each prompt adds two.
   const uint64_t one = state_file_bytes(state_shape(Session(options(0, 0)).config(), 256), 60, true);
-  Session s(options(0, 3 * one));
-  for (uint32_t k = 0; k < 5; ++k) run(s, request(60, 10 + k), nullptr);
-  const SessionStats st = s.stats();
-  EXPECT_LE(st.disk_bytes, 3 * one);
-  EXPECT_GT(st.disk_evicted, 0u);
-  uint64_t on_disk = 0;
-  for (const fs::path& f : state_files()) on_disk += fs::file_size(f);
-  EXPECT_LE(on_disk, 3 * one);
-  EXPECT_EQ(on_disk, st.disk_bytes);
+  {
+    // The writer thread still works after generate() returns: wait for it before counting, and
+    // end the session (joining the writer) before the directory is removed under it.
+    Session s(options(0, 3 * one));
+    for (uint32_t k = 0; k < 5; ++k) run(s, request(60, 10 + k), nullptr);
+    s.flush_state_disk();
+    const SessionStats st = s.stats();
+    EXPECT_LE(st.disk_bytes, 3 * one);
+    EXPECT_GT(st.disk_evicted, 0u);
+    uint64_t on_disk = 0;
+    for (const fs::path& f : state_files()) on_disk += fs::file_size(f);
+    EXPECT_LE(on_disk, 3 * one);
+    EXPECT_EQ(on_disk, st.disk_bytes);
+  }
   // Least recently used across restarts (each session reads the order from the files' mtimes):
   // a0 written, b1 written (a0's earlier state evicted), a0 used, c2 written: b1's states go.
   fs::remove_all(states_);
@@ -428,6 +433,7 @@ TEST_F(StateDiskSession, TheBudgetHoldsAndEvictsTheLeastRecentlyUsed) {
   fs::remove_all(states_);
   Session small(options(0, one / 2));
   run(small, request(60, 1), nullptr);
+  small.flush_state_disk();
   EXPECT_EQ(small.stats().disk_written, 0u);
   EXPECT_GE(small.stats().disk_skipped, 1u);
 }

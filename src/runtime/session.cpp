@@ -1001,6 +1001,10 @@ void Session::set_draft_hook(std::function<void(uint32_t, TokenId, std::vector<T
   impl_->opt.draft_hook = std::move(hook);
 }
 
+void Session::flush_state_disk() {
+  if (impl_->disk) impl_->disk->flush();
+}
+
 SessionStats Session::stats() const {
   const Impl& s = *impl_;
   SessionStats st;

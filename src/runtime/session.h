@@ -291,6 +291,9 @@ class Session {
   void set_draft_hook(std::function<void(uint32_t anchor_pos, TokenId anchor, std::vector<TokenId>& drafts)> hook);
   // Safe to call from any thread, also while generate() runs.
   SessionStats stats() const;
+  // Returns once every state queued for --kv-disk-dir is written (or failed); at once without one.
+  // Snapshots are written in the background, so stats() and the directory lag behind generate().
+  void flush_state_disk();
 
   // Continuous batching (the server's --parallel): requests run on slots and advance together.
   // Each slot keeps its own sequence, prompt record and checkpoints (checkpoint_budget each, as
