@@ -23,6 +23,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu_backend.h"
+#include "backend/vulkan_backend.h"
 #include "format/tensor_type.h"
 #include "kernels/fp.h"
 #include "kernels/numerics.h"
@@ -45,10 +46,16 @@ struct BackendCase {
 
 std::vector<BackendCase> backends() {
   auto exact = [](const std::string&) { return Tolerance{}; };
-  return {
+  std::vector<BackendCase> out = {
       {"cpu1", [] { return std::make_unique<CpuBackend>(1); }, exact},
       {"cpu3", [] { return std::make_unique<CpuBackend>(3); }, exact},
   };
+  // The Vulkan backend on the machine's first device (lavapipe in CI; vulkan_backend_test fails
+  // when a build with Vulkan finds none). Its linear shaders give the CPU's bits there (Q8_0 on
+  // every conformant device, the float formats where fma is fused: docs/numerics.md 1b); every
+  // other op is the CPU backend's own.
+  if (vulkan_built()) out.push_back({"vulkan", [] { return make_vulkan_backend({0, 2, 0}); }, exact});
+  return out;
 }
 
 using Rng = std::mt19937_64;

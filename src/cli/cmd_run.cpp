@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/vulkan_backend.h"
 #include "cli/budget_check.h"
 #include "cli/commands.h"
 #include "cli/context_option.h"
@@ -240,6 +241,11 @@ void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
                 "read every routed expert into memory at load instead of streaming them (small models)");
   sub->add_option("--cache-experts", o.cache_experts,
                   "hold at most N routed experts in the expert cache (default 0: as many as the budget leaves room for)");
+  sub->add_option("--backend", o.backend,
+                  "where the forward pass runs: cpu (default) or vulkan (linear layers of Q8_0/F16/BF16/F32 weights on "
+                  "the GPU, the rest on the CPU; `sluice devices` lists the devices)")
+      ->check(CLI::IsMember({"cpu", "vulkan"}));
+  sub->add_option("--device", o.device, "with --backend vulkan: the device index from `sluice devices` (default 0)");
   sub->add_option("--route-bias", o.route_bias,
                   "LOSSY, off by default: add D to the routing score of experts already in the cache, so near-ties "
                   "cost no read (mixing weights stay exact; `sluice bench --route-bias D` measures what it buys and "
@@ -301,6 +307,8 @@ SessionOptions session_options(const EngineCliOptions& e, const std::string& mod
     throw UsageError("--route-bias needs streamed experts (with --resident-experts every expert is cached)");
   so.route_bias = e.route_bias;
   so.max_cache_experts = e.cache_experts;
+  so.backend = e.backend;
+  so.gpu_device = e.device;
   if (!e.no_dspark) so.dspark_path = e.dspark;
   if (!(e.dspark_conf >= 0.0f && e.dspark_conf <= 1.0f)) throw UsageError("--dspark-conf must be in [0, 1]");
   if (e.draft_max < 2 || e.draft_max > 16) throw UsageError("--draft-max must be in 2..16 (the drafter's block bounds it further)");
@@ -370,6 +378,17 @@ std::string session_summary(const Session& s, uint64_t tokens_evaluated) {
     std::snprintf(buf, sizeof buf, " | Engram rows %.1f%% from cache (%llu of %llu distinct), read %s",
                   100.0 * (double)st.engram_hits / (double)st.engram_unique, (unsigned long long)st.engram_hits,
                   (unsigned long long)st.engram_unique, format_bytes(st.engram_bytes).c_str());
+    out += buf;
+  }
+  if (s.backend().name() != "cpu") {
+    const GpuStats g = gpu_stats(s.backend());
+    std::snprintf(buf, sizeof buf,
+                  " | %s: %llu weights on the device (%s of %s), %llu on the CPU; linear %llu on the device, %llu on "
+                  "the CPU; routed experts on the CPU",
+                  std::string(s.backend().name()).c_str(), (unsigned long long)g.weights_on_device,
+                  format_bytes(g.bytes_on_device).c_str(), format_bytes(g.device_budget).c_str(),
+                  (unsigned long long)g.weights_on_host, (unsigned long long)g.linear_on_device,
+                  (unsigned long long)g.linear_on_host);
     out += buf;
   }
   if (st.dspark) {

@@ -27,6 +27,8 @@ struct EngineCliOptions {
   bool resident_experts = false;
   float route_bias = 0.0f;     // --route-bias: cache-aware routing, lossy (0: exact)
   uint64_t cache_experts = 0;  // --cache-experts: at most this many experts cached (0: what the budget leaves)
+  std::string backend = "cpu";  // --backend cpu|vulkan
+  uint32_t device = 0;          // --device N (vulkan)
   uint32_t checkpoint_every = 1024;   // prefix checkpoints every N tokens (0: only at prompt ends)
   std::string checkpoint_budget;      // their byte budget (0: none; empty: kDefaultCheckpointBudget)
   std::string watchdog;        // SOFT:HARD; handled in main() (re-executes under the watchdog)

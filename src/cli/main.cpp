@@ -11,6 +11,7 @@
 
 #include "cli/cmd_bench.h"
 #include "cli/cmd_chat.h"
+#include "cli/cmd_devices.h"
 #include "cli/cmd_plan.h"
 #include "cli/cmd_run.h"
 #include "cli/cmd_serve.h"
@@ -148,6 +149,8 @@ int main(int argc, char** argv) {
   CLI::App* plan_cmd = sluice::cli::setup_plan(app, plan);
   sluice::cli::BenchOptions bench;
   CLI::App* bench_cmd = sluice::cli::setup_bench(app, bench);
+  sluice::cli::DevicesOptions devices;
+  CLI::App* devices_cmd = sluice::cli::setup_devices(app, devices);
   sluice::cli::WatchdogCommandOptions watchdog;
   CLI::App* watchdog_cmd = sluice::cli::setup_watchdog(app, watchdog);
 
@@ -198,6 +201,7 @@ int main(int argc, char** argv) {
     if (plan_cmd->parsed()) return sluice::cli::run_plan(plan);
     if (bench_cmd->parsed()) return sluice::cli::run_bench(bench);
     if (watchdog_cmd->parsed()) return sluice::cli::run_watchdog(watchdog);
+    if (devices_cmd->parsed()) return sluice::cli::run_devices(devices);
     std::fprintf(stderr, "sluice: error: no command given (run 'sluice --help')\n");
     return 2;
   } catch (const UsageError& e) {

@@ -9,6 +9,7 @@
 #include <optional>
 #include <thread>
 
+#include "backend/vulkan_backend.h"
 #include "format/gguf.h"
 #include "model/architecture.h"
 #include "model/deepseek41/dspark_forward.h"
@@ -107,6 +108,7 @@ struct Session::Impl {
   const Architecture* arch = nullptr;
   Plan plan;
   std::shared_ptr<const text::Tokenizer> tokenizer;
+  std::unique_ptr<Backend> backend;  // --backend other than cpu; null: the Engine's own CPU backend. Outlives the model
   std::unique_ptr<Model> model;
   std::unique_ptr<storage::ExpertStore> store;
   std::unique_ptr<StreamedExperts> streamed;
@@ -627,11 +629,21 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
   } catch (const Error& e) {  // every error about the file names it once, as run's do
     throw Error(with_path(opt.model_path, e.what()));
   }
+  if (opt.backend == "vulkan") {
+    GpuOptions go;
+    go.device = opt.gpu_device;
+    go.threads = s.plan.threads;
+    s.backend = make_vulkan_backend(go);
+  } else if (opt.backend != "cpu") {
+    throw Error("unknown backend '" + opt.backend + "' (cpu or vulkan)");
+  }
   LoadOptions lo;
+  lo.backend = s.backend.get();
   lo.resident_experts = !opt.stream_experts;
   if (opt.progress) lo.progress = [&](uint64_t done, uint64_t total) { opt.progress("loading weights", done, total); };
   s.model = load_model(opt.model_path, lo);
   EngineOptions eo;
+  eo.backend = s.backend.get();
   eo.threads = s.plan.threads;
   eo.ctx = s.plan.ctx;
   eo.chunk = s.plan.chunk;

@@ -61,6 +61,10 @@ struct SessionOptions {
   // Cache-aware routing, lossy, off at 0 (EngineOptions::route_bias); needs stream_experts.
   float route_bias = 0.0f;
   uint64_t max_cache_experts = 0;  // --cache-experts: the expert cache's slots at most (0: the budget's)
+  // --backend cpu|vulkan, --device N: where the forward pass runs (backend/vulkan_backend.h; its
+  // weights on the device are not yet in the plan, docs/backends.md).
+  std::string backend = "cpu";
+  uint32_t gpu_device = 0;
   // Prefix checkpoints: one each time the sequence passes a multiple of checkpoint_interval
   // tokens (at the end of the prefill chunk or decode step that passes it; 0: none) and two at
   // the end of each prompt's prefill: before its last token and after it (with that prompt's

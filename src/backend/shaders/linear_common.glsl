@@ -1,0 +1,50 @@
+// Shared by the linear shaders: the bindings, the push constants and exact bit-level helpers.
+// One invocation computes one output y[t][r] (r along x, the token t along y), so every output
+// has the CPU backend's per-(row, token) operation sequence (docs/numerics.md 1-3). Weights and
+// activations are bound as raw bytes (uint words): Q8_0 blocks are 34 bytes, so nothing is
+// aligned, and no 8/16-bit storage feature is required of the device.
+layout(local_size_x = 64) in;
+
+layout(std430, set = 0, binding = 0) readonly buffer Weights { uint w[]; };
+layout(std430, set = 0, binding = 1) readonly buffer Acts { uint a[]; };
+layout(std430, set = 0, binding = 2) writeonly buffer Out { float y[]; };
+
+layout(push_constant) uniform Push {
+  uint rows;         // outputs per token (y row length)
+  uint cols;         // the weight's columns
+  uint n;            // tokens
+  uint row0;         // first weight row
+  uint w_row_bytes;  // bytes per weight row
+  uint a_stride;     // bytes per activation row
+  uint kind;         // linear_float: 0 F32, 1 F16, 2 BF16 weights
+  uint round_out;    // 1: round each output to BF16
+} p;
+
+uint w_byte(uint off) { return (w[off >> 2] >> ((off & 3u) << 3)) & 0xffu; }
+uint a_byte(uint off) { return (a[off >> 2] >> ((off & 3u) << 3)) & 0xffu; }
+uint w_u16(uint off) { return w_byte(off) | (w_byte(off + 1u) << 8); }
+uint a_u16(uint off) { return a_byte(off) | (a_byte(off + 1u) << 8); }
+// Signed bytes (Q8_0 codes), sign-extended by bitfieldExtract.
+int w_sbyte(uint off) { return bitfieldExtract(int(w[off >> 2]), int((off & 3u) << 3), 8); }
+int a_sbyte(uint off) { return bitfieldExtract(int(a[off >> 2]), int((off & 3u) << 3), 8); }
+
+// fp16 bits -> f32, exact for every value (subnormals built from their integer significand, so a
+// device that flushes denormals in arithmetic still converts them right).
+float half_to_float(uint h) {
+  const uint s = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0u) {
+    const float v = float(m) * 5.9604644775390625e-8;  // m * 2^-24: exact (m < 2^10)
+    return s != 0u ? -v : v;
+  }
+  if (e == 31u) return uintBitsToFloat(s | 0x7f800000u | (m << 13));
+  return uintBitsToFloat(s | ((e + 112u) << 23) | (m << 13));
+}
+
+// kernels/fp.h f32_to_bf16 (round to nearest even, NaN kept quiet), on the bits.
+float round_bf16(float f) {
+  const uint x = floatBitsToUint(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return uintBitsToFloat(((x >> 16) | 0x40u) << 16);
+  return uintBitsToFloat(((x + 0x7fffu + ((x >> 16) & 1u)) >> 16) << 16);
+}
+
+void store_out(uint r, uint t, float v) { y[t * p.rows + r] = p.round_out != 0u ? round_bf16(v) : v; }

@@ -1,0 +1,63 @@
+// The Vulkan backend (issue 12, first slice; docs/backends.md "The Vulkan backend"). It is the CPU
+// backend with its linear layers moved to a Vulkan device: weights of the types the shaders
+// implement (Q8_0, F32, F16, BF16) are uploaded once at load (prepare_weight) and every linear()
+// on them runs as one compute dispatch; every other op, and a weight the device cannot hold, runs
+// on the CPU backend it extends, which gives the engine one set of results to compare with.
+//
+// Nothing here includes vulkan.h: a build without libvulkan-dev and glslc compiles the same
+// interface, and its functions say that Vulkan is not built in.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace sluice {
+
+struct GpuHeap {
+  uint64_t bytes = 0;
+  bool device_local = false;
+};
+
+// One Vulkan physical device, as `sluice devices` lists it.
+struct GpuDevice {
+  uint32_t index = 0;
+  std::string name;
+  std::string driver;   // driver name and info where the device reports them
+  std::string kind;     // integrated, discrete, virtual, cpu, other
+  uint32_t api_major = 0, api_minor = 0;
+  bool uma = false;     // integrated GPU or CPU device: device memory is host memory (counted once)
+  std::vector<GpuHeap> heaps;
+  uint32_t subgroup_size = 0;
+  bool int_dot = false;  // VK_KHR_shader_integer_dot_product
+  uint64_t max_storage_buffer = 0;  // maxStorageBufferRange: the largest weight one binding can hold
+};
+
+// What ran where, for summaries and tests.
+struct GpuStats {
+  uint64_t weights_on_device = 0, bytes_on_device = 0;
+  uint64_t weights_on_host = 0;  // weights linear() runs on the CPU (type without a shader, or too large)
+  uint64_t linear_on_device = 0, linear_on_host = 0;  // linear() calls
+  uint64_t device_budget = 0;    // bytes of weights the device may hold (GpuOptions::weight_budget)
+};
+
+struct GpuOptions {
+  uint32_t device = 0;
+  int threads = 0;               // the CPU backend's threads (0: all cores)
+  uint64_t weight_budget = 0;    // bytes of weights uploaded at most; 0: half the largest device-local heap
+};
+
+// True when this binary was built with the Vulkan backend.
+bool vulkan_built();
+// Every Vulkan device the loader finds. Throws Error when Vulkan is not built in or no driver
+// answers (the message says which and what to install).
+std::vector<GpuDevice> vulkan_devices();
+// Throws Error naming the cause: not built in, no driver, no such device (with the count), no
+// compute queue, a shader the driver refuses.
+std::unique_ptr<Backend> make_vulkan_backend(const GpuOptions& o);
+// The stats of a backend made by make_vulkan_backend; all zero for any other backend.
+GpuStats gpu_stats(const Backend& b);
+
+}  // namespace sluice

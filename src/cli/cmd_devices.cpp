@@ -1,0 +1,55 @@
+#include "cli/cmd_devices.h"
+
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/vulkan_backend.h"
+#include "runtime/meminfo.h"
+
+namespace sluice::cli {
+
+CLI::App* setup_devices(CLI::App& app, DevicesOptions& o) {
+  CLI::App* sub = app.add_subcommand("devices", "list the Vulkan devices (--backend vulkan --device N)");
+  sub->add_flag("--json", o.json, "one JSON object per device");
+  return sub;
+}
+
+// Exit 1 with the reason when Vulkan is not built in or no driver answers; an empty list is not
+// an error (the machine has a driver but no device).
+int run_devices(const DevicesOptions& o) {
+  const std::vector<GpuDevice> devs = vulkan_devices();
+  if (devs.empty() && !o.json) std::printf("no Vulkan device\n");
+  for (const GpuDevice& d : devs) {
+    if (o.json) {
+      nlohmann::json j;
+      j["index"] = d.index;
+      j["name"] = d.name;
+      j["driver"] = d.driver;
+      j["kind"] = d.kind;
+      j["api"] = std::to_string(d.api_major) + "." + std::to_string(d.api_minor);
+      j["uma"] = d.uma;
+      j["subgroup_size"] = d.subgroup_size;
+      j["integer_dot_product"] = d.int_dot;
+      j["max_storage_buffer"] = d.max_storage_buffer;
+      nlohmann::json heaps = nlohmann::json::array();
+      for (const GpuHeap& h : d.heaps) heaps.push_back({{"bytes", h.bytes}, {"device_local", h.device_local}});
+      j["heaps"] = heaps;
+      std::printf("%s\n", j.dump().c_str());
+      continue;
+    }
+    std::printf("%u: %s (%s, Vulkan %u.%u%s)\n", d.index, d.name.c_str(), d.kind.c_str(), d.api_major, d.api_minor,
+                d.uma ? ", memory shared with the host" : "");
+    if (!d.driver.empty()) std::printf("   driver: %s\n", d.driver.c_str());
+    std::string heaps;
+    for (const GpuHeap& h : d.heaps)
+      heaps += (heaps.empty() ? "" : ", ") + format_bytes(h.bytes) + (h.device_local ? " device-local" : " host");
+    std::printf("   memory heaps: %s\n", heaps.c_str());
+    std::printf("   subgroup %u, integer dot product %s, largest storage binding %s\n", d.subgroup_size,
+                d.int_dot ? "yes" : "no", format_bytes(d.max_storage_buffer).c_str());
+  }
+  return 0;
+}
+
+}  // namespace sluice::cli

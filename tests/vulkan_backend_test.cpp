@@ -1,0 +1,313 @@
+// The Vulkan backend (backend/vulkan_backend.h) on the machine's Vulkan device: lavapipe in CI
+// (scripts/setup installs mesa-vulkan-drivers). In a build with Vulkan a device must be there:
+// these tests fail, rather than skip, when it is not. In a build without it, the tests check that
+// every entry point says so.
+//
+// The linear shaders are held to the CPU's bits: Q8_0 is exact on every conformant device
+// (linear_q8_0.comp says why), and the float formats are exact where fma is fused and denormals
+// kept, as on lavapipe (docs/numerics.md 1b). Each test also checks that the work ran on the
+// device: a backend that quietly fell back to the CPU would otherwise pass.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/cpu_backend.h"
+#include "backend/vulkan_backend.h"
+#include "format/tensor_type.h"
+#include "kernels/types.h"
+#include "runtime/session.h"
+#include "test_util.h"
+#include "util/error.h"
+
+namespace sluice {
+namespace {
+
+struct HostWeight {
+  std::vector<uint8_t> bytes;
+  Weight w;
+};
+// A random weight (the type's block generator: Q8_0 codes over all of int8, -128 included).
+HostWeight random_weight(GgmlType type, uint64_t rows, uint64_t cols, uint64_t seed) {
+  HostWeight h;
+  const TypeTraits& tt = type_traits(type);
+  h.w.type = type;
+  h.w.traits = &tt;
+  h.w.rows = rows;
+  h.w.cols = cols;
+  h.w.row_bytes = row_bytes(type, (int64_t)cols);
+  h.bytes.resize(rows * h.w.row_bytes);
+  tt.random(h.bytes.data(), (int64_t)(rows * cols / (uint64_t)tt.block_elems), seed, 0.5f);
+  h.w.data = h.bytes.data();
+  return h;
+}
+
+std::vector<float> randoms(std::mt19937_64& r, size_t n) {
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(r);
+  return v;
+}
+
+// y = W x on backend be, x given with a stride wider than its width.
+std::vector<float> run_linear(const Backend& be, const Weight& w, const std::vector<float>& x, size_t n, bool round,
+                              uint64_t row0, uint64_t nrows) {
+  const Tensor xt = be.tensor(n, w.cols + 3);
+  for (size_t t = 0; t < n; ++t) std::memcpy(xt.m().row(t), x.data() + t * w.cols, w.cols * sizeof(float));
+  const Tensor yt = be.tensor(n, nrows + 5);
+  be.linear(w, xt.c().cols(0, w.cols), yt.m().cols(0, nrows), round, row0);
+  be.sync();
+  std::vector<float> y(n * nrows);
+  for (size_t t = 0; t < n; ++t) std::memcpy(y.data() + t * nrows, yt.m().row(t), nrows * sizeof(float));
+  return y;
+}
+
+#if SLUICE_TEST_VULKAN_EXPECTED
+constexpr bool kBuilt = true;
+#else
+constexpr bool kBuilt = false;
+#endif
+
+TEST(Vulkan, BuildAndEntryPointsAgree) {
+  EXPECT_EQ(vulkan_built(), kBuilt);
+  if (!kBuilt) {
+    try {
+      make_vulkan_backend({});
+      FAIL() << "a build without Vulkan made a Vulkan backend";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("built without the Vulkan backend"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(vulkan_devices(), Error);
+    return;
+  }
+  const std::vector<GpuDevice> devs = vulkan_devices();
+  ASSERT_FALSE(devs.empty()) << "built with Vulkan but no device (scripts/setup installs lavapipe)";
+  for (const GpuDevice& d : devs) {
+    EXPECT_FALSE(d.name.empty());
+    EXPECT_FALSE(d.heaps.empty()) << d.name;
+    EXPECT_GT(d.max_storage_buffer, 0u) << d.name;
+  }
+}
+
+TEST(Vulkan, LinearOnTheDeviceHasTheCpuBits) {
+  if (!kBuilt) return;  // BuildAndEntryPointsAgree covers a build without Vulkan
+  const std::unique_ptr<Backend> gpu = make_vulkan_backend({});
+  const CpuBackend cpu(1);
+  std::mt19937_64 rng(42);
+  struct Case {
+    GgmlType type;
+    uint64_t rows, cols;
+  };
+  // Odd row counts around the 64-wide workgroup, columns not a multiple of 16 for the float lanes.
+  const Case cases[] = {{GgmlType::Q8_0, 13, 96},  {GgmlType::Q8_0, 67, 160}, {GgmlType::Q8_0, 1, 32},
+                        {GgmlType::F16, 13, 17},   {GgmlType::F16, 130, 48},  {GgmlType::BF16, 67, 33},
+                        {GgmlType::F32, 5, 1},     {GgmlType::F32, 66, 71}};
+  uint64_t on_device = 0;
+  for (const Case& c : cases) {
+    HostWeight hw = random_weight(c.type, c.rows, c.cols, rng());
+    Weight gw = hw.w, cw = hw.w;
+    gpu->prepare_weight(gw);
+    cpu.prepare_weight(cw);
+    ASSERT_NE(gw.device, nullptr) << type_traits(c.type).name << " was not uploaded";
+    for (const size_t n : {1u, 3u, 7u})
+      for (const bool round : {false, true}) {
+        const uint64_t row0 = c.rows > 2 ? 1 : 0, nrows = c.rows - row0 - (c.rows > 2 ? 1 : 0);
+        const std::vector<float> x = randoms(rng, n * c.cols);
+        const std::vector<float> want = run_linear(cpu, cw, x, n, round, row0, nrows);
+        const std::vector<float> got = run_linear(*gpu, gw, x, n, round, row0, nrows);
+        ++on_device;
+        size_t bad = 0;
+        for (size_t i = 0; i < got.size(); ++i)
+          if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0 && bad++ < 3)
+            ADD_FAILURE() << type_traits(c.type).name << " " << c.rows << "x" << c.cols << " n=" << n
+                          << " round=" << round << ": element " << i << " is " << got[i] << ", want " << want[i];
+        EXPECT_EQ(bad, 0u);
+      }
+  }
+  const GpuStats st = gpu_stats(*gpu);
+  EXPECT_EQ(st.linear_on_device, on_device) << "a linear call ran on the CPU";
+  EXPECT_EQ(st.linear_on_host, 0u);
+  EXPECT_EQ(st.weights_on_device, std::size(cases));
+}
+
+// Q8_0 blocks at the edges: -128 against -128 (the product a 16-bit pair sum cannot hold),
+// subnormal and largest fp16 scales. The activations come from the CPU's quantizer either way.
+TEST(Vulkan, Q8_0EdgeBlocksHaveTheCpuBits) {
+  if (!kBuilt) return;
+  const std::unique_ptr<Backend> gpu = make_vulkan_backend({});
+  const CpuBackend cpu(1);
+  const uint64_t rows = 8, cols = 64;
+  HostWeight hw = random_weight(GgmlType::Q8_0, rows, cols, 7);
+  const uint16_t scales[] = {0x0001, 0x03ff, 0x7bff, 0xfbff, 0x0400, 0x0000, 0x3c00, 0x8001};
+  for (uint64_t r = 0; r < rows; ++r)
+    for (uint64_t b = 0; b < cols / 32; ++b) {
+      uint8_t* blk = hw.bytes.data() + r * hw.w.row_bytes + b * 34;
+      std::memcpy(blk, &scales[(r + b) % 8], 2);
+      if (r % 2 == 0) std::memset(blk + 2, 0x80, 32);
+    }
+  Weight gw = hw.w, cw = hw.w;
+  gpu->prepare_weight(gw);
+  cpu.prepare_weight(cw);
+  std::vector<float> x(cols * 2);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = i % 3 == 0 ? -1000.0f : (float)i * 1e-3f;  // codes -127 in each block
+  const std::vector<float> want = run_linear(cpu, cw, x, 2, false, 0, rows);
+  const std::vector<float> got = run_linear(*gpu, gw, x, 2, false, 0, rows);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+  EXPECT_EQ(gpu_stats(*gpu).linear_on_device, 1u);  // one call, two tokens
+}
+
+// A term where rounding twice (the product to float, or the sum to double and then to float)
+// gives another float than the CPU's single rounding of fma: lane 0 holds 1 + 2^-23, then adds
+// (2^-24 (1 + 2^-23)) x (1 - 2^-23) = 2^-24 - 2^-70, just below the midpoint to the next float.
+TEST(Vulkan, FloatLinearRoundsEachFmaOnceLikeTheCpu) {
+  if (!kBuilt) return;
+  const std::unique_ptr<Backend> gpu = make_vulkan_backend({});
+  const CpuBackend cpu(1);
+  const uint64_t cols = 17;  // elements 0 and 16 share lane 0
+  std::vector<float> wrow(cols, 0.0f), x(cols, 0.0f);
+  wrow[0] = 1.0f;
+  x[0] = 1.0f + 0x1p-23f;
+  wrow[16] = 0x1p-24f * (1.0f + 0x1p-23f);
+  x[16] = 1.0f - 0x1p-23f;
+  HostWeight hw;
+  hw.bytes.resize(cols * 4);
+  std::memcpy(hw.bytes.data(), wrow.data(), cols * 4);
+  hw.w.type = GgmlType::F32;
+  hw.w.traits = &type_traits(GgmlType::F32);
+  hw.w.rows = 1;
+  hw.w.cols = cols;
+  hw.w.row_bytes = cols * 4;
+  hw.w.data = hw.bytes.data();
+  Weight gw = hw.w, cw = hw.w;
+  gpu->prepare_weight(gw);
+  cpu.prepare_weight(cw);
+  ASSERT_NE(gw.device, nullptr);
+  const std::vector<float> want = run_linear(cpu, cw, x, 1, false, 0, 1);
+  ASSERT_EQ(want[0], 1.0f + 0x1p-23f) << "the CPU's fma is not fused";
+  const std::vector<float> got = run_linear(*gpu, gw, x, 1, false, 0, 1);
+  EXPECT_EQ(got[0], want[0]) << "rounded twice: " << got[0] - 1.0f;
+  EXPECT_EQ(gpu_stats(*gpu).linear_on_device, 1u);
+}
+
+TEST(Vulkan, WeightsPastTheBudgetOrWithoutAShaderRunOnTheCpu) {
+  if (!kBuilt) return;
+  GpuOptions o;
+  o.weight_budget = 4096;  // one small weight fits, the second does not
+  const std::unique_ptr<Backend> gpu = make_vulkan_backend(o);
+  const CpuBackend cpu(1);
+  HostWeight a = random_weight(GgmlType::Q8_0, 16, 128, 1), b = random_weight(GgmlType::Q8_0, 64, 128, 2);
+  HostWeight c = random_weight(GgmlType::Q2_K, 4, 256, 3);  // no Q2_K shader yet
+  for (HostWeight* h : {&a, &b, &c}) gpu->prepare_weight(h->w);
+  EXPECT_NE(a.w.device, nullptr);
+  EXPECT_EQ(b.w.device, nullptr) << "a weight past the device budget was uploaded";
+  EXPECT_EQ(c.w.device, nullptr);
+  GpuStats st = gpu_stats(*gpu);
+  EXPECT_EQ(st.weights_on_device, 1u);
+  EXPECT_EQ(st.weights_on_host, 2u);
+  EXPECT_LE(st.bytes_on_device, o.weight_budget);
+  std::mt19937_64 rng(5);
+  for (HostWeight* h : {&b, &c}) {
+    Weight cw = h->w;
+    cpu.prepare_weight(cw);
+    const std::vector<float> x = randoms(rng, 3 * h->w.cols);
+    const std::vector<float> got = run_linear(*gpu, h->w, x, 3, true, 0, h->w.rows);
+    const std::vector<float> want = run_linear(cpu, cw, x, 3, true, 0, h->w.rows);
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+  }
+  st = gpu_stats(*gpu);
+  EXPECT_EQ(st.linear_on_host, 2u);
+  EXPECT_EQ(st.linear_on_device, 0u);
+}
+
+TEST(Vulkan, AMissingDeviceIsNamedWithTheCount) {
+  if (!kBuilt) return;
+  GpuOptions o;
+  o.device = 99;
+  try {
+    make_vulkan_backend(o);
+    FAIL() << "device 99 was accepted";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("no device 99"), std::string::npos) << m;
+    EXPECT_NE(m.find("sluice devices"), std::string::npos) << m;
+  }
+}
+
+// The whole engine on the tiny model: every logit row of a chunked prompt and of the decode steps
+// equals the CPU backend's, and the dense linear layers really ran on the device.
+TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
+  if (!kBuilt) return;
+  const test::TempDir dir("sluice_vulkan");
+  const std::string model = dir / "tiny.gguf";
+  ASSERT_EQ(test::run_sluice(dir, "make-model --preset tiny -o " + test::q(model)).rc, 0);
+  auto rows_of = [&](const std::string& backend, SessionStats* st, GpuStats* gs) {
+    SessionOptions so;
+    so.model_path = model;
+    so.ctx = 64;
+    so.chunk = 8;
+    so.threads = 2;
+    so.budget = BudgetSpec{false, 2ull << 30};
+    so.allow_swap = true;
+    so.stream_experts = false;
+    so.backend = backend;
+    Session s(so);
+    std::vector<float> rows;
+    EvalObserver o;
+    o.on_eval = [&](uint32_t, std::span<const TokenId> toks, const float* logits, const std::vector<TokenTrace>*) {
+      if (logits) rows.insert(rows.end(), logits, logits + toks.size() * s.config().vocab_size);
+    };
+    GenerateRequest r;
+    for (uint32_t i = 0; i < 21; ++i) r.prompt.push_back((i * 37u + 5u) % 400u + 3u);
+    r.max_tokens = 6;
+    r.ignore_eos = true;
+    r.observer = &o;
+    s.generate(r, {}, {});
+    *st = s.stats();
+    *gs = gpu_stats(s.backend());
+    return rows;
+  };
+  SessionStats cs, gs;
+  GpuStats cg, gg;
+  const std::vector<float> cpu = rows_of("cpu", &cs, &cg);
+  const std::vector<float> gpu = rows_of("vulkan", &gs, &gg);
+  ASSERT_FALSE(cpu.empty());
+  ASSERT_EQ(gpu.size(), cpu.size());
+  EXPECT_EQ(std::memcmp(gpu.data(), cpu.data(), cpu.size() * sizeof(float)), 0) << "logits differ from the CPU's";
+  EXPECT_EQ(cg.linear_on_device, 0u);
+  EXPECT_GT(gg.weights_on_device, 0u);
+  EXPECT_GT(gg.linear_on_device, 0u) << "no linear layer ran on the device";
+}
+
+TEST(Vulkan, CommandLine) {
+  const test::TempDir dir("sluice_vulkan_cli");
+  const test::CmdResult d = test::run_sluice(dir, "devices");
+  if (!kBuilt) {
+    EXPECT_EQ(d.rc, 1);
+    EXPECT_NE(d.err.find("built without the Vulkan backend"), std::string::npos) << d.err;
+    return;
+  }
+  EXPECT_EQ(d.rc, 0) << d.err;
+  EXPECT_NE(d.out.find("0: "), std::string::npos) << d.out;
+  EXPECT_NE(d.out.find("memory heaps"), std::string::npos) << d.out;
+  const std::string model = dir / "tiny.gguf";
+  ASSERT_EQ(test::run_sluice(dir, "make-model --preset tiny -o " + test::q(model)).rc, 0);
+  const test::CmdResult r =
+      test::run_sluice(dir, "run -m " + test::q(model) + " --tokens 5,6,7 -n 4 --resident-experts --backend vulkan");
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("vulkan: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("on the device"), std::string::npos) << r.err;
+  const test::CmdResult c = test::run_sluice(dir, "run -m " + test::q(model) + " --tokens 5,6,7 -n 4 --resident-experts");
+  EXPECT_EQ(c.out, r.out) << "the Vulkan run generated other tokens";
+  const test::CmdResult bad =
+      test::run_sluice(dir, "run -m " + test::q(model) + " --tokens 5,6,7 -n 4 --backend vulkan --device 9");
+  EXPECT_EQ(bad.rc, 1);
+  EXPECT_NE(bad.err.find("no device 9"), std::string::npos) << bad.err;
+  EXPECT_EQ(bad.err_lines(), 1u) << bad.err;
+}
+
+}  // namespace
+}  // namespace sluice
