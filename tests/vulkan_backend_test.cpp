@@ -268,6 +268,16 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
     s.generate(r, {}, {});
     *st = s.stats();
     *gs = gpu_stats(s.backend());
+    // The device's copies are planned before they are made, and hold to the plan.
+    uint64_t planned = 0;
+    for (const PlanLine& l : s.plan().mandatory)
+      if (l.name == "GPU weight copies") planned = l.bytes;
+    if (backend == "cpu") {
+      EXPECT_EQ(planned, 0u);
+    } else {
+      EXPECT_GT(planned, 0u) << "the plan has no line for the device's copies";
+      EXPECT_LE(gs->bytes_on_device + 2 * kGpuStagingBytes, planned);
+    }
     return rows;
   };
   SessionStats cs, gs;

@@ -250,7 +250,9 @@ class VulkanBackend final : public CpuBackend {
   }
 
   void linear(const Weight& W, CMat x, Mat y, bool round, uint64_t row0) const override {
-    if (!W.device || x.n == 0 || y.width == 0) {
+    const uint64_t limit = std::min<uint64_t>(max_range_, kGpuStagingBytes);
+    if (!W.device || x.n == 0 || y.width == 0 || (uint64_t)y.width * sizeof(float) > limit ||
+        activation_bytes(W.act(), (int64_t)W.cols) > limit) {
       const std::lock_guard<std::mutex> lk(mu_);
       ++st_.linear_on_host;
       return CpuBackend::linear(W, x, y, round, row0);
@@ -260,9 +262,9 @@ class VulkanBackend final : public CpuBackend {
     const GpuWeight& g = *static_cast<const GpuWeight*>(W.device);
     const ActRows acts = quantize_rows(W.act(), x.p, x.stride, x.n, W.cols);
     const std::lock_guard<std::mutex> lk(mu_);
-    // Tokens go in groups whose activations and outputs each fit one binding.
+    // Tokens go in groups whose activations and outputs each fit the staging buffers.
     const uint64_t out_row = (uint64_t)y.width * sizeof(float);
-    const uint64_t per_group = std::max<uint64_t>(1, std::min(max_range_ / out_row, max_range_ / acts.stride));
+    const uint64_t per_group = std::max<uint64_t>(1, std::min(limit / out_row, limit / acts.stride));
     for (size_t t0 = 0; t0 < x.n; t0 += per_group) {
       const size_t n = (size_t)std::min<uint64_t>(per_group, x.n - t0);
       ensure(act_, (VkDeviceSize)n * acts.stride);

@@ -43,6 +43,10 @@ struct GpuStats {
   uint64_t device_budget = 0;    // bytes of weights the device may hold (GpuOptions::weight_budget)
 };
 
+// linear() moves activations in and outputs out through two buffers of at most this many bytes
+// each (a call whose tokens do not fit runs in groups).
+inline constexpr uint64_t kGpuStagingBytes = 16ull << 20;
+
 struct GpuOptions {
   uint32_t device = 0;
   int threads = 0;               // the CPU backend's threads (0: all cores)

@@ -531,6 +531,7 @@ int run_bench(const BenchOptions& o) {
     nlohmann::json j;
     j["model"] = o.model;
     j["threads"] = threads;
+    j["backend"] = o.engine.backend;
     j["isa"] = std::string(isa_name(active_isa()));
     j["n_prompt"] = o.n_prompt;
     j["n_gen"] = n_gen;
@@ -602,9 +603,9 @@ int run_bench(const BenchOptions& o) {
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
-  std::printf("model %s: %u layers, hidden %u; isa %s, threads %d, chunk %u, %u runs\n", o.model.c_str(),
-              c.num_hidden_layers, c.hidden_size, std::string(isa_name(active_isa())).c_str(), threads, chunk,
-              o.repetitions);
+  std::printf("model %s: %u layers, hidden %u; backend %s, isa %s, threads %d, chunk %u, %u runs\n", o.model.c_str(),
+              c.num_hidden_layers, c.hidden_size, o.engine.backend.c_str(), std::string(isa_name(active_isa())).c_str(),
+              threads, chunk, o.repetitions);
   std::printf("memory read   %.2f GB/s (min %.2f, max %.2f; %llu MiB buffer)\n", rb.median_gbps, rb.min_gbps,
               rb.max_gbps, (unsigned long long)o.read_mib);
   std::printf("decode reads  %.1f MB per token (dense %.1f, experts %.1f, Engram %.3f)\n", db.total() / 1e6,

@@ -222,6 +222,8 @@ Eval evaluate(const ModelFootprint& fp, const PlanOptions& o, uint32_t chunk, in
         "--kv-disk-dir: 2 snapshots waiting to be written + 1 being read, each up to " + format_bytes(one));
   }
 
+  if (o.device_bytes) add("GPU weight copies", o.device_bytes, o.device_detail);
+
   if (o.dspark_fixed || o.dspark_per_sequence || o.dspark_per_row)
     add("DSpark drafter", o.dspark_fixed + o.dspark_per_sequence * o.sequences + o.dspark_per_row * chunk,
         o.dspark_detail + "; rings " + format_bytes(o.dspark_per_sequence) + " x " + num(o.sequences) +

@@ -166,6 +166,10 @@ struct PlanOptions {
   uint32_t dspark_stream_slots = 0;
   std::string dspark_detail;
   uint32_t dspark_block = 0;  // the drafter's block (drafts per proposal); 0: no drafter
+  // --backend vulkan: the device's copies of the weights and its staging buffers, all in memory the
+  // host pays for in this first slice (backend/vulkan_backend.h). 0: none.
+  uint64_t device_bytes = 0;
+  std::string device_detail;
   // Auto: resident when that plan is admitted with a verify depth of at least 2; otherwise
   // streamed when that is (the plan says which and why). --dspark-experts resident|stream.
   DsparkExperts dspark_experts = DsparkExperts::Auto;

@@ -594,6 +594,16 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
   const ModelConfig& cfg = header.config;
   s.arch = header.arch ? header.arch : &architecture_of(header.file);  // a header built by hand
   s.tokenizer = header.tokenizer;
+  // The device before the plan: planning measures this process's overhead, the driver included.
+  // Its errors are about the device, not the model file.
+  if (opt.backend == "vulkan") {
+    GpuOptions go;
+    go.device = opt.gpu_device;
+    go.threads = opt.threads;
+    s.backend = make_vulkan_backend(go);
+  } else if (opt.backend != "cpu") {
+    throw Error("unknown backend '" + opt.backend + "' (cpu or vulkan)");
+  }
   try {
     StorePlanOptions spo;
     spo.plan.ctx = opt.ctx ? opt.ctx : default_context(cfg.max_position_embeddings);
@@ -622,20 +632,22 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
         throw DsparkFileError(e.what());
       }
     }
+    if (s.backend) {
+      // The device's line: its weight copies can be no more than what the loader prepares (the
+      // resident tensors, and the routed ones when they are loaded whole) nor than its budget.
+      const ModelFootprint fp = footprint_from_gguf(header.file);
+      const uint64_t loaded = fp.resident_bytes + (opt.stream_experts ? 0 : fp.routed_expert_bytes);
+      const uint64_t copies = std::min(gpu_stats(*s.backend).device_budget, loaded);
+      spo.plan.device_bytes = copies + 2 * kGpuStagingBytes;
+      spo.plan.device_detail = "vulkan: weight copies up to " + format_bytes(copies) + " + 2 x " +
+                               format_bytes(kGpuStagingBytes) + " staging, in host-visible memory";
+    }
     s.plan = plan_for_file(header.file, spo);
     require_admitted(s.plan);
   } catch (const DsparkFileError& e) {
     throw Error(e.what());
   } catch (const Error& e) {  // every error about the file names it once, as run's do
     throw Error(with_path(opt.model_path, e.what()));
-  }
-  if (opt.backend == "vulkan") {
-    GpuOptions go;
-    go.device = opt.gpu_device;
-    go.threads = s.plan.threads;
-    s.backend = make_vulkan_backend(go);
-  } else if (opt.backend != "cpu") {
-    throw Error("unknown backend '" + opt.backend + "' (cpu or vulkan)");
   }
   LoadOptions lo;
   lo.backend = s.backend.get();
