@@ -28,6 +28,7 @@
 #include "kernels/fp.h"
 #include "kernels/numerics.h"
 #include "kernels/types.h"
+#include "test_weights.h"
 
 namespace sluice {
 namespace {
@@ -102,22 +103,10 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
   EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " elements differ";
 }
 
-// A random weight of `type`, owned by the test.
-struct HostWeight {
-  std::vector<uint8_t> bytes;
-  Weight w;
-};
+// A random weight of `type`, owned by the test, prepared for be.
+using test::HostWeight;
 HostWeight random_weight(const Backend& be, GgmlType type, uint64_t rows, uint64_t cols, uint64_t seed, float scale = 0.5f) {
-  HostWeight h;
-  const TypeTraits& tt = type_traits(type);
-  h.w.type = type;
-  h.w.traits = &tt;
-  h.w.rows = rows;
-  h.w.cols = cols;
-  h.w.row_bytes = row_bytes(type, (int64_t)cols);
-  h.bytes.resize(rows * h.w.row_bytes + 64);
-  tt.random(h.bytes.data(), (int64_t)(rows * cols / (uint64_t)tt.block_elems), seed, scale);
-  h.w.data = h.bytes.data();
+  HostWeight h = test::random_host_weight(type, rows, cols, seed, scale);
   be.prepare_weight(h.w);
   return h;
 }

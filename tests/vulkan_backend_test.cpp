@@ -21,28 +21,15 @@
 #include "kernels/types.h"
 #include "runtime/session.h"
 #include "test_util.h"
+#include "test_weights.h"
 #include "util/error.h"
 
 namespace sluice {
 namespace {
 
-struct HostWeight {
-  std::vector<uint8_t> bytes;
-  Weight w;
-};
-// A random weight (the type's block generator: Q8_0 codes over all of int8, -128 included).
+using test::HostWeight;
 HostWeight random_weight(GgmlType type, uint64_t rows, uint64_t cols, uint64_t seed) {
-  HostWeight h;
-  const TypeTraits& tt = type_traits(type);
-  h.w.type = type;
-  h.w.traits = &tt;
-  h.w.rows = rows;
-  h.w.cols = cols;
-  h.w.row_bytes = row_bytes(type, (int64_t)cols);
-  h.bytes.resize(rows * h.w.row_bytes);
-  tt.random(h.bytes.data(), (int64_t)(rows * cols / (uint64_t)tt.block_elems), seed, 0.5f);
-  h.w.data = h.bytes.data();
-  return h;
+  return test::random_host_weight(type, rows, cols, seed);
 }
 
 std::vector<float> randoms(std::mt19937_64& r, size_t n) {
@@ -173,15 +160,8 @@ TEST(Vulkan, FloatLinearRoundsEachFmaOnceLikeTheCpu) {
   x[0] = 1.0f + 0x1p-23f;
   wrow[16] = 0x1p-24f * (1.0f + 0x1p-23f);
   x[16] = 1.0f - 0x1p-23f;
-  HostWeight hw;
-  hw.bytes.resize(cols * 4);
+  HostWeight hw = random_weight(GgmlType::F32, 1, cols, 1);
   std::memcpy(hw.bytes.data(), wrow.data(), cols * 4);
-  hw.w.type = GgmlType::F32;
-  hw.w.traits = &type_traits(GgmlType::F32);
-  hw.w.rows = 1;
-  hw.w.cols = cols;
-  hw.w.row_bytes = cols * 4;
-  hw.w.data = hw.bytes.data();
   Weight gw = hw.w, cw = hw.w;
   gpu->prepare_weight(gw);
   cpu.prepare_weight(cw);

@@ -54,7 +54,6 @@ void check(VkResult r, const char* what) {
   if (r != VK_SUCCESS) throw Error(std::string("vulkan: ") + what + " failed: " + result_name(r));
 }
 
-// The instance, owned (destroyed with the object that holds it).
 struct Instance {
   VkInstance h = VK_NULL_HANDLE;
   Instance() {
@@ -86,6 +85,14 @@ struct Instance {
     return out;
   }
 };
+
+// One instance for the process, made on first use and never destroyed: the driver is loaded
+// once (a backend or a device listing does not reload it), and it stays mapped until exit, so
+// leak reports from inside it name its library (scripts/test suppresses only those).
+const Instance& instance() {
+  static const Instance* inst = new Instance();
+  return *inst;
+}
 
 bool has_extension(VkPhysicalDevice d, const char* name) {
   uint32_t n = 0;
@@ -158,7 +165,7 @@ struct GpuWeight {
 class VulkanBackend final : public CpuBackend {
  public:
   explicit VulkanBackend(const GpuOptions& o) : CpuBackend(resolved(o.threads)) {
-    const std::vector<VkPhysicalDevice> devs = inst_.devices();
+    const std::vector<VkPhysicalDevice> devs = instance().devices();
     if (devs.empty()) throw Error("vulkan: the driver lists no device");
     if (o.device >= devs.size())
       throw Error("vulkan: no device " + std::to_string(o.device) + " (there " +
@@ -476,7 +483,6 @@ class VulkanBackend final : public CpuBackend {
     dev_ = VK_NULL_HANDLE;
   }
 
-  Instance inst_;
   VkPhysicalDevice phys_ = VK_NULL_HANDLE;
   GpuDevice info_;
   VkPhysicalDeviceMemoryProperties mem_{};
@@ -507,9 +513,8 @@ class VulkanBackend final : public CpuBackend {
 bool vulkan_built() { return true; }
 
 std::vector<GpuDevice> vulkan_devices() {
-  const Instance inst;
   std::vector<GpuDevice> out;
-  const std::vector<VkPhysicalDevice> devs = inst.devices();
+  const std::vector<VkPhysicalDevice> devs = instance().devices();
   for (uint32_t i = 0; i < devs.size(); ++i) out.push_back(describe(devs[i], i));
   return out;
 }
