@@ -18,6 +18,7 @@
 #include "backend/cpu_backend.h"
 #include "backend/vulkan_backend.h"
 #include "format/tensor_type.h"
+#include "kernels/fp.h"
 #include "kernels/types.h"
 #include "runtime/session.h"
 #include "test_util.h"
@@ -171,6 +172,27 @@ TEST(Vulkan, FloatLinearRoundsEachFmaOnceLikeTheCpu) {
   const std::vector<float> got = run_linear(*gpu, gw, x, 1, false, 0, 1);
   EXPECT_EQ(got[0], want[0]) << "rounded twice: " << got[0] - 1.0f;
   EXPECT_EQ(gpu_stats(*gpu).linear_on_device, 1u);
+}
+
+TEST(Vulkan, SharedExpertRunsItsProjectionsOnTheDevice) {
+  if (!kBuilt) return;
+  const std::unique_ptr<Backend> gpu = make_vulkan_backend({});
+  const CpuBackend cpu(1);
+  const uint64_t H = 96, F = 160;
+  HostWeight g = random_weight(GgmlType::Q8_0, F, H, 11), u = random_weight(GgmlType::F16, F, H, 12),
+             d = random_weight(GgmlType::BF16, H, F, 13);
+  Weight gg = g.w, gu = u.w, gd = d.w, cg = g.w, cu = u.w, cd = d.w;
+  for (Weight* w : {&gg, &gu, &gd}) gpu->prepare_weight(*w);
+  for (Weight* w : {&cg, &cu, &cd}) cpu.prepare_weight(*w);
+  std::mt19937_64 rng(3);
+  const size_t n = 5;
+  std::vector<float> x = randoms(rng, n * H);
+  for (float& v : x) v = round_bf16(v);
+  std::vector<float> want(n * H), got(n * H);
+  cpu.shared_ffn(cg, cu, cd, 7.0f, CMat{x.data(), n, H, H}, Mat{want.data(), n, H, H});
+  gpu->shared_ffn(gg, gu, gd, 7.0f, CMat{x.data(), n, H, H}, Mat{got.data(), n, H, H});
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+  EXPECT_EQ(gpu_stats(*gpu).linear_on_device, 3u) << "the shared expert's projections did not run on the device";
 }
 
 TEST(Vulkan, WeightsPastTheBudgetOrWithoutAShaderRunOnTheCpu) {

@@ -4,22 +4,12 @@
 
 #include "backend/cpu_backend.h"
 #include "backend/cpu_linear.h"
+#include "backend/swiglu.h"
 #include "kernels/fp.h"
 #include "kernels/numerics.h"
 #include "util/error.h"
 
 namespace sluice {
-
-namespace {
-
-// h = bf16(silu(min(g, lim)) * clamp(u, -lim, lim) * wk); g and u are BF16 already.
-inline float swiglu(float g, float u, float lim, float wk) {
-  g = std::min(g, lim);
-  u = std::clamp(u, -lim, lim);
-  return round_bf16((silu(g) * u) * wk);
-}
-
-}  // namespace
 
 void CpuBackend::shared_ffn(const Weight& gate, const Weight& up, const Weight& down, float limit, CMat x,
                             Mat out) const {

@@ -14,6 +14,7 @@
 
 #include "backend/cpu_backend.h"
 #include "backend/cpu_linear.h"
+#include "backend/swiglu.h"
 #endif
 
 namespace sluice {
@@ -284,6 +285,19 @@ class VulkanBackend final : public CpuBackend {
       for (size_t t = 0; t < n; ++t) std::memcpy(y.row(t0 + t), out + t * y.width, out_row);
     }
     ++st_.linear_on_device;
+  }
+
+  // The shared expert's three projections through linear() (on the device where their weights
+  // are), the SwiGLU between them on the host: the CPU backend's shared_ffn, operation for
+  // operation.
+  void shared_ffn(const Weight& gate, const Weight& up, const Weight& down, float limit, CMat x,
+                  Mat out) const override {
+    const size_t n = x.n, F = gate.rows;
+    std::vector<float> g(n * F), u(n * F);
+    linear(gate, x, Mat{g.data(), n, F, F}, true, 0);
+    linear(up, x, Mat{u.data(), n, F, F}, true, 0);
+    for (size_t k = 0; k < g.size(); ++k) g[k] = swiglu(g[k], u[k], limit, 1.0f);
+    linear(down, CMat{g.data(), n, F, F}, out, true, 0);
   }
 
   GpuStats stats() const {
