@@ -55,7 +55,14 @@ std::vector<BackendCase> backends() {
   // when a build with Vulkan finds none). Its linear shaders give the CPU's bits there (Q8_0 on
   // every conformant device, the float formats where fma is fused: docs/numerics.md 1b); every
   // other op is the CPU backend's own.
-  if (vulkan_built()) out.push_back({"vulkan", [] { return make_vulkan_backend({0, 2, 0}); }, exact});
+  if (vulkan_built())
+    out.push_back({"vulkan",
+                   [] {
+                     GpuOptions o;
+                     o.threads = 2;
+                     return make_vulkan_backend(o);
+                   },
+                   exact});
   return out;
 }
 

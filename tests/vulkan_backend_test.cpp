@@ -9,6 +9,7 @@
 // device: a backend that quietly fell back to the CPU would otherwise pass.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 #include <random>
 #include <span>
@@ -20,6 +21,8 @@
 #include "format/tensor_type.h"
 #include "kernels/fp.h"
 #include "kernels/types.h"
+#include "model/deepseek41/forward.h"
+#include "model/model.h"
 #include "runtime/session.h"
 #include "test_util.h"
 #include "test_weights.h"
@@ -292,6 +295,60 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
   EXPECT_EQ(cg.linear_on_device, 0u);
   EXPECT_GT(gg.weights_on_device, 0u);
   EXPECT_GT(gg.linear_on_device, 0u) << "no linear layer ran on the device";
+}
+
+// A dispatch that fails in the middle of a multi-chunk prompt: a clear error naming the device,
+// the sequence as it was, and the same prompt afterwards equal to an undisturbed CPU run.
+TEST(Vulkan, AFailedDispatchLeavesTheSequenceAsItWas) {
+  if (!kBuilt) return;
+  const test::TempDir dir("sluice_vulkan_fault");
+  const std::string path = dir / "tiny.gguf";
+  ASSERT_EQ(test::run_sluice(dir, "make-model --preset tiny -o " + test::q(path)).rc, 0);
+  std::atomic<int> armed{0};  // fail the dispatch when this counts down to 1
+  GpuOptions go;
+  go.threads = 2;
+  go.fault = [&armed] { return armed.load() > 0 && armed.fetch_sub(1) == 1; };
+  const std::unique_ptr<Backend> gpu = make_vulkan_backend(go);
+  LoadOptions lo;
+  lo.backend = gpu.get();
+  const std::unique_ptr<Model> m = load_model(path, lo);
+  EngineOptions eo;
+  eo.ctx = 64;
+  eo.chunk = 4;
+  eo.backend = gpu.get();
+  Engine eng(*m, eo);
+  const uint32_t V = m->config.vocab_size;
+  std::vector<uint32_t> p1, p2;
+  for (uint32_t i = 0; i < 9; ++i) p1.push_back(i * 13 + 7);
+  for (uint32_t i = 0; i < 11; ++i) p2.push_back(i * 29 + 3);  // three chunks
+  SequenceState s = eng.new_sequence();
+  eng.eval(s, p1, nullptr);
+  const uint32_t before = s.position();
+  armed = 150;  // well into the second chunk of p2
+  std::vector<float> got(p2.size() * V);
+  std::string err;
+  try {
+    eng.eval(s, p2, got.data());
+  } catch (const Error& e) {
+    err = e.what();
+  }
+  ASSERT_FALSE(err.empty()) << "the failed dispatch was not reported";
+  EXPECT_NE(err.find("device lost"), std::string::npos) << err;
+  EXPECT_NE(err.find("llvmpipe"), std::string::npos) << err;
+  EXPECT_EQ(s.position(), before) << "the failed eval moved the sequence";
+  armed = 0;
+  eng.eval(s, p2, got.data());
+  const std::unique_ptr<Model> cm = load_model(path);
+  EngineOptions ro;
+  ro.ctx = 64;
+  ro.chunk = 4;
+  Engine ref(*cm, ro);
+  SequenceState r = ref.new_sequence();
+  ref.eval(r, p1, nullptr);
+  std::vector<float> want(p2.size() * V);
+  ref.eval(r, p2, want.data());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+      << "the retry after the failure differs from an undisturbed run";
 }
 
 TEST(Vulkan, CommandLine) {

@@ -165,7 +165,7 @@ struct GpuWeight {
 
 class VulkanBackend final : public CpuBackend {
  public:
-  explicit VulkanBackend(const GpuOptions& o) : CpuBackend(resolved(o.threads)) {
+  explicit VulkanBackend(const GpuOptions& o) : CpuBackend(resolved(o.threads)), fault_(o.fault) {
     const std::vector<VkPhysicalDevice> devs = instance().devices();
     if (devs.empty()) throw Error("vulkan: the driver lists no device");
     if (o.device >= devs.size())
@@ -473,11 +473,14 @@ class VulkanBackend final : public CpuBackend {
     si.commandBufferCount = 1;
     si.pCommandBuffers = &cmd_;
     check(vkQueueSubmit(queue_, 1, &si, fence_), "submitting a linear dispatch");
-    const VkResult r = vkWaitForFences(dev_, 1, &fence_, VK_TRUE, kFenceTimeoutNs);
+    VkResult r = vkWaitForFences(dev_, 1, &fence_, VK_TRUE, kFenceTimeoutNs);
+    if (r == VK_SUCCESS) {
+      check(vkResetFences(dev_, 1, &fence_), "resetting a fence");
+      if (fault_ && fault_()) r = VK_ERROR_DEVICE_LOST;
+    }
     if (r != VK_SUCCESS)
       throw Error("vulkan: a linear dispatch on " + info_.name + " did not finish: " + result_name(r) +
                   " (the sequence is left as it was)");
-    check(vkResetFences(dev_, 1, &fence_), "resetting a fence");
   }
 
   void destroy() {
@@ -497,6 +500,7 @@ class VulkanBackend final : public CpuBackend {
     dev_ = VK_NULL_HANDLE;
   }
 
+  std::function<bool()> fault_;
   VkPhysicalDevice phys_ = VK_NULL_HANDLE;
   GpuDevice info_;
   VkPhysicalDeviceMemoryProperties mem_{};

@@ -8,6 +8,7 @@
 // interface, and its functions say that Vulkan is not built in.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,6 +52,8 @@ struct GpuOptions {
   uint32_t device = 0;
   int threads = 0;               // the CPU backend's threads (0: all cores)
   uint64_t weight_budget = 0;    // bytes of weights uploaded at most; 0: half the largest device-local heap
+  // Tests: asked after each dispatch has run; true reports it as a lost device would be reported.
+  std::function<bool()> fault;
 };
 
 // True when this binary was built with the Vulkan backend.
