@@ -198,6 +198,32 @@ TEST(Vulkan, SharedExpertRunsItsProjectionsOnTheDevice) {
   EXPECT_EQ(gpu_stats(*gpu).linear_on_device, 3u) << "the shared expert's projections did not run on the device";
 }
 
+// The upload path of a discrete card (device-local memory the host cannot map): forced on
+// lavapipe, in chunks smaller than one weight, so a weight spans several transfers.
+TEST(Vulkan, WeightsUploadedThroughStagingHaveTheCpuBits) {
+  if (!kBuilt) return;
+  GpuOptions o;
+  o.force_staging = true;
+  o.staging_bytes = 1000;  // not a multiple of a Q8_0 block or of 4
+  const std::unique_ptr<Backend> gpu = make_vulkan_backend(o);
+  const CpuBackend cpu(1);
+  std::mt19937_64 rng(9);
+  for (const GgmlType t : {GgmlType::Q8_0, GgmlType::F16}) {
+    HostWeight h = random_weight(t, 37, 96, rng());
+    Weight gw = h.w, cw = h.w;
+    gpu->prepare_weight(gw);
+    cpu.prepare_weight(cw);
+    ASSERT_NE(gw.device, nullptr);
+    const std::vector<float> x = randoms(rng, 3 * 96);
+    const std::vector<float> got = run_linear(*gpu, gw, x, 3, true, 0, 37);
+    const std::vector<float> want = run_linear(cpu, cw, x, 3, true, 0, 37);
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << type_traits(t).name;
+  }
+  const GpuStats st = gpu_stats(*gpu);
+  EXPECT_EQ(st.staged_uploads, 2u) << "the weights were not staged";
+  EXPECT_EQ(st.linear_on_device, 2u);
+}
+
 TEST(Vulkan, WeightsPastTheBudgetOrWithoutAShaderRunOnTheCpu) {
   if (!kBuilt) return;
   GpuOptions o;
@@ -281,7 +307,8 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
       EXPECT_EQ(planned, 0u);
     } else {
       EXPECT_GT(planned, 0u) << "the plan has no line for the device's copies";
-      EXPECT_LE(gs->bytes_on_device + 2 * kGpuStagingBytes, planned);
+      EXPECT_LE(gs->bytes_on_device + kGpuStagingBuffers * kGpuStagingBytes, planned);
+      EXPECT_TRUE(gs->weights_in_host_memory) << "lavapipe's memory is the host's";
     }
     return rows;
   };
@@ -371,6 +398,16 @@ TEST(Vulkan, CommandLine) {
   EXPECT_NE(r.err.find("on the device"), std::string::npos) << r.err;
   const test::CmdResult c = test::run_sluice(dir, "run -m " + test::q(model) + " --tokens 5,6,7 -n 4 --resident-experts");
   EXPECT_EQ(c.out, r.out) << "the Vulkan run generated other tokens";
+  // --gpu-mem caps the copies: with room for none, every linear runs on the CPU, same tokens.
+  const test::CmdResult capped = test::run_sluice(
+      dir, "run -m " + test::q(model) + " --tokens 5,6,7 -n 4 --resident-experts --backend vulkan --gpu-mem 1 --print-plan");
+  EXPECT_EQ(capped.rc, 0) << capped.err;
+  EXPECT_EQ(capped.out, c.out);
+  EXPECT_NE(capped.err.find("vulkan: 0 weights on the device"), std::string::npos) << capped.err;
+  EXPECT_NE(capped.err.find("GPU weight copies"), std::string::npos) << capped.err;
+  EXPECT_EQ(test::run_sluice(dir, "run -m " + test::q(model) + " --tokens 5 -n 1 --gpu-mem 1GiB").rc, 2)
+      << "--gpu-mem without --backend vulkan was accepted";
+  EXPECT_EQ(test::run_sluice(dir, "run -m " + test::q(model) + " --tokens 5 -n 1 --backend vulkan --gpu-mem lots").rc, 2);
   const test::CmdResult bad =
       test::run_sluice(dir, "run -m " + test::q(model) + " --tokens 5,6,7 -n 4 --backend vulkan --device 9");
   EXPECT_EQ(bad.rc, 1);

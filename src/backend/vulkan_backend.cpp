@@ -196,8 +196,13 @@ class VulkanBackend final : public CpuBackend {
     uint64_t largest_local = 0;
     for (const GpuHeap& h : info_.heaps)
       if (h.device_local) largest_local = std::max(largest_local, h.bytes);
-    budget_ = o.weight_budget ? o.weight_budget : largest_local / 2;
+    for (uint32_t i = 0; i < mem.memoryTypeCount && local_type_ == UINT32_MAX; ++i)
+      if (mem.memoryTypes[i].propertyFlags & VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT) local_type_ = i;
+    st_.weights_in_host_memory = info_.uma || local_type_ == UINT32_MAX;
+    budget_ = o.weight_budget ? o.weight_budget : st_.weights_in_host_memory ? largest_local / 2 : largest_local / 5 * 4;
     st_.device_budget = budget_;
+    force_staging_ = o.force_staging;
+    staging_bytes_ = o.staging_bytes ? o.staging_bytes : kGpuStagingBytes;
 
     const float prio = 1.0f;
     VkDeviceQueueCreateInfo qci{};
@@ -248,8 +253,14 @@ class VulkanBackend final : public CpuBackend {
       return;
     }
     GpuWeight& g = weights_.emplace_back();
-    g.b = make_buffer(bytes);
-    std::memcpy(g.b.map, w.data, bytes);
+    try {
+      g.b = make_weight_buffer(bytes);
+      upload(g.b, w.data, bytes);
+    } catch (...) {
+      free_buffer(g.b);
+      weights_.pop_back();
+      throw;
+    }
     g.kind = kind;
     g.q8_0 = q8;
     w.device = &g;
@@ -384,7 +395,45 @@ class VulkanBackend final : public CpuBackend {
     return p;
   }
 
+  // A weight's buffer in device-local memory: mapped when that memory is host-visible (UMA,
+  // lavapipe, resizable BAR), else filled through the staging copy (upload()).
+  Buffer make_weight_buffer(VkDeviceSize bytes) const {
+    if (local_type_ == UINT32_MAX) return make_buffer(bytes);
+    const VkMemoryPropertyFlags mapped = VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT | VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT |
+                                         VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+    if (!force_staging_) {
+      try {
+        return make_buffer(bytes, mapped, true);
+      } catch (const Error&) {
+        // No such type, or its heap is full (a 256 MiB BAR window): the unmapped kind below.
+      }
+    }
+    return make_buffer(bytes, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, false);
+  }
+
+  // Copies bytes into b: directly when it is mapped, else in chunks through the staging buffer
+  // with one transfer each (mu_ held or not yet shared).
+  void upload(Buffer& b, const uint8_t* src, uint64_t bytes) const {
+    if (b.map) {
+      std::memcpy(b.map, src, bytes);
+      return;
+    }
+    ensure(stage_, std::min<uint64_t>(bytes, staging_bytes_));
+    for (uint64_t off = 0; off < bytes; off += staging_bytes_) {
+      const uint64_t n = std::min<uint64_t>(staging_bytes_, bytes - off);
+      std::memcpy(stage_.map, src + off, n);
+      VkBufferCopy region{0, off, n};
+      submit([&] { vkCmdCopyBuffer(cmd_, stage_.buf, b.buf, 1, &region); }, "uploading a weight");
+    }
+    ++st_.staged_uploads;
+  }
+
   Buffer make_buffer(VkDeviceSize bytes) const {
+    return make_buffer(bytes, VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT, true);
+  }
+
+  // A storage buffer in the first memory type with all of `flags` (mapped when `map`).
+  Buffer make_buffer(VkDeviceSize bytes, VkMemoryPropertyFlags flags, bool map) const {
     Buffer out;
     // Whole words: the shaders read bytes out of uint words, and a word past the binding's end
     // would be out of bounds (a 34-byte Q8_0 row's last two codes share its last word).
@@ -392,21 +441,17 @@ class VulkanBackend final : public CpuBackend {
     VkBufferCreateInfo bi{};
     bi.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO;
     bi.size = out.size;
-    bi.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT;
+    bi.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
     bi.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
     check(vkCreateBuffer(dev_, &bi, nullptr, &out.buf), "creating a buffer");
     VkMemoryRequirements req;
     vkGetBufferMemoryRequirements(dev_, out.buf, &req);
-    uint32_t type = host_type_;
-    if (!(req.memoryTypeBits & (1u << type))) {
-      type = UINT32_MAX;
-      const VkMemoryPropertyFlags want = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
-      for (uint32_t i = 0; i < mem_.memoryTypeCount && type == UINT32_MAX; ++i)
-        if ((req.memoryTypeBits & (1u << i)) && (mem_.memoryTypes[i].propertyFlags & want) == want) type = i;
-    }
+    uint32_t type = UINT32_MAX;
+    for (uint32_t i = 0; i < mem_.memoryTypeCount && type == UINT32_MAX; ++i)
+      if ((req.memoryTypeBits & (1u << i)) && (mem_.memoryTypes[i].propertyFlags & flags) == flags) type = i;
     if (type == UINT32_MAX) {
       vkDestroyBuffer(dev_, out.buf, nullptr);
-      throw Error("vulkan: no host-visible memory type for a storage buffer");
+      throw Error("vulkan: no memory type for a storage buffer with flags " + std::to_string(flags));
     }
     VkMemoryAllocateInfo ai{};
     ai.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO;
@@ -414,12 +459,12 @@ class VulkanBackend final : public CpuBackend {
     ai.memoryTypeIndex = type;
     VkResult r = vkAllocateMemory(dev_, &ai, nullptr, &out.mem);
     if (r == VK_SUCCESS) r = vkBindBufferMemory(dev_, out.buf, out.mem, 0);
-    if (r == VK_SUCCESS) r = vkMapMemory(dev_, out.mem, 0, VK_WHOLE_SIZE, 0, &out.map);
+    if (r == VK_SUCCESS && map) r = vkMapMemory(dev_, out.mem, 0, VK_WHOLE_SIZE, 0, &out.map);
     if (r != VK_SUCCESS) {
       free_buffer(out);
       throw Error("vulkan: allocating " + std::to_string(bytes) + " bytes failed: " + result_name(r));
     }
-    std::memset(out.map, 0, out.size);
+    if (out.map) std::memset(out.map, 0, out.size);
     return out;
   }
 
@@ -451,35 +496,46 @@ class VulkanBackend final : public CpuBackend {
       wr[i].pBufferInfo = &bi[i];
     }
     vkUpdateDescriptorSets(dev_, 3, wr, 0, nullptr);
+    submit(
+        [&] {
+          vkCmdBindPipeline(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, p);
+          vkCmdBindDescriptorSets(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, layout_, 0, 1, &set_, 0, nullptr);
+          vkCmdPushConstants(cmd_, layout_, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof push, &push);
+          vkCmdDispatch(cmd_, gx, gy, 1);
+        },
+        "a linear dispatch");
+  }
+
+  // Records `cmds` into the command buffer, submits it and waits (mu_ held). The barrier at the
+  // end makes transfers and shader writes visible to the host and to the next submission.
+  template <class Record>
+  void submit(Record&& cmds, const char* what) const {
     check(vkResetCommandBuffer(cmd_, 0), "resetting the command buffer");
     VkCommandBufferBeginInfo begin{};
     begin.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO;
     begin.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
     check(vkBeginCommandBuffer(cmd_, &begin), "recording commands");
-    vkCmdBindPipeline(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, p);
-    vkCmdBindDescriptorSets(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, layout_, 0, 1, &set_, 0, nullptr);
-    vkCmdPushConstants(cmd_, layout_, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof push, &push);
-    vkCmdDispatch(cmd_, gx, gy, 1);
-    // The host reads the output after the fence: make the shader's writes visible to it.
+    cmds();
     VkMemoryBarrier mb{};
     mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
-    mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
-    mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
-    vkCmdPipelineBarrier(cmd_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0, nullptr, 0,
+    mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
+    mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT | VK_ACCESS_SHADER_READ_BIT;
+    vkCmdPipelineBarrier(cmd_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                         VK_PIPELINE_STAGE_HOST_BIT | VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &mb, 0, nullptr, 0,
                          nullptr);
     check(vkEndCommandBuffer(cmd_), "recording commands");
     VkSubmitInfo si{};
     si.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
     si.commandBufferCount = 1;
     si.pCommandBuffers = &cmd_;
-    check(vkQueueSubmit(queue_, 1, &si, fence_), "submitting a linear dispatch");
+    check(vkQueueSubmit(queue_, 1, &si, fence_), what);
     VkResult r = vkWaitForFences(dev_, 1, &fence_, VK_TRUE, kFenceTimeoutNs);
     if (r == VK_SUCCESS) {
       check(vkResetFences(dev_, 1, &fence_), "resetting a fence");
       if (fault_ && fault_()) r = VK_ERROR_DEVICE_LOST;
     }
     if (r != VK_SUCCESS)
-      throw Error("vulkan: a linear dispatch on " + info_.name + " did not finish: " + result_name(r) +
+      throw Error(std::string("vulkan: ") + what + " on " + info_.name + " did not finish: " + result_name(r) +
                   " (the sequence is left as it was)");
   }
 
@@ -489,6 +545,7 @@ class VulkanBackend final : public CpuBackend {
     for (GpuWeight& g : weights_) free_buffer(g.b);
     free_buffer(act_);
     free_buffer(out_);
+    free_buffer(stage_);
     if (q8_0_) vkDestroyPipeline(dev_, q8_0_, nullptr);
     if (float_) vkDestroyPipeline(dev_, float_, nullptr);
     if (desc_pool_) vkDestroyDescriptorPool(dev_, desc_pool_, nullptr);
@@ -504,7 +561,9 @@ class VulkanBackend final : public CpuBackend {
   VkPhysicalDevice phys_ = VK_NULL_HANDLE;
   GpuDevice info_;
   VkPhysicalDeviceMemoryProperties mem_{};
-  uint32_t family_ = UINT32_MAX, host_type_ = UINT32_MAX;
+  uint32_t family_ = UINT32_MAX, host_type_ = UINT32_MAX, local_type_ = UINT32_MAX;
+  bool force_staging_ = false;
+  uint64_t staging_bytes_ = kGpuStagingBytes;
   uint64_t max_range_ = 0, budget_ = 0;
   bool float64_ = false;  // shaderFloat64: the float formats' shader can run
   VkDevice dev_ = VK_NULL_HANDLE;
@@ -522,7 +581,7 @@ class VulkanBackend final : public CpuBackend {
   // pass issues ops from one thread; the lock keeps a second engine on the backend safe).
   mutable std::mutex mu_;
   mutable std::deque<GpuWeight> weights_;  // stable addresses: Weight::device points here
-  mutable Buffer act_, out_;
+  mutable Buffer act_, out_, stage_;
   mutable GpuStats st_;
 };
 

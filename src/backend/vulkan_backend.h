@@ -42,18 +42,31 @@ struct GpuStats {
   uint64_t weights_on_host = 0;  // weights linear() runs on the CPU (type without a shader, or too large)
   uint64_t linear_on_device = 0, linear_on_host = 0;  // linear() calls
   uint64_t device_budget = 0;    // bytes of weights the device may hold (GpuOptions::weight_budget)
+  // The weight copies live in memory the host pays for: an integrated GPU or a CPU device (one
+  // pool, counted once, in the host's plan), or a device with no device-local memory type.
+  bool weights_in_host_memory = true;
+  uint64_t staged_uploads = 0;   // weights copied through the staging buffer (not host-visible)
 };
 
 // linear() moves activations in and outputs out through two buffers of at most this many bytes
-// each (a call whose tokens do not fit runs in groups).
+// each (a call whose tokens do not fit runs in groups), and weights that device memory cannot map
+// go up through a third: the plan charges kGpuStagingBuffers of them.
 inline constexpr uint64_t kGpuStagingBytes = 16ull << 20;
+inline constexpr uint64_t kGpuStagingBuffers = 3;
 
 struct GpuOptions {
   uint32_t device = 0;
   int threads = 0;               // the CPU backend's threads (0: all cores)
-  uint64_t weight_budget = 0;    // bytes of weights uploaded at most; 0: half the largest device-local heap
+  // Bytes of weights uploaded at most (--gpu-mem); 0: auto, which is half the largest
+  // device-local heap on an integrated or CPU device (that memory is the host's too) and 80% of
+  // it on a discrete card.
+  uint64_t weight_budget = 0;
   // Tests: asked after each dispatch has run; true reports it as a lost device would be reported.
   std::function<bool()> fault;
+  // Tests: weights go through the staging copy even where device memory can be mapped, in
+  // chunks of this many bytes (0: kGpuStagingBytes).
+  bool force_staging = false;
+  uint64_t staging_bytes = 0;
 };
 
 // True when this binary was built with the Vulkan backend.

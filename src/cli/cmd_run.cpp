@@ -246,6 +246,9 @@ void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
                   "the GPU, the rest on the CPU; `sluice devices` lists the devices)")
       ->check(CLI::IsMember({"cpu", "vulkan"}));
   sub->add_option("--device", o.device, "with --backend vulkan: the device index from `sluice devices` (default 0)");
+  sub->add_option("--gpu-mem", o.gpu_mem,
+                  "with --backend vulkan: bytes of weights the device holds at most, the rest run on the CPU; auto: "
+                  "half the device-local heap of an integrated GPU, 80% of a discrete card's (default auto)");
   sub->add_option("--route-bias", o.route_bias,
                   "LOSSY, off by default: add D to the routing score of experts already in the cache, so near-ties "
                   "cost no read (mixing weights stay exact; `sluice bench --route-bias D` measures what it buys and "
@@ -309,6 +312,16 @@ SessionOptions session_options(const EngineCliOptions& e, const std::string& mod
   so.max_cache_experts = e.cache_experts;
   so.backend = e.backend;
   so.gpu_device = e.device;
+  if (e.gpu_mem != "auto") {
+    try {
+      so.gpu_mem = parse_bytes(e.gpu_mem, "--gpu-mem");
+    } catch (const Error& err) {
+      throw UsageError(err.what());
+    }
+    if (so.gpu_mem == 0) throw UsageError("--gpu-mem must be at least 1 byte (or auto)");
+  }
+  if ((e.gpu_mem != "auto" || e.device != 0) && e.backend != "vulkan")
+    throw UsageError("--device and --gpu-mem need --backend vulkan");
   if (!e.no_dspark) so.dspark_path = e.dspark;
   if (!(e.dspark_conf >= 0.0f && e.dspark_conf <= 1.0f)) throw UsageError("--dspark-conf must be in [0, 1]");
   if (e.draft_max < 2 || e.draft_max > 16) throw UsageError("--draft-max must be in 2..16 (the drafter's block bounds it further)");

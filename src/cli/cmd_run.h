@@ -29,6 +29,7 @@ struct EngineCliOptions {
   uint64_t cache_experts = 0;  // --cache-experts: at most this many experts cached (0: what the budget leaves)
   std::string backend = "cpu";  // --backend cpu|vulkan
   uint32_t device = 0;          // --device N (vulkan)
+  std::string gpu_mem = "auto"; // --gpu-mem BYTES|auto: the weights the device holds at most
   uint32_t checkpoint_every = 1024;   // prefix checkpoints every N tokens (0: only at prompt ends)
   std::string checkpoint_budget;      // their byte budget (0: none; empty: kDefaultCheckpointBudget)
   std::string watchdog;        // SOFT:HARD; handled in main() (re-executes under the watchdog)

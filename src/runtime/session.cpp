@@ -600,6 +600,7 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
     GpuOptions go;
     go.device = opt.gpu_device;
     go.threads = opt.threads;
+    go.weight_budget = opt.gpu_mem;
     s.backend = make_vulkan_backend(go);
   } else if (opt.backend != "cpu") {
     throw Error("unknown backend '" + opt.backend + "' (cpu or vulkan)");
@@ -637,10 +638,16 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
       // resident tensors, and the routed ones when they are loaded whole) nor than its budget.
       const ModelFootprint fp = footprint_from_gguf(header.file);
       const uint64_t loaded = fp.resident_bytes + (opt.stream_experts ? 0 : fp.routed_expert_bytes);
-      const uint64_t copies = std::min(gpu_stats(*s.backend).device_budget, loaded);
-      spo.plan.device_bytes = copies + 2 * kGpuStagingBytes;
-      spo.plan.device_detail = "vulkan: weight copies up to " + format_bytes(copies) + " + 2 x " +
-                               format_bytes(kGpuStagingBytes) + " staging, in host-visible memory";
+      // Copies in device-local memory of a discrete card are the card's (its budget, --gpu-mem),
+      // not the host's; on an integrated GPU or a CPU device they are this host's memory.
+      const GpuStats g = gpu_stats(*s.backend);
+      const uint64_t copies = g.weights_in_host_memory ? std::min(g.device_budget, loaded) : 0;
+      spo.plan.device_bytes = copies + kGpuStagingBuffers * kGpuStagingBytes;
+      spo.plan.device_detail = "vulkan: " +
+                               (g.weights_in_host_memory ? "weight copies up to " + format_bytes(copies) + " (host memory) + "
+                                                         : std::string("weights in device memory (budget ") +
+                                                               format_bytes(g.device_budget) + "); ") +
+                               std::to_string(kGpuStagingBuffers) + " x " + format_bytes(kGpuStagingBytes) + " staging";
     }
     s.plan = plan_for_file(header.file, spo);
     require_admitted(s.plan);
