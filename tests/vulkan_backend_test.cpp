@@ -14,6 +14,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/cpu_backend.h"
@@ -93,7 +94,9 @@ TEST(Vulkan, LinearOnTheDeviceHasTheCpuBits) {
     uint64_t rows, cols;
   };
   // Odd row counts around the 64-wide workgroup, columns not a multiple of 16 for the float lanes.
+  // 300 Q8_0 blocks: more than one round of the shader's 256 shared terms.
   const Case cases[] = {{GgmlType::Q8_0, 13, 96},  {GgmlType::Q8_0, 67, 160}, {GgmlType::Q8_0, 1, 32},
+                        {GgmlType::Q8_0, 5, 9600}, {GgmlType::F16, 7, 1000},
                         {GgmlType::F16, 13, 17},   {GgmlType::F16, 130, 48},  {GgmlType::BF16, 67, 33},
                         {GgmlType::F32, 5, 1},     {GgmlType::F32, 66, 71}};
   uint64_t on_device = 0;
@@ -122,6 +125,27 @@ TEST(Vulkan, LinearOnTheDeviceHasTheCpuBits) {
   EXPECT_EQ(st.linear_on_device, on_device) << "a linear call ran on the CPU";
   EXPECT_EQ(st.linear_on_host, 0u);
   EXPECT_EQ(st.weights_on_device, std::size(cases));
+}
+
+// Row counts past 65,535 (the published output head has 129,280), where a dispatch that gave
+// each row a workgroup of its own would run out of workgroups in x.
+TEST(Vulkan, RowsBeyondOneDispatchDimensionHaveTheCpuBits) {
+  if (!kBuilt) return;
+  const std::unique_ptr<Backend> gpu = make_vulkan_backend({});
+  const CpuBackend cpu(1);
+  std::mt19937_64 rng(17);
+  for (const auto& [type, rows, cols] : {std::tuple{GgmlType::Q8_0, 70001ull, 32ull}, std::tuple{GgmlType::F16, 262147ull, 16ull}}) {
+    HostWeight h = random_weight(type, rows, cols, rng());
+    Weight gw = h.w, cw = h.w;
+    gpu->prepare_weight(gw);
+    cpu.prepare_weight(cw);
+    ASSERT_NE(gw.device, nullptr);
+    const std::vector<float> x = randoms(rng, cols);
+    const std::vector<float> got = run_linear(*gpu, gw, x, 1, false, 0, rows);
+    const std::vector<float> want = run_linear(cpu, cw, x, 1, false, 0, rows);
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << type_traits(type).name;
+  }
+  EXPECT_EQ(gpu_stats(*gpu).linear_on_device, 2u);
 }
 
 // Q8_0 blocks at the edges: -128 against -128 (the product a 16-bit pair sum cannot hold),
