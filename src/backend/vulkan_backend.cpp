@@ -146,9 +146,8 @@ struct Push {
   uint32_t rows, cols, n, row0, w_row_bytes, a_stride, kind, round_out;
 };
 
-// A buffer in host-visible, coherent memory, mapped for its lifetime. This first slice binds
-// weights and activations where the host writes them (on UMA devices and lavapipe that is the
-// device's own memory); device-local copies through a staging ring are the next step.
+// A storage buffer and its memory; `map` is set while the host can write it directly (the
+// staging buffers, and weights in device-local memory that is host-visible).
 struct Buffer {
   VkBuffer buf = VK_NULL_HANDLE;
   VkDeviceMemory mem = VK_NULL_HANDLE;
@@ -193,9 +192,12 @@ class VulkanBackend final : public CpuBackend {
     for (uint32_t i = 0; i < mem.memoryTypeCount && host_type_ == UINT32_MAX; ++i)
       if ((mem.memoryTypes[i].propertyFlags & want) == want) host_type_ = i;
     if (host_type_ == UINT32_MAX) throw Error("vulkan: device " + info_.name + " has no host-visible coherent memory");
-    uint64_t largest_local = 0;
-    for (const GpuHeap& h : info_.heaps)
+    uint64_t largest_local = 0, largest = 0;
+    for (const GpuHeap& h : info_.heaps) {
       if (h.device_local) largest_local = std::max(largest_local, h.bytes);
+      largest = std::max(largest, h.bytes);
+    }
+    if (largest_local == 0) largest_local = largest;  // no device-local heap: weights in host memory
     for (uint32_t i = 0; i < mem.memoryTypeCount && local_type_ == UINT32_MAX; ++i)
       if (mem.memoryTypes[i].propertyFlags & VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT) local_type_ = i;
     st_.weights_in_host_memory = info_.uma || local_type_ == UINT32_MAX;
