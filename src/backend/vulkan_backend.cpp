@@ -185,21 +185,21 @@ class VulkanBackend final : public CpuBackend {
       if (qf[i].queueFlags & VK_QUEUE_COMPUTE_BIT) family_ = i;
     if (family_ == UINT32_MAX) throw Error("vulkan: device " + info_.name + " has no compute queue");
 
-    VkPhysicalDeviceMemoryProperties mem;
-    vkGetPhysicalDeviceMemoryProperties(phys_, &mem);
-    mem_ = mem;
-    const VkMemoryPropertyFlags want = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
-    for (uint32_t i = 0; i < mem.memoryTypeCount && host_type_ == UINT32_MAX; ++i)
-      if ((mem.memoryTypes[i].propertyFlags & want) == want) host_type_ = i;
-    if (host_type_ == UINT32_MAX) throw Error("vulkan: device " + info_.name + " has no host-visible coherent memory");
+    vkGetPhysicalDeviceMemoryProperties(phys_, &mem_);
+    // The staging buffers need host-visible, coherent memory (make_buffer); a device without it
+    // is refused here rather than at the first linear().
+    const VkMemoryPropertyFlags host = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+    bool have_host = false;
+    for (uint32_t i = 0; i < mem_.memoryTypeCount; ++i) have_host |= (mem_.memoryTypes[i].propertyFlags & host) == host;
+    if (!have_host) throw Error("vulkan: device " + info_.name + " has no host-visible coherent memory");
     uint64_t largest_local = 0, largest = 0;
     for (const GpuHeap& h : info_.heaps) {
       if (h.device_local) largest_local = std::max(largest_local, h.bytes);
       largest = std::max(largest, h.bytes);
     }
     if (largest_local == 0) largest_local = largest;  // no device-local heap: weights in host memory
-    for (uint32_t i = 0; i < mem.memoryTypeCount && local_type_ == UINT32_MAX; ++i)
-      if (mem.memoryTypes[i].propertyFlags & VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT) local_type_ = i;
+    for (uint32_t i = 0; i < mem_.memoryTypeCount && local_type_ == UINT32_MAX; ++i)
+      if (mem_.memoryTypes[i].propertyFlags & VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT) local_type_ = i;
     st_.weights_in_host_memory = info_.uma || local_type_ == UINT32_MAX;
     budget_ = o.weight_budget ? o.weight_budget : st_.weights_in_host_memory ? largest_local / 2 : largest_local / 5 * 4;
     st_.device_budget = budget_;
@@ -563,7 +563,7 @@ class VulkanBackend final : public CpuBackend {
   VkPhysicalDevice phys_ = VK_NULL_HANDLE;
   GpuDevice info_;
   VkPhysicalDeviceMemoryProperties mem_{};
-  uint32_t family_ = UINT32_MAX, host_type_ = UINT32_MAX, local_type_ = UINT32_MAX;
+  uint32_t family_ = UINT32_MAX, local_type_ = UINT32_MAX;
   bool force_staging_ = false;
   uint64_t staging_bytes_ = kGpuStagingBytes;
   uint64_t max_range_ = 0, budget_ = 0;

@@ -61,8 +61,8 @@ struct SessionOptions {
   // Cache-aware routing, lossy, off at 0 (EngineOptions::route_bias); needs stream_experts.
   float route_bias = 0.0f;
   uint64_t max_cache_experts = 0;  // --cache-experts: the expert cache's slots at most (0: the budget's)
-  // --backend cpu|vulkan, --device N: where the forward pass runs (backend/vulkan_backend.h; its
-  // weights on the device are not yet in the plan, docs/backends.md).
+  // --backend cpu|vulkan, --device N: where the forward pass runs (backend/vulkan_backend.h; the
+  // plan's "GPU weight copies" line holds what the device takes of the host, docs/backends.md).
   std::string backend = "cpu";
   uint32_t gpu_device = 0;
   uint64_t gpu_mem = 0;  // --gpu-mem: the device's weight budget (GpuOptions::weight_budget; 0: auto)
