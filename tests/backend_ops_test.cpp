@@ -63,6 +63,17 @@ std::vector<BackendCase> backends() {
                      return make_vulkan_backend(o);
                    },
                    exact});
+  // The same with routed-expert slots on the device, fewer than the op tests' experts: the routed
+  // FFN runs there and evicts (vulkan_backend_test counts the hits and the reads).
+  if (vulkan_built())
+    out.push_back({"vulkan_slots",
+                   [] {
+                     GpuOptions o;
+                     o.threads = 2;
+                     o.expert_slots = 3;
+                     return make_vulkan_backend(o);
+                   },
+                   exact});
   return out;
 }
 

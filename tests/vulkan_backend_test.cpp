@@ -98,7 +98,14 @@ TEST(Vulkan, LinearOnTheDeviceHasTheCpuBits) {
   const Case cases[] = {{GgmlType::Q8_0, 13, 96},  {GgmlType::Q8_0, 67, 160}, {GgmlType::Q8_0, 1, 32},
                         {GgmlType::Q8_0, 5, 9600}, {GgmlType::F16, 7, 1000},
                         {GgmlType::F16, 13, 17},   {GgmlType::F16, 130, 48},  {GgmlType::BF16, 67, 33},
-                        {GgmlType::F32, 5, 1},     {GgmlType::F32, 66, 71}};
+                        {GgmlType::F32, 5, 1},     {GgmlType::F32, 66, 71},
+                        // The quantized formats of the published recipe (IQ2_XXS gate/up, Q2_K
+                        // down) and the rest of the type table, one and several super-blocks.
+                        {GgmlType::Q2_K, 67, 256},    {GgmlType::Q2_K, 5, 768},
+                        {GgmlType::IQ2_XXS, 67, 256}, {GgmlType::IQ2_XXS, 3, 1280},
+                        {GgmlType::IQ2_XS, 13, 512},  {GgmlType::Q3_K, 13, 512},
+                        {GgmlType::Q4_K, 13, 512},    {GgmlType::Q6_K, 13, 512},
+                        {GgmlType::TQ2_0, 13, 512},   {GgmlType::Q2_0, 13, 192}};
   uint64_t on_device = 0;
   for (const Case& c : cases) {
     HostWeight hw = random_weight(c.type, c.rows, c.cols, rng());
@@ -255,7 +262,7 @@ TEST(Vulkan, WeightsPastTheBudgetOrWithoutAShaderRunOnTheCpu) {
   const std::unique_ptr<Backend> gpu = make_vulkan_backend(o);
   const CpuBackend cpu(1);
   HostWeight a = random_weight(GgmlType::Q8_0, 16, 128, 1), b = random_weight(GgmlType::Q8_0, 64, 128, 2);
-  HostWeight c = random_weight(GgmlType::Q2_K, 4, 256, 3);  // no Q2_K shader yet
+  HostWeight c = random_weight(GgmlType::Q8_K, 4, 256, 3);  // an activation format: no shader
   for (HostWeight* h : {&a, &b, &c}) gpu->prepare_weight(h->w);
   EXPECT_NE(a.w.device, nullptr);
   EXPECT_EQ(b.w.device, nullptr) << "a weight past the device budget was uploaded";
@@ -276,6 +283,107 @@ TEST(Vulkan, WeightsPastTheBudgetOrWithoutAShaderRunOnTheCpu) {
   st = gpu_stats(*gpu);
   EXPECT_EQ(st.linear_on_host, 2u);
   EXPECT_EQ(st.linear_on_device, 0u);
+}
+
+// An expert source that records what the backend asks of it.
+class CountingExperts final : public ExpertSource {
+ public:
+  std::vector<HostWeight> gate, up, down;
+  mutable std::vector<std::vector<uint32_t>> prepared;
+  mutable uint64_t gets = 0;
+  void prepare(uint32_t, std::span<const uint32_t> experts) const override {
+    prepared.emplace_back(experts.begin(), experts.end());
+  }
+  ExpertWeights get(uint32_t, uint32_t e) const override {
+    ++gets;
+    return {gate[e].w.data, up[e].w.data, down[e].w.data};
+  }
+};
+
+CountingExperts published_recipe_experts(uint32_t E, uint64_t H, uint64_t F, uint64_t seed) {
+  CountingExperts ex;
+  for (uint32_t e = 0; e < E; ++e) {
+    ex.gate.push_back(random_weight(GgmlType::IQ2_XXS, F, H, seed + 3 * e));
+    ex.up.push_back(random_weight(GgmlType::IQ2_XXS, F, H, seed + 3 * e + 1));
+    ex.down.push_back(random_weight(GgmlType::Q2_K, H, F, seed + 3 * e + 2));
+  }
+  return ex;
+}
+
+// The routed FFN in device slots, in the published recipe's types (IQ2_XXS gate/up, Q2_K down):
+// the CPU's bits with 1 slot (every expert evicts the last), 2 and all of them; a slot hit asks
+// nothing of the source; a second source with the same layer and expert numbers is not served
+// the first one's copies.
+TEST(Vulkan, RoutedExpertsInDeviceSlotsHaveTheCpuBits) {
+  if (!kBuilt) return;
+  const uint64_t H = 256, F = 512;
+  const uint32_t E = 6, n = 5, layer = 3;
+  const CpuBackend cpu(1);
+  std::mt19937_64 rng(9);
+  std::vector<ExpertTriple> triples;
+  for (uint32_t t = 0; t < n; ++t)
+    for (uint32_t k = 0; k < 3; ++k)
+      triples.push_back({(uint32_t)((t * 2 + k * 2 + (t == 4 ? 1 : 0)) % E), t,
+                         std::uniform_real_distribution<float>(0.1f, 1.0f)(rng)});
+  std::stable_sort(triples.begin(), triples.end(), [](const ExpertTriple& a, const ExpertTriple& b) { return a.expert < b.expert; });
+  std::vector<uint32_t> used;
+  for (const ExpertTriple& t : triples)
+    if (used.empty() || used.back() != t.expert) used.push_back(t.expert);
+  ASSERT_GE(used.size(), 4u);
+  const std::vector<float> x = randoms(rng, n * H);
+  CountingExperts ex = published_recipe_experts(E, H, F, 100), other = published_recipe_experts(E, H, F, 200);
+  Weight lg = ex.gate[0].w, lu = ex.up[0].w, ld = ex.down[0].w;
+  lg.data = lu.data = ld.data = nullptr;  // geometry only: the bytes come from the source
+  for (Weight* w : {&lg, &lu, &ld}) cpu.prepare_weight(*w);
+  const ExpertTensors et{&lg, &lu, &ld};
+
+  auto routed = [&](const Backend& be, const ExpertSource& src, bool rows) {
+    const Tensor xt = be.tensor(n, H);
+    for (uint32_t t = 0; t < n; ++t) std::memcpy(xt.m().row(t), x.data() + t * H, H * sizeof(float));
+    const Tensor out = be.tensor(rows ? triples.size() : n, H);
+    be.fill_rows(out.m(), std::vector<float>(H, 0.0f));
+    if (rows)
+      be.routed_ffn_rows(et, src, layer, triples, 1.5f, xt.c(), out.m());
+    else
+      be.routed_ffn(et, src, layer, triples, 1.5f, xt.c(), out.m());
+    be.sync();
+    std::vector<float> v;
+    for (size_t i = 0; i < out.c().n; ++i) v.insert(v.end(), out.c().row(i), out.c().row(i) + H);
+    return v;
+  };
+  const std::vector<float> want = routed(cpu, ex, false), want_rows = routed(cpu, ex, true),
+                           want_other = routed(cpu, other, false);
+  ASSERT_EQ(ex.prepared.back(), used) << "the CPU backend prepares every expert it reads";
+  for (const uint64_t slots : {1u, 2u, 64u}) {
+    SCOPED_TRACE("slots " + std::to_string(slots));
+    GpuOptions o;
+    o.expert_slots = slots;
+    const std::unique_ptr<Backend> gpu = make_vulkan_backend(o);
+    ex.prepared.clear();
+    ex.gets = 0;
+    EXPECT_EQ(routed(*gpu, ex, false), want);
+    ASSERT_EQ(ex.prepared.size(), 1u);
+    EXPECT_EQ(ex.prepared[0], used) << "a cold start reads every expert";
+    GpuStats st = gpu_stats(*gpu);
+    EXPECT_EQ(st.expert_slots, std::min<uint64_t>(slots, 64));
+    EXPECT_EQ(st.expert_slot_bytes, gpu_expert_slot_bytes(F * lg.row_bytes, F * lu.row_bytes, H * ld.row_bytes));
+    EXPECT_EQ(st.expert_misses, used.size());
+    EXPECT_EQ(st.expert_hits, 0u);
+    EXPECT_EQ(st.linear_on_host + st.expert_calls_on_host, 0u);
+    // Again, and as rows: all hits when every expert has a slot, nothing asked of the source.
+    EXPECT_EQ(routed(*gpu, ex, false), want);
+    EXPECT_EQ(routed(*gpu, ex, true), want_rows);
+    st = gpu_stats(*gpu);
+    if (slots >= used.size()) {
+      EXPECT_EQ(st.expert_hits, 2 * used.size());
+      EXPECT_EQ(ex.gets, used.size());
+      EXPECT_EQ(ex.prepared.size(), 1u) << "a call whose experts all have slots prepared the source";
+    } else {
+      EXPECT_EQ(st.expert_misses + st.expert_hits, 3 * used.size());
+      EXPECT_GT(st.expert_misses, used.size());
+    }
+    EXPECT_EQ(routed(*gpu, other, false), want_other) << "another source was served the first one's copies";
+  }
 }
 
 TEST(Vulkan, AMissingDeviceIsNamedWithTheCount) {
@@ -299,7 +407,7 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
   const test::TempDir dir("sluice_vulkan");
   const std::string model = dir / "tiny.gguf";
   ASSERT_EQ(test::run_sluice(dir, "make-model --preset tiny -o " + test::q(model)).rc, 0);
-  auto rows_of = [&](const std::string& backend, SessionStats* st, GpuStats* gs) {
+  auto rows_of = [&](const std::string& backend, SessionStats* st, GpuStats* gs, uint64_t slots = 0) {
     SessionOptions so;
     so.model_path = model;
     so.ctx = 64;
@@ -309,6 +417,7 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
     so.allow_swap = true;
     so.stream_experts = false;
     so.backend = backend;
+    so.gpu_experts = slots;
     Session s(so);
     std::vector<float> rows;
     EvalObserver o;
@@ -346,6 +455,24 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
   EXPECT_EQ(cg.linear_on_device, 0u);
   EXPECT_GT(gg.weights_on_device, 0u);
   EXPECT_GT(gg.linear_on_device, 0u) << "no linear layer ran on the device";
+  EXPECT_EQ(gg.expert_hits + gg.expert_misses, 0u) << "routed experts ran on the device without slots";
+  // The routed experts in device slots: one slot (every expert evicts the one before) and one
+  // per expert of the model give the CPU's logits.
+  for (const uint64_t slots : {1u, 100000u}) {
+    SessionStats ss;
+    GpuStats sg;
+    const std::vector<float> got = rows_of("vulkan", &ss, &sg, slots);
+    ASSERT_EQ(got.size(), cpu.size());
+    EXPECT_EQ(std::memcmp(got.data(), cpu.data(), cpu.size() * sizeof(float)), 0) << slots << " slots: logits differ";
+    EXPECT_GT(sg.expert_misses, 0u);
+    EXPECT_EQ(sg.expert_calls_on_host, 0u);
+    if (slots == 1) {
+      EXPECT_EQ(sg.expert_slots, 1u);
+    } else {
+      EXPECT_LT(sg.expert_slots, slots) << "more slots than the model has experts";
+      EXPECT_GT(sg.expert_hits, sg.expert_misses) << "a slot per expert, and still mostly misses";
+    }
+  }
 }
 
 // A dispatch that fails in the middle of a multi-chunk prompt: a clear error naming the device,
@@ -431,6 +558,19 @@ TEST(Vulkan, CommandLine) {
   EXPECT_NE(capped.err.find("GPU weight copies"), std::string::npos) << capped.err;
   EXPECT_EQ(test::run_sluice(dir, "run -m " + test::q(model) + " --tokens 5 -n 1 --gpu-mem 1GiB").rc, 2)
       << "--gpu-mem without --backend vulkan was accepted";
+  // Streamed experts in 4 device slots: the same tokens, and the summary shows the slot tier.
+  const test::CmdResult slots = test::run_sluice(
+      dir, "run -m " + test::q(model) + " --tokens 5,6,7 -n 4 --backend vulkan --gpu-experts 4 --print-plan");
+  EXPECT_EQ(slots.rc, 0) << slots.err;
+  EXPECT_EQ(slots.out, c.out);
+  EXPECT_NE(slots.err.find("routed experts on the device: 4 slots"), std::string::npos) << slots.err;
+  EXPECT_NE(slots.err.find("4 routed-expert slots x"), std::string::npos) << "the plan does not count the slots: " << slots.err;
+  EXPECT_EQ(test::run_sluice(dir, "run -m " + test::q(model) + " --tokens 5 -n 1 --gpu-experts 4").rc, 2)
+      << "--gpu-experts without --backend vulkan was accepted";
+  const test::CmdResult none = test::run_sluice(
+      dir, "run -m " + test::q(model) + " --tokens 5,6,7 -n 2 --backend vulkan --gpu-experts 4 --gpu-mem 1");
+  EXPECT_EQ(none.rc, 0) << none.err;
+  EXPECT_NE(none.err.find("the device budget left no room for a slot"), std::string::npos) << none.err;
   EXPECT_EQ(test::run_sluice(dir, "run -m " + test::q(model) + " --tokens 5 -n 1 --backend vulkan --gpu-mem lots").rc, 2);
   const test::CmdResult bad =
       test::run_sluice(dir, "run -m " + test::q(model) + " --tokens 5,6,7 -n 4 --backend vulkan --device 9");

@@ -228,6 +228,7 @@ class Backend {
   // routed[t] += sum over triples (e, t, w) of down_e(swiglu_w(gate_e x_t, up_e x_t)), in
   // triple order (ascending expert), f32. The expert bytes come from src.get(layer, e), which
   // the caller has prepared.
+  // Both routed ops call src.prepare(layer, ...) themselves with the experts they read from it.
   virtual void routed_ffn(ExpertTensors t, const ExpertSource& src, uint32_t layer,
                           std::span<const ExpertTriple> triples, float limit, CMat x, Mat routed) const = 0;
   // rows[j] = the term routed_ffn adds for triple j, f32 (rows.n == triples.size()): for callers

@@ -4,6 +4,7 @@
 
 #include "backend/cpu_backend.h"
 #include "backend/cpu_linear.h"
+#include "backend/routed_terms.h"
 #include "backend/swiglu.h"
 #include "kernels/fp.h"
 #include "kernels/numerics.h"
@@ -21,46 +22,21 @@ void CpuBackend::shared_ffn(const Weight& gate, const Weight& up, const Weight& 
   lin(pool_, down, g.data(), F, n, out.p, out.stride, true, 0, down.rows);
 }
 
+// The CPU's projections: matmul over the expert's bytes as the source returns them. Every expert
+// is prepared at once; get() is asked for each in order (a windowed source moves on).
 template <class Take>
 void CpuBackend::routed_terms(ExpertTensors t, const ExpertSource& src, uint32_t layer,
                               std::span<const ExpertTriple> triples, float limit, CMat x, Take&& take) const {
-  const size_t H = x.width, F = t.gate->rows;
-  // Activations are quantized once per token for every expert that uses them.
-  const ActRows xg = quantize_rows(t.gate->act(), x.p, x.stride, x.n, H);
-  const bool same = t.up->act() == t.gate->act();
-  const ActRows xu = same ? ActRows{} : quantize_rows(t.up->act(), x.p, x.stride, x.n, H);
-  const ActRows& xu_ref = same ? xg : xu;
-  std::vector<float> eg, eu, ed;
-  std::vector<const uint8_t*> ag, au, ad;
-  for (size_t b = 0; b < triples.size();) {
-    size_t e_end = b;
-    while (e_end < triples.size() && triples[e_end].expert == triples[b].expert) ++e_end;
-    const ExpertWeights ew = src.get(layer, triples[b].expert);
-    Weight Wg = *t.gate, Wu = *t.up, Wd = *t.down;
-    Wg.data = ew.gate;
-    Wu.data = ew.up;
-    Wd.data = ew.down;
-    const size_t ne = e_end - b;
-    ag.resize(ne);
-    au.resize(ne);
-    for (size_t j = 0; j < ne; ++j) {
-      ag[j] = xg.row(triples[b + j].token);
-      au[j] = xu_ref.row(triples[b + j].token);
-    }
-    eg.resize(ne * F);
-    eu.resize(ne * F);
-    matmul(pool_, Wg, ag, eg.data(), F, true, 0, F);
-    matmul(pool_, Wu, au, eu.data(), F, true, 0, F);
-    for (size_t j = 0; j < ne; ++j)
-      for (size_t k = 0; k < F; ++k) eg[j * F + k] = swiglu(eg[j * F + k], eu[j * F + k], limit, triples[b + j].weight);
-    const ActRows hq = quantize_rows(Wd.act(), eg.data(), F, ne, F);
-    ad.resize(ne);
-    for (size_t j = 0; j < ne; ++j) ad[j] = hq.row(j);
-    ed.resize(ne * H);
-    matmul(pool_, Wd, ad, ed.data(), H, true, 0, H);
-    for (size_t j = 0; j < ne; ++j) take(b + j, ed.data() + j * H);
-    b = e_end;
-  }
+  src.prepare(layer, experts_of(triples));
+  const Weight* parts[3] = {t.gate, t.up, t.down};
+  sluice::routed_terms(
+      t, triples, limit, x, [&](uint32_t e) { return src.get(layer, e); },
+      [&](const ExpertWeights& ew, int part, std::span<const uint8_t* const> acts, size_t, float* y, size_t rows) {
+        Weight W = *parts[part];
+        W.data = part == 0 ? ew.gate : part == 1 ? ew.up : ew.down;
+        matmul(pool_, W, acts, y, rows, true, 0, rows);
+      },
+      take);
 }
 
 void CpuBackend::routed_ffn(ExpertTensors t, const ExpertSource& src, uint32_t layer,

@@ -1,9 +1,11 @@
-// Where the forward pass gets routed-expert weights. The engine touches routed experts only
-// through this interface, once per layer per chunk: prepare() with the distinct experts the
-// chunk routes to (ascending), then get() for each of them in that order. A streaming store can
-// therefore replace the resident weights without the engine knowing, and may hold a long
-// chunk's union a window at a time (model/streamed_experts.h).
+// Where the forward pass gets routed-expert weights. The backend's routed_ffn touches routed
+// experts only through this interface, once per layer per chunk: prepare() with the distinct
+// experts it reads from the source (ascending), then get() for each of them in that order. A
+// streaming store can therefore replace the resident weights without the engine knowing, and may
+// hold a long chunk's union a window at a time (model/streamed_experts.h); a backend with copies
+// of its own (the Vulkan backend's expert slots) prepares only the experts it lacks.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -43,6 +45,17 @@ class ExpertSource {
   virtual std::vector<uint32_t> cached(uint32_t layer) const {
     (void)layer;
     return {};
+  }
+
+  // Distinct for every source this process makes (a new one at a freed one's address too), so a
+  // backend may key copies of an expert's bytes by (id, layer, expert): a source's experts never
+  // change while it lives.
+  const uint64_t id = next_id();
+
+ private:
+  static uint64_t next_id() {
+    static std::atomic<uint64_t> n{0};
+    return ++n;
   }
 };
 

@@ -11,10 +11,14 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <map>
+#include <tuple>
 
 #include "backend/cpu_backend.h"
 #include "backend/cpu_linear.h"
+#include "backend/routed_terms.h"
 #include "backend/swiglu.h"
+#include "kernels/iq_tables.h"
 #endif
 
 namespace sluice {
@@ -30,8 +34,55 @@ const uint32_t kLinearQ8_0[] = {
 const uint32_t kLinearFloat[] = {
 #include "linear_float.spv.inc"
 };
+const uint32_t kLinearQ2_K[] = {
+#include "linear_q2_k.spv.inc"
+};
+const uint32_t kLinearQ3_K[] = {
+#include "linear_q3_k.spv.inc"
+};
+const uint32_t kLinearQ4_K[] = {
+#include "linear_q4_k.spv.inc"
+};
+const uint32_t kLinearQ6_K[] = {
+#include "linear_q6_k.spv.inc"
+};
+const uint32_t kLinearIq2Xxs[] = {
+#include "linear_iq2_xxs.spv.inc"
+};
+const uint32_t kLinearIq2Xs[] = {
+#include "linear_iq2_xs.spv.inc"
+};
+const uint32_t kLinearTq2_0[] = {
+#include "linear_tq2_0.spv.inc"
+};
+const uint32_t kLinearQ2_0[] = {
+#include "linear_q2_0.spv.inc"
+};
+
+// The quantized weight types with a shader of their own: each gives the CPU's bits (the shader's
+// header says why). The float formats share linear_float (kind 0/1/2), which needs shaderFloat64.
+struct QuantShader {
+  GgmlType type;
+  const uint32_t* code;
+  size_t bytes;
+  const char* name;
+};
+const QuantShader kQuantShaders[] = {
+    {GgmlType::Q8_0, kLinearQ8_0, sizeof kLinearQ8_0, "linear_q8_0"},
+    {GgmlType::Q2_K, kLinearQ2_K, sizeof kLinearQ2_K, "linear_q2_k"},
+    {GgmlType::Q3_K, kLinearQ3_K, sizeof kLinearQ3_K, "linear_q3_k"},
+    {GgmlType::Q4_K, kLinearQ4_K, sizeof kLinearQ4_K, "linear_q4_k"},
+    {GgmlType::Q6_K, kLinearQ6_K, sizeof kLinearQ6_K, "linear_q6_k"},
+    {GgmlType::IQ2_XXS, kLinearIq2Xxs, sizeof kLinearIq2Xxs, "linear_iq2_xxs"},
+    {GgmlType::IQ2_XS, kLinearIq2Xs, sizeof kLinearIq2Xs, "linear_iq2_xs"},
+    {GgmlType::TQ2_0, kLinearTq2_0, sizeof kLinearTq2_0, "linear_tq2_0"},
+    {GgmlType::Q2_0, kLinearQ2_0, sizeof kLinearQ2_0, "linear_q2_0"},
+};
+constexpr size_t kQuantShaderCount = std::size(kQuantShaders);
 
 constexpr uint32_t kGroup = 64;  // local_size_x of the linear shaders
+constexpr uint32_t kBindings = 4;
+constexpr uint64_t kSlabBytes = 256ull << 20;  // routed-expert slots are allocated this many bytes at a time  // weights, activations, outputs, tables (linear_common.glsl)
 // A dispatch that has not finished after this long means the device is gone or hung.
 constexpr uint64_t kFenceTimeoutNs = 120ull * 1000 * 1000 * 1000;
 
@@ -155,11 +206,28 @@ struct Buffer {
   VkDeviceSize size = 0;
 };
 
+// A weight's bytes on the device as one dispatch binds them: a buffer range and its shader.
+struct DeviceWeight {
+  VkPipeline pipe = VK_NULL_HANDLE;
+  VkBuffer buf = VK_NULL_HANDLE;
+  VkDeviceSize offset = 0, range = 0;
+  uint32_t kind = 0;  // linear_float's kind
+};
+
+// One routed expert's slot: gate, up and down at slot_offset + part_off_[i] of its slab.
+struct ExpertSlot {
+  uint64_t source = 0;  // ExpertSource::id; 0: empty
+  uint32_t layer = 0, expert = 0;
+  uint64_t last_use = 0;
+  uint32_t slab = 0;
+  VkDeviceSize offset = 0;
+};
+
 // What prepare_weight leaves in Weight::device.
 struct GpuWeight {
   Buffer b;
-  uint32_t kind = 0;  // linear_float's kind; unused for Q8_0
-  bool q8_0 = false;
+  VkPipeline pipe = VK_NULL_HANDLE;  // its type's linear shader
+  uint32_t kind = 0;                 // linear_float's kind; unused by the quantized types
 };
 
 class VulkanBackend final : public CpuBackend {
@@ -204,6 +272,12 @@ class VulkanBackend final : public CpuBackend {
     budget_ = o.weight_budget ? o.weight_budget : st_.weights_in_host_memory ? largest_local / 2 : largest_local / 5 * 4;
     st_.device_budget = budget_;
     force_staging_ = o.force_staging;
+    slots_wanted_ = o.expert_slots;
+    {
+      VkPhysicalDeviceProperties props;
+      vkGetPhysicalDeviceProperties(phys_, &props);
+      offset_align_ = props.limits.minStorageBufferOffsetAlignment;
+    }
     staging_bytes_ = o.staging_bytes ? o.staging_bytes : kGpuStagingBytes;
 
     const float prio = 1.0f;
@@ -238,19 +312,11 @@ class VulkanBackend final : public CpuBackend {
 
   void prepare_weight(Weight& w) const override {
     CpuBackend::prepare_weight(w);  // the CPU path stays ready: other ops and fallbacks use it
-    // The types with a shader; the float formats' needs shaderFloat64 (linear_float.comp).
     uint32_t kind = 0;
-    bool q8 = false, shader = true;
-    switch (w.type) {
-      case GgmlType::Q8_0: q8 = true; break;
-      case GgmlType::F32: kind = 0; shader = float64_; break;
-      case GgmlType::F16: kind = 1; shader = float64_; break;
-      case GgmlType::BF16: kind = 2; shader = float64_; break;
-      default: shader = false; break;
-    }
+    const VkPipeline pipe = pipeline_for(w.type, kind);
     const uint64_t bytes = w.rows * w.row_bytes;
     const std::lock_guard<std::mutex> lk(mu_);
-    if (!shader || !w.data || bytes == 0 || bytes > max_range_ || st_.bytes_on_device + bytes > budget_) {
+    if (!pipe || !w.data || bytes == 0 || bytes > max_range_ || st_.bytes_on_device + bytes > budget_) {
       ++st_.weights_on_host;
       return;
     }
@@ -264,7 +330,7 @@ class VulkanBackend final : public CpuBackend {
       throw;
     }
     g.kind = kind;
-    g.q8_0 = q8;
+    g.pipe = pipe;
     w.device = &g;
     ++st_.weights_on_device;
     st_.bytes_on_device += bytes;
@@ -282,22 +348,39 @@ class VulkanBackend final : public CpuBackend {
     if (row0 + y.width > W.rows) throw Error("linear: rows " + std::to_string(row0) + ".." + std::to_string(row0 + y.width) + " of a weight of " + std::to_string(W.rows));
     const GpuWeight& g = *static_cast<const GpuWeight*>(W.device);
     const ActRows acts = quantize_rows(W.act(), x.p, x.stride, x.n, W.cols);
+    std::vector<const uint8_t*> rows(x.n);
+    for (size_t t = 0; t < x.n; ++t) rows[t] = acts.row(t);
     const std::lock_guard<std::mutex> lk(mu_);
-    // Tokens go in groups whose activations and outputs each fit the staging buffers.
-    const uint64_t out_row = (uint64_t)y.width * sizeof(float);
-    const uint64_t per_group = std::max<uint64_t>(1, std::min(limit / out_row, limit / acts.stride));
-    for (size_t t0 = 0; t0 < x.n; t0 += per_group) {
-      const size_t n = (size_t)std::min<uint64_t>(per_group, x.n - t0);
-      ensure(act_, (VkDeviceSize)n * acts.stride);
-      ensure(out_, (VkDeviceSize)n * out_row);
-      std::memcpy(act_.map, acts.row(t0), n * acts.stride);
-      const Push push{(uint32_t)y.width, (uint32_t)W.cols, (uint32_t)n, (uint32_t)row0, (uint32_t)W.row_bytes,
-                      (uint32_t)acts.stride, g.kind, round ? 1u : 0u};
-      dispatch(g.q8_0 ? q8_0_ : float_, g.b, push, (uint32_t)((y.width + kGroup - 1) / kGroup), (uint32_t)n);
-      const float* out = static_cast<const float*>(out_.map);
-      for (size_t t = 0; t < n; ++t) std::memcpy(y.row(t0 + t), out + t * y.width, out_row);
-    }
+    device_linear(DeviceWeight{g.pipe, g.b.buf, 0, g.b.size, g.kind}, W, row0, rows, acts.stride, y.p, y.stride, y.width,
+                  round);
     ++st_.linear_on_device;
+  }
+
+  // --- Routed experts in device slots ------------------------------------------------------------
+  // With expert slots (GpuOptions::expert_slots) the routed FFN runs on the device: each expert's
+  // gate, up and down slices are copied into a slot the first time a layer routes to it and stay
+  // there, least recently used first out, keyed by (source, layer, expert). Only the experts
+  // without a slot are asked of the source (its prepare() and get()), so a slot hit reads nothing
+  // from the host store or the disk. The operations are the CPU backend's routed_terms, in its
+  // order (experts ascending, tokens in order, the SwiGLU and the down projection's activation
+  // quantization on the host), so the sums have its bits. Every dispatch finishes before the next
+  // expert is placed, so a slot is never replaced while a submitted command still reads it.
+  void routed_ffn(ExpertTensors t, const ExpertSource& src, uint32_t layer, std::span<const ExpertTriple> triples,
+                  float limit, CMat x, Mat routed) const override {
+    if (!experts_on_device(t)) return CpuBackend::routed_ffn(t, src, layer, triples, limit, x, routed);
+    const size_t H = x.width;
+    device_routed(t, src, layer, triples, limit, x, [&](size_t j, const float* d) {
+      float* ri = routed.row(triples[j].token);
+      for (size_t k = 0; k < H; ++k) ri[k] += d[k];
+    });
+  }
+
+  void routed_ffn_rows(ExpertTensors t, const ExpertSource& src, uint32_t layer, std::span<const ExpertTriple> triples,
+                       float limit, CMat x, Mat rows) const override {
+    if (!experts_on_device(t)) return CpuBackend::routed_ffn_rows(t, src, layer, triples, limit, x, rows);
+    if (rows.n != triples.size() || rows.width != x.width) throw Error("routed_ffn_rows: shapes differ");
+    device_routed(t, src, layer, triples, limit, x,
+                  [&](size_t j, const float* d) { std::copy(d, d + x.width, rows.row(j)); });
   }
 
   // The shared expert's three projections through linear() (on the device where their weights
@@ -313,12 +396,80 @@ class VulkanBackend final : public CpuBackend {
     linear(down, CMat{g.data(), n, F, F}, out, true, 0);
   }
 
+  // True when this layer's experts can run in the slots: slots were asked for, the three types
+  // have shaders, and one expert fits the slot geometry fixed by the first call (a drafter or
+  // layer with larger experts runs on the CPU, counted in experts_on_host).
+  bool experts_on_device(ExpertTensors t) const {
+    if (slots_wanted_ == 0) return false;
+    uint32_t kind = 0;
+    bool shaders = true;
+    for (const Weight* w : {t.gate, t.up, t.down})
+      shaders &= pipeline_for(w->type, kind) != VK_NULL_HANDLE && w->rows * w->row_bytes <= max_range_;
+    const uint64_t part[3] = {t.gate->rows * t.gate->row_bytes, t.up->rows * t.up->row_bytes,
+                              t.down->rows * t.down->row_bytes};
+    const std::lock_guard<std::mutex> lk(mu_);
+    if (shaders && slot_stride_ == 0 && !st_.expert_slots_refused) make_slots(part);
+    const bool fits = shaders && slot_stride_ != 0 && part[0] <= part_cap_[0] && part[1] <= part_cap_[1] &&
+                      part[2] <= part_cap_[2];
+    if (!fits) ++st_.expert_calls_on_host;
+    return fits;
+  }
+
+  // The routed FFN's sequence (routed_terms.h) with each expert's projections dispatched on its
+  // slot; only the experts without one are asked of the source.
+  template <class Take>
+  void device_routed(ExpertTensors t, const ExpertSource& src, uint32_t layer, std::span<const ExpertTriple> triples,
+                     float limit, CMat x, Take&& take) const {
+    const Weight* parts[3] = {t.gate, t.up, t.down};
+    VkPipeline pipes[3];
+    uint32_t kinds[3] = {};
+    for (int i = 0; i < 3; ++i) pipes[i] = pipeline_for(parts[i]->type, kinds[i]);
+    const std::lock_guard<std::mutex> lk(mu_);
+    std::vector<uint32_t> missing;
+    for (const uint32_t e : experts_of(triples))
+      if (!find_slot(src.id, layer, e)) missing.push_back(e);
+    if (!missing.empty()) src.prepare(layer, missing);
+    sluice::routed_terms(
+        t, triples, limit, x,
+        [&](uint32_t e) {
+          const ExpertSlot* slot = find_slot(src.id, layer, e);
+          if (slot) {
+            ++st_.expert_hits;
+          } else {
+            slot = place(src.id, layer, e, src.get(layer, e), t);
+            ++st_.expert_misses;
+          }
+          slot_used(*slot);
+          return slot;
+        },
+        [&](const ExpertSlot* slot, int part, std::span<const uint8_t* const> acts, size_t stride, float* y,
+            size_t rows) {
+          device_linear(slot_part(*slot, part, pipes[part], kinds[part]), *parts[part], 0, acts, stride, y, rows, rows,
+                        true);
+        },
+        take);
+  }
+
   GpuStats stats() const {
     const std::lock_guard<std::mutex> lk(mu_);
     return st_;
   }
 
  private:
+  // The linear shader of a weight type (kind: linear_float's format), or none: the type has no
+  // shader, or it is a float format and the device lacks shaderFloat64 (linear_float.comp).
+  VkPipeline pipeline_for(GgmlType type, uint32_t& kind) const {
+    switch (type) {
+      case GgmlType::F32: kind = 0; return float_;
+      case GgmlType::F16: kind = 1; return float_;
+      case GgmlType::BF16: kind = 2; return float_;
+      default: break;
+    }
+    for (size_t i = 0; i < kQuantShaderCount; ++i)
+      if (kQuantShaders[i].type == type) return quant_[i];
+    return VK_NULL_HANDLE;
+  }
+
   static int resolved(int threads) { return threads > 0 ? threads : std::max(1, (int)std::thread::hardware_concurrency()); }
 
   void init_objects() {
@@ -338,8 +489,8 @@ class VulkanBackend final : public CpuBackend {
     fci.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO;
     check(vkCreateFence(dev_, &fci, nullptr, &fence_), "creating a fence");
 
-    VkDescriptorSetLayoutBinding b[3]{};
-    for (uint32_t i = 0; i < 3; ++i) {
+    VkDescriptorSetLayoutBinding b[kBindings]{};
+    for (uint32_t i = 0; i < kBindings; ++i) {
       b[i].binding = i;
       b[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
       b[i].descriptorCount = 1;
@@ -347,7 +498,7 @@ class VulkanBackend final : public CpuBackend {
     }
     VkDescriptorSetLayoutCreateInfo dl{};
     dl.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO;
-    dl.bindingCount = 3;
+    dl.bindingCount = kBindings;
     dl.pBindings = b;
     check(vkCreateDescriptorSetLayout(dev_, &dl, nullptr, &set_layout_), "creating a descriptor set layout");
     VkPushConstantRange pr{VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof(Push)};
@@ -358,7 +509,7 @@ class VulkanBackend final : public CpuBackend {
     pl.pushConstantRangeCount = 1;
     pl.pPushConstantRanges = &pr;
     check(vkCreatePipelineLayout(dev_, &pl, nullptr, &layout_), "creating a pipeline layout");
-    VkDescriptorPoolSize ps{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 3};
+    VkDescriptorPoolSize ps{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, kBindings};
     VkDescriptorPoolCreateInfo dp{};
     dp.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO;
     dp.maxSets = 1;
@@ -371,8 +522,13 @@ class VulkanBackend final : public CpuBackend {
     da.descriptorSetCount = 1;
     da.pSetLayouts = &set_layout_;
     check(vkAllocateDescriptorSets(dev_, &da, &set_), "allocating a descriptor set");
-    q8_0_ = pipeline(kLinearQ8_0, sizeof kLinearQ8_0, "linear_q8_0");
+    for (size_t i = 0; i < kQuantShaderCount; ++i)
+      quant_[i] = pipeline(kQuantShaders[i].code, kQuantShaders[i].bytes, kQuantShaders[i].name);
     if (float64_) float_ = pipeline(kLinearFloat, sizeof kLinearFloat, "linear_float");
+    // The IQ2 grids, read by linear_iq2_xxs / linear_iq2_xs (shaders/linear_common.glsl Tables).
+    tables_ = make_buffer(sizeof iq2xxs_grid + sizeof iq2xs_grid);
+    std::memcpy(tables_.map, iq2xxs_grid, sizeof iq2xxs_grid);
+    std::memcpy(static_cast<uint8_t*>(tables_.map) + sizeof iq2xxs_grid, iq2xs_grid, sizeof iq2xs_grid);
   }
 
   VkPipeline pipeline(const uint32_t* code, size_t bytes, const char* what) {
@@ -415,16 +571,17 @@ class VulkanBackend final : public CpuBackend {
 
   // Copies bytes into b: directly when it is mapped, else in chunks through the staging buffer
   // with one transfer each (mu_ held or not yet shared).
-  void upload(Buffer& b, const uint8_t* src, uint64_t bytes) const {
+  void upload(Buffer& b, const uint8_t* src, uint64_t bytes) const { upload(b, 0, src, bytes); }
+  void upload(Buffer& b, VkDeviceSize at, const uint8_t* src, uint64_t bytes) const {
     if (b.map) {
-      std::memcpy(b.map, src, bytes);
+      std::memcpy(static_cast<uint8_t*>(b.map) + at, src, bytes);
       return;
     }
     ensure(stage_, std::min<uint64_t>(bytes, staging_bytes_));
     for (uint64_t off = 0; off < bytes; off += staging_bytes_) {
       const uint64_t n = std::min<uint64_t>(staging_bytes_, bytes - off);
       std::memcpy(stage_.map, src + off, n);
-      VkBufferCopy region{0, off, n};
+      VkBufferCopy region{0, at + off, n};
       submit([&] { vkCmdCopyBuffer(cmd_, stage_.buf, b.buf, 1, &region); }, "uploading a weight");
     }
     ++st_.staged_uploads;
@@ -484,12 +641,109 @@ class VulkanBackend final : public CpuBackend {
     b = make_buffer(bytes);
   }
 
+  // y[t * ldy + r] = row r (row0 + r of W's geometry) of the weight at `wt` dotted with the
+  // activation row acts[t] (W.act() format, `stride` bytes), for r < rows; mu_ held. Tokens go
+  // in groups whose activations and outputs each fit the staging buffers.
+  void device_linear(const DeviceWeight& wt, const Weight& W, uint64_t row0, std::span<const uint8_t* const> acts,
+                     size_t stride, float* y, size_t ldy, size_t rows, bool round) const {
+    const uint64_t limit = std::min<uint64_t>(max_range_, kGpuStagingBytes);
+    const uint64_t out_row = (uint64_t)rows * sizeof(float);
+    const uint64_t per_group = std::max<uint64_t>(1, std::min(limit / out_row, limit / stride));
+    for (size_t t0 = 0; t0 < acts.size(); t0 += per_group) {
+      const size_t n = (size_t)std::min<uint64_t>(per_group, acts.size() - t0);
+      ensure(act_, (VkDeviceSize)n * stride);
+      ensure(out_, (VkDeviceSize)n * out_row);
+      for (size_t t = 0; t < n; ++t) std::memcpy(static_cast<uint8_t*>(act_.map) + t * stride, acts[t0 + t], stride);
+      const Push push{(uint32_t)rows, (uint32_t)W.cols, (uint32_t)n, (uint32_t)row0, (uint32_t)W.row_bytes,
+                      (uint32_t)stride, wt.kind, round ? 1u : 0u};
+      dispatch(wt, push, (uint32_t)((rows + kGroup - 1) / kGroup), (uint32_t)n);
+      const float* out = static_cast<const float*>(out_.map);
+      for (size_t t = 0; t < n; ++t) std::memcpy(y + (t0 + t) * ldy, out + t * rows, out_row);
+    }
+  }
+
+  // The slots' geometry from the first layer's experts (mu_ held): each part aligned for a
+  // binding offset, as many slots as GpuOptions::expert_slots asks and the device budget left
+  // after the dense weights holds (GpuStats::expert_slots says how many), in slabs of at most
+  // kSlabBytes so no allocation is huge. Nothing fits: slot_stride_ stays 0 and experts run on
+  // the CPU.
+  void make_slots(const uint64_t part[3]) const {
+    const VkDeviceSize align = std::max<VkDeviceSize>(4, offset_align_);
+    VkDeviceSize off = 0;
+    for (int i = 0; i < 3; ++i) {
+      part_off_[i] = off;
+      part_cap_[i] = (part[i] + align - 1) / align * align;
+      off += part_cap_[i];
+    }
+    const uint64_t left = budget_ > st_.bytes_on_device ? budget_ - st_.bytes_on_device : 0;
+    const uint64_t n = std::min<uint64_t>(slots_wanted_, left / off);
+    if (n == 0) {
+      st_.expert_slots_refused = true;
+      return;
+    }
+    const uint64_t per_slab = std::max<uint64_t>(1, kSlabBytes / off);
+    for (uint64_t made = 0; made < n; made += per_slab) {
+      const uint64_t k = std::min(per_slab, n - made);
+      slabs_.push_back(make_weight_buffer(k * off));
+      for (uint64_t j = 0; j < k; ++j) {
+        ExpertSlot sl;
+        sl.slab = (uint32_t)(slabs_.size() - 1);
+        sl.offset = j * off;
+        slots_.push_back(sl);
+      }
+      st_.bytes_on_device += k * off;
+    }
+    slot_stride_ = off;
+    st_.expert_slots = n;
+    st_.expert_slot_bytes = off;
+  }
+
+  using SlotKey = std::tuple<uint64_t, uint32_t, uint32_t>;  // source, layer, expert
+
+  const ExpertSlot* find_slot(uint64_t source, uint32_t layer, uint32_t expert) const {
+    const auto it = slot_index_.find(SlotKey{source, layer, expert});
+    return it == slot_index_.end() ? nullptr : &slots_[it->second];
+  }
+
+  void slot_used(const ExpertSlot& sl) const { const_cast<ExpertSlot&>(sl).last_use = ++use_clock_; }
+
+  // Copies an expert's three slices into the least recently used slot (an empty one first).
+  const ExpertSlot* place(uint64_t source, uint32_t layer, uint32_t expert, const ExpertWeights& ew,
+                          ExpertTensors t) const {
+    size_t victim = 0;
+    for (size_t i = 1; i < slots_.size(); ++i)
+      if (slots_[i].last_use < slots_[victim].last_use) victim = i;
+    ExpertSlot& sl = slots_[victim];
+    if (sl.source) slot_index_.erase(SlotKey{sl.source, sl.layer, sl.expert});
+    sl.source = 0;  // an upload that throws leaves the slot empty, never half-filled and named
+    const uint8_t* src[3] = {ew.gate, ew.up, ew.down};
+    const Weight* w[3] = {t.gate, t.up, t.down};
+    for (int i = 0; i < 3; ++i) {
+      const uint64_t bytes = w[i]->rows * w[i]->row_bytes;
+      upload(slabs_[sl.slab], sl.offset + part_off_[i], src[i], bytes);
+      st_.expert_upload_bytes += bytes;
+    }
+    sl.source = source;
+    sl.layer = layer;
+    sl.expert = expert;
+    slot_index_[SlotKey{source, layer, expert}] = victim;
+    return &sl;
+  }
+
+  DeviceWeight slot_part(const ExpertSlot& sl, int i, VkPipeline pipe, uint32_t kind) const {
+    return DeviceWeight{pipe, slabs_[sl.slab].buf, sl.offset + part_off_[i], part_cap_[i], kind};
+  }
+
   // Runs one linear dispatch to completion (mu_ held). A failure leaves y untouched: the caller
   // copies the output only after the fence signalled.
-  void dispatch(VkPipeline p, const Buffer& weights, const Push& push, uint32_t gx, uint32_t gy) const {
-    VkDescriptorBufferInfo bi[3] = {{weights.buf, 0, VK_WHOLE_SIZE}, {act_.buf, 0, VK_WHOLE_SIZE}, {out_.buf, 0, VK_WHOLE_SIZE}};
-    VkWriteDescriptorSet wr[3]{};
-    for (uint32_t i = 0; i < 3; ++i) {
+  void dispatch(const DeviceWeight& wt, const Push& push, uint32_t gx, uint32_t gy) const {
+    const VkPipeline p = wt.pipe;
+    VkDescriptorBufferInfo bi[kBindings] = {{wt.buf, wt.offset, wt.range},
+                                            {act_.buf, 0, VK_WHOLE_SIZE},
+                                            {out_.buf, 0, VK_WHOLE_SIZE},
+                                            {tables_.buf, 0, VK_WHOLE_SIZE}};
+    VkWriteDescriptorSet wr[kBindings]{};
+    for (uint32_t i = 0; i < kBindings; ++i) {
       wr[i].sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET;
       wr[i].dstSet = set_;
       wr[i].dstBinding = i;
@@ -497,7 +751,7 @@ class VulkanBackend final : public CpuBackend {
       wr[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
       wr[i].pBufferInfo = &bi[i];
     }
-    vkUpdateDescriptorSets(dev_, 3, wr, 0, nullptr);
+    vkUpdateDescriptorSets(dev_, kBindings, wr, 0, nullptr);
     submit(
         [&] {
           vkCmdBindPipeline(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, p);
@@ -545,10 +799,13 @@ class VulkanBackend final : public CpuBackend {
     if (!dev_) return;
     vkDeviceWaitIdle(dev_);
     for (GpuWeight& g : weights_) free_buffer(g.b);
+    for (Buffer& b : slabs_) free_buffer(b);
     free_buffer(act_);
     free_buffer(out_);
     free_buffer(stage_);
-    if (q8_0_) vkDestroyPipeline(dev_, q8_0_, nullptr);
+    free_buffer(tables_);
+    for (VkPipeline& q : quant_)
+      if (q) vkDestroyPipeline(dev_, q, nullptr);
     if (float_) vkDestroyPipeline(dev_, float_, nullptr);
     if (desc_pool_) vkDestroyDescriptorPool(dev_, desc_pool_, nullptr);
     if (layout_) vkDestroyPipelineLayout(dev_, layout_, nullptr);
@@ -577,7 +834,9 @@ class VulkanBackend final : public CpuBackend {
   VkPipelineLayout layout_ = VK_NULL_HANDLE;
   VkDescriptorPool desc_pool_ = VK_NULL_HANDLE;
   VkDescriptorSet set_ = VK_NULL_HANDLE;
-  VkPipeline q8_0_ = VK_NULL_HANDLE, float_ = VK_NULL_HANDLE;
+  VkPipeline quant_[kQuantShaderCount] = {};  // kQuantShaders' pipelines, in its order
+  VkPipeline float_ = VK_NULL_HANDLE;
+  Buffer tables_;
 
   // One queue, one command buffer and one descriptor set: linear() calls take turns (the forward
   // pass issues ops from one thread; the lock keeps a second engine on the backend safe).
@@ -585,6 +844,15 @@ class VulkanBackend final : public CpuBackend {
   mutable std::deque<GpuWeight> weights_;  // stable addresses: Weight::device points here
   mutable Buffer act_, out_, stage_;
   mutable GpuStats st_;
+
+  // Routed-expert slots (make_slots): geometry, slabs, the slots and their index.
+  uint64_t slots_wanted_ = 0;
+  VkDeviceSize offset_align_ = 256;  // minStorageBufferOffsetAlignment
+  mutable VkDeviceSize slot_stride_ = 0, part_off_[3] = {}, part_cap_[3] = {};
+  mutable std::vector<Buffer> slabs_;
+  mutable std::vector<ExpertSlot> slots_;
+  mutable std::map<std::tuple<uint64_t, uint32_t, uint32_t>, size_t> slot_index_;
+  mutable uint64_t use_clock_ = 0;
 };
 
 }  // namespace

@@ -1,7 +1,7 @@
-// The Vulkan backend (issue 12, first slice; docs/backends.md "The Vulkan backend"). It is the CPU
-// backend with its linear layers moved to a Vulkan device: weights of the types the shaders
-// implement (Q8_0, F32, F16, BF16) are uploaded once at load (prepare_weight) and every linear()
-// on them runs as one compute dispatch; every other op, and a weight the device cannot hold, runs
+// The Vulkan backend (issue 12; docs/backends.md "The Vulkan backend"). It is the CPU backend
+// with its linear layers moved to a Vulkan device: weights of every type the CPU computes (the
+// float formats where the device has shaderFloat64; not Q8_K, an activation format) are uploaded
+// once at load (prepare_weight) and every linear() on them runs as one compute dispatch; every other op, and a weight the device cannot hold, runs
 // on the CPU backend it extends, which gives the engine one set of results to compare with.
 //
 // Nothing here includes vulkan.h: a build without libvulkan-dev and glslc compiles the same
@@ -46,6 +46,13 @@ struct GpuStats {
   // pool, counted once, in the host's plan), or a device with no device-local memory type.
   bool weights_in_host_memory = true;
   uint64_t staged_uploads = 0;   // weights copied through the staging buffer (not host-visible)
+  // Routed experts in device slots (GpuOptions::expert_slots): the slots made and their bytes
+  // each (gate + up + down, aligned), lookups that found the expert in a slot and those that
+  // copied it in from the host store, the bytes copied; experts that ran on the CPU instead.
+  uint64_t expert_slots = 0, expert_slot_bytes = 0;
+  uint64_t expert_hits = 0, expert_misses = 0, expert_upload_bytes = 0;
+  uint64_t expert_calls_on_host = 0;  // routed-FFN calls run on the CPU although slots were asked for
+  bool expert_slots_refused = false;  // slots were asked for but the device budget held none
 };
 
 // linear() moves activations in and outputs out through two buffers of at most this many bytes
@@ -66,8 +73,20 @@ struct GpuOptions {
   // Tests: weights go through the staging copy even where device memory can be mapped, in
   // chunks of this many bytes (0: kGpuStagingBytes).
   bool force_staging = false;
+  // Routed-expert slots on the device (--gpu-experts N): the routed FFN runs there, each expert
+  // copied into a slot when first routed to and kept, least recently used out. 0: the routed
+  // experts run on the CPU. Fewer are made when the device budget left after the dense weights
+  // holds fewer (GpuStats::expert_slots).
+  uint64_t expert_slots = 0;
   uint64_t staging_bytes = 0;
 };
+
+// One routed-expert slot's bytes on any device: each slice aligned to 256 bytes, the largest
+// minStorageBufferOffsetAlignment Vulkan allows (a device with a smaller one uses less).
+inline uint64_t gpu_expert_slot_bytes(uint64_t gate, uint64_t up, uint64_t down) {
+  auto a = [](uint64_t b) { return (b + 255) / 256 * 256; };
+  return a(gate) + a(up) + a(down);
+}
 
 // True when this binary was built with the Vulkan backend.
 bool vulkan_built();

@@ -242,13 +242,17 @@ void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
   sub->add_option("--cache-experts", o.cache_experts,
                   "hold at most N routed experts in the expert cache (default 0: as many as the budget leaves room for)");
   sub->add_option("--backend", o.backend,
-                  "where the forward pass runs: cpu (default) or vulkan (linear layers of Q8_0/F16/BF16/F32 weights on "
-                  "the GPU, the rest on the CPU; `sluice devices` lists the devices)")
+                  "where the forward pass runs: cpu (default) or vulkan (linear layers on the GPU, with "
+                  "--gpu-experts the routed experts too, the rest on the CPU; `sluice devices` lists the devices)")
       ->check(CLI::IsMember({"cpu", "vulkan"}));
   sub->add_option("--device", o.device, "with --backend vulkan: the device index from `sluice devices` (default 0)");
   sub->add_option("--gpu-mem", o.gpu_mem,
                   "with --backend vulkan: bytes of weights the device holds at most, the rest run on the CPU; auto: "
                   "half the device-local heap of an integrated GPU, 80% of a discrete card's (default auto)");
+  sub->add_option("--gpu-experts", o.gpu_experts,
+                  "with --backend vulkan: routed-expert slots on the device (each one expert's gate, up and down, "
+                  "out of --gpu-mem after the dense weights); the routed FFN then runs on the device, an expert "
+                  "read from the host store only when it has no slot (default 0: routed experts on the CPU)");
   sub->add_option("--route-bias", o.route_bias,
                   "LOSSY, off by default: add D to the routing score of experts already in the cache, so near-ties "
                   "cost no read (mixing weights stay exact; `sluice bench --route-bias D` measures what it buys and "
@@ -320,8 +324,9 @@ SessionOptions session_options(const EngineCliOptions& e, const std::string& mod
     }
     if (so.gpu_mem == 0) throw UsageError("--gpu-mem must be at least 1 byte (or auto)");
   }
-  if ((e.gpu_mem != "auto" || e.device != 0) && e.backend != "vulkan")
-    throw UsageError("--device and --gpu-mem need --backend vulkan");
+  so.gpu_experts = e.gpu_experts;
+  if ((e.gpu_mem != "auto" || e.device != 0 || e.gpu_experts != 0) && e.backend != "vulkan")
+    throw UsageError("--device, --gpu-mem and --gpu-experts need --backend vulkan");
   if (!e.no_dspark) so.dspark_path = e.dspark;
   if (!(e.dspark_conf >= 0.0f && e.dspark_conf <= 1.0f)) throw UsageError("--dspark-conf must be in [0, 1]");
   if (e.draft_max < 2 || e.draft_max > 16) throw UsageError("--draft-max must be in 2..16 (the drafter's block bounds it further)");
@@ -397,12 +402,26 @@ std::string session_summary(const Session& s, uint64_t tokens_evaluated) {
     const GpuStats g = gpu_stats(s.backend());
     std::snprintf(buf, sizeof buf,
                   " | %s: %llu weights on the device (%s of %s), %llu on the CPU; linear %llu on the device, %llu on "
-                  "the CPU; routed experts on the CPU",
+                  "the CPU",
                   std::string(s.backend().name()).c_str(), (unsigned long long)g.weights_on_device,
                   format_bytes(g.bytes_on_device).c_str(), format_bytes(g.device_budget).c_str(),
                   (unsigned long long)g.weights_on_host, (unsigned long long)g.linear_on_device,
                   (unsigned long long)g.linear_on_host);
     out += buf;
+    // The expert tiers: device slots, then the host store (the expert cache figures above).
+    const uint64_t looks = g.expert_hits + g.expert_misses;
+    if (g.expert_slots) {
+      std::snprintf(buf, sizeof buf,
+                    "; routed experts on the device: %llu slots of %s, hit rate %.1f%% (%llu/%llu), %s copied in",
+                    (unsigned long long)g.expert_slots, format_bytes(g.expert_slot_bytes).c_str(),
+                    looks ? 100.0 * (double)g.expert_hits / (double)looks : 0.0, (unsigned long long)g.expert_hits,
+                    (unsigned long long)looks, format_bytes(g.expert_upload_bytes).c_str());
+      out += buf;
+      if (g.expert_calls_on_host) out += "; " + std::to_string(g.expert_calls_on_host) + " routed calls on the CPU (experts larger than a slot)";
+    } else {
+      out += g.expert_slots_refused ? "; routed experts on the CPU (--gpu-experts: the device budget left no room for a slot)"
+                                    : "; routed experts on the CPU";
+    }
   }
   if (st.dspark) {
     std::snprintf(buf, sizeof buf,

@@ -333,13 +333,9 @@ ServeStats serve_experts(fabric::Fabric& f, const Backend& be, const Model& m, c
           std::memcpy(&xm.row(i)[k], &u, 4);
         }
       std::vector<ExpertTriple> tr(w.triples.size());
-      std::vector<uint32_t> used;
-      for (size_t j = 0; j < tr.size(); ++j) {
+      for (size_t j = 0; j < tr.size(); ++j)
         tr[j] = ExpertTriple{w.triples[j].expert, w.triples[j].row, w.triples[j].weight};
-        if (used.empty() || used.back() != tr[j].expert) used.push_back(tr[j].expert);
-      }
       const Tensor terms = be.tensor(tr.size(), H);
-      src.prepare(w.h.layer, used);
       const ExpertLayout& lay = m.layers[w.h.layer].experts;
       be.routed_ffn_rows(ExpertTensors{&lay.gate, &lay.up, &lay.down}, src, w.h.layer, tr, c.swiglu_limit, x.c(),
                          terms.m());

@@ -109,6 +109,7 @@ struct Session::Impl {
   Plan plan;
   std::shared_ptr<const text::Tokenizer> tokenizer;
   std::unique_ptr<Backend> backend;  // --backend other than cpu; null: the Engine's own CPU backend. Outlives the model
+  uint64_t gpu_slots = 0;  // routed-expert slots asked of the device (SessionOptions::gpu_experts, capped)
   std::unique_ptr<Model> model;
   std::unique_ptr<storage::ExpertStore> store;
   std::unique_ptr<StreamedExperts> streamed;
@@ -601,6 +602,10 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
     go.device = opt.gpu_device;
     go.threads = opt.threads;
     go.weight_budget = opt.gpu_mem;
+    // No more slots than there are experts to hold: the target's, and a drafter's three stages.
+    const uint64_t stages = opt.dspark_path.empty() ? 0 : 3;
+    go.expert_slots = std::min<uint64_t>(opt.gpu_experts, (cfg.num_hidden_layers + stages) * (uint64_t)cfg.n_routed_experts);
+    s.gpu_slots = go.expert_slots;
     s.backend = make_vulkan_backend(go);
   } else if (opt.backend != "cpu") {
     throw Error("unknown backend '" + opt.backend + "' (cpu or vulkan)");
@@ -640,13 +645,21 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
       const uint64_t loaded = fp.resident_bytes + (opt.stream_experts ? 0 : fp.routed_expert_bytes);
       // Copies in device-local memory of a discrete card are the card's (its budget, --gpu-mem),
       // not the host's; on an integrated GPU or a CPU device they are this host's memory.
+      // Routed-expert slots (--gpu-experts) come out of the same device budget, after the dense
+      // copies; each holds one expert's three slices, every part aligned to 256 bytes (Vulkan's
+      // largest storage-buffer offset alignment), so this is at least what the device makes.
       const GpuStats g = gpu_stats(*s.backend);
-      const uint64_t copies = g.weights_in_host_memory ? std::min(g.device_budget, loaded) : 0;
+      const uint64_t slot = gpu_expert_slot_bytes(fp.expert_gate_bytes, fp.expert_up_bytes, fp.expert_down_bytes);
+      const uint64_t slots = s.gpu_slots;
+      const uint64_t copies = g.weights_in_host_memory ? std::min(g.device_budget, loaded + slots * slot) : 0;
       spo.plan.device_bytes = copies + kGpuStagingBuffers * kGpuStagingBytes;
+      const std::string slot_text =
+          slots ? ", " + std::to_string(slots) + " routed-expert slots x " + format_bytes(slot) + " among them" : "";
       spo.plan.device_detail = "vulkan: " +
-                               (g.weights_in_host_memory ? "weight copies up to " + format_bytes(copies) + " (host memory) + "
-                                                         : std::string("weights in device memory (budget ") +
-                                                               format_bytes(g.device_budget) + "); ") +
+                               (g.weights_in_host_memory
+                                    ? "weight copies up to " + format_bytes(copies) + " (host memory" + slot_text + ") + "
+                                    : "weights in device memory (budget " + format_bytes(g.device_budget) + slot_text +
+                                          "); ") +
                                std::to_string(kGpuStagingBuffers) + " x " + format_bytes(kGpuStagingBytes) + " staging";
     }
     s.plan = plan_for_file(header.file, spo);

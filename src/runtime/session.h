@@ -66,6 +66,7 @@ struct SessionOptions {
   std::string backend = "cpu";
   uint32_t gpu_device = 0;
   uint64_t gpu_mem = 0;  // --gpu-mem: the device's weight budget (GpuOptions::weight_budget; 0: auto)
+  uint64_t gpu_experts = 0;  // --gpu-experts: routed-expert slots on the device (GpuOptions::expert_slots)
   // Prefix checkpoints: one each time the sequence passes a multiple of checkpoint_interval
   // tokens (at the end of the prefill chunk or decode step that passes it; 0: none) and two at
   // the end of each prompt's prefill: before its last token and after it (with that prompt's

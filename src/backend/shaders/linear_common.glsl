@@ -8,6 +8,9 @@ layout(local_size_x = 64) in;
 layout(std430, set = 0, binding = 0) readonly buffer Weights { uint w[]; };
 layout(std430, set = 0, binding = 1) readonly buffer Acts { uint a[]; };
 layout(std430, set = 0, binding = 2) writeonly buffer Out { float y[]; };
+// The IQ2 grids (kernels/iq_tables.h), uploaded once: words [0, 512) iq2xxs_grid, [512, 1536)
+// iq2xs_grid, each entry two words (little-endian halves of the uint64).
+layout(std430, set = 0, binding = 3) readonly buffer Tables { uint tables[]; };
 
 layout(push_constant) uniform Push {
   uint rows;         // outputs per token (y row length)
@@ -16,7 +19,7 @@ layout(push_constant) uniform Push {
   uint row0;         // first weight row
   uint w_row_bytes;  // bytes per weight row
   uint a_stride;     // bytes per activation row
-  uint kind;         // linear_float: 0 F32, 1 F16, 2 BF16 weights
+  uint kind;         // linear_float: 0 F32, 1 F16, 2 BF16 weights (unused by the others)
   uint round_out;    // 1: round each output to BF16
 } p;
 
@@ -24,6 +27,11 @@ uint w_byte(uint off) { return (w[off >> 2] >> ((off & 3u) << 3)) & 0xffu; }
 uint a_byte(uint off) { return (a[off >> 2] >> ((off & 3u) << 3)) & 0xffu; }
 uint w_u16(uint off) { return w_byte(off) | (w_byte(off + 1u) << 8); }
 uint a_u16(uint off) { return a_byte(off) | (a_byte(off + 1u) << 8); }
+uint w_u32(uint off) { return w_u16(off) | (w_u16(off + 2u) << 16); }
+uint a_u32(uint off) { return a_u16(off) | (a_u16(off + 2u) << 16); }
+int a_s16(uint off) { return bitfieldExtract(int(a_u16(off)), 0, 16); }
+// A Q8_K row's f32 scale (its bits, whatever the alignment).
+float a_f32(uint off) { return uintBitsToFloat(a_u32(off)); }
 // Signed bytes (Q8_0 codes), sign-extended by bitfieldExtract.
 int w_sbyte(uint off) { return bitfieldExtract(int(w[off >> 2]), int((off & 3u) << 3), 8); }
 int a_sbyte(uint off) { return bitfieldExtract(int(a[off >> 2]), int((off & 3u) << 3), 8); }

@@ -147,13 +147,9 @@ void Drafter::stage_moe(uint32_t s, Mat x, Mat out, DraftBlock& b) const {
   }
   std::stable_sort(triples.begin(), triples.end(),
                    [](const ExpertTriple& p, const ExpertTriple& q) { return p.expert < q.expert; });
-  std::vector<uint32_t> used;
-  for (const ExpertTriple& t : triples)
-    if (used.empty() || used.back() != t.expert) used.push_back(t.expert);
   const Mat sh = sh_.m(), routed = routed_.m();
   be_.shared_ffn(w.gate_sh, w.up_sh, w.down_sh, mc.swiglu_limit, x, sh);
   be_.fill_rows(routed, std::vector<float>(H, 0.0f));
-  experts_.prepare(s, used);
   const ExpertLayout& lay = w.experts;
   be_.routed_ffn(ExpertTensors{&lay.gate, &lay.up, &lay.down}, experts_, s, triples, mc.swiglu_limit, x, routed);
   be_.add_round(routed, sh, out);

@@ -91,8 +91,7 @@ void Engine::Impl::moe(Pass& p, uint32_t L, CMat x, Mat out) const {
   const Mat sh = ws(Ws::Shared, n), routed = ws(Ws::Routed, n);
   be.shared_ffn(w.gate_sh, w.up_sh, w.down_sh, lim, x, sh);
   be.fill_rows(routed, std::vector<float>(H, 0.0f));  // the routed sums start at zero
-  experts->prepare(L, used);
-  const ExpertLayout& lay = w.experts;
+  const ExpertLayout& lay = w.experts;  // routed_ffn prepares the experts it reads from the source
   be.routed_ffn(ExpertTensors{&lay.gate, &lay.up, &lay.down}, *experts, L, triples, lim, x, routed);
   name(p, (int)L, "ffn_routed", routed);
   be.add_round(routed, sh, out);  // f_out
@@ -132,7 +131,6 @@ void Engine::Impl::moe_split(Pass& p, uint32_t L, CMat x, const std::vector<Expe
   // chunk x top-k), in the order they are added.
   const Tensor terms = be.tensor(triples.size(), H);
   if (!mine.empty()) {
-    experts->prepare(L, used);
     const Tensor t = be.tensor(mine.size(), H);
     const ExpertLayout& lay = w.experts;
     be.routed_ffn_rows(ExpertTensors{&lay.gate, &lay.up, &lay.down}, *experts, L, mine, lim, x, t.m());

@@ -1,0 +1,27 @@
+// The IQ2 formats' 8-element groups (kernels/iquant_types.cpp group_dot): grid magnitudes from the
+// Tables binding, signs from a 7-bit index whose 8th bit is the parity of the other seven
+// (ksigns_iq2xs[i] = i | parity(i) << 7).
+
+// Byte j of grid entry `entry` (word offset of the grid within Tables: 0 iq2xxs, 512 iq2xs).
+int grid_byte(uint grid, uint entry, uint j) {
+  return int((tables[grid + 2u * entry + (j >> 2)] >> ((j & 3u) << 3)) & 0xffu);
+}
+
+// The exact integer dot of one group with the 8 activation codes at byte offset q8 of Acts.
+int group_dot(uint grid, uint entry, uint sign_index, uint q8) {
+  const uint signs = sign_index | ((uint(bitCount(sign_index)) & 1u) << 7);
+  int s = 0;
+  for (uint j = 0u; j < 8u; ++j) {
+    const int pr = grid_byte(grid, entry, j) * a_sbyte(q8 + j);
+    s += ((signs >> j) & 1u) != 0u ? -pr : pr;
+  }
+  return s;
+}
+
+// step_iq2 and finish_iq2: sumf + (dx * dy) * bsum per super-block; 0.125 * sumf at the end.
+float step_iq2(float sumf, int bsum, float dx, float dy) {
+  precise float dd = dx * dy;
+  precise float t = dd * float(bsum);
+  precise float r = sumf + t;
+  return r;
+}
