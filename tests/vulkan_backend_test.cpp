@@ -25,6 +25,7 @@
 #include "model/deepseek41/forward.h"
 #include "model/model.h"
 #include "runtime/session.h"
+#include "server/metrics.h"
 #include "test_util.h"
 #include "test_weights.h"
 #include "util/error.h"
@@ -466,6 +467,17 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
     EXPECT_EQ(std::memcmp(got.data(), cpu.data(), cpu.size() * sizeof(float)), 0) << slots << " slots: logits differ";
     EXPECT_GT(sg.expert_misses, 0u);
     EXPECT_EQ(sg.expert_calls_on_host, 0u);
+    // The session's stats carry the device's, and /metrics shows the slot tier.
+    ASSERT_TRUE(ss.gpu);
+    EXPECT_EQ(ss.gpu_stats.expert_hits, sg.expert_hits);
+    server::MetricsInput in;
+    in.loaded = true;
+    in.session = ss;
+    const std::string metrics = server::render_metrics(in);
+    EXPECT_NE(metrics.find("\nsluice_gpu_expert_slots " + std::to_string(sg.expert_slots) + "\n"), std::string::npos) << metrics;
+    EXPECT_NE(metrics.find("\nsluice_gpu_expert_hits_total " + std::to_string(sg.expert_hits) + "\n"), std::string::npos) << metrics;
+    EXPECT_NE(metrics.find("\nsluice_gpu_expert_misses_total " + std::to_string(sg.expert_misses) + "\n"), std::string::npos)
+        << metrics;
     if (slots == 1) {
       EXPECT_EQ(sg.expert_slots, 1u);
     } else {
@@ -482,51 +494,74 @@ TEST(Vulkan, AFailedDispatchLeavesTheSequenceAsItWas) {
   const test::TempDir dir("sluice_vulkan_fault");
   const std::string path = dir / "tiny.gguf";
   ASSERT_EQ(test::run_sluice(dir, "make-model --preset tiny -o " + test::q(path)).rc, 0);
-  std::atomic<int> armed{0};  // fail the dispatch when this counts down to 1
-  GpuOptions go;
-  go.threads = 2;
-  go.fault = [&armed] { return armed.load() > 0 && armed.fetch_sub(1) == 1; };
-  const std::unique_ptr<Backend> gpu = make_vulkan_backend(go);
-  LoadOptions lo;
-  lo.backend = gpu.get();
-  const std::unique_ptr<Model> m = load_model(path, lo);
-  EngineOptions eo;
-  eo.ctx = 64;
-  eo.chunk = 4;
-  eo.backend = gpu.get();
-  Engine eng(*m, eo);
-  const uint32_t V = m->config.vocab_size;
-  std::vector<uint32_t> p1, p2;
-  for (uint32_t i = 0; i < 9; ++i) p1.push_back(i * 13 + 7);
-  for (uint32_t i = 0; i < 11; ++i) p2.push_back(i * 29 + 3);  // three chunks
-  SequenceState s = eng.new_sequence();
-  eng.eval(s, p1, nullptr);
-  const uint32_t before = s.position();
-  armed = 150;  // well into the second chunk of p2
-  std::vector<float> got(p2.size() * V);
-  std::string err;
-  try {
+  // Without expert slots; and with a slot for every expert, filled through the staging copy, so
+  // the failure strikes an expert's upload into a slot, which must leave that slot empty (a
+  // slot named before its bytes are all there would be found by the retry).
+  for (const bool slots : {false, true}) {
+    SCOPED_TRACE(slots ? "expert slots, staged uploads" : "no expert slots");
+    // Fail the submission (with slots: the upload) at which this counts down to 1.
+    std::atomic<int> armed{0};
+    GpuOptions go;
+    go.threads = 2;
+    go.fault = [&armed, slots](const char* what) {
+      if (slots && std::string(what) != "uploading a weight") return false;
+      return armed.load() > 0 && armed.fetch_sub(1) == 1;
+    };
+    if (slots) {
+      go.expert_slots = 1000;
+      go.force_staging = true;
+      go.staging_bytes = 1000;  // an expert's slices go up in many copies: a failure stops one midway
+    }
+    const std::unique_ptr<Backend> gpu = make_vulkan_backend(go);
+    LoadOptions lo;
+    lo.backend = gpu.get();
+    const std::unique_ptr<Model> m = load_model(path, lo);
+    EngineOptions eo;
+    eo.ctx = 64;
+    eo.chunk = 4;
+    eo.backend = gpu.get();
+    Engine eng(*m, eo);
+    const uint32_t V = m->config.vocab_size;
+    std::vector<uint32_t> p1, p2;
+    for (uint32_t i = 0; i < 9; ++i) p1.push_back(i * 13 + 7);
+    for (uint32_t i = 0; i < 11; ++i) p2.push_back(i * 29 + 3);  // three chunks
+    SequenceState s = eng.new_sequence();
+    eng.eval(s, p1, nullptr);
+    const uint32_t before = s.position();
+    armed = slots ? 40 : 150;  // well into the second chunk of p2; the 40th upload copy
+    std::vector<float> got(p2.size() * V);
+    std::string err;
+    try {
+      eng.eval(s, p2, got.data());
+    } catch (const Error& e) {
+      err = e.what();
+    }
+    ASSERT_FALSE(err.empty()) << "the failed dispatch was not reported";
+    if (slots) {
+      EXPECT_NE(err.find("uploading a weight"), std::string::npos) << "meant to fail an expert's upload: " << err;
+    }
+    EXPECT_NE(err.find("device lost"), std::string::npos) << err;
+    EXPECT_NE(err.find("llvmpipe"), std::string::npos) << err;
+    EXPECT_EQ(s.position(), before) << "the failed eval moved the sequence";
+    armed = 0;
     eng.eval(s, p2, got.data());
-  } catch (const Error& e) {
-    err = e.what();
+    const std::unique_ptr<Model> cm = load_model(path);
+    EngineOptions ro;
+    ro.ctx = 64;
+    ro.chunk = 4;
+    Engine ref(*cm, ro);
+    SequenceState r = ref.new_sequence();
+    ref.eval(r, p1, nullptr);
+    std::vector<float> want(p2.size() * V);
+    ref.eval(r, p2, want.data());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+        << "the retry after the failure differs from an undisturbed run";
+    if (slots) {
+      const GpuStats st = gpu_stats(*gpu);
+      EXPECT_GT(st.expert_misses, 0u);
+      EXPECT_GT(st.staged_uploads, st.weights_on_device) << "no expert went into a slot through the staging copy";
+    }
   }
-  ASSERT_FALSE(err.empty()) << "the failed dispatch was not reported";
-  EXPECT_NE(err.find("device lost"), std::string::npos) << err;
-  EXPECT_NE(err.find("llvmpipe"), std::string::npos) << err;
-  EXPECT_EQ(s.position(), before) << "the failed eval moved the sequence";
-  armed = 0;
-  eng.eval(s, p2, got.data());
-  const std::unique_ptr<Model> cm = load_model(path);
-  EngineOptions ro;
-  ro.ctx = 64;
-  ro.chunk = 4;
-  Engine ref(*cm, ro);
-  SequenceState r = ref.new_sequence();
-  ref.eval(r, p1, nullptr);
-  std::vector<float> want(p2.size() * V);
-  ref.eval(r, p2, want.data());
-  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
-      << "the retry after the failure differs from an undisturbed run";
 }
 
 TEST(Vulkan, CommandLine) {

@@ -788,7 +788,7 @@ class VulkanBackend final : public CpuBackend {
     VkResult r = vkWaitForFences(dev_, 1, &fence_, VK_TRUE, kFenceTimeoutNs);
     if (r == VK_SUCCESS) {
       check(vkResetFences(dev_, 1, &fence_), "resetting a fence");
-      if (fault_ && fault_()) r = VK_ERROR_DEVICE_LOST;
+      if (fault_ && fault_(what)) r = VK_ERROR_DEVICE_LOST;
     }
     if (r != VK_SUCCESS)
       throw Error(std::string("vulkan: ") + what + " on " + info_.name + " did not finish: " + result_name(r) +
@@ -816,7 +816,7 @@ class VulkanBackend final : public CpuBackend {
     dev_ = VK_NULL_HANDLE;
   }
 
-  std::function<bool()> fault_;
+  std::function<bool(const char*)> fault_;
   VkPhysicalDevice phys_ = VK_NULL_HANDLE;
   GpuDevice info_;
   VkPhysicalDeviceMemoryProperties mem_{};

@@ -69,7 +69,8 @@ struct GpuOptions {
   // it on a discrete card.
   uint64_t weight_budget = 0;
   // Tests: asked after each dispatch has run; true reports it as a lost device would be reported.
-  std::function<bool()> fault;
+  // `what` names the submission ("a linear dispatch", "uploading a weight").
+  std::function<bool(const char* what)> fault;
   // Tests: weights go through the staging copy even where device memory can be mapped, in
   // chunks of this many bytes (0: kGpuStagingBytes).
   bool force_staging = false;

@@ -1054,6 +1054,10 @@ SessionStats Session::stats() const {
   SessionStats st;
   st.streaming = s.store != nullptr;
   if (s.store) st.store = s.store->stats();
+  if (s.backend) {
+    st.gpu = true;
+    st.gpu_stats = gpu_stats(*s.backend);
+  }
   st.budget_bytes = s.plan.budget;
   st.planned_bytes = s.plan.planned_bytes();
   st.rss_bytes = read_self_status().rss;

@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backend/vulkan_backend.h"
 #include "format/gguf.h"
 #include "model/deepseek41/config.h"
 #include "runtime/admission.h"
@@ -195,6 +196,8 @@ const char* phase_name(SlotStats::Phase p);  // "idle", "prefill", "decode"
 
 struct SessionStats {
   storage::StoreStats store;     // all zero with resident experts
+  bool gpu = false;              // --backend vulkan: gpu_stats() below is the device's
+  GpuStats gpu_stats;
   bool streaming = false;
   uint64_t budget_bytes = 0;     // admitted budget
   uint64_t planned_bytes = 0;    // what the plan accounts for

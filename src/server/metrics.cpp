@@ -214,6 +214,21 @@ std::string render_metrics(const MetricsInput& in) {
     w.one("sluice_dspark_expert_read_bytes_total", "counter", "Bytes the drafter's expert store read from the support file.",
           (double)(d.bytes_demand + d.bytes_prefetch));
   }
+  if (s.gpu) {
+    // --backend vulkan: the device's copies and its routed-expert slots (the tier above the
+    // expert cache below; a slot hit is no lookup there).
+    const GpuStats& g = s.gpu_stats;
+    w.one("sluice_gpu_weight_bytes", "gauge", "Bytes of weights and expert slots on the device.", (double)g.bytes_on_device);
+    w.one("sluice_gpu_linear_total", "counter", "Linear layers run on the device.", (double)g.linear_on_device);
+    w.one("sluice_gpu_linear_host_total", "counter", "Linear layers run on the CPU (no copy on the device).",
+          (double)g.linear_on_host);
+    w.one("sluice_gpu_expert_slots", "gauge", "Routed-expert slots on the device (--gpu-experts).", (double)g.expert_slots);
+    w.one("sluice_gpu_expert_hits_total", "counter", "Routed-expert lookups served by a device slot.", (double)g.expert_hits);
+    w.one("sluice_gpu_expert_misses_total", "counter", "Routed-expert lookups copied into a slot from the host store.",
+          (double)g.expert_misses);
+    w.one("sluice_gpu_expert_upload_bytes_total", "counter", "Bytes of experts copied into device slots.",
+          (double)g.expert_upload_bytes);
+  }
   w.family("sluice_slot_busy", "gauge", "1 while the slot runs a request.");
   for (size_t k = 0; k < s.slot.size(); ++k)
     w.sample("sluice_slot_busy", "slot=\"" + std::to_string(k) + "\"", s.slot[k].phase == SlotStats::Phase::Idle ? 0 : 1);
