@@ -286,7 +286,8 @@ TEST(Vulkan, WeightsPastTheBudgetOrWithoutAShaderRunOnTheCpu) {
   EXPECT_EQ(st.linear_on_device, 0u);
 }
 
-// An expert source that records what the backend asks of it.
+// An expert source that records what the backend asks of it, and holds it to the contract a
+// streaming store enforces: get() only for an expert of the last prepare().
 class CountingExperts final : public ExpertSource {
  public:
   std::vector<HostWeight> gate, up, down;
@@ -297,6 +298,8 @@ class CountingExperts final : public ExpertSource {
   }
   ExpertWeights get(uint32_t, uint32_t e) const override {
     ++gets;
+    if (prepared.empty() || std::find(prepared.back().begin(), prepared.back().end(), e) == prepared.back().end())
+      throw Error("expert " + std::to_string(e) + " was not prepared");
     return {gate[e].w.data, up[e].w.data, down[e].w.data};
   }
 };
@@ -318,13 +321,13 @@ CountingExperts published_recipe_experts(uint32_t E, uint64_t H, uint64_t F, uin
 TEST(Vulkan, RoutedExpertsInDeviceSlotsHaveTheCpuBits) {
   if (!kBuilt) return;
   const uint64_t H = 256, F = 512;
-  const uint32_t E = 6, n = 5, layer = 3;
+  const uint32_t E = 8, n = 5, layer = 3;
   const CpuBackend cpu(1);
   std::mt19937_64 rng(9);
   std::vector<ExpertTriple> triples;
   for (uint32_t t = 0; t < n; ++t)
     for (uint32_t k = 0; k < 3; ++k)
-      triples.push_back({(uint32_t)((t * 2 + k * 2 + (t == 4 ? 1 : 0)) % E), t,
+      triples.push_back({2 + (uint32_t)((t * 2 + k * 2 + (t == 4 ? 1 : 0)) % 6), t,
                          std::uniform_real_distribution<float>(0.1f, 1.0f)(rng)});
   std::stable_sort(triples.begin(), triples.end(), [](const ExpertTriple& a, const ExpertTriple& b) { return a.expert < b.expert; });
   std::vector<uint32_t> used;
@@ -338,15 +341,22 @@ TEST(Vulkan, RoutedExpertsInDeviceSlotsHaveTheCpuBits) {
   for (Weight* w : {&lg, &lu, &ld}) cpu.prepare_weight(*w);
   const ExpertTensors et{&lg, &lu, &ld};
 
-  auto routed = [&](const Backend& be, const ExpertSource& src, bool rows) {
+  // The same tokens routed to expert 0, which no call used before, and to the lowest expert the
+  // first call used: the least recently used slot holds it, and placing expert 0 must not evict
+  // it before its turn.
+  std::vector<ExpertTriple> shifted;
+  for (uint32_t t = 0; t < n; ++t) shifted.push_back({0, t, 0.5f});
+  for (uint32_t t = 0; t < n; ++t) shifted.push_back({used[0], t, 0.75f});
+  auto routed = [&](const Backend& be, const ExpertSource& src, bool rows, const std::vector<ExpertTriple>* tr = nullptr) {
+    const std::vector<ExpertTriple>& triples_ = tr ? *tr : triples;
     const Tensor xt = be.tensor(n, H);
     for (uint32_t t = 0; t < n; ++t) std::memcpy(xt.m().row(t), x.data() + t * H, H * sizeof(float));
-    const Tensor out = be.tensor(rows ? triples.size() : n, H);
+    const Tensor out = be.tensor(rows ? triples_.size() : n, H);
     be.fill_rows(out.m(), std::vector<float>(H, 0.0f));
     if (rows)
-      be.routed_ffn_rows(et, src, layer, triples, 1.5f, xt.c(), out.m());
+      be.routed_ffn_rows(et, src, layer, triples_, 1.5f, xt.c(), out.m());
     else
-      be.routed_ffn(et, src, layer, triples, 1.5f, xt.c(), out.m());
+      be.routed_ffn(et, src, layer, triples_, 1.5f, xt.c(), out.m());
     be.sync();
     std::vector<float> v;
     for (size_t i = 0; i < out.c().n; ++i) v.insert(v.end(), out.c().row(i), out.c().row(i) + H);
@@ -355,7 +365,11 @@ TEST(Vulkan, RoutedExpertsInDeviceSlotsHaveTheCpuBits) {
   const std::vector<float> want = routed(cpu, ex, false), want_rows = routed(cpu, ex, true),
                            want_other = routed(cpu, other, false);
   ASSERT_EQ(ex.prepared.back(), used) << "the CPU backend prepares every expert it reads";
-  for (const uint64_t slots : {1u, 2u, 64u}) {
+  const std::vector<float> want_shifted = routed(cpu, ex, false, &shifted);
+  // 1 and 2 slots: fewer than a call's experts; used.size(): exactly a call's, so the shifted
+  // call must place its new experts without evicting the ones it still needs (a source that
+  // streams was not asked for those).
+  for (const uint64_t slots : {(uint64_t)1, (uint64_t)2, (uint64_t)used.size(), (uint64_t)64}) {
     SCOPED_TRACE("slots " + std::to_string(slots));
     GpuOptions o;
     o.expert_slots = slots;
@@ -383,6 +397,7 @@ TEST(Vulkan, RoutedExpertsInDeviceSlotsHaveTheCpuBits) {
       EXPECT_EQ(st.expert_misses + st.expert_hits, 3 * used.size());
       EXPECT_GT(st.expert_misses, used.size());
     }
+    EXPECT_EQ(routed(*gpu, ex, false, &shifted), want_shifted);
     EXPECT_EQ(routed(*gpu, other, false), want_other) << "another source was served the first one's copies";
   }
 }
@@ -602,6 +617,13 @@ TEST(Vulkan, CommandLine) {
   EXPECT_NE(slots.err.find("4 routed-expert slots x"), std::string::npos) << "the plan does not count the slots: " << slots.err;
   EXPECT_EQ(test::run_sluice(dir, "run -m " + test::q(model) + " --tokens 5 -n 1 --gpu-experts 4").rc, 2)
       << "--gpu-experts without --backend vulkan was accepted";
+  // bench --backend vulkan: the copy rate into device memory beside a memcpy, and the device's share.
+  const test::CmdResult bench = test::run_sluice(
+      dir, "bench -m " + test::q(model) + " -p 4 -n 2 -r 1 --backend vulkan --gpu-experts 8");
+  EXPECT_EQ(bench.rc, 0) << bench.err;
+  EXPECT_NE(bench.out.find("GPU copy      host -> device "), std::string::npos) << bench.out;
+  EXPECT_NE(bench.out.find("host memcpy "), std::string::npos) << bench.out;
+  EXPECT_NE(bench.out.find("routed experts in 8 device slots, hit rate "), std::string::npos) << bench.out;
   const test::CmdResult none = test::run_sluice(
       dir, "run -m " + test::q(model) + " --tokens 5,6,7 -n 2 --backend vulkan --gpu-experts 4 --gpu-mem 1");
   EXPECT_EQ(none.rc, 0) << none.err;

@@ -425,9 +425,16 @@ class VulkanBackend final : public CpuBackend {
     uint32_t kinds[3] = {};
     for (int i = 0; i < 3; ++i) pipes[i] = pipeline_for(parts[i]->type, kinds[i]);
     const std::lock_guard<std::mutex> lk(mu_);
+    // The experts with a slot are marked used now, so placing the others (least recently used
+    // out) never evicts one of them before its turn. With fewer slots than the call's experts
+    // that cannot be avoided, and every expert is asked of the source.
+    const std::vector<uint32_t> used = experts_of(triples);
     std::vector<uint32_t> missing;
-    for (const uint32_t e : experts_of(triples))
-      if (!find_slot(src.id, layer, e)) missing.push_back(e);
+    for (const uint32_t e : used) {
+      if (const ExpertSlot* sl = find_slot(src.id, layer, e)) slot_used(*sl);
+      else missing.push_back(e);
+    }
+    if (used.size() > slots_.size()) missing = used;
     if (!missing.empty()) src.prepare(layer, missing);
     sluice::routed_terms(
         t, triples, limit, x,
@@ -453,6 +460,45 @@ class VulkanBackend final : public CpuBackend {
   GpuStats stats() const {
     const std::lock_guard<std::mutex> lk(mu_);
     return st_;
+  }
+
+  GpuCopyBandwidth copy_bandwidth(uint64_t bytes, int passes) const {
+    GpuCopyBandwidth r;
+    r.bytes = bytes = std::max<uint64_t>(bytes, 4096);
+    r.passes = passes = std::max(passes, 1);
+    std::vector<uint8_t> src(bytes), dst(bytes);
+    for (uint64_t i = 0; i < bytes; i += 4096) src[i] = (uint8_t)(i >> 12);
+    using clock = std::chrono::steady_clock;
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    std::vector<double> copy, plain;
+    const std::lock_guard<std::mutex> lk(mu_);
+    Buffer b = make_weight_buffer(bytes);
+    try {
+      r.staged = b.map == nullptr;
+      for (int i = 0; i <= passes; ++i) {  // pass 0 untimed: first touch of the pages
+        const auto t0 = clock::now();
+        upload(b, src.data(), bytes);
+        const auto t1 = clock::now();
+        std::memcpy(dst.data(), src.data(), bytes);
+        const auto t2 = clock::now();
+        if (i == 0) continue;
+        copy.push_back((double)bytes / std::chrono::duration<double>(t1 - t0).count() / 1e9);
+        plain.push_back((double)bytes / std::chrono::duration<double>(t2 - t1).count() / 1e9);
+      }
+    } catch (...) {
+      free_buffer(b);
+      throw;
+    }
+    free_buffer(b);
+    if (r.staged) st_.staged_uploads -= (uint64_t)passes + 1;  // not weights
+    r.median_gbps = median(copy);
+    r.min_gbps = *std::min_element(copy.begin(), copy.end());
+    r.max_gbps = *std::max_element(copy.begin(), copy.end());
+    r.memcpy_gbps = median(plain);
+    return r;
   }
 
  private:
@@ -873,6 +919,12 @@ GpuStats gpu_stats(const Backend& b) {
   return v ? v->stats() : GpuStats{};
 }
 
+GpuCopyBandwidth measure_gpu_copy(const Backend& b, uint64_t bytes, int passes) {
+  const auto* v = dynamic_cast<const VulkanBackend*>(&b);
+  if (!v) throw Error("measure_gpu_copy: not a Vulkan backend");
+  return v->copy_bandwidth(bytes, passes);
+}
+
 #else  // no Vulkan in this build
 
 namespace {
@@ -886,6 +938,7 @@ bool vulkan_built() { return false; }
 std::vector<GpuDevice> vulkan_devices() { not_built(); }
 std::unique_ptr<Backend> make_vulkan_backend(const GpuOptions&) { not_built(); }
 GpuStats gpu_stats(const Backend&) { return {}; }
+GpuCopyBandwidth measure_gpu_copy(const Backend&, uint64_t, int) { not_built(); }
 
 #endif
 

@@ -100,4 +100,18 @@ std::unique_ptr<Backend> make_vulkan_backend(const GpuOptions& o);
 // The stats of a backend made by make_vulkan_backend; all zero for any other backend.
 GpuStats gpu_stats(const Backend& b);
 
+// Host -> device copy rate, the path experts and weights take into device memory (PCIe on a
+// discrete card, a memcpy on UMA), beside a plain host memcpy of the same bytes in the same run.
+struct GpuCopyBandwidth {
+  double median_gbps = 0, min_gbps = 0, max_gbps = 0;
+  double memcpy_gbps = 0;  // median host memcpy, the same bytes
+  bool staged = false;     // through the staging buffer (device memory not host-visible)
+  uint64_t bytes = 0;
+  int passes = 0;
+};
+// Allocates `bytes` of device memory and twice that on the host for the call's duration (the
+// caller accounts for them); one untimed pass, then `passes` timed ones. Throws Error for a
+// backend not made by make_vulkan_backend.
+GpuCopyBandwidth measure_gpu_copy(const Backend& b, uint64_t bytes, int passes);
+
 }  // namespace sluice

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/read_bandwidth.h"
+#include "backend/vulkan_backend.h"
 #include "kernels/cpu.h"
 #include "model/deepseek41/primitives.h"
 #include "runtime/roofline.h"
@@ -75,6 +76,9 @@ std::pair<uint64_t, uint64_t> expert_region(const gguf::File& f) {
 }  // namespace
 
 namespace {
+
+constexpr uint64_t kGpuCopyBenchBytes = 64ull << 20;  // bench --backend vulkan: bytes per copy pass
+
 
 struct Timings {
   std::vector<double> pre, dec, disk_bytes_tok, stall_frac, hit_rate;
@@ -527,11 +531,32 @@ int run_bench(const BenchOptions& o) {
   uint64_t state_bytes = 0;
   for (const PlanLine& l : plan.mandatory)
     if (l.name == "sequence state") state_bytes = l.bytes;
+  // --backend vulkan: the device's share of the runs above, and the copy rate into device memory
+  // (the path of every weight and expert slot) against a host memcpy of the same bytes, measured
+  // after the peak was read so its buffers are not in it.
+  const SessionStats final_stats = session.stats();
+  const GpuStats& gs = final_stats.gpu_stats;
+  GpuCopyBandwidth gc;
+  if (final_stats.gpu) gc = measure_gpu_copy(session.backend(), kGpuCopyBenchBytes, 5);
+  const uint64_t gpu_looks = gs.expert_hits + gs.expert_misses;
+  const double gpu_hit = gpu_looks ? (double)gs.expert_hits / (double)gpu_looks : 0.0;
   if (o.json) {
     nlohmann::json j;
     j["model"] = o.model;
     j["threads"] = threads;
     j["backend"] = o.engine.backend;
+    if (final_stats.gpu) {
+      j["gpu_copy_gb_s"] = gc.median_gbps;
+      j["gpu_copy_gb_s_min"] = gc.min_gbps;
+      j["gpu_copy_gb_s_max"] = gc.max_gbps;
+      j["gpu_copy_memcpy_gb_s"] = gc.memcpy_gbps;
+      j["gpu_copy_staged"] = gc.staged;
+      j["gpu_linear_on_device"] = gs.linear_on_device;
+      j["gpu_linear_on_host"] = gs.linear_on_host;
+      j["gpu_expert_slots"] = gs.expert_slots;
+      j["gpu_expert_hit_rate"] = gpu_hit;
+      j["gpu_expert_upload_bytes"] = gs.expert_upload_bytes;
+    }
     j["isa"] = std::string(isa_name(active_isa()));
     j["n_prompt"] = o.n_prompt;
     j["n_gen"] = n_gen;
@@ -625,6 +650,21 @@ int run_bench(const BenchOptions& o) {
   std::printf("memory        peak RSS %s of the plan's %s (sequence state %s at ctx %llu)%s\n",
               format_bytes(peak).c_str(), format_bytes(planned).c_str(), format_bytes(state_bytes).c_str(),
               (unsigned long long)ctx, peak_reset ? "" : "; the peak includes the read baseline's buffer");
+  if (final_stats.gpu) {
+    std::printf("GPU copy      host -> device %.2f GB/s (min %.2f, max %.2f; %s MiB %s), host memcpy %.2f GB/s in the "
+                "same run, ratio %.2f\n",
+                gc.median_gbps, gc.min_gbps, gc.max_gbps, std::to_string(gc.bytes >> 20).c_str(),
+                gc.staged ? "through the staging buffer" : "into mapped device memory", gc.memcpy_gbps,
+                gc.memcpy_gbps > 0 ? gc.median_gbps / gc.memcpy_gbps : 0.0);
+    std::printf("GPU share     linear %llu on the device, %llu on the CPU; routed experts %s\n",
+                (unsigned long long)gs.linear_on_device, (unsigned long long)gs.linear_on_host,
+                gs.expert_slots ? ("in " + std::to_string(gs.expert_slots) + " device slots, hit rate " +
+                                   std::to_string((int)std::lround(100 * gpu_hit)) + "% (" + std::to_string(gs.expert_hits) +
+                                   "/" + std::to_string(gpu_looks) + "), " + format_bytes(gs.expert_upload_bytes) +
+                                   " copied in (all runs)")
+                                      .c_str()
+                                : "on the CPU");
+  }
   if (streaming && !t.hit_rate.empty()) {
     std::printf("decode expert-cache hit rate %.1f%% (min %.1f, max %.1f)\n", 100 * fhit.median, 100 * fhit.min,
                 100 * fhit.max);
