@@ -87,52 +87,84 @@ TEST(Vulkan, BuildAndEntryPointsAgree) {
 
 TEST(Vulkan, LinearOnTheDeviceHasTheCpuBits) {
   if (!kBuilt) return;  // BuildAndEntryPointsAgree covers a build without Vulkan
+  // Weights used in place (their pages imported, where the device can) and copied.
+  for (const bool no_import : {false, true}) {
+    SCOPED_TRACE(no_import ? "copied" : "imported where the device can");
+    GpuOptions go;
+    go.no_import = no_import;
+    const std::unique_ptr<Backend> gpu = make_vulkan_backend(go);
+    const CpuBackend cpu(1);
+    std::mt19937_64 rng(42);
+    struct Case {
+      GgmlType type;
+      uint64_t rows, cols;
+    };
+    // Odd row counts around the 64-wide workgroup, columns not a multiple of 16 for the float lanes.
+    // 300 Q8_0 blocks: more than one round of the shader's 256 shared terms.
+    const Case cases[] = {{GgmlType::Q8_0, 13, 96},  {GgmlType::Q8_0, 67, 160}, {GgmlType::Q8_0, 1, 32},
+                          {GgmlType::Q8_0, 5, 9600}, {GgmlType::F16, 7, 1000},
+                          {GgmlType::F16, 13, 17},   {GgmlType::F16, 130, 48},  {GgmlType::BF16, 67, 33},
+                          {GgmlType::F32, 5, 1},     {GgmlType::F32, 66, 71},
+                          // The quantized formats of the published recipe (IQ2_XXS gate/up, Q2_K
+                          // down) and the rest of the type table, one and several super-blocks.
+                          {GgmlType::Q2_K, 67, 256},    {GgmlType::Q2_K, 5, 768},
+                          {GgmlType::IQ2_XXS, 67, 256}, {GgmlType::IQ2_XXS, 3, 1280},
+                          {GgmlType::IQ2_XS, 13, 512},  {GgmlType::Q3_K, 13, 512},
+                          {GgmlType::Q4_K, 13, 512},    {GgmlType::Q6_K, 13, 512},
+                          {GgmlType::TQ2_0, 13, 512},   {GgmlType::Q2_0, 13, 192}};
+    uint64_t on_device = 0;
+    for (const Case& c : cases) {
+      HostWeight hw = random_weight(c.type, c.rows, c.cols, rng());
+      Weight gw = hw.w, cw = hw.w;
+      gpu->prepare_weight(gw);
+      cpu.prepare_weight(cw);
+      ASSERT_NE(gw.device, nullptr) << type_traits(c.type).name << " was not uploaded";
+      for (const size_t n : {1u, 3u, 7u})
+        for (const bool round : {false, true}) {
+          const uint64_t row0 = c.rows > 2 ? 1 : 0, nrows = c.rows - row0 - (c.rows > 2 ? 1 : 0);
+          const std::vector<float> x = randoms(rng, n * c.cols);
+          const std::vector<float> want = run_linear(cpu, cw, x, n, round, row0, nrows);
+          const std::vector<float> got = run_linear(*gpu, gw, x, n, round, row0, nrows);
+          ++on_device;
+          size_t bad = 0;
+          for (size_t i = 0; i < got.size(); ++i)
+            if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0 && bad++ < 3)
+              ADD_FAILURE() << type_traits(c.type).name << " " << c.rows << "x" << c.cols << " n=" << n
+                            << " round=" << round << ": element " << i << " is " << got[i] << ", want " << want[i];
+          EXPECT_EQ(bad, 0u);
+        }
+    }
+    const GpuStats st = gpu_stats(*gpu);
+    EXPECT_EQ(st.linear_on_device, on_device) << "a linear call ran on the CPU";
+    EXPECT_EQ(st.linear_on_host, 0u);
+    EXPECT_EQ(st.weights_on_device, std::size(cases));
+    const bool can_import = vulkan_devices()[0].uma && vulkan_devices()[0].host_import;
+    EXPECT_EQ(st.weights_imported, !no_import && can_import ? std::size(cases) : 0u);
+    EXPECT_EQ(st.bytes_on_device == 0, !no_import && can_import) << "imported weights were copied too";
+  }
+}
+
+// On a device that uses the weights' own pages: release_gpu_imports (a session calls it before
+// its models free their buffers) leaves every weight runnable, on the CPU, with the same bits.
+TEST(Vulkan, ReleasedImportsRunOnTheCpu) {
+  if (!kBuilt) return;
   const std::unique_ptr<Backend> gpu = make_vulkan_backend({});
   const CpuBackend cpu(1);
-  std::mt19937_64 rng(42);
-  struct Case {
-    GgmlType type;
-    uint64_t rows, cols;
-  };
-  // Odd row counts around the 64-wide workgroup, columns not a multiple of 16 for the float lanes.
-  // 300 Q8_0 blocks: more than one round of the shader's 256 shared terms.
-  const Case cases[] = {{GgmlType::Q8_0, 13, 96},  {GgmlType::Q8_0, 67, 160}, {GgmlType::Q8_0, 1, 32},
-                        {GgmlType::Q8_0, 5, 9600}, {GgmlType::F16, 7, 1000},
-                        {GgmlType::F16, 13, 17},   {GgmlType::F16, 130, 48},  {GgmlType::BF16, 67, 33},
-                        {GgmlType::F32, 5, 1},     {GgmlType::F32, 66, 71},
-                        // The quantized formats of the published recipe (IQ2_XXS gate/up, Q2_K
-                        // down) and the rest of the type table, one and several super-blocks.
-                        {GgmlType::Q2_K, 67, 256},    {GgmlType::Q2_K, 5, 768},
-                        {GgmlType::IQ2_XXS, 67, 256}, {GgmlType::IQ2_XXS, 3, 1280},
-                        {GgmlType::IQ2_XS, 13, 512},  {GgmlType::Q3_K, 13, 512},
-                        {GgmlType::Q4_K, 13, 512},    {GgmlType::Q6_K, 13, 512},
-                        {GgmlType::TQ2_0, 13, 512},   {GgmlType::Q2_0, 13, 192}};
-  uint64_t on_device = 0;
-  for (const Case& c : cases) {
-    HostWeight hw = random_weight(c.type, c.rows, c.cols, rng());
-    Weight gw = hw.w, cw = hw.w;
-    gpu->prepare_weight(gw);
-    cpu.prepare_weight(cw);
-    ASSERT_NE(gw.device, nullptr) << type_traits(c.type).name << " was not uploaded";
-    for (const size_t n : {1u, 3u, 7u})
-      for (const bool round : {false, true}) {
-        const uint64_t row0 = c.rows > 2 ? 1 : 0, nrows = c.rows - row0 - (c.rows > 2 ? 1 : 0);
-        const std::vector<float> x = randoms(rng, n * c.cols);
-        const std::vector<float> want = run_linear(cpu, cw, x, n, round, row0, nrows);
-        const std::vector<float> got = run_linear(*gpu, gw, x, n, round, row0, nrows);
-        ++on_device;
-        size_t bad = 0;
-        for (size_t i = 0; i < got.size(); ++i)
-          if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0 && bad++ < 3)
-            ADD_FAILURE() << type_traits(c.type).name << " " << c.rows << "x" << c.cols << " n=" << n
-                          << " round=" << round << ": element " << i << " is " << got[i] << ", want " << want[i];
-        EXPECT_EQ(bad, 0u);
-      }
-  }
+  HostWeight hw = random_weight(GgmlType::IQ2_XXS, 37, 512, 4);
+  Weight gw = hw.w, cw = hw.w;
+  gpu->prepare_weight(gw);
+  cpu.prepare_weight(cw);
+  std::mt19937_64 rng(3);
+  const std::vector<float> x = randoms(rng, 3 * 512);
+  const std::vector<float> want = run_linear(cpu, cw, x, 3, true, 0, 37);
+  EXPECT_EQ(run_linear(*gpu, gw, x, 3, true, 0, 37), want);
+  const GpuDevice d = vulkan_devices()[0];
+  EXPECT_EQ(gpu_stats(*gpu).weights_imported, d.uma && d.host_import ? 1u : 0u);
+  release_gpu_imports(*gpu);
+  EXPECT_EQ(run_linear(*gpu, gw, x, 3, true, 0, 37), want);
   const GpuStats st = gpu_stats(*gpu);
-  EXPECT_EQ(st.linear_on_device, on_device) << "a linear call ran on the CPU";
-  EXPECT_EQ(st.linear_on_host, 0u);
-  EXPECT_EQ(st.weights_on_device, std::size(cases));
+  EXPECT_EQ(st.linear_on_device, st.weights_imported ? 1u : 2u);
+  EXPECT_EQ(st.linear_on_host, st.weights_imported ? 1u : 0u) << "a released import still ran on the device";
 }
 
 // Row counts past 65,535 (the published output head has 129,280), where a dispatch that gave
@@ -459,6 +491,13 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
       EXPECT_GT(planned, 0u) << "the plan has no line for the device's copies";
       EXPECT_LE(gs->bytes_on_device + kGpuStagingBuffers * kGpuStagingBytes, planned);
       EXPECT_TRUE(gs->weights_in_host_memory) << "lavapipe's memory is the host's";
+      // lavapipe imports host memory: the dense weights are used in place, the plan has no copy of them.
+      if (gs->imports_host_memory) {
+        EXPECT_GT(gs->weights_imported, 0u);
+        if (slots == 0) {
+          EXPECT_EQ(planned, kGpuStagingBuffers * kGpuStagingBytes);
+        }
+      }
     }
     return rows;
   };

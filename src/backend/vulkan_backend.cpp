@@ -185,6 +185,7 @@ GpuDevice describe(VkPhysicalDevice d, uint32_t index) {
   g.api_minor = VK_API_VERSION_MINOR(p.apiVersion);
   g.subgroup_size = sub.subgroupSize;
   g.int_dot = has_extension(d, "VK_KHR_shader_integer_dot_product");
+  g.host_import = has_extension(d, VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME);
   g.max_storage_buffer = p.limits.maxStorageBufferRange;
   VkPhysicalDeviceMemoryProperties mem;
   vkGetPhysicalDeviceMemoryProperties(d, &mem);
@@ -194,7 +195,7 @@ GpuDevice describe(VkPhysicalDevice d, uint32_t index) {
 }
 
 struct Push {
-  uint32_t rows, cols, n, row0, w_row_bytes, a_stride, kind, round_out;
+  uint32_t rows, cols, n, row0, w_row_bytes, a_stride, kind, round_out, w_off;
 };
 
 // A storage buffer and its memory; `map` is set while the host can write it directly (the
@@ -211,7 +212,8 @@ struct DeviceWeight {
   VkPipeline pipe = VK_NULL_HANDLE;
   VkBuffer buf = VK_NULL_HANDLE;
   VkDeviceSize offset = 0, range = 0;
-  uint32_t kind = 0;  // linear_float's kind
+  uint32_t kind = 0;   // linear_float's kind
+  uint32_t w_off = 0;  // where the weight starts in the binding (an imported page range)
 };
 
 // One routed expert's slot: gate, up and down at slot_offset + part_off_[i] of its slab.
@@ -228,6 +230,8 @@ struct GpuWeight {
   Buffer b;
   VkPipeline pipe = VK_NULL_HANDLE;  // its type's linear shader
   uint32_t kind = 0;                 // linear_float's kind; unused by the quantized types
+  uint32_t w_off = 0;                // imported: the weight's offset in its first page
+  bool imported = false;             // b is the weight's own pages (freed by release_imports)
 };
 
 class VulkanBackend final : public CpuBackend {
@@ -292,12 +296,31 @@ class VulkanBackend final : public CpuBackend {
     float64_ = have.shaderFloat64 == VK_TRUE;
     VkPhysicalDeviceFeatures enable{};
     enable.shaderFloat64 = have.shaderFloat64;
+    // On an integrated GPU or CPU device the weights' own pages can be the device's
+    // (VK_EXT_external_memory_host): no copy, and the host's plan counts them once.
+    import_ = info_.uma && info_.host_import && !o.no_import && !o.force_staging;
+    const char* const exts[] = {VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME};
     VkDeviceCreateInfo dci{};
     dci.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO;
     dci.queueCreateInfoCount = 1;
     dci.pQueueCreateInfos = &qci;
     dci.pEnabledFeatures = &enable;
+    dci.enabledExtensionCount = import_ ? 1 : 0;
+    dci.ppEnabledExtensionNames = import_ ? exts : nullptr;
     check(vkCreateDevice(phys_, &dci, nullptr, &dev_), "creating the device");
+    if (import_) {
+      host_ptr_props_ = reinterpret_cast<PFN_vkGetMemoryHostPointerPropertiesEXT>(
+          vkGetDeviceProcAddr(dev_, "vkGetMemoryHostPointerPropertiesEXT"));
+      VkPhysicalDeviceExternalMemoryHostPropertiesEXT hp{};
+      hp.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_EXTERNAL_MEMORY_HOST_PROPERTIES_EXT;
+      VkPhysicalDeviceProperties2 p2{};
+      p2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2;
+      p2.pNext = &hp;
+      vkGetPhysicalDeviceProperties2(phys_, &p2);
+      import_align_ = std::max<VkDeviceSize>(hp.minImportedHostPointerAlignment, 4);
+      import_ = host_ptr_props_ != nullptr;
+    }
+    st_.imports_host_memory = import_;
     try {
       init_objects();
     } catch (...) {
@@ -316,8 +339,26 @@ class VulkanBackend final : public CpuBackend {
     const VkPipeline pipe = pipeline_for(w.type, kind);
     const uint64_t bytes = w.rows * w.row_bytes;
     const std::lock_guard<std::mutex> lk(mu_);
-    if (!pipe || !w.data || bytes == 0 || bytes > max_range_ || st_.bytes_on_device + bytes > budget_) {
+    if (!pipe || !w.data || bytes == 0 || bytes > max_range_ ||
+        st_.bytes_on_device + st_.bytes_imported + bytes > budget_) {
       ++st_.weights_on_host;
+      return;
+    }
+    if (import_) {
+      // The weight's own pages, or the CPU: the plan counted no copy (imports_host_memory).
+      GpuWeight g;
+      if (!import_pages(w.data, bytes, g)) {
+        ++st_.weights_on_host;
+        ++st_.imports_refused;
+        return;
+      }
+      g.kind = kind;
+      g.pipe = pipe;
+      g.imported = true;
+      w.device = &weights_.emplace_back(g);
+      ++st_.weights_on_device;
+      ++st_.weights_imported;
+      st_.bytes_imported += bytes;
       return;
     }
     GpuWeight& g = weights_.emplace_back();
@@ -338,7 +379,7 @@ class VulkanBackend final : public CpuBackend {
 
   void linear(const Weight& W, CMat x, Mat y, bool round, uint64_t row0) const override {
     const uint64_t limit = std::min<uint64_t>(max_range_, kGpuStagingBytes);
-    if (!W.device || x.n == 0 || y.width == 0 || (uint64_t)y.width * sizeof(float) > limit ||
+    if (!W.device || !static_cast<const GpuWeight*>(W.device)->b.buf || x.n == 0 || y.width == 0 || (uint64_t)y.width * sizeof(float) > limit ||
         activation_bytes(W.act(), (int64_t)W.cols) > limit) {
       const std::lock_guard<std::mutex> lk(mu_);
       ++st_.linear_on_host;
@@ -351,8 +392,8 @@ class VulkanBackend final : public CpuBackend {
     std::vector<const uint8_t*> rows(x.n);
     for (size_t t = 0; t < x.n; ++t) rows[t] = acts.row(t);
     const std::lock_guard<std::mutex> lk(mu_);
-    device_linear(DeviceWeight{g.pipe, g.b.buf, 0, g.b.size, g.kind}, W, row0, rows, acts.stride, y.p, y.stride, y.width,
-                  round);
+    device_linear(DeviceWeight{g.pipe, g.b.buf, 0, g.b.size, g.kind, g.w_off}, W, row0, rows, acts.stride, y.p, y.stride,
+                  y.width, round);
     ++st_.linear_on_device;
   }
 
@@ -462,6 +503,16 @@ class VulkanBackend final : public CpuBackend {
     return st_;
   }
 
+  void release_imports() const {
+    const std::lock_guard<std::mutex> lk(mu_);
+    vkDeviceWaitIdle(dev_);
+    for (GpuWeight& g : weights_)
+      if (g.imported) {
+        free_buffer(g.b);
+        g.imported = false;
+      }
+  }
+
   GpuCopyBandwidth copy_bandwidth(uint64_t bytes, int passes) const {
     GpuCopyBandwidth r;
     r.bytes = bytes = std::max<uint64_t>(bytes, 4096);
@@ -504,6 +555,54 @@ class VulkanBackend final : public CpuBackend {
  private:
   // The linear shader of a weight type (kind: linear_float's format), or none: the type has no
   // shader, or it is a float format and the device lacks shaderFloat64 (linear_float.comp).
+  // Makes the pages holding [data, data + bytes) a storage buffer of the device (mu_ held): the
+  // range is widened to the import alignment (whole pages of the same allocation, so mapped)
+  // and the weight starts w_off bytes in. False when the driver refuses; nothing is left behind.
+  bool import_pages(const uint8_t* data, uint64_t bytes, GpuWeight& g) const {
+    const uintptr_t p = reinterpret_cast<uintptr_t>(data), a = (uintptr_t)import_align_;
+    const uintptr_t base = p / a * a, end = (p + bytes + a - 1) / a * a;
+    const VkDeviceSize len = end - base;
+    if (len > max_range_ || (p - base) % 4 != 0) return false;  // the shaders read words
+    void* host = reinterpret_cast<void*>(base);
+    VkMemoryHostPointerPropertiesEXT hp{};
+    hp.sType = VK_STRUCTURE_TYPE_MEMORY_HOST_POINTER_PROPERTIES_EXT;
+    if (host_ptr_props_(dev_, VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT, host, &hp) != VK_SUCCESS) return false;
+    VkExternalMemoryBufferCreateInfo eb{};
+    eb.sType = VK_STRUCTURE_TYPE_EXTERNAL_MEMORY_BUFFER_CREATE_INFO;
+    eb.handleTypes = VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT;
+    VkBufferCreateInfo bi{};
+    bi.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO;
+    bi.pNext = &eb;
+    bi.size = len;
+    bi.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT;
+    bi.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+    Buffer out;
+    if (vkCreateBuffer(dev_, &bi, nullptr, &out.buf) != VK_SUCCESS) return false;
+    VkMemoryRequirements req;
+    vkGetBufferMemoryRequirements(dev_, out.buf, &req);
+    uint32_t type = UINT32_MAX;
+    for (uint32_t i = 0; i < mem_.memoryTypeCount && type == UINT32_MAX; ++i)
+      if (req.memoryTypeBits & hp.memoryTypeBits & (1u << i)) type = i;
+    VkImportMemoryHostPointerInfoEXT imp{};
+    imp.sType = VK_STRUCTURE_TYPE_IMPORT_MEMORY_HOST_POINTER_INFO_EXT;
+    imp.handleType = VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT;
+    imp.pHostPointer = host;
+    VkMemoryAllocateInfo ai{};
+    ai.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO;
+    ai.pNext = &imp;
+    ai.allocationSize = len;
+    ai.memoryTypeIndex = type;
+    if (type == UINT32_MAX || req.size > len || vkAllocateMemory(dev_, &ai, nullptr, &out.mem) != VK_SUCCESS ||
+        vkBindBufferMemory(dev_, out.buf, out.mem, 0) != VK_SUCCESS) {
+      free_buffer(out);
+      return false;
+    }
+    out.size = len;
+    g.b = out;
+    g.w_off = (uint32_t)(p - base);
+    return true;
+  }
+
   VkPipeline pipeline_for(GgmlType type, uint32_t& kind) const {
     switch (type) {
       case GgmlType::F32: kind = 0; return float_;
@@ -700,8 +799,8 @@ class VulkanBackend final : public CpuBackend {
       ensure(act_, (VkDeviceSize)n * stride);
       ensure(out_, (VkDeviceSize)n * out_row);
       for (size_t t = 0; t < n; ++t) std::memcpy(static_cast<uint8_t*>(act_.map) + t * stride, acts[t0 + t], stride);
-      const Push push{(uint32_t)rows, (uint32_t)W.cols, (uint32_t)n, (uint32_t)row0, (uint32_t)W.row_bytes,
-                      (uint32_t)stride, wt.kind, round ? 1u : 0u};
+      const Push push{(uint32_t)rows, (uint32_t)W.cols, (uint32_t)n,         (uint32_t)row0, (uint32_t)W.row_bytes,
+                      (uint32_t)stride, wt.kind,         round ? 1u : 0u, wt.w_off};
       dispatch(wt, push, (uint32_t)((rows + kGroup - 1) / kGroup), (uint32_t)n);
       const float* out = static_cast<const float*>(out_.map);
       for (size_t t = 0; t < n; ++t) std::memcpy(y + (t0 + t) * ldy, out + t * rows, out_row);
@@ -721,7 +820,8 @@ class VulkanBackend final : public CpuBackend {
       part_cap_[i] = (part[i] + align - 1) / align * align;
       off += part_cap_[i];
     }
-    const uint64_t left = budget_ > st_.bytes_on_device ? budget_ - st_.bytes_on_device : 0;
+    const uint64_t held = st_.bytes_on_device + st_.bytes_imported;
+    const uint64_t left = budget_ > held ? budget_ - held : 0;
     const uint64_t n = std::min<uint64_t>(slots_wanted_, left / off);
     if (n == 0) {
       st_.expert_slots_refused = true;
@@ -777,7 +877,7 @@ class VulkanBackend final : public CpuBackend {
   }
 
   DeviceWeight slot_part(const ExpertSlot& sl, int i, VkPipeline pipe, uint32_t kind) const {
-    return DeviceWeight{pipe, slabs_[sl.slab].buf, sl.offset + part_off_[i], part_cap_[i], kind};
+    return DeviceWeight{pipe, slabs_[sl.slab].buf, sl.offset + part_off_[i], part_cap_[i], kind, 0};
   }
 
   // Runs one linear dispatch to completion (mu_ held). A failure leaves y untouched: the caller
@@ -871,6 +971,9 @@ class VulkanBackend final : public CpuBackend {
   uint64_t staging_bytes_ = kGpuStagingBytes;
   uint64_t max_range_ = 0, budget_ = 0;
   bool float64_ = false;  // shaderFloat64: the float formats' shader can run
+  bool import_ = false;   // weights are imported host pages, never copies (import_pages)
+  VkDeviceSize import_align_ = 4096;  // minImportedHostPointerAlignment
+  PFN_vkGetMemoryHostPointerPropertiesEXT host_ptr_props_ = nullptr;
   VkDevice dev_ = VK_NULL_HANDLE;
   VkQueue queue_ = VK_NULL_HANDLE;
   VkCommandPool cmd_pool_ = VK_NULL_HANDLE;
@@ -919,6 +1022,10 @@ GpuStats gpu_stats(const Backend& b) {
   return v ? v->stats() : GpuStats{};
 }
 
+void release_gpu_imports(const Backend& b) {
+  if (const auto* v = dynamic_cast<const VulkanBackend*>(&b)) v->release_imports();
+}
+
 GpuCopyBandwidth measure_gpu_copy(const Backend& b, uint64_t bytes, int passes) {
   const auto* v = dynamic_cast<const VulkanBackend*>(&b);
   if (!v) throw Error("measure_gpu_copy: not a Vulkan backend");
@@ -939,6 +1046,7 @@ std::vector<GpuDevice> vulkan_devices() { not_built(); }
 std::unique_ptr<Backend> make_vulkan_backend(const GpuOptions&) { not_built(); }
 GpuStats gpu_stats(const Backend&) { return {}; }
 GpuCopyBandwidth measure_gpu_copy(const Backend&, uint64_t, int) { not_built(); }
+void release_gpu_imports(const Backend&) {}
 
 #endif
 

@@ -33,6 +33,7 @@ struct GpuDevice {
   std::vector<GpuHeap> heaps;
   uint32_t subgroup_size = 0;
   bool int_dot = false;  // VK_KHR_shader_integer_dot_product
+  bool host_import = false;  // VK_EXT_external_memory_host: host memory usable as device memory
   uint64_t max_storage_buffer = 0;  // maxStorageBufferRange: the largest weight one binding can hold
 };
 
@@ -46,6 +47,12 @@ struct GpuStats {
   // pool, counted once, in the host's plan), or a device with no device-local memory type.
   bool weights_in_host_memory = true;
   uint64_t staged_uploads = 0;   // weights copied through the staging buffer (not host-visible)
+  // An integrated GPU or CPU device with VK_EXT_external_memory_host uses the loaded weights'
+  // own pages (imported, no copy: the host's memory, counted once in its plan); the budget
+  // still bounds them, and a weight whose import the driver refuses runs on the CPU.
+  bool imports_host_memory = false;
+  uint64_t weights_imported = 0, bytes_imported = 0;
+  uint64_t imports_refused = 0;  // weights whose pages the driver would not import (run on the CPU)
   // Routed experts in device slots (GpuOptions::expert_slots): the slots made and their bytes
   // each (gate + up + down, aligned), lookups that found the expert in a slot and those that
   // copied it in from the host store, the bytes copied; experts that ran on the CPU instead.
@@ -68,12 +75,14 @@ struct GpuOptions {
   // device-local heap on an integrated or CPU device (that memory is the host's too) and 80% of
   // it on a discrete card.
   uint64_t weight_budget = 0;
-  // Tests: asked after each dispatch has run; true reports it as a lost device would be reported.
+  // Tests: asked after each submission has run; true reports it as a lost device would be reported.
   // `what` names the submission ("a linear dispatch", "uploading a weight").
   std::function<bool(const char* what)> fault;
   // Tests: weights go through the staging copy even where device memory can be mapped, in
   // chunks of this many bytes (0: kGpuStagingBytes).
   bool force_staging = false;
+  // Copy the weights even where the device could import their pages (tests; force_staging too).
+  bool no_import = false;
   // Routed-expert slots on the device (--gpu-experts N): the routed FFN runs there, each expert
   // copied into a slot when first routed to and kept, least recently used out. 0: the routed
   // experts run on the CPU. Fewer are made when the device budget left after the dense weights
@@ -99,6 +108,11 @@ std::vector<GpuDevice> vulkan_devices();
 std::unique_ptr<Backend> make_vulkan_backend(const GpuOptions& o);
 // The stats of a backend made by make_vulkan_backend; all zero for any other backend.
 GpuStats gpu_stats(const Backend& b);
+
+// Frees the device's imports of weight pages (GpuStats::imports_host_memory) once the device is
+// idle; a weight whose import was released runs on the CPU from then on. Call it before the
+// buffers of the models loaded with this backend are freed. Nothing for any other backend.
+void release_gpu_imports(const Backend& b);
 
 // Host -> device copy rate, the path experts and weights take into device memory (PCIe on a
 // discrete card, a memcpy on UMA), beside a plain host memcpy of the same bytes in the same run.

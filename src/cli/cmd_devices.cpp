@@ -32,6 +32,7 @@ int run_devices(const DevicesOptions& o) {
       j["uma"] = d.uma;
       j["subgroup_size"] = d.subgroup_size;
       j["integer_dot_product"] = d.int_dot;
+      j["host_import"] = d.host_import;
       j["max_storage_buffer"] = d.max_storage_buffer;
       nlohmann::json heaps = nlohmann::json::array();
       for (const GpuHeap& h : d.heaps) heaps.push_back({{"bytes", h.bytes}, {"device_local", h.device_local}});
@@ -46,8 +47,9 @@ int run_devices(const DevicesOptions& o) {
     for (const GpuHeap& h : d.heaps)
       heaps += (heaps.empty() ? "" : ", ") + format_bytes(h.bytes) + (h.device_local ? " device-local" : " host");
     std::printf("   memory heaps: %s\n", heaps.c_str());
-    std::printf("   subgroup %u, integer dot product %s, largest storage binding %s\n", d.subgroup_size,
-                d.int_dot ? "yes" : "no", format_bytes(d.max_storage_buffer).c_str());
+    std::printf("   subgroup %u, integer dot product %s, largest storage binding %s, imports host memory %s\n",
+                d.subgroup_size, d.int_dot ? "yes" : "no", format_bytes(d.max_storage_buffer).c_str(),
+                d.host_import ? "yes" : "no");
   }
   return 0;
 }

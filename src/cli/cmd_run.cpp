@@ -400,12 +400,16 @@ std::string session_summary(const Session& s, uint64_t tokens_evaluated) {
   }
   if (s.backend().name() != "cpu") {
     const GpuStats g = gpu_stats(s.backend());
+    const std::string imported =
+        g.weights_imported ? ", " + std::to_string(g.weights_imported) + " of them used in place (" +
+                                 format_bytes(g.bytes_imported) + " imported, no copy)"
+                           : std::string();
     std::snprintf(buf, sizeof buf,
-                  " | %s: %llu weights on the device (%s of %s), %llu on the CPU; linear %llu on the device, %llu on "
+                  " | %s: %llu weights on the device (%s of %s%s), %llu on the CPU; linear %llu on the device, %llu on "
                   "the CPU",
                   std::string(s.backend().name()).c_str(), (unsigned long long)g.weights_on_device,
-                  format_bytes(g.bytes_on_device).c_str(), format_bytes(g.device_budget).c_str(),
-                  (unsigned long long)g.weights_on_host, (unsigned long long)g.linear_on_device,
+                  format_bytes(g.bytes_on_device + g.bytes_imported).c_str(), format_bytes(g.device_budget).c_str(),
+                  imported.c_str(), (unsigned long long)g.weights_on_host, (unsigned long long)g.linear_on_device,
                   (unsigned long long)g.linear_on_host);
     out += buf;
     // The expert tiers: device slots, then the host store (the expert cache figures above).

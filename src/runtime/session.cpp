@@ -137,6 +137,12 @@ struct Session::Impl {
   std::atomic<uint64_t> engram_rows{0}, engram_unique{0}, engram_hits{0}, engram_reads{0}, engram_bytes{0};
   std::atomic<uint32_t> busy{0};
 
+  // Before any member goes: a device that imported the weights' pages lets go of them while the
+  // models' buffers still exist (Vulkan requires imported host memory to outlive the import).
+  ~Impl() {
+    if (backend) release_gpu_imports(*backend);
+  }
+
   void publish_engram() {
     const EngramReadStats es = engine->engram_stats();
     engram_rows = es.requested, engram_unique = es.unique, engram_hits = es.hits, engram_reads = es.reads;
@@ -651,13 +657,20 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
       const GpuStats g = gpu_stats(*s.backend);
       const uint64_t slot = gpu_expert_slot_bytes(fp.expert_gate_bytes, fp.expert_up_bytes, fp.expert_down_bytes);
       const uint64_t slots = s.gpu_slots;
-      const uint64_t copies = g.weights_in_host_memory ? std::min(g.device_budget, loaded + slots * slot) : 0;
+      // A device that imports the loaded weights' pages makes no copy of them (counted once, as
+      // the resident weights); it still copies experts into its slots.
+      const uint64_t dense = g.imports_host_memory ? 0 : loaded;
+      const uint64_t copies = g.weights_in_host_memory ? std::min(g.device_budget, dense + slots * slot) : 0;
       spo.plan.device_bytes = copies + kGpuStagingBuffers * kGpuStagingBytes;
       const std::string slot_text =
           slots ? ", " + std::to_string(slots) + " routed-expert slots x " + format_bytes(slot) + " among them" : "";
       spo.plan.device_detail = "vulkan: " +
                                (g.weights_in_host_memory
-                                    ? "weight copies up to " + format_bytes(copies) + " (host memory" + slot_text + ") + "
+                                    ? (g.imports_host_memory && copies == 0
+                                           ? std::string("weights used in place (imported pages, no copies) + ")
+                                           : std::string(g.imports_host_memory ? "weights used in place, " : "") +
+                                                 "copies up to " + format_bytes(copies) + " (host memory" + slot_text +
+                                                 ") + ")
                                     : "weights in device memory (budget " + format_bytes(g.device_budget) + slot_text +
                                           "); ") +
                                std::to_string(kGpuStagingBuffers) + " x " + format_bytes(kGpuStagingBytes) + " staging";

@@ -21,6 +21,7 @@ layout(push_constant) uniform Push {
   uint a_stride;     // bytes per activation row
   uint kind;         // linear_float: 0 F32, 1 F16, 2 BF16 weights (unused by the others)
   uint round_out;    // 1: round each output to BF16
+  uint w_off;        // bytes from the binding's start to the weight's first row (imported pages)
 } p;
 
 uint w_byte(uint off) { return (w[off >> 2] >> ((off & 3u) << 3)) & 0xffu; }

@@ -45,7 +45,7 @@ float weight_at(uint row_off, uint i) {
 void main() {
   const uint r = gl_GlobalInvocationID.x, t = gl_GlobalInvocationID.y;
   if (r >= p.rows || t >= p.n) return;
-  const uint wo = (p.row0 + r) * p.w_row_bytes, ao = (t * p.a_stride) >> 2;
+  const uint wo = p.w_off + (p.row0 + r) * p.w_row_bytes, ao = (t * p.a_stride) >> 2;
   precise float acc[16];
   for (uint k = 0u; k < 16u; ++k) acc[k] = 0.0;
   const uint padded = (p.cols + 15u) / 16u * 16u;

@@ -10,7 +10,7 @@ int w_sbyte_at(uint off) { return bitfieldExtract(int(w_byte(off)), 0, 8); }
 void main() {
   const uint r = gl_GlobalInvocationID.x, t = gl_GlobalInvocationID.y;
   if (r >= p.rows || t >= p.n) return;
-  uint wo = (p.row0 + r) * p.w_row_bytes, ao = t * p.a_stride;
+  uint wo = p.w_off + (p.row0 + r) * p.w_row_bytes, ao = t * p.a_stride;
   float sumf = 0.0;
   for (uint b = 0u; b < p.cols / 256u; ++b, wo += 210u, ao += 292u) {
     int isum = 0;
