@@ -545,6 +545,38 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
 
 // A dispatch that fails in the middle of a multi-chunk prompt: a clear error naming the device,
 // the sequence as it was, and the same prompt afterwards equal to an undisturbed CPU run.
+// Read-ahead hints leave out the experts the device holds in slots: with a slot for every expert
+// in front of a small host cache, each expert is read from the file about once (the hints used to
+// fetch, again and again, experts the host cache had dropped but the device still held).
+TEST(Vulkan, ExpertsHeldInSlotsAreNotReadAhead) {
+  if (!kBuilt) return;
+  const test::TempDir dir("sluice_vulkan_hints");
+  const std::string model = dir / "tiny.gguf";
+  ASSERT_EQ(test::run_sluice(dir, "make-model --preset tiny -o " + test::q(model)).rc, 0);
+  SessionOptions so;
+  so.model_path = model;
+  so.ctx = 96;
+  so.threads = 2;
+  so.budget = BudgetSpec{false, 2ull << 30};
+  so.allow_swap = true;
+  so.stream_experts = true;
+  so.max_cache_experts = 48;
+  so.backend = "vulkan";
+  so.gpu_experts = 100000;
+  Session s(so);
+  GenerateRequest r;
+  for (uint32_t i = 0; i < 30; ++i) r.prompt.push_back((i * 53u + 11u) % 400u + 3u);
+  r.max_tokens = 40;
+  r.ignore_eos = true;
+  s.generate(r, {}, {});
+  const SessionStats st = s.stats();
+  const uint64_t all = (uint64_t)s.config().num_hidden_layers * s.config().n_routed_experts *
+                       gpu_stats(s.backend()).expert_slot_bytes;  // >= every expert's bytes once
+  const uint64_t read = st.store.total().bytes_demand + st.store.total().bytes_prefetch;
+  EXPECT_GT(read, 0u);
+  EXPECT_LE(read, 2 * all) << "experts the device holds were read ahead again";
+}
+
 TEST(Vulkan, AFailedDispatchLeavesTheSequenceAsItWas) {
   if (!kBuilt) return;
   const test::TempDir dir("sluice_vulkan_fault");

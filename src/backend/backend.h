@@ -228,6 +228,15 @@ class Backend {
   // routed[t] += sum over triples (e, t, w) of down_e(swiglu_w(gate_e x_t, up_e x_t)), in
   // triple order (ascending expert), f32. The expert bytes come from src.get(layer, e), which
   // the caller has prepared.
+  // Of `experts` (ascending), those a routed op would read from src: a backend holding copies of
+  // its own (the Vulkan backend's expert slots) leaves out the ones it holds, so read-ahead hints
+  // do not fetch them. Only an estimate for hints: the routed ops decide again when they run.
+  virtual std::vector<uint32_t> unheld_experts(const ExpertSource& src, uint32_t layer,
+                                               std::vector<uint32_t> experts) const {
+    (void)src;
+    (void)layer;
+    return experts;
+  }
   // Both routed ops call src.prepare(layer, ...) themselves with the experts they read from it.
   virtual void routed_ffn(ExpertTensors t, const ExpertSource& src, uint32_t layer,
                           std::span<const ExpertTriple> triples, float limit, CMat x, Mat routed) const = 0;

@@ -437,6 +437,14 @@ class VulkanBackend final : public CpuBackend {
     linear(down, CMat{g.data(), n, F, F}, out, true, 0);
   }
 
+  std::vector<uint32_t> unheld_experts(const ExpertSource& src, uint32_t layer,
+                                       std::vector<uint32_t> experts) const override {
+    if (slots_wanted_ == 0) return experts;
+    const std::lock_guard<std::mutex> lk(mu_);
+    std::erase_if(experts, [&](uint32_t e) { return find_slot(src.id, layer, e) != nullptr; });
+    return experts;
+  }
+
   // True when this layer's experts can run in the slots: slots were asked for, the three types
   // have shaders, and one expert fits the slot geometry fixed by the first call (a drafter or
   // layer with larger experts runs on the CPU, counted in experts_on_host).

@@ -84,8 +84,8 @@ void Engine::Impl::moe(Pass& p, uint32_t L, CMat x, Mat out) const {
   // guess the next layer's: its router applied to this layer's FFN input (the residual stream
   // changes little from one layer to the next). Hints never change results, only what is read.
   if (prefetching()) {
-    experts->hint(L, used);
-    if (L + 1 < c.num_hidden_layers) experts->hint(L + 1, predict_experts(L + 1, p, x));
+    experts->hint(L, be.unheld_experts(*experts, L, used));
+    if (L + 1 < c.num_hidden_layers) experts->hint(L + 1, be.unheld_experts(*experts, L + 1, predict_experts(L + 1, p, x)));
   }
 
   const Mat sh = ws(Ws::Shared, n), routed = ws(Ws::Routed, n);
@@ -117,12 +117,12 @@ void Engine::Impl::moe_split(Pass& p, uint32_t L, CMat x, const std::vector<Expe
     if (used.empty() || used.back() != t.expert) used.push_back(t.expert);
   if (!theirs.empty()) opt.remote->begin(L, theirs, x);
   if (prefetching()) {
-    experts->hint(L, used);
+    experts->hint(L, be.unheld_experts(*experts, L, used));
     if (L + 1 < c.num_hidden_layers) {
       std::vector<uint32_t> next;
       for (uint32_t e : predict_experts(L + 1, p, x))
         if (opt.remote->local(L + 1, e)) next.push_back(e);
-      experts->hint(L + 1, next);
+      experts->hint(L + 1, be.unheld_experts(*experts, L + 1, next));
     }
   }
   const Mat sh = ws(Ws::Shared, n), routed = ws(Ws::Routed, n);
