@@ -480,7 +480,7 @@ class VulkanBackend final : public CpuBackend {
     const std::vector<uint32_t> used = experts_of(triples);
     std::vector<uint32_t> missing;
     for (const uint32_t e : used) {
-      if (const ExpertSlot* sl = find_slot(src.id, layer, e)) slot_used(*sl);
+      if (ExpertSlot* sl = find_slot(src.id, layer, e)) slot_used(*sl);
       else missing.push_back(e);
     }
     if (used.size() > slots_.size()) missing = used;
@@ -488,7 +488,7 @@ class VulkanBackend final : public CpuBackend {
     sluice::routed_terms(
         t, triples, limit, x,
         [&](uint32_t e) {
-          const ExpertSlot* slot = find_slot(src.id, layer, e);
+          ExpertSlot* slot = find_slot(src.id, layer, e);
           if (slot) {
             ++st_.expert_hits;
           } else {
@@ -854,15 +854,15 @@ class VulkanBackend final : public CpuBackend {
 
   using SlotKey = std::tuple<uint64_t, uint32_t, uint32_t>;  // source, layer, expert
 
-  const ExpertSlot* find_slot(uint64_t source, uint32_t layer, uint32_t expert) const {
+  ExpertSlot* find_slot(uint64_t source, uint32_t layer, uint32_t expert) const {
     const auto it = slot_index_.find(SlotKey{source, layer, expert});
     return it == slot_index_.end() ? nullptr : &slots_[it->second];
   }
 
-  void slot_used(const ExpertSlot& sl) const { const_cast<ExpertSlot&>(sl).last_use = ++use_clock_; }
+  void slot_used(ExpertSlot& sl) const { sl.last_use = ++use_clock_; }
 
   // Copies an expert's three slices into the least recently used slot (an empty one first).
-  const ExpertSlot* place(uint64_t source, uint32_t layer, uint32_t expert, const ExpertWeights& ew,
+  ExpertSlot* place(uint64_t source, uint32_t layer, uint32_t expert, const ExpertWeights& ew,
                           ExpertTensors t) const {
     size_t victim = 0;
     for (size_t i = 1; i < slots_.size(); ++i)

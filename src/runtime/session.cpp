@@ -608,8 +608,9 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
     go.device = opt.gpu_device;
     go.threads = opt.threads;
     go.weight_budget = opt.gpu_mem;
-    // No more slots than there are experts to hold: the target's, and a drafter's three stages.
-    const uint64_t stages = opt.dspark_path.empty() ? 0 : 3;
+    // No more slots than there are experts to hold: the target's, and a drafter's stages (the
+    // published count; the support file is read after the backend exists).
+    const uint64_t stages = opt.dspark_path.empty() ? 0 : DsparkConfig{}.stages;
     go.expert_slots = std::min<uint64_t>(opt.gpu_experts, (cfg.num_hidden_layers + stages) * (uint64_t)cfg.n_routed_experts);
     s.gpu_slots = go.expert_slots;
     s.backend = make_vulkan_backend(go);

@@ -17,11 +17,3 @@ int group_dot(uint grid, uint entry, uint sign_index, uint q8) {
   }
   return s;
 }
-
-// step_iq2 and finish_iq2: sumf + (dx * dy) * bsum per super-block; 0.125 * sumf at the end.
-float step_iq2(float sumf, int bsum, float dx, float dy) {
-  precise float dd = dx * dy;
-  precise float t = dd * float(bsum);
-  precise float r = sumf + t;
-  return r;
-}

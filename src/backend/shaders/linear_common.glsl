@@ -56,4 +56,15 @@ float round_bf16(float f) {
   return uintBitsToFloat(((x + 0x7fffu + ((x >> 16) & 1u)) >> 16) << 16);
 }
 
+// The one-scale block step of Q8_0, Q3_K, Q6_K, TQ2_0 and the IQ2 formats (kernels/iquant_types.h
+// step_q8_0, step_iq2, step_tq2_0; kquant_blocks.h scaled_tail): sumf + (x * y) * isum, each
+// operation correctly rounded and kept in order by `precise` (the two scales' product is the
+// same float whichever comes first).
+float scaled_step(float sumf, float x, float y, int isum) {
+  precise float dd = x * y;
+  precise float t = dd * float(isum);
+  precise float r = sumf + t;
+  return r;
+}
+
 void store_out(uint r, uint t, float v) { y[t * p.rows + r] = p.round_out != 0u ? round_bf16(v) : v; }

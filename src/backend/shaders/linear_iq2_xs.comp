@@ -22,7 +22,7 @@ void main() {
       }
       bsum += half_sum[0] * int(2u * (sc & 15u) + 1u) + half_sum[1] * int(2u * (sc >> 4) + 1u);
     }
-    sumf = step_iq2(sumf, bsum, half_to_float(w_u16(wo)), a_f32(ao));
+    sumf = scaled_step(sumf, half_to_float(w_u16(wo)), a_f32(ao), bsum);  // step_iq2
   }
   precise float out_v = 0.125 * sumf;
   store_out(r, t, out_v);

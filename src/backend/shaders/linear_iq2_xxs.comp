@@ -20,7 +20,7 @@ void main() {
         sumi += group_dot(0u, (w0 >> (8u * l)) & 255u, (w1 >> (7u * l)) & 127u, ao + 4u + 32u * ib + 8u * l);
       bsum += sumi * int(2u * (w1 >> 28) + 1u);
     }
-    sumf = step_iq2(sumf, bsum, half_to_float(w_u16(wo)), a_f32(ao));
+    sumf = scaled_step(sumf, half_to_float(w_u16(wo)), a_f32(ao), bsum);  // step_iq2
   }
   precise float out_v = 0.125 * sumf;
   store_out(r, t, out_v);

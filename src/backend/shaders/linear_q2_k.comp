@@ -1,7 +1,7 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 // Q2_K weights x Q8_K activations (kernels/kquant_types.cpp dot_q2_k_scalar): per 256-element
-// super-block the exact integer sums, then q2k_tail in super-block order.
+// super-block the exact integer sums, then min_tail in super-block order.
 // Q2_K: scales[16] @0 (min << 4 | scale), qs[64] @16, d fp16 @80, dmin fp16 @82 (84 bytes).
 // Q8_K: d f32 @0, qs int8[256] @4, bsums int16[16] @260 (292 bytes).
 #include "linear_common.glsl"
@@ -24,7 +24,7 @@ void main() {
       }
       isum += int(sc & 15u) * s;
     }
-    sumf = q2k_tail(sumf, a_f32(ao), half_to_float(w_u16(wo + 80u)), half_to_float(w_u16(wo + 82u)), isum, summs);
+    sumf = min_tail(sumf, a_f32(ao), half_to_float(w_u16(wo + 80u)), half_to_float(w_u16(wo + 82u)), isum, summs);
   }
   store_out(r, t, sumf);
 }

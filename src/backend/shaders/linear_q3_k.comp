@@ -3,7 +3,6 @@
 // Q3_K weights x Q8_K activations (kernels/kquant_types.cpp dot_q3_k_scalar).
 // Q3_K: hmask[32] @0, qs[64] @32, scales[12] @96 (16 packed signed 6-bit), d fp16 @108 (110 bytes).
 #include "linear_common.glsl"
-#include "kquant_tail.glsl"
 
 void main() {
   const uint r = gl_GlobalInvocationID.x, t = gl_GlobalInvocationID.y;
@@ -25,7 +24,7 @@ void main() {
       }
       isum += s * acc;
     }
-    sumf = scaled_tail(sumf, a_f32(ao), half_to_float(w_u16(wo + 108u)), isum);
+    sumf = scaled_step(sumf, half_to_float(w_u16(wo + 108u)), a_f32(ao), isum);
   }
   store_out(r, t, sumf);
 }

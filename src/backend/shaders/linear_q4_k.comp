@@ -28,7 +28,7 @@ void main() {
       }
       isum += int(q4k_scale(wo + 4u, k, 0u)) * acc;
     }
-    sumf = q4k_tail(sumf, a_f32(ao), half_to_float(w_u16(wo)), half_to_float(w_u16(wo + 2u)), isum, sumi_min);
+    sumf = min_tail(sumf, a_f32(ao), half_to_float(w_u16(wo)), half_to_float(w_u16(wo + 2u)), isum, sumi_min);
   }
   store_out(r, t, sumf);
 }

@@ -3,7 +3,6 @@
 // Q6_K weights x Q8_K activations (kernels/kquant_types.cpp dot_q6_k_scalar).
 // Q6_K: ql[128] @0, qh[64] @128, scales int8[16] @192, d fp16 @208 (210 bytes).
 #include "linear_common.glsl"
-#include "kquant_tail.glsl"
 
 int w_sbyte_at(uint off) { return bitfieldExtract(int(w_byte(off)), 0, 8); }
 
@@ -25,7 +24,7 @@ void main() {
       }
       isum += w_sbyte_at(wo + 192u + k) * acc;
     }
-    sumf = scaled_tail(sumf, a_f32(ao), half_to_float(w_u16(wo + 208u)), isum);
+    sumf = scaled_step(sumf, half_to_float(w_u16(wo + 208u)), a_f32(ao), isum);
   }
   store_out(r, t, sumf);
 }

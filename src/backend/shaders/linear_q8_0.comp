@@ -11,13 +11,11 @@ void main() {
   const uint r = gl_GlobalInvocationID.x, t = gl_GlobalInvocationID.y;
   if (r >= p.rows || t >= p.n) return;
   uint wo = p.w_off + (p.row0 + r) * p.w_row_bytes, ao = t * p.a_stride;
-  precise float sumf = 0.0;
+  float sumf = 0.0;
   for (uint b = 0u; b < p.cols / 32u; ++b, wo += 34u, ao += 34u) {
     int sumi = 0;
     for (uint j = 2u; j < 34u; ++j) sumi += w_sbyte(wo + j) * a_sbyte(ao + j);
-    precise float d = half_to_float(w_u16(wo)) * half_to_float(a_u16(ao));
-    precise float term = float(sumi) * d;
-    sumf = sumf + term;
+    sumf = scaled_step(sumf, half_to_float(w_u16(wo)), half_to_float(a_u16(ao)), sumi);
   }
   store_out(r, t, sumf);
 }

@@ -9,17 +9,14 @@ void main() {
   const uint r = gl_GlobalInvocationID.x, t = gl_GlobalInvocationID.y;
   if (r >= p.rows || t >= p.n) return;
   uint wo = p.w_off + (p.row0 + r) * p.w_row_bytes, ao = t * p.a_stride;
-  precise float sumf = 0.0;
+  float sumf = 0.0;
   for (uint b = 0u; b < p.cols / 256u; ++b, wo += 66u, ao += 292u) {
     int sumi = 0;
     for (uint e = 0u; e < 256u; ++e) {
       const uint code = (w_byte(wo + 32u * (e / 128u) + e % 32u) >> (2u * ((e % 128u) / 32u))) & 3u;
       sumi += (int(code) - 1) * a_sbyte(ao + 4u + e);
     }
-    // step_tq2_0: sumf + float(sumi) * (dy * dx).
-    precise float dd = a_f32(ao) * half_to_float(w_u16(wo + 64u));
-    precise float term = float(sumi) * dd;
-    sumf = sumf + term;
+    sumf = scaled_step(sumf, half_to_float(w_u16(wo + 64u)), a_f32(ao), sumi);  // step_tq2_0
   }
   store_out(r, t, sumf);
 }
