@@ -398,8 +398,8 @@ std::string session_summary(const Session& s, uint64_t tokens_evaluated) {
                   (unsigned long long)st.engram_unique, format_bytes(st.engram_bytes).c_str());
     out += buf;
   }
-  if (s.backend().name() != "cpu") {
-    const GpuStats g = gpu_stats(s.backend());
+  if (st.gpu) {
+    const GpuStats& g = st.gpu_stats;
     const std::string imported =
         g.weights_imported ? ", " + std::to_string(g.weights_imported) + " of them used in place (" +
                                  format_bytes(g.bytes_imported) + " imported, no copy)"
