@@ -53,28 +53,127 @@ float dot_q8_k_avx512(const void* vx, const void* vy, int64_t n) {
   return sumf;
 }
 
+// Q2_K. A block's 16 sub-block scales s and its 2-bit codes q meet in two VBMI byte permutes:
+// once per block a 64-entry table T[4k + q] = s_k * q (<= 45) is looked up from the constant
+// products table, then per 64 elements one permute picks T[4k + q] for each element's sub-block
+// k and code q, so dpbusd forms s*q*y straight into the accumulator. Zen 4 runs the variable
+// word shifts (srlv_epi16) and the per-lane scale multiplies of the other K-quant dots slowly;
+// this kernel uses neither (a multishift moves the codes into place). Four (or two) blocks share one horizontal reduction of their code
+// and min sums and one vector tail: the same float operations, in the same order, as
+// q2k_tail's. In cache on Zen 4: 31 -> 22.6 cycles a block.
+namespace {
+
+struct Q2kConstants {
+  __m512i products, spread, code_rows, m15, m3, lane_base[4], shift_ctl[2];
+  __m128i m15x;
+  Q2kConstants() {
+    alignas(64) static constexpr uint8_t kProducts[64] = {  // [16q + s] = s * q
+        0, 0, 0, 0, 0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0, 1,  2,  3,  4,  5,
+        6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 0,  2,  4,  6,  8,  10, 12, 14, 16, 18, 20, 22,
+        24, 26, 28, 30, 0, 3, 6, 9, 12, 15, 18, 21, 24, 27, 30, 33, 36, 39, 42, 45};
+    alignas(64) static constexpr uint8_t kSpread[64] = {  // [4k + q] = k
+        0, 0, 0, 0, 1, 1, 1, 1, 2,  2,  2,  2,  3,  3,  3,  3,  4,  4,  4,  4,  5,  5,
+        5, 5, 6, 6, 6, 6, 7, 7, 7,  7,  8,  8,  8,  8,  9,  9,  9,  9,  10, 10, 10, 10,
+        11, 11, 11, 11, 12, 12, 12, 12, 13, 13, 13, 13, 14, 14, 14, 14, 15, 15, 15, 15};
+    products = _mm512_load_si512((const void*)kProducts);
+    spread = _mm512_load_si512((const void*)kSpread);
+    code_rows = _mm512_set1_epi32(0x30201000);  // [4k + q] = 16q
+    m15 = _mm512_set1_epi8(15);
+    m3 = _mm512_set1_epi8(3);
+    m15x = _mm_set1_epi8(15);
+    // Elements 64m..64m+63 lie in 128-bit lanes of 16, lane l in sub-block 4m + l: T's entries
+    // for it start at 4(4m + l).
+    // vpmultishiftqb: byte b of a qword takes the 8 bits from bit 8b + 2j (low half), 8b + 2j + 2.
+    for (int jj = 0; jj < 2; ++jj) {
+      alignas(64) uint8_t c[64];
+      for (int b = 0; b < 64; ++b) c[b] = (uint8_t)(8 * (b % 8) + 4 * jj + (b >= 32 ? 2 : 0));
+      shift_ctl[jj] = _mm512_load_si512((const void*)c);
+    }
+    for (int m = 0; m < 4; ++m)
+      lane_base[m] = _mm512_inserti64x4(
+          _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi8((char)(16 * m + 4)), _mm_set1_epi8((char)(16 * m)))),
+          _mm256_set_m128i(_mm_set1_epi8((char)(16 * m + 12)), _mm_set1_epi8((char)(16 * m + 8))), 1);
+  }
+};
+
+// One block's integer sums, still in vectors: the codes' sum folded to 8 lanes (r), the mins'
+// (bsums x mins) in 8 (mp).
+inline void q2k_block_sums(const Q2kConstants& k, const uint8_t* x, const uint8_t* y, __m256i& r, __m256i& mp) {
+  prefetch_ahead(x, 128);  // 84 bytes a block
+  const __m128i scb = load128(x + q2k::kScales);
+  const __m512i spread_scales = _mm512_permutexvar_epi8(k.spread, _mm512_castsi128_si512(scb));
+  const __m512i table =
+      _mm512_permutexvar_epi8(_mm512_ternarylogic_epi32(spread_scales, k.m15, k.code_rows, 0xEA), k.products);  // (a & b) | c
+  const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(scb, 4), k.m15x));
+  mp = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i*)(y + q8k::kBsums)), mins);
+  __m512i acc0 = _mm512_setzero_si512(), acc1 = _mm512_setzero_si512();
+  for (int m = 0; m < 4; ++m) {  // elements 64m..64m+63: h = m/2, j = 2(m%2) and 2(m%2)+1
+    const int h = m / 2;
+    // Every byte shifted right by 2j (low half) and 2j + 2 (high half): one multishift.
+    const __m512i codes = _mm512_multishift_epi64_epi8(k.shift_ctl[m % 2], dup256(x + q2k::kQs + 32 * h));
+    const __m512i sq = _mm512_permutexvar_epi8(_mm512_ternarylogic_epi32(codes, k.m3, k.lane_base[m], 0xEA), table);
+    if (m % 2 == 0) acc0 = _mm512_dpbusd_epi32(acc0, sq, load512(y + q8k::kQs + 64 * m));
+    else acc1 = _mm512_dpbusd_epi32(acc1, sq, load512(y + q8k::kQs + 64 * m));
+  }
+  const __m512i acc = _mm512_add_epi32(acc0, acc1);
+  r = _mm256_add_epi32(_mm512_castsi512_si256(acc), _mm512_extracti64x4_epi64(acc, 1));
+}
+
+// [y.d * d, y.d * dmin]: q2k_tail's dall and dmin (d and dmin are adjacent fp16s).
+inline __m128 q2k_factors(const uint8_t* x, const uint8_t* y) {
+  int32_t dd;
+  std::memcpy(&dd, x + q2k::kD, 4);
+  return _mm_mul_ps(_mm_set1_ps(load_f32_at(y + q8k::kD)), _mm_cvtph_ps(_mm_cvtsi32_si128(dd)));
+}
+
+}  // namespace
+
 float dot_q2_k_avx512(const void* vx, const void* vy, int64_t n) {
+  static_assert(q2k::kDmin == q2k::kD + 2, "q2k_factors loads d and dmin together");
   const uint8_t* x = (const uint8_t*)vx;
   const uint8_t* y = (const uint8_t*)vy;
-  const __m512i m3 = _mm512_set1_epi8(3);
-  const __m128i m15 = _mm_set1_epi8(15);
+  const Q2kConstants k;
+  const int64_t nb = n / kQK;
   float sumf = 0.0f;
-  for (int64_t i = 0; i < n / kQK; ++i, x += q2k::kBytes, y += q8k::kBytes) {
-    prefetch_ahead(x, 128);  // 84 bytes a block
-    const __m128i scb = load128(x + q2k::kScales);
-    const __m512i sc = _mm512_cvtepu8_epi32(_mm_and_si128(scb, m15));
-    const __m512i mins = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(scb, 4), m15));
-    const __m512i bsums = _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i*)(y + q8k::kBsums)));
-    const int32_t summs = _mm512_reduce_add_epi32(_mm512_mullo_epi32(bsums, mins));
-    __m512i acc = _mm512_setzero_si512();
-    for (int m = 0; m < 4; ++m) {  // elements 64m..64m+63: h = m/2, j = 2(m%2) and 2(m%2)+1
-      const int h = m / 2, j = 2 * (m % 2);
-      const __m512i q = _mm512_and_si512(srl_halves(dup256(x + q2k::kQs + 32 * h), 2 * j, 2 * j + 2), m3);
-      const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, load512(y + q8k::kQs + 64 * m));
-      acc = _mm512_add_epi32(acc, _mm512_mullo_epi32(p, scales_for_chunk(sc, m)));
-    }
+  int64_t i = 0;
+  for (; i + 4 <= nb; i += 4, x += 4 * q2k::kBytes, y += 4 * q8k::kBytes) {
+    __m256i r[4], mp[4];
+    for (int b = 0; b < 4; ++b) q2k_block_sums(k, x + b * q2k::kBytes, y + b * q8k::kBytes, r[b], mp[b]);
+    const __m256i g01 = _mm256_hadd_epi32(_mm256_hadd_epi32(r[0], mp[0]), _mm256_hadd_epi32(r[1], mp[1]));
+    const __m256i g23 = _mm256_hadd_epi32(_mm256_hadd_epi32(r[2], mp[2]), _mm256_hadd_epi32(r[3], mp[3]));
+    const __m256i u = _mm256_add_epi32(_mm256_permute2x128_si256(g01, g23, 0x20),
+                                       _mm256_permute2x128_si256(g01, g23, 0x31));  // [Ra, Ma, Rb, Mb, Rc, Mc, Rd, Md]
+    const __m256 f = _mm256_set_m128(
+        _mm_movelh_ps(q2k_factors(x + 2 * q2k::kBytes, y + 2 * q8k::kBytes), q2k_factors(x + 3 * q2k::kBytes, y + 3 * q8k::kBytes)),
+        _mm_movelh_ps(q2k_factors(x, y), q2k_factors(x + q2k::kBytes, y + q8k::kBytes)));
+    const __m256 p = _mm256_mul_ps(f, _mm256_cvtepi32_ps(u));
+    const __m256 d = _mm256_hsub_ps(p, p);  // [a, b, a, b, c, d, c, d]
+    const __m128 ab = _mm256_castps256_ps128(d), cd = _mm256_extractf128_ps(d, 1);
+    sumf += _mm_cvtss_f32(ab);
+    sumf += _mm_cvtss_f32(_mm_movehdup_ps(ab));
+    sumf += _mm_cvtss_f32(cd);
+    sumf += _mm_cvtss_f32(_mm_movehdup_ps(cd));
+  }
+  for (; i + 2 <= nb; i += 2, x += 2 * q2k::kBytes, y += 2 * q8k::kBytes) {
+    __m256i ra, ma, rb, mb;
+    q2k_block_sums(k, x, y, ra, ma);
+    q2k_block_sums(k, x + q2k::kBytes, y + q8k::kBytes, rb, mb);
+    const __m256i t = _mm256_hadd_epi32(_mm256_hadd_epi32(ra, ma), _mm256_hadd_epi32(rb, mb));
+    const __m128i u = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));  // [Ra, Ma, Rb, Mb]
+    const __m128 f = _mm_movelh_ps(q2k_factors(x, y), q2k_factors(x + q2k::kBytes, y + q8k::kBytes));
+    const __m128 p = _mm_mul_ps(f, _mm_cvtepi32_ps(u));
+    const __m128 d = _mm_hsub_ps(p, p);  // [dall_a*Ra - dmin_a*Ma, dall_b*Rb - dmin_b*Mb, ..]
+    sumf += _mm_cvtss_f32(d);
+    sumf += _mm_cvtss_f32(_mm_movehdup_ps(d));
+  }
+  for (; i < nb; ++i, x += q2k::kBytes, y += q8k::kBytes) {
+    __m256i r, mp;
+    q2k_block_sums(k, x, y, r, mp);
+    const __m256i t = _mm256_hadd_epi32(r, mp);
+    const __m128i u0 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+    const __m128i u = _mm_hadd_epi32(u0, u0);
     sumf = q2k_tail(sumf, load_f32_at(y + q8k::kD), f16c_at(x + q2k::kD), f16c_at(x + q2k::kDmin),
-                    _mm512_reduce_add_epi32(acc), summs);
+                    _mm_cvtsi128_si32(u), _mm_extract_epi32(u, 1));
   }
   return sumf;
 }
