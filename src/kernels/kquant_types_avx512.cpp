@@ -58,41 +58,44 @@ float dot_q8_k_avx512(const void* vx, const void* vy, int64_t n) {
 // products table, then per 64 elements one permute picks T[4k + q] for each element's sub-block
 // k and code q, so dpbusd forms s*q*y straight into the accumulator. Zen 4 runs the variable
 // word shifts (srlv_epi16) and the per-lane scale multiplies of the other K-quant dots slowly;
-// this kernel uses neither (a multishift moves the codes into place). Four (or two) blocks share one horizontal reduction of their code
-// and min sums and one vector tail: the same float operations, in the same order, as
-// q2k_tail's. In cache on Zen 4: 31 -> 22.6 cycles a block.
+// this kernel uses neither (a multishift moves the codes into place). Four (or two) blocks
+// share one horizontal reduction of their code and min sums and one vector tail: the same float
+// operations, in the same order, as q2k_tail's. In cache on Zen 4: 31 -> 22.6 cycles a block.
 namespace {
+
+// The kernel's byte tables, built at compile time so that a call (a row of as few as 9 blocks)
+// only loads them.
+struct Q2kTables {
+  alignas(64) uint8_t products[64];       // [16q + s] = s * q
+  alignas(64) uint8_t spread[64];         // [4k + q] = k
+  alignas(64) uint8_t lane_base[4][64];   // chunk m, lane l (sub-block 4m + l): 4(4m + l)
+  alignas(64) uint8_t shift_ctl[2][64];   // vpmultishiftqb: bits from 8b + 2j (low half), 8b + 2j + 2
+};
+constexpr Q2kTables make_q2k_tables() {
+  Q2kTables t{};
+  for (int i = 0; i < 64; ++i) {
+    t.products[i] = (uint8_t)((i % 16) * (i / 16));
+    t.spread[i] = (uint8_t)(i / 4);
+    for (int m = 0; m < 4; ++m) t.lane_base[m][i] = (uint8_t)(4 * (4 * m + i / 16));
+    for (int j = 0; j < 2; ++j) t.shift_ctl[j][i] = (uint8_t)(8 * (i % 8) + 4 * j + (i >= 32 ? 2 : 0));
+  }
+  return t;
+}
+alignas(64) constexpr Q2kTables kQ2kTables = make_q2k_tables();
 
 struct Q2kConstants {
   __m512i products, spread, code_rows, m15, m3, lane_base[4], shift_ctl[2];
   __m128i m15x;
   Q2kConstants() {
-    alignas(64) static constexpr uint8_t kProducts[64] = {  // [16q + s] = s * q
-        0, 0, 0, 0, 0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0,  0, 1,  2,  3,  4,  5,
-        6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 0,  2,  4,  6,  8,  10, 12, 14, 16, 18, 20, 22,
-        24, 26, 28, 30, 0, 3, 6, 9, 12, 15, 18, 21, 24, 27, 30, 33, 36, 39, 42, 45};
-    alignas(64) static constexpr uint8_t kSpread[64] = {  // [4k + q] = k
-        0, 0, 0, 0, 1, 1, 1, 1, 2,  2,  2,  2,  3,  3,  3,  3,  4,  4,  4,  4,  5,  5,
-        5, 5, 6, 6, 6, 6, 7, 7, 7,  7,  8,  8,  8,  8,  9,  9,  9,  9,  10, 10, 10, 10,
-        11, 11, 11, 11, 12, 12, 12, 12, 13, 13, 13, 13, 14, 14, 14, 14, 15, 15, 15, 15};
-    products = _mm512_load_si512((const void*)kProducts);
-    spread = _mm512_load_si512((const void*)kSpread);
+    const Q2kTables& t = kQ2kTables;
+    products = _mm512_load_si512((const void*)t.products);
+    spread = _mm512_load_si512((const void*)t.spread);
+    for (int m = 0; m < 4; ++m) lane_base[m] = _mm512_load_si512((const void*)t.lane_base[m]);
+    for (int j = 0; j < 2; ++j) shift_ctl[j] = _mm512_load_si512((const void*)t.shift_ctl[j]);
     code_rows = _mm512_set1_epi32(0x30201000);  // [4k + q] = 16q
     m15 = _mm512_set1_epi8(15);
     m3 = _mm512_set1_epi8(3);
     m15x = _mm_set1_epi8(15);
-    // Elements 64m..64m+63 lie in 128-bit lanes of 16, lane l in sub-block 4m + l: T's entries
-    // for it start at 4(4m + l).
-    // vpmultishiftqb: byte b of a qword takes the 8 bits from bit 8b + 2j (low half), 8b + 2j + 2.
-    for (int jj = 0; jj < 2; ++jj) {
-      alignas(64) uint8_t c[64];
-      for (int b = 0; b < 64; ++b) c[b] = (uint8_t)(8 * (b % 8) + 4 * jj + (b >= 32 ? 2 : 0));
-      shift_ctl[jj] = _mm512_load_si512((const void*)c);
-    }
-    for (int m = 0; m < 4; ++m)
-      lane_base[m] = _mm512_inserti64x4(
-          _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi8((char)(16 * m + 4)), _mm_set1_epi8((char)(16 * m)))),
-          _mm256_set_m128i(_mm_set1_epi8((char)(16 * m + 12)), _mm_set1_epi8((char)(16 * m + 8))), 1);
   }
 };
 
