@@ -130,7 +130,9 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "error: %s is missing: run build/bench_decode_streamed once to generate it\n", file.c_str());
       return 1;
     }
-    std::unique_ptr<Model> m = load_model(file, LoadOptions{false, {}});
+    LoadOptions lo;
+    lo.resident_experts = false;
+    std::unique_ptr<Model> m = load_model(file, lo);
     const ModelConfig& c = m->config;
     if (threads <= 0) threads = (int)std::max(1u, std::thread::hardware_concurrency());
     const uint64_t total_experts = (uint64_t)c.num_hidden_layers * c.n_routed_experts;

@@ -84,7 +84,9 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     ensure_model(a);
-    std::unique_ptr<Model> m = load_model(a.file, LoadOptions{false, {}});
+    LoadOptions lo;
+    lo.resident_experts = false;
+    std::unique_ptr<Model> m = load_model(a.file, lo);
     const ModelConfig& c = m->config;
     const uint64_t total_experts = (uint64_t)c.num_hidden_layers * c.n_routed_experts;
     storage::StoreOptions so;

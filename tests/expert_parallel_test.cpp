@@ -1,5 +1,5 @@
 // Expert parallelism (issue 17, docs/scale-out.md) in one process: the ranks of a LocalFabric are
-// threads, each peer a Session serving its experts, rank 0 a Session whose routed experts partly
+// threads, each peer an ExpertHost serving its experts, rank 0 a Session whose routed experts partly
 // come over the fabric. The logits equal a single process's bit for bit (2 and 3 ranks, balanced
 // and an interleaved placement, streamed and resident experts, chunked prefill and decode); the
 // traffic counters equal the frame formula over the traced routing; a peer that stops answering
@@ -23,8 +23,11 @@
 #include "fabric/frames.h"
 #include "fabric/local_fabric.h"
 #include "fabric/placement.h"
+#include "model/deepseek41/engine_footprint.h"
 #include "model/deepseek41/forward.h"
+#include "model/model.h"
 #include "model/deepseek41/primitives.h"
+#include "runtime/expert_host.h"
 #include "runtime/expert_parallel.h"
 #include "runtime/session.h"
 #include "util/error.h"
@@ -111,25 +114,30 @@ GenerateRequest request(std::vector<uint32_t> prompt, uint32_t max_tokens, const
   return r;
 }
 
-fabric::Hello hello_for(const SessionOptions& so, const Session& s, const fabric::Placement& p, int rank) {
+// `rows`: the most rows per exchange the rank's admission holds (a peer's plan's chunk).
+fabric::Hello hello_for(const SessionOptions& so, const fabric::Placement& p, int rank, uint32_t rows) {
   const ModelHeader h = open_model_header(so.model_path);
-  fabric::Hello me = own_hello(so.model_path, h.file.data_offset(), s.config(), p);
+  fabric::Hello me = own_hello(so.model_path, h.file.data_offset(), h.config, p);
   me.owned_experts = p.owned_by(rank);
   me.resident = !so.stream_experts;
+  me.rows = rows;
   return me;
 }
 
-// A peer thread: a Session of its own, Hello, then serving until Bye. `error` gets what ended it.
+// A peer thread: an ExpertHost of its own (its experts only), Hello, then serving until Bye.
+// `error` gets what ended it.
 struct Peer {
   std::thread t;
   std::string error;
   ServeStats stats;
+  uint64_t loaded_bytes = 0;
   void run(fabric::Fabric& f, SessionOptions so, fabric::Placement p) {
     t = std::thread([this, &f, so, p] {
       try {
-        Session s(so);
-        const JobStart job = join_job(f, hello_for(so, s, p, f.rank()), 20s);
-        stats = serve_experts(f, s.backend(), s.model(), s.experts(), p, job);
+        const ExpertHost host(so, open_model_header(so.model_path), p, f.rank());
+        loaded_bytes = host.model().loaded_bytes;
+        const JobStart job = join_job(f, hello_for(so, p, f.rank(), host.plan().chunk), 20s);
+        stats = serve_experts(f, host.backend(), host.model(), host.experts(), p, job);
       } catch (const std::exception& e) {
         error = e.what();
       }
@@ -179,7 +187,7 @@ JobResult run_job(uint32_t ranks, uint32_t chunk, bool interleave, const std::ve
     so.remote = &fx;
     so.tensors = &out.sums;
     Session s(so);
-    start_job(*fab[0], hello_for(so, s, p, 0), 0x1234, std::max(chunk, 16u), 20s);
+    start_job(*fab[0], hello_for(so, p, 0, 0), 0x1234, std::max(chunk, 16u), 20s);
     fx.start(0x1234, std::max(chunk, 16u));
     const EvalObserver obs = out.seen.observer(c.vocab_size);
     out.generated = s.generate(request(prompt, gen, &obs), {}, {}).tokens;
@@ -278,15 +286,14 @@ TEST_F(ExpertParallel, APeerThatStopsAnsweringIsAnErrorWithinTheTimeout) {
   const fabric::Placement p = fabric::balanced_placement(2, c.num_hidden_layers, c.n_routed_experts);
   std::atomic<bool> quit{false};
   std::thread silent([&] {
-    Session s(opts(true));
-    join_job(f1, hello_for(opts(true), s, p, 1), 20s);
+    join_job(f1, hello_for(opts(true), p, 1, 16), 20s);
     while (!quit) std::this_thread::sleep_for(5ms);  // takes the Work frames in, never answers
   });
   FabricExperts fx(f0, p, c.hidden_size, 300ms);
   SessionOptions so = opts(true);
   so.remote = &fx;
   Session s(so);
-  start_job(f0, hello_for(so, s, p, 0), 77, 16, 20s);
+  start_job(f0, hello_for(so, p, 0, 0), 77, 16, 20s);
   fx.start(77, 16);
   const auto t0 = std::chrono::steady_clock::now();
   try {
@@ -322,15 +329,13 @@ TEST_F(ExpertParallel, AHandshakeMismatchIsRefusedNamingTheField) {
     std::string peer_error;
     std::thread peer([&] {
       try {
-        Session s(opts(true, 8, k.seed));
-        join_job(f1, hello_for(opts(true, 8, k.seed), s, *k.peer_placement, 1), 20s);
+        join_job(f1, hello_for(opts(true, 8, k.seed), *k.peer_placement, 1, 16), 20s);
       } catch (const Error& e) {
         peer_error = e.what();
       }
     });
-    Session s(opts(true));
     try {
-      start_job(f0, hello_for(opts(true), s, balanced, 0), 5, 16, 20s);
+      start_job(f0, hello_for(opts(true), balanced, 0, 0), 5, 16, 20s);
       ADD_FAILURE() << "the job started";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(std::string("rank 1 differs from rank 0 in its ") + k.field), std::string::npos)
@@ -352,8 +357,7 @@ TEST_F(ExpertParallel, APeerRefusesWorkForAnExpertItDoesNotOwn) {
   const fabric::Placement p = fabric::balanced_placement(2, c.num_hidden_layers, c.n_routed_experts);
   Peer peer;
   peer.run(f1, opts(true), p);
-  Session s(opts(true));
-  start_job(f0, hello_for(opts(true), s, p, 0), 99, 16, 20s);
+  start_job(f0, hello_for(opts(true), p, 0, 0), 99, 16, 20s);
   const std::vector<uint16_t> row(c.hidden_size, 0x3f80);  // 1.0
   const fabric::WorkTriple t{0, 0, 0.5f};                  // expert 0 is rank 0's
   f0.send(1, fabric::kTagToPeer, fabric::encode_work(99, 1, 0, c.hidden_size, row, std::span(&t, 1)));
@@ -363,6 +367,97 @@ TEST_F(ExpertParallel, APeerRefusesWorkForAnExpertItDoesNotOwn) {
   EXPECT_NE(fabric::decode_text(*m, 1).find("expert 0 of layer 0, which rank 1 does not own"), std::string::npos);
   peer.t.join();
   EXPECT_NE(peer.error.find("does not own"), std::string::npos) << peer.error;
+}
+
+// A peer holds the experts the placement gives it and nothing else: the loaded bytes are its
+// owned slices, packed; each equals the whole model's bytes of that expert; asking for another
+// rank's expert is an Error; its plan has no dense weights or sequence state, an exchange of
+// exchange_rows(--chunk) rows, and (streamed) a cache of at most the owned experts.
+TEST_F(ExpertParallel, APeerLoadsOnlyTheExpertsItOwns) {
+  const ModelHeader h = open_model_header(model());
+  const ModelConfig& c = h.config;
+  const fabric::Placement p = interleaved(3, c.num_hidden_layers, c.n_routed_experts);
+  const ExpertHost host(opts(false), h, p, 1);
+  LoadOptions whole;
+  whole.resident_experts = true;
+  const std::unique_ptr<Model> full = load_model(model(), whole);
+  uint64_t want = 0;
+  for (uint32_t L = 0; L < c.num_hidden_layers; ++L) {
+    uint64_t n = 0;
+    for (uint32_t e = 0; e < c.n_routed_experts; ++e) n += p.owner_of(L, e) == 1;
+    const ExpertLayout& g = full->experts.layouts[L];
+    for (uint64_t slice : {g.gate_bytes, g.up_bytes, g.down_bytes}) want += aligned_tensor_bytes(n * slice);
+  }
+  EXPECT_EQ(host.owned_experts(), p.owned_by(1));
+  EXPECT_EQ(host.model().loaded_bytes, want);
+  const ExpertSource& mine = host.experts();
+  const ExpertSource& all = resident_expert_source(*full);
+  for (uint32_t L = 0; L < c.num_hidden_layers; ++L) {
+    const ExpertLayout& g = full->experts.layouts[L];
+    for (uint32_t e = 0; e < c.n_routed_experts; ++e) {
+      if (p.owner_of(L, e) != 1) {
+        try {
+          mine.get(L, e);
+          ADD_FAILURE() << "expert " << e << " of layer " << L << " is another rank's";
+        } catch (const Error& err) {
+          EXPECT_NE(std::string(err.what()).find("is not loaded in this process"), std::string::npos) << err.what();
+        }
+        continue;
+      }
+      const ExpertWeights a = mine.get(L, e), b = all.get(L, e);
+      ASSERT_EQ(std::memcmp(a.gate, b.gate, g.gate_bytes), 0) << "layer " << L << " expert " << e;
+      ASSERT_EQ(std::memcmp(a.up, b.up, g.up_bytes), 0) << "layer " << L << " expert " << e;
+      ASSERT_EQ(std::memcmp(a.down, b.down, g.down_bytes), 0) << "layer " << L << " expert " << e;
+    }
+  }
+  const Plan& pl = host.plan();
+  EXPECT_TRUE(pl.admitted);
+  EXPECT_EQ(pl.chunk, exchange_rows(8, 1));
+  bool owned_line = false, scratch_line = false;
+  for (const PlanLine& l : pl.mandatory) {
+    EXPECT_NE(l.name, "resident weights");
+    EXPECT_NE(l.name, "sequence state");
+    if (l.name == "owned experts") {
+      owned_line = true;
+      EXPECT_EQ(l.bytes, want);
+    }
+    if (l.name == "exchange scratch") {
+      scratch_line = true;
+      EXPECT_EQ(l.bytes, exchange_scratch_bytes(c, pl.chunk));
+    }
+  }
+  EXPECT_TRUE(owned_line && scratch_line) << format_plan(pl);
+  const ExpertHost streamed(opts(true), h, p, 1);
+  EXPECT_EQ(streamed.model().loaded_bytes, 0u);
+  EXPECT_GT(streamed.plan().cache_slots, 0u);
+  EXPECT_LE(streamed.plan().cache_slots, p.owned_by(1));
+}
+
+// Rank 0 sends exchanges of up to its max_rows; a peer whose admission holds fewer is refused at
+// the handshake, naming both figures, and the peer is told why.
+TEST_F(ExpertParallel, APeerHoldingFewerRowsThanRankZeroSendsIsRefused) {
+  const ModelHeader h = open_model_header(model());
+  const ModelConfig& c = h.config;
+  const fabric::Placement p = fabric::balanced_placement(2, c.num_hidden_layers, c.n_routed_experts);
+  fabric::LocalHub hub(2);
+  fabric::LocalFabric f0(hub, 0), f1(hub, 1);
+  std::string peer_error;
+  std::thread peer([&] {
+    try {
+      join_job(f1, hello_for(opts(true), p, 1, 8), 20s);
+    } catch (const Error& e) {
+      peer_error = e.what();
+    }
+  });
+  try {
+    start_job(f0, hello_for(opts(true), p, 0, 0), 5, 16, 20s);
+    ADD_FAILURE() << "the job started";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 holds exchanges of at most 8 rows"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank 0 sends up to 16"), std::string::npos) << e.what();
+  }
+  peer.join();
+  EXPECT_NE(peer_error.find("at most 8 rows"), std::string::npos) << peer_error;
 }
 
 // Every field a receiver checks, broken one at a time.

@@ -9,6 +9,7 @@
 #include "cli/cmd_run.h"
 #include "cli/commands.h"
 #include "fabric/mpi_fabric.h"
+#include "runtime/expert_host.h"
 #include "runtime/meminfo.h"
 #include "util/error.h"
 #include "util/read_file.h"
@@ -74,22 +75,28 @@ fabric::Hello FabricJob::hello(const Session& s) const {
 
 int FabricJob::serve(SessionOptions so, const ModelHeader& h) {
   try {
-    Session s(std::move(so), h);
-    const fabric::Hello me = hello(s);
+    // Only this rank's experts: no dense weights, sequence state or Engram rows (expert_host.h).
+    const ExpertHost host(so, h, p_, f_->rank());
+    fabric::Hello me = own_hello(model_path_, data_offset_, cfg_, p_);
+    const Plan& pl = host.plan();
+    me.owned_experts = host.owned_experts();
+    me.owned_bytes = me.owned_experts * pl.expert_bytes;
+    me.budget = pl.budget;
+    me.cache_slots = pl.cache_slots;
+    me.resident = !so.stream_experts;
+    me.rows = pl.chunk;
     const JobStart job = join_job(*f_, me, std::chrono::seconds(o_.start_timeout_s));
-    std::fprintf(stderr, "sluice (rank %d): pid %d serving %llu experts\n", f_->rank(), (int)::getpid(),
-                 (unsigned long long)me.owned_experts);
+    std::fprintf(stderr, "sluice (rank %d): pid %d serving %llu experts, exchanges of up to %u rows\n", f_->rank(),
+                 (int)::getpid(), (unsigned long long)me.owned_experts, pl.chunk);
     // A peer whose launcher went away (rank 0's box lost, mpirun killed) would wait for work
     // forever: once it is re-parented, it ends.
     const pid_t parent = ::getppid();
-    const ServeStats st = serve_experts(*f_, s.backend(), s.model(), s.experts(), p_, job, [parent] {
+    const ServeStats st = serve_experts(*f_, host.backend(), host.model(), host.experts(), p_, job, [parent] {
       if (::getppid() != parent) throw Error("fabric: the process that started this rank is gone; ending");
     });
-    // This rank's own expert store, as run's summary shows rank 0's.
     std::fprintf(stderr, "sluice (rank %d): served %llu exchanges, %llu expert terms, %llu failed | %llu experts owned | %s\n",
                  f_->rank(), (unsigned long long)st.frames, (unsigned long long)st.triples,
-                 (unsigned long long)st.failed, (unsigned long long)me.owned_experts,
-                 session_summary(s, 0).c_str());
+                 (unsigned long long)st.failed, (unsigned long long)me.owned_experts, host.summary().c_str());
     return 0;
   } catch (const std::exception& e) {
     fail(e.what());
@@ -100,7 +107,7 @@ void FabricJob::start(const Session& s) {
   std::random_device rd;
   uint64_t nonce = 0;
   while (nonce == 0) nonce = ((uint64_t)rd() << 32) ^ rd();
-  const uint32_t max_rows = std::max<uint32_t>({s.plan().chunk, s.options().parallel, 16});
+  const uint32_t max_rows = exchange_rows(s.plan().chunk, s.options().parallel);
   try {
     start_job(*f_, hello(s), nonce, max_rows, std::chrono::seconds(o_.start_timeout_s));
   } catch (const std::exception& e) {

@@ -98,7 +98,7 @@ const char* kind_name(Kind k) {
 }
 
 std::vector<uint8_t> encode_hello(const Hello& h) {
-  std::vector<uint8_t> b = header(Kind::Hello, 0, 0, 0, 0, 0, 0, kHelloBytes);
+  std::vector<uint8_t> b = header(Kind::Hello, 0, 0, 0, h.rows, 0, 0, kHelloBytes);
   Writer w(b);
   w.text(h.build, 64);
   w.text(h.isa, 16);
@@ -189,6 +189,7 @@ Hello decode_hello(std::span<const uint8_t> m, int from) {
   o.budget = r.get<uint64_t>();
   o.cache_slots = r.get<uint64_t>();
   o.resident = r.get<uint8_t>();
+  o.rows = h.rows;
   return o;
 }
 

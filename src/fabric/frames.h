@@ -4,6 +4,7 @@
 // against the limits the receiver already knows (its model's widths, the chunk, the placement).
 //
 //   Hello    peer -> 0   build, ISA, model identity, placement hash, shape, the peer's admission
+//                        (in `rows`, the most rows one exchange may carry there)
 //   Welcome  0 -> peer   the job's nonce (every later frame carries it) and, in `rows`, the most
 //                        rows a Work frame will carry
 //   Refuse   0 -> peer   why the job does not start (text)
@@ -23,7 +24,7 @@
 namespace sluice::fabric {
 
 inline constexpr uint32_t kFrameMagic = 0x5045'4c53;  // "SLEP" little-endian
-inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr uint16_t kProtocolVersion = 2;  // 2: a Hello carries the rows its admission holds
 inline constexpr size_t kHeaderBytes = 64;
 inline constexpr size_t kMaxTextBytes = 4096;
 // Message tags: requests to a peer, and what a peer sends back.
@@ -49,6 +50,7 @@ struct Hello {
   // The rank's own admission of its experts.
   uint64_t owned_experts = 0, owned_bytes = 0, budget = 0, cache_slots = 0;
   uint8_t resident = 0;
+  uint32_t rows = 0;  // the most rows of one exchange its scratch is planned for (the header's rows)
 };
 
 struct WorkTriple {

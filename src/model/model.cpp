@@ -20,6 +20,13 @@ void Model::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
 ExpertWeights ResidentExperts::get(uint32_t layer, uint32_t expert) const {
   const Layer& l = layers.at(layer);
   const ExpertLayout& g = layouts.at(layer);
+  if (!index.empty()) {
+    const int32_t k = index.at(layer).at(expert);
+    if (k < 0)
+      throw Error("routed expert " + std::to_string(expert) + " of layer " + std::to_string(layer) +
+                  " is not loaded in this process (another rank owns it)");
+    expert = (uint32_t)k;
+  }
   return ExpertWeights{l.gate + (uint64_t)expert * g.gate_bytes, l.up + (uint64_t)expert * g.up_bytes,
                        l.down + (uint64_t)expert * g.down_bytes};
 }
@@ -57,13 +64,40 @@ std::unique_ptr<Model> load_model(const std::string& gguf_path, const LoadOption
     throw Error(gguf_path + ": " + unsupported.front());
 
   TensorLoader ld(m.file, m.buffers, m.loaded_bytes, o);
-  m.token_embd = ld.weight("token_embd.weight");
-  m.output = ld.weight("output.weight");
-  m.output_norm = ld.floats("output_norm.weight");
   m.layers.resize(c.num_hidden_layers);
   m.resident_experts = o.resident_experts;
   m.experts.layers.resize(c.num_hidden_layers);
   m.experts.layouts.resize(c.num_hidden_layers);
+  if (o.experts_only) {
+    // An expert server's model: the routed experts' layouts, and the owned experts' bytes.
+    uint64_t total = 0;
+    std::vector<std::vector<uint32_t>> mine(c.num_hidden_layers);
+    if (o.resident_experts) m.experts.index.assign(c.num_hidden_layers, std::vector<int32_t>(c.n_routed_experts, -1));
+    for (uint32_t L = 0; L < c.num_hidden_layers; ++L) {
+      if (!o.resident_experts) continue;
+      for (uint32_t e = 0; e < c.n_routed_experts; ++e)
+        if (!o.owned || o.owned(L, e)) {
+          m.experts.index[L][e] = (int32_t)mine[L].size();
+          mine[L].push_back(e);
+        }
+      for (const char* part : kRoutedExpertTensors) {
+        const gguf::TensorInfo& t = ld.info("blk." + std::to_string(L) + "." + part);
+        total += mine[L].size() * (t.nbytes / std::max<uint64_t>(1, t.ne[2]));
+      }
+    }
+    ld.set_total(total);
+    const std::vector<uint32_t> none;
+    for (uint32_t L = 0; L < c.num_hidden_layers; ++L) {
+      LayerWeights& w = m.layers[L];
+      load_routed_experts(ld, "blk." + std::to_string(L) + ".", w.experts, m.experts.layers[L],
+                          o.resident_experts ? &mine[L] : &none);
+      m.experts.layouts[L] = w.experts;
+    }
+    return model;
+  }
+  m.token_embd = ld.weight("token_embd.weight");
+  m.output = ld.weight("output.weight");
+  m.output_norm = ld.floats("output_norm.weight");
   for (uint32_t L = 0; L < c.num_hidden_layers; ++L) {
     const std::string b = "blk." + std::to_string(L) + ".";
     const LayerRole& r = m.roles[L];

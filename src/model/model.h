@@ -50,6 +50,10 @@ class ResidentExperts final : public ExpertSource {
   struct Layer { const uint8_t* gate = nullptr; const uint8_t* up = nullptr; const uint8_t* down = nullptr; };
   std::vector<Layer> layers;
   std::vector<ExpertLayout> layouts;
+  // Only some experts loaded (LoadOptions::owned): per layer, expert id -> its place among the
+  // loaded ones, -1 for one not loaded. Empty: every expert, in id order.
+  std::vector<std::vector<int32_t>> index;
+  // Throws Error for an expert that was not loaded.
   ExpertWeights get(uint32_t layer, uint32_t expert) const override;
 };
 
@@ -82,6 +86,11 @@ struct LoadOptions {
   // Prepares each weight for the backend that will run it (Backend::prepare_weight); null: the
   // CPU backend's preparation. Must outlive the Model.
   const Backend* backend = nullptr;
+  // An expert server (a --fabric peer, runtime/expert_host.h): no dense tensor is read, only the
+  // routed experts' layouts and, with resident_experts, the bytes of the experts `owned` accepts
+  // (every expert when it is empty), packed.
+  bool experts_only = false;
+  std::function<bool(uint32_t layer, uint32_t expert)> owned;
 };
 
 // Weights loaded from a GGUF (resident, owned memory). Engram tables stay on disk.

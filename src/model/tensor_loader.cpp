@@ -27,16 +27,22 @@ void load_block(TensorLoader& ld, const std::string& b, LayerWeights& w, Residen
   w.up_sh = ld.weight(b + "ffn_up_shexp.weight");
   w.down_sh = ld.weight(b + "ffn_down_shexp.weight");
 
-  const char* names[3] = {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"};
-  Weight* lay[3] = {&w.experts.gate, &w.experts.up, &w.experts.down};
-  uint64_t* bytes[3] = {&w.experts.gate_bytes, &w.experts.up_bytes, &w.experts.down_bytes};
+  static const std::vector<uint32_t> kNone;
+  load_routed_experts(ld, b, w.experts, resident, read_experts ? nullptr : &kNone);
+}
+
+void load_routed_experts(TensorLoader& ld, const std::string& b, ExpertLayout& lay, ResidentExperts::Layer& resident,
+                         const std::vector<uint32_t>* read) {
+  Weight* w[3] = {&lay.gate, &lay.up, &lay.down};
+  uint64_t* bytes[3] = {&lay.gate_bytes, &lay.up_bytes, &lay.down_bytes};
   const uint8_t** res[3] = {&resident.gate, &resident.up, &resident.down};
   for (int i = 0; i < 3; ++i) {
-    const gguf::TensorInfo& t = ld.info(b + names[i]);
-    *lay[i] = ld.view(t, nullptr);
-    lay[i]->rows = t.ne[1];  // one expert
-    *bytes[i] = t.ne[1] * lay[i]->row_bytes;
-    if (read_experts) *res[i] = ld.read(t);
+    const gguf::TensorInfo& t = ld.info(b + kRoutedExpertTensors[i]);
+    *w[i] = ld.view(t, nullptr);
+    w[i]->rows = t.ne[1];  // one expert
+    *bytes[i] = t.ne[1] * w[i]->row_bytes;
+    if (!read) *res[i] = ld.read(t);
+    else if (!read->empty()) *res[i] = ld.read_experts(t, *bytes[i], *read);
   }
 }
 

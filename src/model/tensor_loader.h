@@ -23,6 +23,7 @@ class TensorLoader {
                const LoadOptions& o)
       : file_(f), buffers_(buffers), loaded_(loaded_bytes), backend_(o.backend), progress_(o.progress) {
     if (!progress_) return;
+    if (o.experts_only) return;  // the loader says how much it reads (set_total)
     for (const gguf::TensorInfo& t : file_.tensors()) {
       const bool engram = t.name.find(".engram_embd.") != std::string::npos;
       const bool routed = t.name.find("_exps.") != std::string::npos;
@@ -51,6 +52,27 @@ class TensorLoader {
       advance(n);
     }
     return p;
+  }
+
+  // The slices (`slice` bytes each) of the listed experts of a [.., .., n_expert] tensor, packed
+  // in list order into one buffer.
+  uint8_t* read_experts(const gguf::TensorInfo& t, uint64_t slice, const std::vector<uint32_t>& experts) {
+    const size_t size = (size_t)aligned_tensor_bytes(std::max<uint64_t>(1, slice * experts.size()));
+    auto* p = static_cast<uint8_t*>(std::aligned_alloc(64, size));
+    if (!p) throw Error("out of memory loading " + std::to_string(experts.size()) + " experts of " + t.name);
+    buffers_.emplace_back(p);
+    loaded_ += size;
+    for (size_t i = 0; i < experts.size(); ++i) {
+      file_.read_bytes(t, experts[i] * slice, p + i * slice, slice);
+      advance(slice);
+    }
+    return p;
+  }
+
+  // The progress total when the caller reads other than the whole resident set.
+  void set_total(uint64_t total) {
+    total_ = total;
+    if (progress_) progress_(0, total_);
   }
 
   Weight view(const gguf::TensorInfo& t, const uint8_t* data) const {
@@ -99,6 +121,15 @@ class TensorLoader {
   uint64_t done_ = 0, total_ = 0;
 };
 
+
+// The three routed-expert tensors of a block, in ExpertLayout's order.
+inline constexpr const char* kRoutedExpertTensors[3] = {"ffn_gate_exps.weight", "ffn_up_exps.weight",
+                                                         "ffn_down_exps.weight"};
+
+// The routed experts' layout under prefix b and their bytes into `resident`: every expert (`read`
+// null: the whole tensors), none (an empty list) or the listed ones, packed in list order.
+void load_routed_experts(TensorLoader& ld, const std::string& b, ExpertLayout& lay, ResidentExperts::Layer& resident,
+                         const std::vector<uint32_t>* read);
 
 // One block's attention, hyper-connection, router, shared-expert and routed-expert tensors
 // under prefix b ("blk.L." or "mtp.S."): the layout of the routed experts always, their bytes

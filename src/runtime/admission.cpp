@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fabric/frames.h"
 #include "format/gguf.h"
 #include "model/architecture.h"
 #include "model/deepseek41/engram_cache.h"
@@ -116,6 +117,14 @@ ModelFootprint footprint_from_gguf(const gguf::File& f) {
   return fp;
 }
 
+uint64_t exchange_scratch_bytes(const ModelConfig& c, uint64_t rows) {
+  const uint64_t H = c.hidden_size, F = c.moe_intermediate_size, T = rows * c.num_experts_per_tok;
+  // Per row: the BF16 row (2H), as f32 (4H), its gate/up activations (at most 4H each), the
+  // down output (4H); per expert row gate, up and the hidden activation (4F each) and three
+  // pointers. Per triple: three 12-byte records, the term (4H) and its copy in the Result (4H).
+  return rows * (18 * H + 12 * F + 24) + T * (8 * H + 36) + 2 * fabric::kHeaderBytes;
+}
+
 uint64_t largest_checkpoint_bytes(const ModelConfig& c) {
   return checkpoint_bytes(c, c.sliding_window) + (uint64_t)c.vocab_size * sizeof(float);
 }
@@ -151,8 +160,73 @@ struct Eval {
   bool fits_mandatory = false;
 };
 
+// The expert store in what the mandatory part leaves: its bounce buffers and as many slots as
+// fit (at most --cache-experts, and an expert server's owned experts).
+void size_store(const ModelFootprint& fp, const PlanOptions& o, uint64_t budget, Eval& e) {
+  // --cache-experts: the cache holds at most this many experts, whatever the budget leaves.
+  const uint64_t held = o.expert_server ? std::min(o.owned_experts, fp.total_experts()) : fp.total_experts();
+  const uint64_t slot_limit = o.max_cache_experts ? std::min<uint64_t>(held, o.max_cache_experts) : held;
+  e.slot_bytes = fp.slot_window_bytes(o.io_align) + o.slot_record_bytes;
+  const uint64_t avail = sat_sub(budget, e.mandatory_bytes);
+  if (o.store_bytes) {
+    // The store's figure: the largest slot count whose total fits (non-decreasing in slots).
+    e.fits_mandatory = budget >= e.mandatory_bytes && o.store_bytes(0) <= avail;
+    if (e.fits_mandatory) {
+      uint64_t lo = 0, hi = slot_limit;
+      while (lo < hi) {
+        const uint64_t mid = lo + (hi - lo + 1) / 2;
+        if (o.store_bytes(mid) <= avail) lo = mid;
+        else hi = mid - 1;
+      }
+      e.slots = lo;
+      e.cache_bytes = o.store_bytes(lo);
+    }
+  } else {
+    e.bounce = (uint64_t)o.io_depth * (align_up(fp.largest_expert_slice(), o.io_align) + o.io_align);
+    e.fits_mandatory = budget >= e.mandatory_bytes + e.bounce;
+    if (e.fits_mandatory && e.slot_bytes > 0) {
+      e.slots = std::min(slot_limit, (avail - e.bounce) / e.slot_bytes);
+      e.cache_bytes = e.slots * e.slot_bytes;
+    }
+  }
+}
+
+uint64_t thread_bytes(const ModelConfig& c, const PlanOptions& o) {
+  return o.thread_stack_bytes + (uint64_t)(c.sliding_window + c.index_topk + c.head_dim) * 4 + (64u << 10);
+}
+
+// An expert server's lines (PlanOptions::expert_server): its experts, one exchange, its threads.
+Eval evaluate_expert_server(const ModelFootprint& fp, const PlanOptions& o, uint32_t chunk, int threads, uint64_t budget) {
+  const ModelConfig& c = fp.config;
+  Eval e;
+  auto add = [&](std::string name, uint64_t bytes, std::string detail) {
+    e.mandatory.push_back({std::move(name), bytes, std::move(detail)});
+    e.mandatory_bytes += bytes;
+  };
+  add("owned experts", fp.resident_loaded_bytes,
+      num(o.owned_experts) + " of " + num(fp.total_experts()) + " routed experts " +
+          (fp.resident_loaded_bytes ? std::string("loaded (packed per layer and tensor, 64-byte aligned)")
+                                    : std::string("streamed through the expert store below")) +
+          "; an expert server holds no dense weights, sequence state or Engram rows");
+  add("exchange scratch", exchange_scratch_bytes(c, chunk),
+      "one exchange of up to " + num(chunk) + " rows and " + num((uint64_t)chunk * c.num_experts_per_tok) +
+          " expert terms: the frames, the rows as f32, the terms, the routed FFN's rows");
+  add("threads", thread_bytes(c, o) * (uint64_t)threads,
+      std::to_string(threads) + " x (" + format_bytes(o.thread_stack_bytes) + " stack + per-thread scratch)");
+  const uint64_t allocations = fp.routed_tensors.size() + 16;
+  const uint64_t slack = allocations * o.allocation_slack_bytes;
+  add("runtime overhead", o.overhead_bytes + slack,
+      (o.overhead_bytes ? format_bytes(o.overhead_bytes) + " measured (this process's resident set when planning) + "
+                        : std::string("not measured (no process) + ")) +
+          format_bytes(slack) + " allocator bound (" + num(allocations) + " allocations x " +
+          format_bytes(o.allocation_slack_bytes) + ")");
+  size_store(fp, o, budget, e);
+  return e;
+}
+
 // Everything for one chunk size.
 Eval evaluate(const ModelFootprint& fp, const PlanOptions& o, uint32_t chunk, int threads, uint64_t budget) {
+  if (o.expert_server) return evaluate_expert_server(fp, o, chunk, threads, budget);
   const ModelConfig& c = fp.config;
   Eval e;
   auto add = [&](std::string name, uint64_t bytes, std::string detail) {
@@ -181,8 +255,7 @@ Eval evaluate(const ModelFootprint& fp, const PlanOptions& o, uint32_t chunk, in
           (sc.engram_reads ? ", Engram reads " + format_bytes(sc.engram_reads) : std::string()) +
           ", logits " + format_bytes(sc.logits));
 
-  const uint64_t per_thread =
-      o.thread_stack_bytes + (uint64_t)(c.sliding_window + c.index_topk + c.head_dim) * 4 + (64u << 10);
+  const uint64_t per_thread = thread_bytes(c, o);
   add("threads", per_thread * (uint64_t)threads,
       std::to_string(threads) + " x (" + format_bytes(o.thread_stack_bytes) + " stack + per-thread scratch)");
 
@@ -229,32 +302,7 @@ Eval evaluate(const ModelFootprint& fp, const PlanOptions& o, uint32_t chunk, in
         o.dspark_detail + "; rings " + format_bytes(o.dspark_per_sequence) + " x " + num(o.sequences) +
             " sequence(s); captured rows " + format_bytes(o.dspark_per_row) + " x chunk " + num(chunk));
 
-  // --cache-experts: the cache holds at most this many experts, whatever the budget leaves.
-  const uint64_t slot_limit =
-      o.max_cache_experts ? std::min<uint64_t>(fp.total_experts(), o.max_cache_experts) : fp.total_experts();
-  e.slot_bytes = fp.slot_window_bytes(o.io_align) + o.slot_record_bytes;
-  const uint64_t avail = sat_sub(budget, e.mandatory_bytes);
-  if (o.store_bytes) {
-    // The store's figure: the largest slot count whose total fits (non-decreasing in slots).
-    e.fits_mandatory = budget >= e.mandatory_bytes && o.store_bytes(0) <= avail;
-    if (e.fits_mandatory) {
-      uint64_t lo = 0, hi = slot_limit;
-      while (lo < hi) {
-        const uint64_t mid = lo + (hi - lo + 1) / 2;
-        if (o.store_bytes(mid) <= avail) lo = mid;
-        else hi = mid - 1;
-      }
-      e.slots = lo;
-      e.cache_bytes = o.store_bytes(lo);
-    }
-  } else {
-    e.bounce = (uint64_t)o.io_depth * (align_up(fp.largest_expert_slice(), o.io_align) + o.io_align);
-    e.fits_mandatory = budget >= e.mandatory_bytes + e.bounce;
-    if (e.fits_mandatory && e.slot_bytes > 0) {
-      e.slots = std::min(slot_limit, (avail - e.bounce) / e.slot_bytes);
-      e.cache_bytes = e.slots * e.slot_bytes;
-    }
-  }
+  size_store(fp, o, budget, e);
   return e;
 }
 

@@ -173,11 +173,23 @@ struct PlanOptions {
   // Auto: resident when that plan is admitted with a verify depth of at least 2; otherwise
   // streamed when that is (the plan says which and why). --dspark-experts resident|stream.
   DsparkExperts dspark_experts = DsparkExperts::Auto;
+  // An expert server (a --fabric peer, runtime/expert_host.h): it holds `owned_experts` routed
+  // experts (resident ones come as ModelFootprint::resident_loaded_bytes) and nothing else of
+  // the model: no dense weights, sequence state, checkpoints or Engram cache. Its scratch is one
+  // exchange of `chunk` rows (exchange_scratch_bytes), and its cache holds at most the owned
+  // experts.
+  bool expert_server = false;
+  uint64_t owned_experts = 0;
   // Hook for the expert store: its own bytes (cache of `slots` experts + bounce buffers +
   // anything else it allocates) for a cache of `slots` experts. Must be non-decreasing in
   // slots. When set, it replaces the bounce-buffer and expert-cache formulas.
   std::function<uint64_t(uint64_t slots)> store_bytes;
 };
+
+// An expert server's live heap for one exchange of `rows` tokens (at most rows x top_k triples):
+// the Work frame as received, the rows widened to f32, the triples, each term as computed and the
+// Result frame, and the routed FFN's quantized rows and per-expert gate, up, hidden and down rows.
+uint64_t exchange_scratch_bytes(const ModelConfig& c, uint64_t rows);
 
 struct PlanLine {
   std::string name;

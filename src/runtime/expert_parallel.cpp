@@ -68,6 +68,10 @@ std::vector<fabric::Hello> start_job(fabric::Fabric& f, const fabric::Hello& min
       all[r] = fabric::decode_hello(*m, r);
       const std::string d = fabric::hello_mismatch(mine, all[r]);
       if (!d.empty()) why = rank_name(r) + " differs from rank 0 in its " + d;
+      else if (all[r].rows < max_rows)
+        why = rank_name(r) + " holds exchanges of at most " + std::to_string(all[r].rows) + " rows (its plan's chunk) and rank 0 sends up to " +
+              std::to_string(max_rows) + ": give every rank the same --chunk, or rank " + std::to_string(r) +
+              " a larger --mem-budget";
     } catch (const Error& e) {
       why = e.what();
     }

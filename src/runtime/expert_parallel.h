@@ -9,6 +9,7 @@
 // most rows a frame carries) or Refuse (the first field that differs). Then rank 0 sends Work
 // frames during its passes and Bye at the end.
 #pragma once
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -41,12 +42,17 @@ struct PeerTraffic {
 // and received, exchange latency p50 and p99 (microseconds), and the job's rank count.
 std::string fabric_metrics(const std::vector<PeerTraffic>& t);
 
+// The most rows one exchange carries in a job whose rank 0 evaluates chunks of `chunk` rows and
+// `parallel` sequences per step (a decode step of every slot is one pass): rank 0's Welcome
+// limit, and what a peer given the same --chunk plans its scratch for.
+inline uint32_t exchange_rows(uint32_t chunk, uint32_t parallel) { return std::max({chunk, parallel, 16u}); }
+
 // This process's Hello: build, ISA, identity of the model file, the placement and the shape.
 fabric::Hello own_hello(const std::string& model_path, uint64_t data_offset, const ModelConfig& c,
                         const fabric::Placement& p);
 
 // Rank 0: every peer's Hello (within `timeout`), compared with `mine`; each gets Welcome, or,
-// when any differs or a peer does not answer, every peer gets Refuse and this throws Error
+// when any differs, holds fewer than `max_rows` rows per exchange or does not answer, every peer gets Refuse and this throws Error
 // naming the rank and the field. Returns the peers' Hellos (index = rank; [0] is mine).
 std::vector<fabric::Hello> start_job(fabric::Fabric& f, const fabric::Hello& mine, uint64_t nonce, uint32_t max_rows,
                                      std::chrono::milliseconds timeout);

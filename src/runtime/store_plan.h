@@ -3,6 +3,7 @@
 // is exactly what `run`/`serve` allocate. Used by the plan command and by Session.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "runtime/admission.h"
 #include "storage/expert_store.h"
@@ -19,6 +20,10 @@ struct StorePlanOptions {
 // The plan for `f` (header only; no payload is read). With stream_experts, cache_slots is what
 // the store may hold. Throws Error for invalid options or a file whose experts do not match.
 Plan plan_for_file(const gguf::File& f, const StorePlanOptions& o);
+
+// An expert server's plan (PlanOptions::expert_server): `owned[L]` routed experts of layer L,
+// loaded packed (without stream_experts) or streamed through a store that holds at most them.
+Plan plan_expert_server(const gguf::File& f, const StorePlanOptions& o, const std::vector<uint32_t>& owned);
 
 // PlanOptions::overhead_bytes as plan_for_file measures it: this process's resident set now
 // (/proc/self/status VmRSS), rounded up to a whole MiB. Call it once the header and tokenizer

@@ -70,6 +70,10 @@ for mode in "" --resident-experts; do
   cmp one.f32 three.f32 || fail "np 3 logits differ from one process ($mode)"
   cmp one.txt two.txt && cmp one.txt three.txt || fail "generated tokens differ ($mode)"
   grep -q "rank 2: [1-9][0-9]* exchanges" three.err || fail "rank 2 did no work ($mode)"
+  # Rank 1 is an expert server of its 64 of the 128 experts and nothing else (runtime/expert_host.h).
+  grep -q "sluice (rank 1): served .* | 64 experts owned | " two.err || { cat two.err >&2; fail "rank 1's summary ($mode)"; }
+  [ -z "$mode" ] || grep -q "| 64 experts owned | 64 experts resident (" two.err ||
+    { cat two.err >&2; fail "rank 1 holds other than its experts ($mode)"; }
   if true; then  # the tiny preset: 8 layers of 16 experts (parse_placement refuses anything else)
     "${mpi[@]}" -np 3 "$bin" "${run[@]}" $mode "${fab[@]}" --placement interleaved.txt --dump-logits file.f32 \
       > /dev/null 2> file.err || { cat file.err >&2; fail "placement file $mode"; }
