@@ -433,6 +433,41 @@ TEST_F(ExpertParallel, APeerLoadsOnlyTheExpertsItOwns) {
   EXPECT_LE(streamed.plan().cache_slots, p.owned_by(1));
 }
 
+// Rank 0's plan charges one layer's exchange of a chunk: the frames to every rank, the answers
+// and the split terms, on top of what one process would plan.
+TEST_F(ExpertParallel, RankZerosPlanChargesTheExchange) {
+  const ModelHeader h = open_model_header(model());
+  const ModelConfig& c = h.config;
+  const fabric::Placement p = fabric::balanced_placement(3, c.num_hidden_layers, c.n_routed_experts);
+  fabric::LocalHub hub(3);
+  fabric::LocalFabric f0(hub, 0);
+  FabricExperts fx(f0, p, c.hidden_size, 1000ms);
+  SessionOptions so = opts(true);
+  so.remote = &fx;
+  const Session with(so);
+  const Session alone(opts(true));
+  const Plan& a = with.plan();
+  const Plan& b = alone.plan();
+  ASSERT_EQ(a.chunk, b.chunk);
+  const uint64_t triples = (uint64_t)a.chunk * c.num_experts_per_tok;
+  const uint64_t want = fx.exchange_bytes(a.chunk, triples) + split_moe_bytes(c, triples);
+  EXPECT_GT(fx.exchange_bytes(a.chunk, triples), 2 * fabric::work_frame_bytes(a.chunk, 0, c.hidden_size));
+  uint64_t got = 0;
+  for (const PlanLine& l : a.mandatory)
+    if (l.name == "fabric exchange") got = l.bytes;
+  for (const PlanLine& l : b.mandatory) EXPECT_NE(l.name, "fabric exchange");
+  EXPECT_EQ(got, want) << format_plan(a);
+  // Everything else as one process plans it (but the measured overhead, which is this process's
+  // resident set at the time).
+  const auto sum_but_overhead = [](const Plan& q) {
+    uint64_t t = 0;
+    for (const PlanLine& l : q.mandatory)
+      if (l.name != "runtime overhead") t += l.bytes;
+    return t;
+  };
+  EXPECT_EQ(sum_but_overhead(a), sum_but_overhead(b) + want);
+}
+
 // Rank 0 sends exchanges of up to its max_rows; a peer whose admission holds fewer is refused at
 // the handshake, naming both figures, and the peer is told why.
 TEST_F(ExpertParallel, APeerHoldingFewerRowsThanRankZeroSendsIsRefused) {

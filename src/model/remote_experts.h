@@ -24,6 +24,10 @@ class RemoteExperts {
   // Error when a process does not answer in time or answers wrongly; the pass then fails as any
   // failed read does (the sequence is left as it was).
   virtual void finish(uint32_t layer, Mat terms) const = 0;
+  // The most bytes this side holds during one layer's exchange of `rows` rows and `triples`
+  // remote terms (frames waiting to leave, one answer as received, their bookkeeping), for
+  // admission: the forward pass's own terms are split_moe_bytes (engine_footprint.h).
+  virtual uint64_t exchange_bytes(uint64_t rows, uint64_t triples) const = 0;
 };
 
 }  // namespace sluice

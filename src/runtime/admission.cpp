@@ -296,6 +296,10 @@ Eval evaluate(const ModelFootprint& fp, const PlanOptions& o, uint32_t chunk, in
   }
 
   if (o.device_bytes) add("GPU weight copies", o.device_bytes, o.device_detail);
+  if (o.fabric_bytes)
+    add("fabric exchange", o.fabric_bytes(chunk),
+        "one layer's exchange of up to " + num(chunk) + " rows and " + num((uint64_t)chunk * c.num_experts_per_tok) +
+            " remote terms: Work frames to every rank, the answers, the split terms");
 
   if (o.dspark_fixed || o.dspark_per_sequence || o.dspark_per_row)
     add("DSpark drafter", o.dspark_fixed + o.dspark_per_sequence * o.sequences + o.dspark_per_row * chunk,

@@ -173,6 +173,10 @@ struct PlanOptions {
   // Auto: resident when that plan is admitted with a verify depth of at least 2; otherwise
   // streamed when that is (the plan says which and why). --dspark-experts resident|stream.
   DsparkExperts dspark_experts = DsparkExperts::Auto;
+  // Routed experts split over processes (rank 0 of --fabric): the bytes one layer's exchange of a
+  // chunk holds (RemoteExperts::exchange_bytes + split_moe_bytes for chunk x top_k triples).
+  // Empty: none.
+  std::function<uint64_t(uint32_t chunk)> fabric_bytes;
   // An expert server (a --fabric peer, runtime/expert_host.h): it holds `owned_experts` routed
   // experts (resident ones come as ModelFootprint::resident_loaded_bytes) and nothing else of
   // the model: no dense weights, sequence state, checkpoints or Engram cache. Its scratch is one

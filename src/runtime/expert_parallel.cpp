@@ -269,6 +269,16 @@ void FabricExperts::finish_all(uint32_t layer, Mat terms) const {
   out_.clear();
 }
 
+uint64_t FabricExperts::exchange_bytes(uint64_t rows, uint64_t triples) const {
+  // Every rank's Work frame may be queued at once, each with up to every row; one rank's rows
+  // and triples are being built beside them; the answers come in one at a time (the largest
+  // carries every term); per triple its rank's list, its place and its Work record twice.
+  const uint64_t R = (uint64_t)std::max(f_.size(), 2) - 1;
+  const uint64_t row = (uint64_t)hidden_ * 2;
+  return R * (fabric::kHeaderBytes + rows * row) + rows * row + rows * 4 + triples * (2 * 12 + 2 * 4) +
+         fabric::result_frame_bytes(triples, hidden_);
+}
+
 void FabricExperts::end() const {
   for (int r = 1; r < f_.size(); ++r) f_.send(r, fabric::kTagToPeer, fabric::encode_bye(nonce_));
   f_.flush(fabric::deadline_in(timeout_));

@@ -67,6 +67,7 @@ class FabricExperts final : public RemoteExperts {
   bool local(uint32_t layer, uint32_t expert) const override;
   void begin(uint32_t layer, std::span<const ExpertTriple> triples, CMat x) const override;
   void finish(uint32_t layer, Mat terms) const override;
+  uint64_t exchange_bytes(uint64_t rows, uint64_t triples) const override;
   // Tells every peer the job is over (they exit) and waits for the sends to leave.
   void end() const;
   std::vector<PeerTraffic> traffic() const;  // index = rank ([0] stays empty)

@@ -676,6 +676,11 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
                                           "); ") +
                                std::to_string(kGpuStagingBuffers) + " x " + format_bytes(kGpuStagingBytes) + " staging";
     }
+    if (opt.remote)
+      spo.plan.fabric_bytes = [r = opt.remote, cfg](uint32_t chunk) {
+        const uint64_t triples = (uint64_t)chunk * cfg.num_experts_per_tok;
+        return r->exchange_bytes(chunk, triples) + split_moe_bytes(cfg, triples);
+      };
     s.plan = plan_for_file(header.file, spo);
     require_admitted(s.plan);
   } catch (const DsparkFileError& e) {

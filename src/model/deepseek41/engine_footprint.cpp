@@ -162,4 +162,10 @@ EngineFootprint engine_footprint(const ModelConfig& c, uint32_t ctx, uint32_t ch
   return f;
 }
 
+uint64_t split_moe_bytes(const ModelConfig& c, uint64_t triples) {
+  // terms + mine + theirs (together triples x 2 rows of hidden f32), the two triple lists and
+  // four index vectors.
+  return triples * (2ull * c.hidden_size * 4 + 2 * sizeof(ExpertTriple) + 4 * sizeof(uint32_t));
+}
+
 }  // namespace sluice

@@ -84,6 +84,10 @@ struct EngineFootprint {
 // checkpoint exists): min(pos, window) ring rows per layer (BF16), each KV source's carry
 // (2 x (ratio - 1) x head_dim f32), the Engram history (int64).
 uint64_t checkpoint_bytes(const ModelConfig& c, uint32_t pos);
+// With routed experts split over processes (EngineOptions::remote): what the forward pass holds
+// for one layer's split of `triples` terms (moe_split: every term in order, the local and the
+// remote terms as computed, and their index vectors).
+uint64_t split_moe_bytes(const ModelConfig& c, uint64_t triples);
 // Bytes of Engine::snapshot at pos: checkpoint_bytes plus, per KV source, pos / ratio compressed
 // rows and index keys.
 uint64_t snapshot_bytes(const ModelConfig& c, uint32_t pos);
