@@ -2,7 +2,8 @@
 // every frame a rank receives comes from another process over a link without authentication. The
 // first byte picks the input's use: raw bytes as a frame for every decoder; a valid Work frame
 // built from a seed and then damaged (xor at offsets from the rest of the input), which reaches
-// the triple checks past a header a fuzzer would rarely guess; or text for parse_placement.
+// the triple checks past a header a fuzzer would rarely guess; or text for parse_placement and
+// parse_routing_profile (whose accepted profiles must give a local-first placement of the shape).
 // Decoders may refuse (an Error naming the cause) but must never crash or read out of bounds, and
 // a Work frame they accept must be one encode_work writes, with every triple inside the limits.
 #include <cstddef>
@@ -102,6 +103,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const std::string text((const char*)data + 1, size - 1);
     try {
       const Placement p = parse_placement(text, 3, 4, 5);
+      for (uint8_t o : p.owner)
+        if (o >= 3) std::abort();
+    } catch (const sluice::Error&) {
+    }
+    try {
+      const RoutingProfile prof = parse_routing_profile(text, 4, 5);
+      if (prof.count.size() != 20) std::abort();
+      const Placement p = local_first_placement(prof, 3, 1);
       for (uint8_t o : p.owner)
         if (o >= 3) std::abort();
     } catch (const sluice::Error&) {

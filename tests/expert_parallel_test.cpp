@@ -169,15 +169,30 @@ struct JobResult {
 };
 
 // The request run by rank 0 of a job of `ranks` ranks (peers as threads).
+// How the experts are placed: balanced, interleaved, or local-first from a routing profile.
+enum class Layout { Balanced, Interleaved, LocalFirst };
+
+// The routing profile of a run's traced passes.
+fabric::RoutingProfile profile_of(const Seen& s, const ModelConfig& c) {
+  fabric::RoutingProfile prof{c.num_hidden_layers, c.n_routed_experts, {}};
+  prof.count.assign((size_t)c.num_hidden_layers * c.n_routed_experts, 0);
+  for (const std::vector<TokenTrace>& pass : s.passes)
+    for (const TokenTrace& t : pass)
+      for (uint32_t L = 0; L < c.num_hidden_layers; ++L)
+        for (uint32_t e : t.experts[L]) prof.count[(size_t)L * c.n_routed_experts + e] += 1;
+  return prof;
+}
+
 JobResult run_job(uint32_t ranks, uint32_t chunk, bool interleave, const std::vector<uint32_t>& prompt,
-                  uint32_t gen, SessionOptions base) {
+                  uint32_t gen, SessionOptions base, const fabric::Placement* given = nullptr) {
   fabric::LocalHub hub((int)ranks);
   std::vector<std::unique_ptr<fabric::LocalFabric>> fab;
   for (uint32_t r = 0; r < ranks; ++r) fab.push_back(std::make_unique<fabric::LocalFabric>(hub, (int)r));
   const ModelHeader h = open_model_header(base.model_path);
   const ModelConfig& c = h.config;
-  const fabric::Placement p = interleave ? interleaved(ranks, c.num_hidden_layers, c.n_routed_experts)
-                                         : fabric::balanced_placement(ranks, c.num_hidden_layers, c.n_routed_experts);
+  const fabric::Placement p = given        ? *given
+                              : interleave ? interleaved(ranks, c.num_hidden_layers, c.n_routed_experts)
+                                           : fabric::balanced_placement(ranks, c.num_hidden_layers, c.n_routed_experts);
   std::vector<Peer> peers(ranks);
   for (uint32_t r = 1; r < ranks; ++r) peers[r].run(*fab[r], base, p);
   JobResult out;
@@ -212,11 +227,17 @@ TEST_F(ExpertParallel, LogitsEqualOneProcessBitForBit) {
     Seen want;
     const EvalObserver wobs = want.observer(single.config().vocab_size);
     const std::vector<uint32_t> want_tokens = single.generate(request(prompt, 12, &wobs), {}, {}).tokens;
-    for (uint32_t ranks : {2u, 3u})
-      for (bool interleave : {false, true}) {
+    const fabric::RoutingProfile prof = profile_of(want, single.config());
+    for (uint32_t ranks : {2u, 3u}) {
+      uint64_t remote_terms[3] = {0, 0, 0};
+      for (Layout layout : {Layout::Balanced, Layout::Interleaved, Layout::LocalFirst}) {
+        const char* names[3] = {"balanced", "interleaved", "local-first"};
         SCOPED_TRACE(std::string(stream ? "streamed" : "resident") + ", " + std::to_string(ranks) + " ranks, " +
-                     (interleave ? "interleaved" : "balanced"));
-        const JobResult got = run_job(ranks, 8, interleave, prompt, 12, opts(stream));
+                     names[(int)layout]);
+        const fabric::Placement local_first = fabric::local_first_placement(prof, ranks);
+        const JobResult got = run_job(ranks, 8, layout == Layout::Interleaved, prompt, 12, opts(stream),
+                                      layout == Layout::LocalFirst ? &local_first : nullptr);
+        for (uint32_t r = 1; r < ranks; ++r) remote_terms[(int)layout] += got.traffic[r].triples;
         EXPECT_EQ(got.generated, want_tokens);
         ASSERT_EQ(got.seen.rows.size(), want.rows.size());
         for (const auto& [pos, row] : want.rows) {
@@ -231,6 +252,10 @@ TEST_F(ExpertParallel, LogitsEqualOneProcessBitForBit) {
                 << name << " at position " << pos;
         for (uint32_t r = 1; r < ranks; ++r) EXPECT_GT(got.traffic[r].triples, 0u) << "rank " << r << " computed nothing";
       }
+      // Rank 0 keeping the experts this prompt chooses most leaves fewer terms to the fabric
+      // (the profile is this very run's, with the rank's even share of experts).
+      EXPECT_LT(remote_terms[(int)Layout::LocalFirst], remote_terms[(int)Layout::Balanced]) << ranks << " ranks";
+    }
   }
 }
 
@@ -611,6 +636,44 @@ TEST(FabricPlacement, BalancedSplitsContiguousRangesAndFilesAreChecked) {
   refused("2: 0 1 1\n", "layer 2");
   refused("zero: 0\n", "expected");
   EXPECT_THROW(fabric::balanced_placement(4, 2, 3), Error);  // more ranks than experts
+}
+
+// local-first: rank 0 keeps each layer's most chosen experts (ties: lower id); the tail goes to
+// the peers hottest first, to the one with the least routing mass below its even share. The
+// profile's text round-trips and its errors name the line.
+TEST(FabricPlacement, LocalFirstKeepsTheHottestExpertsOnRankZero) {
+  fabric::RoutingProfile prof{2, 8, {}};
+  // layer 0: experts 5, 2, 7 hottest; 1 and 3 tie; layer 1: all equal.
+  prof.count = {1, 4, 50, 4, 0, 90, 2, 30, /**/ 3, 3, 3, 3, 3, 3, 3, 3};
+  const fabric::Placement p = fabric::local_first_placement(prof, 3, 2);
+  EXPECT_EQ(p.name, "local-first");
+  EXPECT_EQ(p.owner_of(0, 5), 0);
+  EXPECT_EQ(p.owner_of(0, 2), 0);
+  // Tail, hottest first: 7 (30) -> rank 1, 1 (4) -> rank 2, 3 (4) -> rank 2 (mass 4 < 30),
+  // 6 (2) -> rank 2 (6 < 30), 0 (1) -> rank 1 (rank 2 holds its 3), 4 (0) -> rank 1.
+  const int want0[8] = {1, 2, 0, 2, 1, 0, 2, 1};
+  for (uint32_t e = 0; e < 8; ++e) EXPECT_EQ(p.owner_of(0, e), want0[e]) << "expert " << e;
+  // Equal counts: id order, rank 0 the first two.
+  EXPECT_EQ(p.owner_of(1, 0), 0);
+  EXPECT_EQ(p.owner_of(1, 1), 0);
+  EXPECT_EQ(p.owned_by(1), p.owned_by(2));
+  // Default: rank 0 keeps its even share (8 / 2 = 4 at two ranks).
+  EXPECT_EQ(fabric::local_first_placement(prof, 2).owned_by(0), 8u);
+  EXPECT_THROW(fabric::local_first_placement(prof, 3, 7), Error);  // one expert for two peers
+  const fabric::RoutingProfile back = fabric::parse_routing_profile(fabric::format_routing_profile(prof), 2, 8);
+  EXPECT_EQ(back.count, prof.count);
+  const auto refused = [](const std::string& text, const std::string& cause) {
+    try {
+      fabric::parse_routing_profile(text, 2, 3);
+      ADD_FAILURE() << "accepted " << text;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(cause), std::string::npos) << e.what();
+    }
+  };
+  refused("0: 1 2 3\n", "routing profile: no line for layer 1");
+  refused("0: 1 2 3\n1: 1 2\n", "routing profile line 2: expert 2: expected a count");
+  refused("0: 1 2 3 4\n1: 1 2 3\n", "more than 3 counts");
+  refused("0: 1 -2 3\n1: 1 2 3\n", "expert 1: expected a count");
 }
 
 TEST(LocalFabric, DeadlinesSizeLimitsAndAbort) {

@@ -27,6 +27,7 @@
 #include "cli/context_option.h"
 #include "cli/stop_signals.h"
 #include "cli/tensor_dump.h"
+#include "fabric/placement.h"
 #include "model/architecture.h"
 #include "model/deepseek41/config.h"
 #include "model/deepseek41/dspark_forward.h"
@@ -529,6 +530,9 @@ CLI::App* setup_run(CLI::App& app, RunOptions& o) {
   sub->add_flag("--ignore-eos", o.ignore_eos, "keep generating after eos_token_id");
   sub->add_option("--dump-logits", o.dump_logits, "write every evaluated position's logits to this file");
   sub->add_option("--trace", o.trace_dir, "write per-position routing to DIR/trace.jsonl");
+  sub->add_option("--routing-profile", o.routing_profile,
+                  "write how often each routed expert was chosen over the run, per layer, to this file (for "
+                  "--fabric mpi --placement local-first:FILE)");
   sub->add_option("--dump-tensors", o.dump_tensors,
                   "write the forward pass's named intermediates to DIR (one f32 file each + index.json)");
   sub->add_option("--dump-filter", o.dump_filter,
@@ -561,6 +565,7 @@ void check_distinct_outputs(const RunOptions& o) {
   add("--dump-logits", o.dump_logits, true);
   add("--dump-draft-logits", o.dump_draft_logits, true);
   add("--trace", o.trace_dir, false);
+  add("--routing-profile", o.routing_profile, false);
   add("--dump-tensors", o.dump_tensors, false);
   for (size_t i = 0; i < outs.size(); ++i)
     for (size_t j = i + 1; j < outs.size(); ++j)
@@ -670,6 +675,12 @@ int run_body(const RunOptions& o, const ModelHeader& header, const std::vector<u
   std::unique_ptr<DraftLogitsDump> draft_dump;
   if (!o.dump_draft_logits.empty())
     draft_dump = std::make_unique<DraftLogitsDump>(o.dump_draft_logits, cfg.vocab_size, existing);
+  std::unique_ptr<AtomicOutputFile> profile_file;
+  fabric::RoutingProfile profile{cfg.num_hidden_layers, cfg.n_routed_experts, {}};
+  if (!o.routing_profile.empty()) {
+    profile_file = std::make_unique<AtomicOutputFile>(o.routing_profile, existing);
+    profile.count.assign((size_t)cfg.num_hidden_layers * cfg.n_routed_experts, 0);
+  }
   std::unique_ptr<TensorDump> tensors;
   if (!o.dump_tensors.empty()) tensors = std::make_unique<TensorDump>(o.dump_tensors, o.dump_filter, existing);
 
@@ -682,10 +693,14 @@ int run_body(const RunOptions& o, const ModelHeader& header, const std::vector<u
   maybe_print_plan(o.engine, session);
   const double load_s = seconds_since(t_load);
   EvalObserver obs;
-  obs.want_trace = trace != nullptr;
+  obs.want_trace = trace || profile_file;
   obs.on_eval = [&](uint32_t pos, std::span<const TokenId> toks, const float* logits, const std::vector<TokenTrace>* tr) {
     if (dump) dump->rows(toks, logits);
     if (trace) trace->positions(pos, toks, *tr);
+    if (profile_file)
+      for (const TokenTrace& t : *tr)
+        for (uint32_t L = 0; L < t.experts.size(); ++L)
+          for (uint32_t e : t.experts[L]) profile.count[(size_t)L * cfg.n_routed_experts + e] += 1;
   };
   if (drafter && (trace || draft_dump))
     obs.on_draft = [&](const DraftBlock& b, uint32_t verified, uint32_t accepted) {
@@ -698,7 +713,7 @@ int run_body(const RunOptions& o, const ModelHeader& header, const std::vector<u
   req.max_tokens = (uint32_t)n_predict;
   req.sampling = so;
   req.ignore_eos = o.ignore_eos;
-  req.observer = (dump || trace || draft_dump) ? &obs : nullptr;
+  req.observer = (dump || trace || draft_dump || profile_file) ? &obs : nullptr;
 
   IdPrinter out_ids;
   std::unique_ptr<text::OutputDecoder> decoder;
@@ -742,6 +757,10 @@ int run_body(const RunOptions& o, const ModelHeader& header, const std::vector<u
   if (dump) dump->finish();
   if (trace) trace->finish();
   if (draft_dump) draft_dump->finish();
+  if (profile_file) {
+    profile_file->write(fabric::format_routing_profile(profile));
+    profile_file->commit();
+  }
   if (tensors) {
     // What was evaluated: the prompt (all of it unless a signal stopped the prefill), then each
     // generated token that was fed back.

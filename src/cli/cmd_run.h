@@ -74,6 +74,7 @@ struct RunOptions {
   bool ignore_eos = false;
   std::string dump_logits;     // file of f32 rows, plus <file>.json
   std::string trace_dir;       // <dir>/trace.jsonl
+  std::string routing_profile;  // how often each routed expert was chosen (--placement local-first:FILE)
   std::string dump_tensors;    // <dir>/index.json + one f32 file per named intermediate
   std::string dump_filter;     // ECMAScript regex searched for in tensor names; empty: all
   std::string dump_draft_logits;  // --dspark: the drafter's logit rows per block, plus <file>.json

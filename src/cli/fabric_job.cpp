@@ -22,7 +22,11 @@ void add_fabric_options(CLI::App* sub, FabricCliOptions& o) {
   sub->add_option("--fabric-if", o.iface,
                   "with --fabric mpi, required: the interface or CIDR of the dedicated link the ranks talk over "
                   "(MPI over TCP has no authentication or encryption)");
-  sub->add_option("--placement", o.placement, "which rank computes each expert: balanced (default) or a FILE");
+  sub->add_option("--placement", o.placement,
+                  "which rank computes each expert: balanced (default), local-first:PROFILE (rank 0 keeps the experts "
+                  "a routing profile from `run --routing-profile` shows chosen most) or a FILE");
+  sub->add_option("--local-experts", o.local_experts,
+                  "with --placement local-first: experts per layer rank 0 keeps (default: experts / ranks)");
   sub->add_option("--fabric-timeout", o.timeout_ms, "milliseconds a rank may take to answer a decode exchange, and per token of a prefill exchange (default 2000)")
       ->check(CLI::Range(1u, 3600000u));
   sub->add_option("--fabric-start-timeout", o.start_timeout_s,
@@ -41,11 +45,27 @@ std::unique_ptr<FabricJob> FabricJob::open(const FabricCliOptions& o, const Mode
   std::unique_ptr<fabric::Fabric> f = fabric::open_mpi_fabric(o.iface);
   const ModelConfig& c = h.config;
   const uint32_t R = (uint32_t)f->size();
-  fabric::Placement p =
-      o.placement == "balanced"
-          ? fabric::balanced_placement(R, c.num_hidden_layers, c.n_routed_experts)
-          : fabric::parse_placement(read_file_bounded(o.placement, 64ull << 20, "64 MiB, a placement file's limit"), R,
-                                    c.num_hidden_layers, c.n_routed_experts);
+  constexpr uint64_t kLimit = 64ull << 20;
+  const std::string kLocalFirst = "local-first:";
+  if (o.local_experts && o.placement.rfind(kLocalFirst, 0) != 0)
+    throw UsageError("--local-experts needs --placement local-first:PROFILE");
+  fabric::Placement p;
+  if (o.placement == "balanced") {
+    p = fabric::balanced_placement(R, c.num_hidden_layers, c.n_routed_experts);
+  } else if (o.placement.rfind(kLocalFirst, 0) == 0) {
+    const std::string path = o.placement.substr(kLocalFirst.size());
+    try {
+      p = fabric::local_first_placement(
+          fabric::parse_routing_profile(read_file_bounded(path, kLimit, "64 MiB, a routing profile's limit"),
+                                        c.num_hidden_layers, c.n_routed_experts),
+          R, o.local_experts);
+    } catch (const Error& e) {
+      throw Error(with_path(path, e.what()));
+    }
+  } else {
+    p = fabric::parse_placement(read_file_bounded(o.placement, kLimit, "64 MiB, a placement file's limit"), R,
+                                c.num_hidden_layers, c.n_routed_experts);
+  }
   return std::make_unique<FabricJob>(std::move(f), std::move(p), o, h);
 }
 

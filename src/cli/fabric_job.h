@@ -18,7 +18,8 @@ namespace sluice::cli {
 struct FabricCliOptions {
   std::string fabric = "none";        // none | mpi
   std::string iface;                  // --fabric-if: the interface or CIDR of the dedicated link
-  std::string placement = "balanced";  // balanced | FILE
+  std::string placement = "balanced";  // balanced | local-first:PROFILE | FILE
+  uint32_t local_experts = 0;          // --local-experts: local-first's rank-0 experts per layer (0: even share)
   uint32_t timeout_ms = 2000;          // --fabric-timeout: an exchange's deadline
   uint32_t start_timeout_s = 600;      // --fabric-start-timeout: every rank loaded and said Hello
 };

@@ -52,8 +52,11 @@ print("# owner rank e % 3 of every expert")
 for l in range(8):
     print(f"{l}: " + " ".join(str(e % 3) for e in range(16)))
 PY
+# local-first: the routing profile of this very run (rank 0 keeps each layer's 5 most chosen).
+"$bin" "${run[@]}" --routing-profile profile.txt > /dev/null 2>&1 || fail "run --routing-profile"
+grep -q "^7: " profile.txt || fail "the routing profile has no line for layer 7"
 for mode in "" --resident-experts; do
-  rm -f one.f32* two.f32* three.f32* file.f32*
+  rm -f one.f32* two.f32* three.f32* file.f32* lf.f32*
   "$bin" "${run[@]}" $mode --dump-logits one.f32 > one.txt 2> /dev/null
   "${mpi[@]}" -np 2 "$bin" "${run[@]}" $mode "${fab[@]}" --dump-logits two.f32 > two.txt 2> two.err ||
     { cat two.err >&2; fail "np 2 $mode"; }
@@ -78,6 +81,10 @@ for mode in "" --resident-experts; do
     "${mpi[@]}" -np 3 "$bin" "${run[@]}" $mode "${fab[@]}" --placement interleaved.txt --dump-logits file.f32 \
       > /dev/null 2> file.err || { cat file.err >&2; fail "placement file $mode"; }
     cmp one.f32 file.f32 || fail "logits with the placement file differ ($mode)"
+    "${mpi[@]}" -np 3 "$bin" "${run[@]}" $mode "${fab[@]}" --placement local-first:profile.txt --local-experts 5 \
+      --dump-logits lf.f32 > /dev/null 2> lf.err || { cat lf.err >&2; fail "local-first $mode"; }
+    cmp one.f32 lf.f32 || fail "logits with local-first differ ($mode)"
+    grep -q "fabric: 3 ranks (mpi, local-first)" lf.err || { cat lf.err >&2; fail "local-first was not used ($mode)"; }
   fi
 done
 echo "bit identity: ok"
