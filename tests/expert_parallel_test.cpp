@@ -30,6 +30,7 @@
 #include "runtime/expert_host.h"
 #include "runtime/expert_parallel.h"
 #include "runtime/session.h"
+#include "storage/expert_store.h"
 #include "util/error.h"
 
 namespace sluice {
@@ -131,13 +132,15 @@ struct Peer {
   std::string error;
   ServeStats stats;
   uint64_t loaded_bytes = 0;
+  storage::LayerStats store;  // its expert store's totals when serving ended (streamed)
   void run(fabric::Fabric& f, SessionOptions so, fabric::Placement p) {
     t = std::thread([this, &f, so, p] {
       try {
         const ExpertHost host(so, open_model_header(so.model_path), p, f.rank());
         loaded_bytes = host.model().loaded_bytes;
         const JobStart job = join_job(f, hello_for(so, p, f.rank(), host.plan().chunk), 20s);
-        stats = serve_experts(f, host.backend(), host.model(), host.experts(), p, job);
+        stats = serve_experts(f, host.backend(), host.model(), host.experts(), p, job, {}, host.store());
+        if (host.store()) store = host.store()->stats().total();
       } catch (const std::exception& e) {
         error = e.what();
       }
@@ -166,6 +169,7 @@ struct JobResult {
   std::vector<uint32_t> generated;
   std::vector<PeerTraffic> traffic;
   std::vector<ServeStats> served;
+  std::vector<storage::LayerStats> stores;  // each peer's, when it stopped
 };
 
 // The request run by rank 0 of a job of `ranks` ranks (peers as threads).
@@ -213,6 +217,7 @@ JobResult run_job(uint32_t ranks, uint32_t chunk, bool interleave, const std::ve
     peers[r].t.join();
     EXPECT_EQ(peers[r].error, "") << "rank " << r;
     out.served.push_back(peers[r].stats);
+    out.stores.push_back(peers[r].store);
   }
   return out;
 }
@@ -298,6 +303,12 @@ TEST_F(ExpertParallel, TrafficEqualsTheFrameFormulaOverTheTracedRouting) {
     EXPECT_EQ(got.traffic[r].work_bytes, out[r]) << "rank " << r;
     EXPECT_EQ(got.traffic[r].result_bytes, back[r]) << "rank " << r;
     EXPECT_EQ(got.served[r - 1].triples, terms[r]) << "rank " << r;
+    // Each answer carries the peer's store counters: rank 0 saw the last ones.
+    EXPECT_GT(got.traffic[r].store_requests, 0u) << "rank " << r;
+    EXPECT_EQ(got.traffic[r].store_requests, got.stores[r - 1].requests) << "rank " << r;
+    EXPECT_EQ(got.traffic[r].store_hits, got.stores[r - 1].hits) << "rank " << r;
+    EXPECT_NE(metrics.find("sluice_fabric_expert_requests_total" + label + " " + std::to_string(got.stores[r - 1].requests) + "\n"),
+              std::string::npos);
   }
 }
 
@@ -606,6 +617,21 @@ TEST(FabricFrames, ResultsMustAnswerTheExchangeAsked) {
   EXPECT_THROW(fabric::decode_result(r, ex, 11, 3, 3), Error);  // another count
   ex.nonce = 6;
   EXPECT_THROW(fabric::decode_result(r, ex, 11, 3, 2), Error);
+  // The sender's store counters ride in the header; more hits than requests is refused.
+  std::vector<uint8_t> c = fabric::result_frame(5, 11, 3, 2, 4, 1000, 900);
+  c.resize(c.size() + 2 * 4 * 4, 0);
+  const fabric::Header h = fabric::decode_header(c, 2);
+  EXPECT_EQ(h.store_requests, 1000u);
+  EXPECT_EQ(h.store_hits, 900u);
+  std::vector<uint8_t> bad = fabric::result_frame(5, 11, 3, 2, 4, 10, 11);
+  bad.resize(bad.size() + 2 * 4 * 4, 0);
+  try {
+    fabric::decode_header(bad, 2);
+    ADD_FAILURE() << "accepted 11 hits of 10 requests";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("more hits (11) than requests (10)"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(fabric::decode_header(fabric::result_frame(5, 11, 3, 0, 4), 2).store_requests, 0u);
 }
 
 TEST(FabricPlacement, BalancedSplitsContiguousRangesAndFilesAreChecked) {

@@ -406,7 +406,9 @@ int bench_fabric(const BenchOptions& o, const ModelHeader& header, uint32_t n_ge
                             {"exchanges", traffic[r].exchanges},
                             {"terms", traffic[r].triples},
                             {"p50_us", traffic[r].p50_us},
-                            {"p99_us", traffic[r].p99_us}});
+                            {"p99_us", traffic[r].p99_us},
+                            {"expert_requests", traffic[r].store_requests},
+                            {"expert_hits", traffic[r].store_hits}});
     }
     std::printf("%s\n", j.dump().c_str());
     return 0;
@@ -422,9 +424,9 @@ int bench_fabric(const BenchOptions& o, const ModelHeader& header, uint32_t n_ge
   std::printf("fabric bytes per prefill token: %.0f out, %.0f in; per decode token: %.0f out, %.0f in\n",
               pre_out / pre_tokens, pre_in / pre_tokens, dec_out / dec_tokens, dec_in / dec_tokens);
   for (size_t r = 1; r < traffic.size(); ++r)
-    std::printf("rank %zu: %llu exchanges, %llu expert terms, exchange latency p50 %.0f us, p99 %.0f us\n", r,
+    std::printf("rank %zu: %llu exchanges, %llu expert terms, exchange latency p50 %.0f us, p99 %.0f us, %s\n", r,
                 (unsigned long long)traffic[r].exchanges, (unsigned long long)traffic[r].triples, traffic[r].p50_us,
-                traffic[r].p99_us);
+                traffic[r].p99_us, FabricJob::store_text(traffic[r]).c_str());
   std::printf("generated tokens %s one process's\n", same ? "equal" : "DIFFER from");
   return same ? 0 : 1;
 }

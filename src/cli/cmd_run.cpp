@@ -799,7 +799,17 @@ int run_body(const RunOptions& o, const ModelHeader& header, const std::vector<u
                rate((double)decode_evals, res.decode_s).c_str(), stop.c_str(), load_s, session.plan().threads,
                (unsigned long long)ctx, session.plan().chunk, store_line.c_str());
   if (job) std::fprintf(stderr, "sluice run: %s\n", job->summary().c_str());
-  if (o.expert_stats) std::fputs(expert_stats_table(session.stats()).c_str(), stderr);
+  if (o.expert_stats) {
+    std::fputs(expert_stats_table(session.stats()).c_str(), stderr);
+    // The other ranks' stores, as their answers reported them (their own tables are on their
+    // last lines).
+    if (job) {
+      const std::vector<PeerTraffic> t = job->traffic();
+      for (size_t r = 1; r < t.size(); ++r)
+        std::fprintf(stderr, "rank %zu expert store: %s, %llu expert terms computed\n", r,
+                     FabricJob::store_text(t[r]).c_str(), (unsigned long long)t[r].triples);
+    }
+  }
   return 0;
 }
 

@@ -111,9 +111,12 @@ int FabricJob::serve(SessionOptions so, const ModelHeader& h) {
     // A peer whose launcher went away (rank 0's box lost, mpirun killed) would wait for work
     // forever: once it is re-parented, it ends.
     const pid_t parent = ::getppid();
-    const ServeStats st = serve_experts(*f_, host.backend(), host.model(), host.experts(), p_, job, [parent] {
-      if (::getppid() != parent) throw Error("fabric: the process that started this rank is gone; ending");
-    });
+    const ServeStats st = serve_experts(
+        *f_, host.backend(), host.model(), host.experts(), p_, job,
+        [parent] {
+          if (::getppid() != parent) throw Error("fabric: the process that started this rank is gone; ending");
+        },
+        host.store());
     std::fprintf(stderr, "sluice (rank %d): served %llu exchanges, %llu expert terms, %llu failed | %llu experts owned | %s\n",
                  f_->rank(), (unsigned long long)st.frames, (unsigned long long)st.triples,
                  (unsigned long long)st.failed, (unsigned long long)me.owned_experts, host.summary().c_str());
@@ -150,14 +153,22 @@ void FabricJob::fail(const std::string& why) {
 
 std::vector<PeerTraffic> FabricJob::traffic() const { return experts_ ? experts_->traffic() : std::vector<PeerTraffic>{}; }
 
+std::string FabricJob::store_text(const PeerTraffic& t) {
+  if (t.store_requests == 0) return "experts resident";
+  char b[96];
+  std::snprintf(b, sizeof b, "expert cache hit rate %.1f%% (%llu/%llu)", 100.0 * (double)t.store_hits / (double)t.store_requests,
+                (unsigned long long)t.store_hits, (unsigned long long)t.store_requests);
+  return b;
+}
+
 std::string FabricJob::summary() const {
   std::string s = "fabric: " + std::to_string(f_->size()) + " ranks (" + std::string(f_->name()) + ", " + p_.name + ")";
   const std::vector<PeerTraffic> t = traffic();
   for (size_t r = 1; r < t.size(); ++r) {
     char b[256];
-    std::snprintf(b, sizeof b, " | rank %zu: %llu exchanges, %llu terms, %s out, %s in, p50 %.0f us, p99 %.0f us", r,
+    std::snprintf(b, sizeof b, " | rank %zu: %llu exchanges, %llu terms, %s out, %s in, p50 %.0f us, p99 %.0f us, %s", r,
                   (unsigned long long)t[r].exchanges, (unsigned long long)t[r].triples, format_bytes(t[r].work_bytes).c_str(),
-                  format_bytes(t[r].result_bytes).c_str(), t[r].p50_us, t[r].p99_us);
+                  format_bytes(t[r].result_bytes).c_str(), t[r].p50_us, t[r].p99_us, store_text(t[r]).c_str());
     s += b;
   }
   return s;

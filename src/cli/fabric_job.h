@@ -47,6 +47,9 @@ class FabricJob {
   // "fabric: 2 ranks (mpi, balanced) | rank 1: N exchanges, X out, Y in, p50 .. p99 .." for summaries.
   std::string summary() const;
   std::vector<PeerTraffic> traffic() const;
+  // A peer's expert store as its answers report it: "expert cache hit rate 93.1% (..)" or
+  // "experts resident".
+  static std::string store_text(const PeerTraffic& t);
   bool broken() const { return experts_ && experts_->broken(); }
 
  private:

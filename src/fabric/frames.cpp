@@ -13,6 +13,7 @@ namespace sluice::fabric {
 namespace {
 
 constexpr size_t kHelloBytes = 64 + 16 + 16 + 16 + 4 * 4 + 4 * 8 + 1;
+constexpr size_t kStoreCountersAt = 48;  // a Result's two u64 counters, to the header's end
 
 class Writer {
  public:
@@ -138,8 +139,13 @@ std::vector<uint8_t> encode_work(uint64_t nonce, uint64_t seq, uint32_t layer, u
   return b;
 }
 
-std::vector<uint8_t> result_frame(uint64_t nonce, uint64_t seq, uint32_t layer, uint32_t triples, uint32_t width) {
-  return header(Kind::Result, nonce, seq, layer, 0, triples, width, result_frame_bytes(triples, width) - kHeaderBytes);
+std::vector<uint8_t> result_frame(uint64_t nonce, uint64_t seq, uint32_t layer, uint32_t triples, uint32_t width,
+                                  uint64_t store_requests, uint64_t store_hits) {
+  std::vector<uint8_t> b =
+      header(Kind::Result, nonce, seq, layer, 0, triples, width, result_frame_bytes(triples, width) - kHeaderBytes);
+  std::memcpy(b.data() + kStoreCountersAt, &store_requests, 8);
+  std::memcpy(b.data() + kStoreCountersAt + 8, &store_hits, 8);
+  return b;
 }
 
 Header decode_header(std::span<const uint8_t> m, int from) {
@@ -161,8 +167,16 @@ Header decode_header(std::span<const uint8_t> m, int from) {
   h.triples = r.get<uint32_t>();
   h.width = r.get<uint32_t>();
   h.payload = r.get<uint32_t>();
-  for (size_t i = 44; i < kHeaderBytes; ++i)
+  const size_t reserved_end = h.kind == Kind::Result ? kStoreCountersAt : kHeaderBytes;
+  for (size_t i = 44; i < reserved_end; ++i)
     if (m[i]) throw bad(from, "a frame with reserved header bytes set");
+  if (h.kind == Kind::Result) {
+    std::memcpy(&h.store_requests, m.data() + kStoreCountersAt, 8);
+    std::memcpy(&h.store_hits, m.data() + kStoreCountersAt + 8, 8);
+    if (h.store_hits > h.store_requests)
+      throw bad(from, "a Result whose expert store has more hits (" + std::to_string(h.store_hits) + ") than requests (" +
+                          std::to_string(h.store_requests) + ")");
+  }
   if ((uint64_t)h.payload != m.size() - kHeaderBytes)
     throw bad(from, std::string("a ") + kind_name(h.kind) + " frame whose header says " + std::to_string(h.payload) +
                         " payload bytes but which has " + std::to_string(m.size() - kHeaderBytes));

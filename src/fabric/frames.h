@@ -10,7 +10,8 @@
 //   Refuse   0 -> peer   why the job does not start (text)
 //   Work     0 -> peer   one layer's rows: `rows` BF16 activations of `width`, then `triples`
 //                        (u32 expert, u32 row, f32 weight), sorted by expert then row
-//   Result   peer -> 0   `triples` f32 rows of `width`: each triple's expert output, in order
+//   Result   peer -> 0   `triples` f32 rows of `width`: each triple's expert output, in order; the
+//                        header's last 16 bytes: the peer's expert-store requests and hits so far
 //   Failed   peer -> 0   why a Work frame could not be computed (text; the peer keeps serving)
 //   Bye      0 -> peer   the job ends; the peer exits 0
 #pragma once
@@ -24,7 +25,8 @@
 namespace sluice::fabric {
 
 inline constexpr uint32_t kFrameMagic = 0x5045'4c53;  // "SLEP" little-endian
-inline constexpr uint16_t kProtocolVersion = 2;  // 2: a Hello carries the rows its admission holds
+// 2: a Hello carries the rows its admission holds; a Result, its sender's expert-store counters.
+inline constexpr uint16_t kProtocolVersion = 2;
 inline constexpr size_t kHeaderBytes = 64;
 inline constexpr size_t kMaxTextBytes = 4096;
 // Message tags: requests to a peer, and what a peer sends back.
@@ -38,6 +40,9 @@ struct Header {
   uint64_t nonce = 0, seq = 0;
   uint32_t layer = 0, rows = 0, triples = 0, width = 0;
   uint32_t payload = 0;  // bytes after the header
+  // A Result's: the sender's expert-store counters so far (header bytes 48..63; zero in every
+  // other kind). Zero requests: its experts are resident.
+  uint64_t store_requests = 0, store_hits = 0;
 };
 
 // What one rank is and holds, compared field by field before any work is sent.
@@ -80,11 +85,13 @@ std::vector<uint8_t> encode_bye(uint64_t nonce);
 // rows: n_rows * width BF16 bits.
 std::vector<uint8_t> encode_work(uint64_t nonce, uint64_t seq, uint32_t layer, uint32_t width,
                                  std::span<const uint16_t> rows, std::span<const WorkTriple> triples);
-// Header of a Result with `triples` rows of `width` f32; the caller appends the rows after it.
-std::vector<uint8_t> result_frame(uint64_t nonce, uint64_t seq, uint32_t layer, uint32_t triples, uint32_t width);
+// Header of a Result with `triples` rows of `width` f32 and the sender's expert-store counters;
+// the caller appends the rows after it.
+std::vector<uint8_t> result_frame(uint64_t nonce, uint64_t seq, uint32_t layer, uint32_t triples, uint32_t width,
+                                  uint64_t store_requests = 0, uint64_t store_hits = 0);
 
-// The checks every frame passes: length >= header, magic, version, a known kind, payload ==
-// length - header. Throws Error "fabric: rank R sent ...".
+// The checks every frame passes: length >= header, magic, version, a known kind, reserved bytes
+// zero (a Result's store counters: hits <= requests), payload == length - header. Throws Error "fabric: rank R sent ...".
 Header decode_header(std::span<const uint8_t> m, int from);
 Hello decode_hello(std::span<const uint8_t> m, int from);
 std::string decode_text(std::span<const uint8_t> m, int from);  // printable ASCII, others as '?'

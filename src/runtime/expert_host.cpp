@@ -82,6 +82,7 @@ const ExpertSource& ExpertHost::experts() const {
   return impl_->streamed ? static_cast<const ExpertSource&>(*impl_->streamed) : resident_expert_source(*impl_->model);
 }
 uint64_t ExpertHost::owned_experts() const { return impl_->owned; }
+const storage::ExpertStore* ExpertHost::store() const { return impl_->store.get(); }
 
 std::string ExpertHost::summary() const {
   const Impl& s = *impl_;

@@ -15,6 +15,7 @@
 #include "runtime/session.h"
 
 namespace sluice {
+namespace storage { class ExpertStore; }
 
 class Backend;
 class Model;
@@ -35,6 +36,8 @@ class ExpertHost {
   const Model& model() const;
   const ExpertSource& experts() const;
   uint64_t owned_experts() const;
+  // Its expert store; null when its experts are resident.
+  const storage::ExpertStore* store() const;
   // "expert cache N slots, hit rate .. read .." or "experts resident (N, X)".
   std::string summary() const;
 

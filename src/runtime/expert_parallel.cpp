@@ -7,6 +7,7 @@
 #include "kernels/cpu.h"
 #include "model/model.h"
 #include "runtime/state_disk.h"
+#include "storage/expert_store.h"
 #include "util/error.h"
 
 namespace sluice {
@@ -115,6 +116,9 @@ std::string fabric_metrics(const std::vector<PeerTraffic>& t) {
       {"sluice_fabric_sent_bytes_total", "Bytes of Work frames sent to the rank.", &PeerTraffic::work_bytes},
       {"sluice_fabric_received_bytes_total", "Bytes of Result frames received from the rank.", &PeerTraffic::result_bytes},
       {"sluice_fabric_stale_answers_total", "Answers to exchanges a failed pass abandoned, dropped.", &PeerTraffic::stale},
+      {"sluice_fabric_expert_requests_total", "Experts the rank's store was asked for (0: resident experts), as its latest answer said.",
+       &PeerTraffic::store_requests},
+      {"sluice_fabric_expert_hits_total", "Of those, found in the rank's expert cache.", &PeerTraffic::store_hits},
   };
   for (const auto& c : counters) {
     s += std::string("# HELP ") + c.name + " " + c.help + "\n# TYPE " + c.name + " counter\n";
@@ -259,6 +263,8 @@ void FabricExperts::finish_all(uint32_t layer, Mat terms) const {
       std::lock_guard<std::mutex> lk(stats_mu_);
       PeerTraffic& t = traffic_[o.rank];
       t.result_bytes += m->size();
+      t.store_requests = h.store_requests;
+      t.store_hits = h.store_hits;
       std::vector<float>& lat = lat_us_[o.rank];
       const float us = (float)std::chrono::duration<double, std::micro>(Clock::now() - o.sent).count();
       if (lat.size() < kLatencyRing) lat.push_back(us);
@@ -297,7 +303,8 @@ std::vector<PeerTraffic> FabricExperts::traffic() const {
 // --- expert server ------------------------------------------------------------------------------
 
 ServeStats serve_experts(fabric::Fabric& f, const Backend& be, const Model& m, const ExpertSource& src,
-                         const fabric::Placement& p, const JobStart& job, const std::function<void()>& idle) {
+                         const fabric::Placement& p, const JobStart& job, const std::function<void()>& idle,
+                         const storage::ExpertStore* store) {
   const ModelConfig& c = m.config;
   const int me = f.rank();
   fabric::Expect ex;
@@ -354,7 +361,10 @@ ServeStats serve_experts(fabric::Fabric& f, const Backend& be, const Model& m, c
       be.routed_ffn_rows(ExpertTensors{&lay.gate, &lay.up, &lay.down}, src, w.h.layer, tr, c.swiglu_limit, x.c(),
                          terms.m());
       be.sync();
-      std::vector<uint8_t> out = fabric::result_frame(job.nonce, w.h.seq, w.h.layer, (uint32_t)tr.size(), H);
+      storage::LayerStats counts;
+      if (store) counts = store->stats().total();
+      std::vector<uint8_t> out =
+          fabric::result_frame(job.nonce, w.h.seq, w.h.layer, (uint32_t)tr.size(), H, counts.requests, counts.hits);
       const size_t o = out.size();
       out.resize(o + tr.size() * H * 4);
       for (size_t j = 0; j < tr.size(); ++j) std::memcpy(out.data() + o + j * H * 4, terms.c().row(j), H * 4);

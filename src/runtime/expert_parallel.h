@@ -25,6 +25,7 @@
 #include "model/remote_experts.h"
 
 namespace sluice {
+namespace storage { class ExpertStore; }
 
 class Model;
 class ExpertSource;
@@ -36,10 +37,13 @@ struct PeerTraffic {
   uint64_t triples = 0;        // (expert, token) terms computed there
   uint64_t stale = 0;          // answers to an exchange a failed pass abandoned, dropped
   double p50_us = 0, p99_us = 0;  // exchange latency, Work sent to Result received (last 4096)
+  // The rank's expert store as its latest Result reported it (requests 0: resident experts).
+  uint64_t store_requests = 0, store_hits = 0;
 };
 
 // Prometheus lines of each peer's traffic (label rank="R"): exchanges, expert terms, bytes sent
-// and received, exchange latency p50 and p99 (microseconds), and the job's rank count.
+// and received, exchange latency p50 and p99 (microseconds), its expert store's requests and
+// hits, and the job's rank count.
 std::string fabric_metrics(const std::vector<PeerTraffic>& t);
 
 // The most rows one exchange carries in a job whose rank 0 evaluates chunks of `chunk` rows and
@@ -116,8 +120,10 @@ struct ServeStats {
   uint64_t frames = 0, triples = 0, failed = 0;
 };
 // `idle` (may be empty) is called after each second without a frame; it may throw Error to end
-// serving (the CLI's checks that the launcher is still there).
+// serving (the CLI's checks that the launcher is still there). `store` (may be null: resident
+// experts) is this rank's expert store, whose counters each Result carries to rank 0.
 ServeStats serve_experts(fabric::Fabric& f, const Backend& be, const Model& m, const ExpertSource& src,
-                         const fabric::Placement& p, const JobStart& job, const std::function<void()>& idle = {});
+                         const fabric::Placement& p, const JobStart& job, const std::function<void()>& idle = {},
+                         const storage::ExpertStore* store = nullptr);
 
 }  // namespace sluice

@@ -77,6 +77,9 @@ for mode in "" --resident-experts; do
   grep -q "sluice (rank 1): served .* | 64 experts owned | " two.err || { cat two.err >&2; fail "rank 1's summary ($mode)"; }
   [ -z "$mode" ] || grep -q "| 64 experts owned | 64 experts resident (" two.err ||
     { cat two.err >&2; fail "rank 1 holds other than its experts ($mode)"; }
+  # Rank 0's summary shows rank 1's store as its answers reported it.
+  if [ -z "$mode" ]; then want="rank 1: .* expert cache hit rate [0-9.]*% ([0-9]*/[1-9]"; else want="rank 1: .*, experts resident"; fi
+  grep -q "$want" two.err || { cat two.err >&2; fail "rank 0's summary lacks rank 1's store ($mode)"; }
   if true; then  # the tiny preset: 8 layers of 16 experts (parse_placement refuses anything else)
     "${mpi[@]}" -np 3 "$bin" "${run[@]}" $mode "${fab[@]}" --placement interleaved.txt --dump-logits file.f32 \
       > /dev/null 2> file.err || { cat file.err >&2; fail "placement file $mode"; }
