@@ -806,8 +806,10 @@ int run_body(const RunOptions& o, const ModelHeader& header, const std::vector<u
     if (job) {
       const std::vector<PeerTraffic> t = job->traffic();
       for (size_t r = 1; r < t.size(); ++r)
-        std::fprintf(stderr, "rank %zu expert store: %s, %llu expert terms computed\n", r,
-                     FabricJob::store_text(t[r]).c_str(), (unsigned long long)t[r].triples);
+        std::fprintf(stderr, "rank %zu expert store: %s, %llu expert terms computed, %llu exchanges, %llu bytes sent, %llu bytes received\n", r,
+                     FabricJob::store_text(t[r]).c_str(), (unsigned long long)t[r].triples,
+                     (unsigned long long)t[r].exchanges, (unsigned long long)t[r].work_bytes,
+                     (unsigned long long)t[r].result_bytes);
     }
   }
   return 0;

@@ -92,6 +92,35 @@ for mode in "" --resident-experts; do
 done
 echo "bit identity: ok"
 
+# 1b. The byte counters under MPI equal the frame formula over the traced routing: one row per
+# pass (a 1-token prompt, then decode), so each traced position is one exchange per rank that
+# owns one of its experts: out 64 + 2 x hidden + 12 k, back 64 + 4 x hidden x k.
+rm -rf bytes_trace
+"${mpi[@]}" -np 3 "$bin" run -m a.gguf --tokens 7 -n 40 -t 1 "${fab[@]}" --trace bytes_trace --expert-stats \
+  > /dev/null 2> bytes.err || { cat bytes.err >&2; fail "byte counters run"; }
+"$bin" inspect a.gguf --json > a.json
+python3 - bytes_trace/trace.jsonl bytes.err a.json <<'PY' || { cat bytes.err >&2; fail "byte counters differ from the formula"; }
+import json, re, sys
+meta = {m["key"]: m.get("value") for m in json.load(open(sys.argv[3]))["metadata"]}
+H, E = meta["deepseek41.hidden_size"], meta["deepseek41.n_routed_experts"]
+R = 3
+want = {r: [0, 0, 0, 0] for r in (1, 2)}  # exchanges, terms, out, back
+for line in open(sys.argv[1]):
+    for experts in json.loads(line)["experts"]:
+        for r in (1, 2):
+            k = sum(1 for e in experts if e * R // E == r)  # balanced: e * ranks / experts
+            if k:
+                w = want[r]
+                w[0] += 1; w[1] += k; w[2] += 64 + 2 * H + 12 * k; w[3] += 64 + 4 * H * k
+got = {}
+for m in re.finditer(r"rank (\d) expert store: .*, (\d+) expert terms computed, (\d+) exchanges, (\d+) bytes sent, (\d+) bytes received", open(sys.argv[2]).read()):
+    got[int(m[1])] = [int(m[3]), int(m[2]), int(m[4]), int(m[5])]
+for r in (1, 2):
+    if got.get(r) != want[r] or want[r][0] == 0:
+        sys.exit(f"rank {r}: counted {got.get(r)}, the formula gives {want[r]}")
+print("byte counters: " + ", ".join(f"rank {r} {want[r][2]} B out, {want[r][3]} B in" for r in (1, 2)))
+PY
+
 # 2. --fabric-if is required.
 set +e
 "$bin" "${run[@]}" --fabric mpi > /dev/null 2> noif.err
@@ -107,6 +136,19 @@ rc=$?
 set -e
 [ $rc != 0 ] && grep -q "rank 1 differs from rank 0 in its model file identity" mismatch.err ||
   { cat mismatch.err >&2; fail "a model mismatch was not refused (rc $rc)"; }
+# The same model, but rank 1 reads another placement file (MPMD: one command line per rank).
+set +e
+python3 - > two_a.txt <<'PY'
+for l in range(8):
+    print(f"{l}: " + " ".join(str(e % 2) for e in range(16)))
+PY
+sed 's/^0: 0 1/0: 1 0/' two_a.txt > two_b.txt  # two experts of layer 0 trade places
+"${mpi[@]}" -np 1 "$bin" "${run[@]}" "${fab[@]}" --placement two_a.txt : \
+  -np 1 "$bin" "${run[@]}" "${fab[@]}" --placement two_b.txt > /dev/null 2> placement.err
+rc=$?
+set -e
+[ $rc != 0 ] && grep -q "rank 1 differs from rank 0 in its placement" placement.err ||
+  { cat placement.err >&2; fail "a rank with another placement file was not refused (rc $rc)"; }
 echo "handshake mismatch: ok"
 
 # 4. A stopped and a killed peer: a long generation, the peer signalled once it serves.
