@@ -44,9 +44,7 @@ ExpertHost::ExpertHost(const SessionOptions& o, const ModelHeader& h, const fabr
     spo.plan.budget = o.budget;
     spo.plan.allow_swap = o.allow_swap;
     spo.plan.max_cache_experts = o.max_cache_experts;
-    spo.store.policy = o.policy;
-    spo.store.queue_depth = o.io_depth;
-    spo.store.direct_io = o.direct_io;
+    spo.store = session_store_options(o);
     spo.stream_experts = o.stream_experts;
     s.plan = plan_expert_server(h.file, spo, owned);
     require_admitted(s.plan);
@@ -62,11 +60,7 @@ ExpertHost::ExpertHost(const SessionOptions& o, const ModelHeader& h, const fabr
   if (o.progress) lo.progress = [&](uint64_t done, uint64_t total) { o.progress("loading experts", done, total); };
   s.model = load_model(o.model_path, lo);
   if (o.stream_experts) {
-    storage::StoreOptions so;
-    so.policy = o.policy;
-    so.queue_depth = o.io_depth;
-    so.direct_io = o.direct_io;
-    s.store = open_expert_store(*s.model, store_options_for(s.plan, so));
+    s.store = open_expert_store(*s.model, store_options_for(s.plan, session_store_options(o)));
     s.streamed = std::make_unique<StreamedExperts>(*s.store);
   }
 }

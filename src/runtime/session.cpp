@@ -589,6 +589,14 @@ ModelHeader open_model_header(const std::string& path) {
   }
 }
 
+storage::StoreOptions session_store_options(const SessionOptions& o) {
+  storage::StoreOptions so;
+  so.policy = o.policy;
+  so.queue_depth = o.io_depth;
+  so.direct_io = o.direct_io;
+  return so;
+}
+
 Session::Session(SessionOptions o) : Session(o, open_model_header(o.model_path)) {}
 
 Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_unique<Impl>()) {
@@ -630,9 +638,7 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
     if (opt.parallel == 0) throw Error("--parallel must be at least 1");
     spo.plan.sequences = opt.parallel;
     spo.plan.max_cache_experts = opt.max_cache_experts;
-    spo.store.policy = opt.policy;
-    spo.store.queue_depth = opt.io_depth;
-    spo.store.direct_io = opt.direct_io;
+    spo.store = session_store_options(opt);
     spo.stream_experts = opt.stream_experts;
     if (opt.draft_audit && opt.dspark_path.empty()) throw Error("draft_audit needs a drafter (--dspark FILE)");
     // The support file is checked against this model before anything is planned or read; its
@@ -721,11 +727,7 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
     eo.capture_layers = s.dspark->config.target_layers;
   }
   if (opt.stream_experts) {
-    storage::StoreOptions so;
-    so.policy = opt.policy;
-    so.queue_depth = opt.io_depth;
-    so.direct_io = opt.direct_io;
-    s.store = open_expert_store(*s.model, store_options_for(s.plan, so));
+    s.store = open_expert_store(*s.model, store_options_for(s.plan, session_store_options(opt)));
     s.streamed = std::make_unique<StreamedExperts>(*s.store);
     eo.experts = s.streamed.get();
   }

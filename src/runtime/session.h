@@ -25,6 +25,7 @@
 #include "runtime/admission.h"
 #include "runtime/sampler.h"
 #include "storage/eviction_policy.h"
+#include "storage/expert_store.h"
 #include "storage/store_stats.h"
 #include "util/token_id.h"
 
@@ -251,6 +252,10 @@ struct ModelHeader {
   std::shared_ptr<const text::Tokenizer> tokenizer;
 };
 ModelHeader open_model_header(const std::string& path);
+
+// The expert store's options the session's select (--cache-policy, --io-depth, --no-direct-io);
+// its cache's size comes from the plan (store_options_for).
+storage::StoreOptions session_store_options(const SessionOptions& o);
 
 class Session {
  public:
