@@ -467,6 +467,16 @@ TEST_F(ExpertParallel, APeerLoadsOnlyTheExpertsItOwns) {
   EXPECT_EQ(streamed.model().loaded_bytes, 0u);
   EXPECT_GT(streamed.plan().cache_slots, 0u);
   EXPECT_LE(streamed.plan().cache_slots, p.owned_by(1));
+  // A peer owning fewer experts of a layer than top_k needs a cache of only those: rank 0 keeps
+  // 14 of 16 per layer, each peer holds one per layer, in a cache of one slot per layer.
+  fabric::RoutingProfile flat{c.num_hidden_layers, c.n_routed_experts, {}};
+  flat.count.assign((size_t)c.num_hidden_layers * c.n_routed_experts, 1);
+  const fabric::Placement lean = fabric::local_first_placement(flat, 3, c.n_routed_experts - 2);
+  SessionOptions small = opts(true);
+  small.max_cache_experts = c.num_hidden_layers;
+  const ExpertHost one(small, h, lean, 2);
+  EXPECT_TRUE(one.plan().admitted);
+  EXPECT_EQ(one.plan().cache_slots, c.num_hidden_layers);
 }
 
 // Rank 0's plan charges one layer's exchange of a chunk: the frames to every rank, the answers

@@ -374,12 +374,15 @@ static Plan make_plan_with(const ModelFootprint& fp, const PlanOptions& o, const
 
   p.cache_per_layer = o.cache_per_layer;
   auto cap = [&](uint64_t slots) { return union_capacity(slots, c.num_hidden_layers, c.n_routed_experts, o.cache_per_layer); };
+  // One token's experts of a layer that this process computes: top_k, or for an expert server
+  // at most the experts of a layer it owns.
+  const uint64_t token_need = o.expert_server ? std::min<uint64_t>(p.top_k, o.owned_per_layer_max) : p.top_k;
   // Does a chunk fit: mandatory part within the budget, and a layer's share holding one token's
   // experts? A chunk's union larger than the share streams through it in windows
   // (model/streamed_experts.h), so the cache no longer bounds the chunk.
   auto fits = [&](uint32_t ch, Eval& e) {
     e = evaluate(fp, o, ch, p.threads, p.budget);
-    return e.fits_mandatory && cap(e.slots) >= p.top_k;
+    return e.fits_mandatory && cap(e.slots) >= token_need;
   };
   // The largest chunk in [1, top] that fits. Fitting is monotone (a bigger chunk needs more
   // scratch, leaving fewer slots), so a binary search finds it.
@@ -432,10 +435,12 @@ static Plan make_plan_with(const ModelFootprint& fp, const PlanOptions& o, const
     p.refusals.push_back("the mandatory part needs " + format_bytes(need) + " but the budget is " +
                          format_bytes(p.budget) + " (" + format_bytes(need - std::min(need, p.budget)) +
                          " short): " + parts + "; " + reduce);
-  } else if (p.union_capacity < p.top_k) {
+  } else if (p.union_capacity < token_need) {
     p.refusals.push_back("the expert cache left by the budget holds " + num(p.cache_slots) + " experts of " +
-                         format_bytes(p.slot_bytes) + holds_per_layer + " but one token needs top_k = " +
-                         std::to_string(p.top_k) + " experts of a layer; " + reduce);
+                         format_bytes(p.slot_bytes) + holds_per_layer + " but one token needs " +
+                         (o.expert_server ? std::to_string(token_need) + " (what this rank owns of a layer, at most top_k)"
+                                          : "top_k = " + std::to_string(p.top_k)) +
+                         " experts of a layer; " + reduce);
   }
   p.swap_active = host.swap_active();
   if (p.swap_active) {

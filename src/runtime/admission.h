@@ -184,6 +184,7 @@ struct PlanOptions {
   // experts.
   bool expert_server = false;
   uint64_t owned_experts = 0;
+  uint32_t owned_per_layer_max = 0;  // a token needs at most min(top_k, this) of a layer there
   // Hook for the expert store: its own bytes (cache of `slots` experts + bounce buffers +
   // anything else it allocates) for a cache of `slots` experts. Must be non-decreasing in
   // slots. When set, it replaces the bounce-buffer and expert-cache formulas.

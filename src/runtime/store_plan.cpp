@@ -60,6 +60,7 @@ Plan plan_expert_server(const gguf::File& f, const StorePlanOptions& o, const st
   fp.resident_bytes = fp.resident_loaded_bytes = fp.resident_tensors = 0;
   for (uint32_t n : owned) {
     so.plan.owned_experts += n;
+    so.plan.owned_per_layer_max = std::max(so.plan.owned_per_layer_max, n);
     if (!o.stream_experts && n)
       for (uint64_t slice : {fp.expert_gate_bytes, fp.expert_up_bytes, fp.expert_down_bytes}) {
         fp.resident_bytes += n * slice;
