@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "cli/context_option.h"
+#include "cli/fabric_job.h"
 #include "cli/stop_signals.h"
 #include "model/architecture.h"
 #include "runtime/session.h"
@@ -40,6 +41,7 @@ CLI::App* setup_chat(CLI::App& app, ChatCommandOptions& o) {
   sub->add_option("--seed", o.seed, "sampler seed (default 0)");
   add_ctx_option(sub, o.ctx, "min(model maximum, 4096)");
   add_engine_options(sub, o.engine);
+  add_fabric_options(sub, o.fabric);
   return sub;
 }
 
@@ -50,7 +52,12 @@ int run_chat(const ChatCommandOptions& o) {
   SessionOptions sess = session_options(o.engine, o.model, o.ctx);
   const ModelHeader header = open_model_header(o.model);
   check_ctx(o.ctx, header.config.max_position_embeddings);
+  // --fabric: the other ranks compute experts; rank 0 (which mpirun gives stdin) chats.
+  const std::unique_ptr<FabricJob> job = FabricJob::open(o.fabric, header);
+  if (job && !job->coordinator()) return job->serve(sess, header);
+  if (job) sess.remote = job->remote();
   Session session(std::move(sess), header);
+  if (job) job->start(session);
   maybe_print_plan(o.engine, session);
   const text::Tokenizer& tok = session.tokenizer();
   const ModelConfig& c = session.config();
@@ -138,7 +145,9 @@ int run_chat(const ChatCommandOptions& o) {
     std::fprintf(stderr, "[%u prompt tokens (%u reused) in %.2f s, %zu generated in %.2f s, stop: %s | %s]\n",
                  r.prompt_tokens, r.reused_tokens, r.prefill_s, r.tokens.size(), r.decode_s, finish_name(r.finish),
                  session_summary(session, r.prompt_tokens - r.reused_tokens + r.decode_steps).c_str());
+    if (job) std::fprintf(stderr, "[%s]\n", job->summary().c_str());
   }
+  if (job) job->end();
   return 0;
 }
 

@@ -25,6 +25,7 @@ struct ChatCommandOptions {
   float min_p = 0.0f;
   uint32_t ctx = 0;           // 0: min(max_position_embeddings, 4096)
   EngineCliOptions engine;
+  FabricCliOptions fabric;    // --fabric mpi: routed experts spread over the ranks (rank 0 chats)
 };
 CLI::App* setup_chat(CLI::App& app, ChatCommandOptions& o);
 int run_chat(const ChatCommandOptions& o);

@@ -121,6 +121,14 @@ for r in (1, 2):
 print("byte counters: " + ", ".join(f"rank {r} {want[r][2]} B out, {want[r][3]} B in" for r in (1, 2)))
 PY
 
+# 1c. chat across ranks (rank 0 has stdin): the same replies as one process.
+printf 'hello there\nand again\n/exit\n' | "$bin" chat -m a.gguf -n 8 -t 1 > chat1.out 2> /dev/null || fail "chat"
+printf 'hello there\nand again\n/exit\n' | "${mpi[@]}" -np 2 "$bin" chat -m a.gguf -n 8 -t 1 "${fab[@]}" \
+  > chat2.out 2> chat2.err || { cat chat2.err >&2; fail "chat across ranks"; }
+cmp chat1.out chat2.out || fail "chat across ranks replied differently"
+grep -q "fabric: 2 ranks (mpi, balanced) | rank 1: [1-9]" chat2.err || { cat chat2.err >&2; fail "chat's fabric summary"; }
+echo "chat: ok"
+
 # 2. --fabric-if is required.
 set +e
 "$bin" "${run[@]}" --fabric mpi > /dev/null 2> noif.err
