@@ -52,6 +52,15 @@ void check_work(const std::vector<uint8_t>& m) {
 void every_decoder(const std::vector<uint8_t>& m) {
   check_work(m);
   try {
+    const Expect e = expect();
+    const Hint h = decode_hint(m, e);
+    if (h.layer >= e.layers || h.experts.empty() || h.experts.size() > e.experts) std::abort();
+    for (size_t i = 0; i < h.experts.size(); ++i)
+      if (h.experts[i] >= e.experts || (i && h.experts[i - 1] >= h.experts[i])) std::abort();
+    if (encode_hint(e.nonce, h.layer, h.experts) != m) std::abort();
+  } catch (const sluice::Error&) {
+  }
+  try {
     decode_hello(m, 2);
   } catch (const sluice::Error&) {
   }

@@ -309,6 +309,10 @@ TEST_F(ExpertParallel, TrafficEqualsTheFrameFormulaOverTheTracedRouting) {
     EXPECT_EQ(got.traffic[r].store_hits, got.stores[r - 1].hits) << "rank " << r;
     EXPECT_NE(metrics.find("sluice_fabric_expert_requests_total" + label + " " + std::to_string(got.stores[r - 1].requests) + "\n"),
               std::string::npos);
+    // The next layer's predicted experts reach their rank as Hints, which its store reads ahead.
+    EXPECT_GT(got.traffic[r].hints, 0u) << "rank " << r;
+    EXPECT_EQ(got.served[r - 1].hints, got.traffic[r].hints) << "rank " << r;
+    EXPECT_GT(got.stores[r - 1].prefetch_issued, 0u) << "rank " << r;
   }
 }
 
@@ -642,6 +646,37 @@ TEST(FabricFrames, ResultsMustAnswerTheExchangeAsked) {
     EXPECT_NE(std::string(e.what()).find("more hits (11) than requests (10)"), std::string::npos) << e.what();
   }
   EXPECT_EQ(fabric::decode_header(fabric::result_frame(5, 11, 3, 0, 4), 2).store_requests, 0u);
+}
+
+TEST(FabricFrames, HintsAreCheckedLikeWork) {
+  fabric::Expect ex;
+  ex.from = 0;
+  ex.nonce = 9;
+  ex.layers = 4;
+  ex.experts = 16;
+  const std::vector<uint32_t> ok = {1, 5, 15};
+  const std::vector<uint8_t> good = fabric::encode_hint(9, 3, ok);
+  EXPECT_EQ(good.size(), fabric::hint_frame_bytes(3));
+  const fabric::Hint h = fabric::decode_hint(good, ex);
+  EXPECT_EQ(h.layer, 3u);
+  EXPECT_EQ(h.experts, ok);
+  const auto refused = [&](const std::vector<uint8_t>& m, const std::string& cause) {
+    try {
+      fabric::decode_hint(m, ex);
+      ADD_FAILURE() << "accepted: " << cause;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(cause), std::string::npos) << e.what();
+    }
+  };
+  refused(fabric::encode_hint(8, 3, ok), "another job's nonce");
+  refused(fabric::encode_hint(9, 4, ok), "layer 4");
+  refused(fabric::encode_hint(9, 3, std::vector<uint32_t>{1, 16}), "expert 16");
+  refused(fabric::encode_hint(9, 3, std::vector<uint32_t>{5, 5}), "not strictly ascending");
+  refused(fabric::encode_hint(9, 3, std::vector<uint32_t>{}), "a Hint of 0 experts");
+  std::vector<uint8_t> cut = good;
+  cut.resize(cut.size() - 4);
+  refused(cut, "payload bytes");
+  refused(fabric::encode_bye(9), "a Bye frame where a Hint was due");
 }
 
 TEST(FabricPlacement, BalancedSplitsContiguousRangesAndFilesAreChecked) {

@@ -94,6 +94,7 @@ const char* kind_name(Kind k) {
     case Kind::Result: return "Result";
     case Kind::Failed: return "Failed";
     case Kind::Bye: return "Bye";
+    case Kind::Hint: return "Hint";
   }
   return "?";
 }
@@ -122,6 +123,14 @@ std::vector<uint8_t> encode_welcome(uint64_t nonce, uint32_t max_rows) {
   return header(Kind::Welcome, nonce, 0, 0, max_rows, 0, 0, 0);
 }
 std::vector<uint8_t> encode_bye(uint64_t nonce) { return header(Kind::Bye, nonce, 0, 0, 0, 0, 0, 0); }
+
+std::vector<uint8_t> encode_hint(uint64_t nonce, uint32_t layer, std::span<const uint32_t> experts) {
+  std::vector<uint8_t> b =
+      header(Kind::Hint, nonce, 0, layer, 0, (uint32_t)experts.size(), 0, hint_frame_bytes(experts.size()) - kHeaderBytes);
+  Writer w(b);
+  for (uint32_t e : experts) w.put(e);
+  return b;
+}
 
 std::vector<uint8_t> encode_work(uint64_t nonce, uint64_t seq, uint32_t layer, uint32_t width,
                                  std::span<const uint16_t> rows, std::span<const WorkTriple> triples) {
@@ -157,7 +166,7 @@ Header decode_header(std::span<const uint8_t> m, int from) {
   if (version != kProtocolVersion)
     throw bad(from, "protocol version " + std::to_string(version) + " (this is " + std::to_string(kProtocolVersion) + ")");
   const uint16_t kind = r.get<uint16_t>();
-  if (kind < (uint16_t)Kind::Hello || kind > (uint16_t)Kind::Bye) throw bad(from, "a frame of unknown kind " + std::to_string(kind));
+  if (kind < (uint16_t)Kind::Hello || kind > (uint16_t)Kind::Hint) throw bad(from, "a frame of unknown kind " + std::to_string(kind));
   Header h;
   h.kind = (Kind)kind;
   h.nonce = r.get<uint64_t>();
@@ -214,6 +223,30 @@ std::string decode_text(std::span<const uint8_t> m, int from) {
   for (char& c : s)
     if (c < 0x20 || c > 0x7e) c = '?';
   return s;
+}
+
+Hint decode_hint(std::span<const uint8_t> m, const Expect& e) {
+  const Header h = decode_header(m, e.from);
+  if (h.kind != Kind::Hint) throw bad(e.from, std::string("a ") + kind_name(h.kind) + " frame where a Hint was due");
+  if (h.nonce != e.nonce) throw bad(e.from, "a Hint with another job's nonce");
+  if (h.layer >= e.layers) throw bad(e.from, "a Hint for layer " + std::to_string(h.layer) + " (the model has " + std::to_string(e.layers) + ")");
+  if (h.triples == 0 || h.triples > e.experts)
+    throw bad(e.from, "a Hint of " + std::to_string(h.triples) + " experts (1 .. " + std::to_string(e.experts) + ")");
+  if (h.rows || h.width || h.seq) throw bad(e.from, "a Hint with rows, width or an exchange number");
+  if ((uint64_t)h.payload + kHeaderBytes != hint_frame_bytes(h.triples))
+    throw bad(e.from, "a Hint of " + std::to_string(h.payload) + " payload bytes for " + std::to_string(h.triples) + " experts");
+  Hint o;
+  o.layer = h.layer;
+  o.experts.resize(h.triples);
+  Reader r(m);
+  r.skip(kHeaderBytes);
+  for (uint32_t i = 0; i < h.triples; ++i) {
+    o.experts[i] = r.get<uint32_t>();
+    if (o.experts[i] >= e.experts)
+      throw bad(e.from, "a Hint for expert " + std::to_string(o.experts[i]) + " (the model has " + std::to_string(e.experts) + ")");
+    if (i && o.experts[i - 1] >= o.experts[i]) throw bad(e.from, "a Hint whose experts are not strictly ascending");
+  }
+  return o;
 }
 
 Work decode_work(std::span<const uint8_t> m, const Expect& e) {

@@ -14,6 +14,8 @@
 //                        header's last 16 bytes: the peer's expert-store requests and hits so far
 //   Failed   peer -> 0   why a Work frame could not be computed (text; the peer keeps serving)
 //   Bye      0 -> peer   the job ends; the peer exits 0
+//   Hint     0 -> peer   `triples` u32 expert ids (ascending) of layer `layer` that rank 0's router
+//                        predicts for the coming layer: the peer may start reading them. No answer.
 #pragma once
 #include <cstdint>
 #include <span>
@@ -25,14 +27,15 @@
 namespace sluice::fabric {
 
 inline constexpr uint32_t kFrameMagic = 0x5045'4c53;  // "SLEP" little-endian
-// 2: a Hello carries the rows its admission holds; a Result, its sender's expert-store counters.
+// 2: a Hello carries the rows its admission holds; a Result, its sender's expert-store counters;
+// Hint frames.
 inline constexpr uint16_t kProtocolVersion = 2;
 inline constexpr size_t kHeaderBytes = 64;
 inline constexpr size_t kMaxTextBytes = 4096;
 // Message tags: requests to a peer, and what a peer sends back.
 inline constexpr uint32_t kTagToPeer = 17, kTagToCoordinator = 18;
 
-enum class Kind : uint16_t { Hello = 1, Welcome = 2, Refuse = 3, Work = 4, Result = 5, Failed = 6, Bye = 7 };
+enum class Kind : uint16_t { Hello = 1, Welcome = 2, Refuse = 3, Work = 4, Result = 5, Failed = 6, Bye = 7, Hint = 8 };
 const char* kind_name(Kind k);
 
 struct Header {
@@ -56,6 +59,11 @@ struct Hello {
   uint64_t owned_experts = 0, owned_bytes = 0, budget = 0, cache_slots = 0;
   uint8_t resident = 0;
   uint32_t rows = 0;  // the most rows of one exchange its scratch is planned for (the header's rows)
+};
+
+struct Hint {
+  uint32_t layer = 0;
+  std::vector<uint32_t> experts;
 };
 
 struct WorkTriple {
@@ -82,6 +90,8 @@ std::vector<uint8_t> encode_text(Kind kind, uint64_t nonce, uint64_t seq, const 
 // max_rows: the most rows a Work frame of this job carries (the coordinator's chunk).
 std::vector<uint8_t> encode_welcome(uint64_t nonce, uint32_t max_rows);
 std::vector<uint8_t> encode_bye(uint64_t nonce);
+// experts: ascending ids of `layer`.
+std::vector<uint8_t> encode_hint(uint64_t nonce, uint32_t layer, std::span<const uint32_t> experts);
 // rows: n_rows * width BF16 bits.
 std::vector<uint8_t> encode_work(uint64_t nonce, uint64_t seq, uint32_t layer, uint32_t width,
                                  std::span<const uint16_t> rows, std::span<const WorkTriple> triples);
@@ -98,6 +108,9 @@ std::string decode_text(std::span<const uint8_t> m, int from);  // printable ASC
 // The nonce, the layer, the width, the counts against their limits, the exact payload size, and
 // the triples: expert < experts, row < rows, (expert, row) strictly ascending, finite weights.
 Work decode_work(std::span<const uint8_t> m, const Expect& e);
+// The nonce, layer < layers, 1 .. experts ids, each < experts, strictly ascending, the exact
+// payload size.
+Hint decode_hint(std::span<const uint8_t> m, const Expect& e);
 // A Result answering (seq, layer, triples): returns its f32 rows (triples * width), into m.
 std::span<const uint8_t> decode_result(std::span<const uint8_t> m, const Expect& e, uint64_t seq, uint32_t layer,
                                        uint32_t triples);
@@ -110,5 +123,6 @@ inline uint64_t work_frame_bytes(uint64_t rows, uint64_t triples, uint64_t width
   return kHeaderBytes + rows * width * 2 + triples * 12;
 }
 inline uint64_t result_frame_bytes(uint64_t triples, uint64_t width) { return kHeaderBytes + triples * width * 4; }
+inline uint64_t hint_frame_bytes(uint64_t experts) { return kHeaderBytes + experts * 4; }
 
 }  // namespace sluice::fabric

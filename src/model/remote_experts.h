@@ -28,6 +28,12 @@ class RemoteExperts {
   // remote terms (frames waiting to leave, one answer as received, their bookkeeping), for
   // admission: the forward pass's own terms are split_moe_bytes (engine_footprint.h).
   virtual uint64_t exchange_bytes(uint64_t rows, uint64_t triples) const = 0;
+  // Experts of `layer` (not local, ascending) the router predicts for the coming layer: the
+  // processes owning them may start reading them. Advisory; returns without waiting.
+  virtual void hint(uint32_t layer, std::span<const uint32_t> experts) const {
+    (void)layer;
+    (void)experts;
+  }
 };
 
 }  // namespace sluice

@@ -116,6 +116,8 @@ std::string fabric_metrics(const std::vector<PeerTraffic>& t) {
       {"sluice_fabric_sent_bytes_total", "Bytes of Work frames sent to the rank.", &PeerTraffic::work_bytes},
       {"sluice_fabric_received_bytes_total", "Bytes of Result frames received from the rank.", &PeerTraffic::result_bytes},
       {"sluice_fabric_stale_answers_total", "Answers to exchanges a failed pass abandoned, dropped.", &PeerTraffic::stale},
+      {"sluice_fabric_hints_total", "Hint frames sent to the rank (its predicted experts of the coming layer).", &PeerTraffic::hints},
+      {"sluice_fabric_hint_bytes_total", "Bytes of those Hint frames.", &PeerTraffic::hint_bytes},
       {"sluice_fabric_expert_requests_total", "Experts the rank's store was asked for (0: resident experts), as its latest answer said.",
        &PeerTraffic::store_requests},
       {"sluice_fabric_expert_hits_total", "Of those, found in the rank's expert cache.", &PeerTraffic::store_hits},
@@ -275,6 +277,26 @@ void FabricExperts::finish_all(uint32_t layer, Mat terms) const {
   out_.clear();
 }
 
+void FabricExperts::hint(uint32_t layer, std::span<const uint32_t> experts) const {
+  if (nonce_ == 0 || broken_) return;
+  const int R = f_.size();
+  std::vector<std::vector<uint32_t>> by_rank(R);
+  for (uint32_t e : experts) {
+    const int r = p_.owner_of(layer, e);
+    if (r != 0) by_rank[r].push_back(e);
+  }
+  for (int r = 1; r < R; ++r) {
+    if (by_rank[r].empty()) continue;
+    std::vector<uint8_t> frame = fabric::encode_hint(nonce_, layer, by_rank[r]);
+    {
+      std::lock_guard<std::mutex> lk(stats_mu_);
+      traffic_[r].hints += 1;
+      traffic_[r].hint_bytes += frame.size();
+    }
+    f_.send(r, fabric::kTagToPeer, std::move(frame));
+  }
+}
+
 uint64_t FabricExperts::exchange_bytes(uint64_t rows, uint64_t triples) const {
   // Every rank's Work frame may be queued at once, each with up to every row; one rank's rows
   // and triples are being built beside them; the answers come in one at a time (the largest
@@ -315,7 +337,8 @@ ServeStats serve_experts(fabric::Fabric& f, const Backend& be, const Model& m, c
   ex.width = c.hidden_size;
   ex.max_rows = job.max_rows;
   ex.max_triples = job.max_rows * c.num_experts_per_tok;
-  const size_t limit = fabric::work_frame_bytes(ex.max_rows, ex.max_triples, ex.width);
+  const size_t limit = std::max<size_t>(fabric::work_frame_bytes(ex.max_rows, ex.max_triples, ex.width),
+                                       fabric::hint_frame_bytes(ex.experts));
   const uint32_t H = c.hidden_size;
   ServeStats st;
   uint64_t last_seq = 0;
@@ -329,6 +352,20 @@ ServeStats serve_experts(fabric::Fabric& f, const Backend& be, const Model& m, c
     try {
       const fabric::Header h = fabric::decode_header(*msg, 0);
       if (h.kind == fabric::Kind::Bye && h.nonce == job.nonce) return st;
+      if (h.kind == fabric::Kind::Hint) {
+        const fabric::Hint hn = fabric::decode_hint(*msg, ex);
+        for (uint32_t e : hn.experts)
+          if (p.owner_of(hn.layer, e) != me)
+            throw Error("fabric: rank 0 sent a Hint for expert " + std::to_string(e) + " of layer " +
+                        std::to_string(hn.layer) + ", which " + rank_name(me) + " does not own");
+        try {
+          src.hint(hn.layer, hn.experts);
+        } catch (const Error&) {
+          // Advisory: a read ahead that fails shows again when Work asks for the expert.
+        }
+        st.hints += 1;
+        continue;
+      }
       w = fabric::decode_work(*msg, ex);
       if (w.h.seq <= last_seq)
         throw Error("fabric: rank 0 sent exchange " + std::to_string(w.h.seq) + " after " + std::to_string(last_seq));

@@ -36,6 +36,7 @@ struct PeerTraffic {
   uint64_t work_bytes = 0, result_bytes = 0;
   uint64_t triples = 0;        // (expert, token) terms computed there
   uint64_t stale = 0;          // answers to an exchange a failed pass abandoned, dropped
+  uint64_t hints = 0, hint_bytes = 0;  // Hint frames sent (the next layer's predicted experts)
   double p50_us = 0, p99_us = 0;  // exchange latency, Work sent to Result received (last 4096)
   // The rank's expert store as its latest Result reported it (requests 0: resident experts).
   uint64_t store_requests = 0, store_hits = 0;
@@ -72,6 +73,8 @@ class FabricExperts final : public RemoteExperts {
   void begin(uint32_t layer, std::span<const ExpertTriple> triples, CMat x) const override;
   void finish(uint32_t layer, Mat terms) const override;
   uint64_t exchange_bytes(uint64_t rows, uint64_t triples) const override;
+  // One Hint frame to each rank that owns some of `experts` (not waited for).
+  void hint(uint32_t layer, std::span<const uint32_t> experts) const override;
   // Tells every peer the job is over (they exit) and waits for the sends to leave.
   void end() const;
   std::vector<PeerTraffic> traffic() const;  // index = rank ([0] stays empty)
@@ -118,6 +121,7 @@ JobStart join_job(fabric::Fabric& f, const fabric::Hello& mine, std::chrono::mil
 // with an Error naming what was wrong.
 struct ServeStats {
   uint64_t frames = 0, triples = 0, failed = 0;
+  uint64_t hints = 0;  // Hint frames passed to the expert source
 };
 // `idle` (may be empty) is called after each second without a frame; it may throw Error to end
 // serving (the CLI's checks that the launcher is still there). `store` (may be null: resident

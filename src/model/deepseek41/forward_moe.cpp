@@ -119,10 +119,14 @@ void Engine::Impl::moe_split(Pass& p, uint32_t L, CMat x, const std::vector<Expe
   if (prefetching()) {
     experts->hint(L, be.unheld_experts(*experts, L, used));
     if (L + 1 < c.num_hidden_layers) {
-      std::vector<uint32_t> next;
-      for (uint32_t e : predict_experts(L + 1, p, x))
-        if (opt.remote->local(L + 1, e)) next.push_back(e);
+      std::vector<uint32_t> next, theirs_next;
+      for (uint32_t e : predict_experts(L + 1, p, x)) (opt.remote->local(L + 1, e) ? next : theirs_next).push_back(e);
       experts->hint(L + 1, be.unheld_experts(*experts, L + 1, next));
+      // The other processes' predicted experts: they read them while this one finishes layer L
+      // and runs layer L + 1's attention.
+      std::sort(theirs_next.begin(), theirs_next.end());
+      theirs_next.erase(std::unique(theirs_next.begin(), theirs_next.end()), theirs_next.end());
+      if (!theirs_next.empty()) opt.remote->hint(L + 1, theirs_next);
     }
   }
   const Mat sh = ws(Ws::Shared, n), routed = ws(Ws::Routed, n);
