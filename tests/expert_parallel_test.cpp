@@ -350,6 +350,32 @@ TEST_F(ExpertParallel, APeerThatStopsAnsweringIsAnErrorWithinTheTimeout) {
   silent.join();
 }
 
+// A 2-rank handshake that must not start: rank 1 says `peer`, rank 0 `mine` with `max_rows`.
+// Returns each side's Error (a job that started is a failure).
+struct Refusal {
+  std::string coordinator, peer;
+};
+Refusal refused_start(const fabric::Hello& peer, const fabric::Hello& mine, uint32_t max_rows) {
+  fabric::LocalHub hub(2);
+  fabric::LocalFabric f0(hub, 0), f1(hub, 1);
+  Refusal r;
+  std::thread t([&] {
+    try {
+      join_job(f1, peer, 20s);
+    } catch (const Error& e) {
+      r.peer = e.what();
+    }
+  });
+  try {
+    start_job(f0, mine, 5, max_rows, 20s);
+    ADD_FAILURE() << "the job started";
+  } catch (const Error& e) {
+    r.coordinator = e.what();
+  }
+  t.join();
+  return r;
+}
+
 // The handshake compares what each rank is: another model file, or another placement, and the job
 // does not start, on either side, naming the field.
 TEST_F(ExpertParallel, AHandshakeMismatchIsRefusedNamingTheField) {
@@ -364,24 +390,11 @@ TEST_F(ExpertParallel, AHandshakeMismatchIsRefusedNamingTheField) {
   };
   for (const Case& k : {Case{2, &balanced, "model file identity"}, Case{1, &other, "placement"}}) {
     SCOPED_TRACE(k.field);
-    fabric::LocalHub hub(2);
-    fabric::LocalFabric f0(hub, 0), f1(hub, 1);
-    std::string peer_error;
-    std::thread peer([&] {
-      try {
-        join_job(f1, hello_for(opts(true, 8, k.seed), *k.peer_placement, 1, 16), 20s);
-      } catch (const Error& e) {
-        peer_error = e.what();
-      }
-    });
-    try {
-      start_job(f0, hello_for(opts(true), balanced, 0, 0), 5, 16, 20s);
-      ADD_FAILURE() << "the job started";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(std::string("rank 1 differs from rank 0 in its ") + k.field), std::string::npos)
-          << e.what();
-    }
-    peer.join();
+    const Refusal r = refused_start(hello_for(opts(true, 8, k.seed), *k.peer_placement, 1, 16),
+                                    hello_for(opts(true), balanced, 0, 0), 16);
+    EXPECT_NE(r.coordinator.find(std::string("rank 1 differs from rank 0 in its ") + k.field), std::string::npos)
+        << r.coordinator;
+    const std::string& peer_error = r.peer;
     EXPECT_NE(peer_error.find("the job does not start"), std::string::npos) << peer_error;
     EXPECT_NE(peer_error.find(k.field), std::string::npos) << peer_error;
   }
@@ -524,24 +537,10 @@ TEST_F(ExpertParallel, APeerHoldingFewerRowsThanRankZeroSendsIsRefused) {
   const ModelHeader h = open_model_header(model());
   const ModelConfig& c = h.config;
   const fabric::Placement p = fabric::balanced_placement(2, c.num_hidden_layers, c.n_routed_experts);
-  fabric::LocalHub hub(2);
-  fabric::LocalFabric f0(hub, 0), f1(hub, 1);
-  std::string peer_error;
-  std::thread peer([&] {
-    try {
-      join_job(f1, hello_for(opts(true), p, 1, 8), 20s);
-    } catch (const Error& e) {
-      peer_error = e.what();
-    }
-  });
-  try {
-    start_job(f0, hello_for(opts(true), p, 0, 0), 5, 16, 20s);
-    ADD_FAILURE() << "the job started";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("rank 1 holds exchanges of at most 8 rows"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("rank 0 sends up to 16"), std::string::npos) << e.what();
-  }
-  peer.join();
+  const Refusal r = refused_start(hello_for(opts(true), p, 1, 8), hello_for(opts(true), p, 0, 0), 16);
+  EXPECT_NE(r.coordinator.find("rank 1 holds exchanges of at most 8 rows"), std::string::npos) << r.coordinator;
+  EXPECT_NE(r.coordinator.find("rank 0 sends up to 16"), std::string::npos) << r.coordinator;
+  const std::string& peer_error = r.peer;
   EXPECT_NE(peer_error.find("at most 8 rows"), std::string::npos) << peer_error;
 }
 
@@ -679,6 +678,17 @@ TEST(FabricFrames, HintsAreCheckedLikeWork) {
   refused(fabric::encode_bye(9), "a Bye frame where a Hint was due");
 }
 
+// `parse` (a placement or profile parser on `text`) throws an Error whose message holds `cause`.
+template <class Parse>
+void expect_refused(Parse&& parse, const std::string& text, const std::string& cause) {
+  try {
+    parse();
+    ADD_FAILURE() << "accepted " << text;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(cause), std::string::npos) << e.what();
+  }
+}
+
 TEST(FabricPlacement, BalancedSplitsContiguousRangesAndFilesAreChecked) {
   const fabric::Placement p = fabric::balanced_placement(2, 40, 384);
   EXPECT_EQ(p.owned_by(0), 40u * 192);
@@ -692,12 +702,7 @@ TEST(FabricPlacement, BalancedSplitsContiguousRangesAndFilesAreChecked) {
   EXPECT_NE(p.hash(), q.hash());
   EXPECT_EQ(fabric::parse_placement("0: 0 1 1\n1: 1 0 0\n", 2, 2, 3).owner_of(1, 0), 1);
   const auto refused = [](const std::string& text, const std::string& cause) {
-    try {
-      fabric::parse_placement(text, 2, 2, 3);
-      ADD_FAILURE() << "accepted " << text;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(cause), std::string::npos) << e.what();
-    }
+    expect_refused([&] { fabric::parse_placement(text, 2, 2, 3); }, text, cause);
   };
   refused("0: 0 1 1\n", "no line for layer 1");
   refused("0: 0 1 1\n0: 0 1 1\n", "given twice");
@@ -734,12 +739,7 @@ TEST(FabricPlacement, LocalFirstKeepsTheHottestExpertsOnRankZero) {
   const fabric::RoutingProfile back = fabric::parse_routing_profile(fabric::format_routing_profile(prof), 2, 8);
   EXPECT_EQ(back.count, prof.count);
   const auto refused = [](const std::string& text, const std::string& cause) {
-    try {
-      fabric::parse_routing_profile(text, 2, 3);
-      ADD_FAILURE() << "accepted " << text;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(cause), std::string::npos) << e.what();
-    }
+    expect_refused([&] { fabric::parse_routing_profile(text, 2, 3); }, text, cause);
   };
   refused("0: 1 2 3\n", "routing profile: no line for layer 1");
   refused("0: 1 2 3\n1: 1 2\n", "routing profile line 2: expert 2: expected a count");

@@ -82,14 +82,14 @@ FabricJob::~FabricJob() {
   if (coordinator() && !ended_ && f_->size() > 1) fail("the command ended before the job did");
 }
 
-fabric::Hello FabricJob::hello(const Session& s) const {
+fabric::Hello FabricJob::hello(const Plan& pl, uint64_t owned, bool resident) const {
   fabric::Hello h = own_hello(model_path_, data_offset_, cfg_, p_);
-  const Plan& pl = s.plan();
-  h.owned_experts = p_.owned_by(f_->rank());
-  h.owned_bytes = h.owned_experts * pl.expert_bytes;
+  h.owned_experts = owned;
+  h.owned_bytes = owned * pl.expert_bytes;
   h.budget = pl.budget;
   h.cache_slots = pl.cache_slots;
-  h.resident = !s.options().stream_experts;
+  h.resident = resident;
+  h.rows = pl.chunk;
   return h;
 }
 
@@ -97,14 +97,8 @@ int FabricJob::serve(SessionOptions so, const ModelHeader& h) {
   try {
     // Only this rank's experts: no dense weights, sequence state or Engram rows (expert_host.h).
     const ExpertHost host(so, h, p_, f_->rank());
-    fabric::Hello me = own_hello(model_path_, data_offset_, cfg_, p_);
     const Plan& pl = host.plan();
-    me.owned_experts = host.owned_experts();
-    me.owned_bytes = me.owned_experts * pl.expert_bytes;
-    me.budget = pl.budget;
-    me.cache_slots = pl.cache_slots;
-    me.resident = !so.stream_experts;
-    me.rows = pl.chunk;
+    const fabric::Hello me = hello(pl, host.owned_experts(), !so.stream_experts);
     const JobStart job = join_job(*f_, me, std::chrono::seconds(o_.start_timeout_s));
     std::fprintf(stderr, "sluice (rank %d): pid %d serving %llu experts, exchanges of up to %u rows\n", f_->rank(),
                  (int)::getpid(), (unsigned long long)me.owned_experts, pl.chunk);
@@ -132,7 +126,7 @@ void FabricJob::start(const Session& s) {
   while (nonce == 0) nonce = ((uint64_t)rd() << 32) ^ rd();
   const uint32_t max_rows = exchange_rows(s.plan().chunk, s.options().parallel);
   try {
-    start_job(*f_, hello(s), nonce, max_rows, std::chrono::seconds(o_.start_timeout_s));
+    start_job(*f_, hello(s.plan(), p_.owned_by(0), !s.options().stream_experts), nonce, max_rows, std::chrono::seconds(o_.start_timeout_s));
   } catch (const std::exception& e) {
     fail(e.what());
   }

@@ -53,7 +53,8 @@ class FabricJob {
   bool broken() const { return experts_ && experts_->broken(); }
 
  private:
-  fabric::Hello hello(const Session& s) const;
+  // This rank's Hello with its admission: `owned` experts, the plan's budget, slots and chunk.
+  fabric::Hello hello(const Plan& pl, uint64_t owned, bool resident) const;
   std::unique_ptr<fabric::Fabric> f_;
   fabric::Placement p_;
   FabricCliOptions o_;

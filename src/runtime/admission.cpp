@@ -191,6 +191,18 @@ void size_store(const ModelFootprint& fp, const PlanOptions& o, uint64_t budget,
   }
 }
 
+// The measured overhead plus the allocator's bound for `allocations` long-lived allocations.
+PlanLine overhead_line(const PlanOptions& o, uint64_t allocations) {
+  const uint64_t slack = allocations * o.allocation_slack_bytes;
+  return {"runtime overhead", o.overhead_bytes + slack,
+          (o.overhead_bytes ? format_bytes(o.overhead_bytes) +
+                                  " measured (this process's resident set when planning: binary, libraries, header, "
+                                  "tokenizer) + "
+                            : std::string("not measured (no process) + ")) +
+              format_bytes(slack) + " allocator bound (" + num(allocations) + " allocations x " +
+              format_bytes(o.allocation_slack_bytes) + ")"};
+}
+
 uint64_t thread_bytes(const ModelConfig& c, const PlanOptions& o) {
   return o.thread_stack_bytes + (uint64_t)(c.sliding_window + c.index_topk + c.head_dim) * 4 + (64u << 10);
 }
@@ -213,13 +225,8 @@ Eval evaluate_expert_server(const ModelFootprint& fp, const PlanOptions& o, uint
           " expert terms: the frames, the rows as f32, the terms, the routed FFN's rows");
   add("threads", thread_bytes(c, o) * (uint64_t)threads,
       std::to_string(threads) + " x (" + format_bytes(o.thread_stack_bytes) + " stack + per-thread scratch)");
-  const uint64_t allocations = fp.routed_tensors.size() + 16;
-  const uint64_t slack = allocations * o.allocation_slack_bytes;
-  add("runtime overhead", o.overhead_bytes + slack,
-      (o.overhead_bytes ? format_bytes(o.overhead_bytes) + " measured (this process's resident set when planning) + "
-                        : std::string("not measured (no process) + ")) +
-          format_bytes(slack) + " allocator bound (" + num(allocations) + " allocations x " +
-          format_bytes(o.allocation_slack_bytes) + ")");
+  const PlanLine overhead = overhead_line(o, fp.routed_tensors.size() + 16);
+  add(overhead.name, overhead.bytes, overhead.detail);
   size_store(fp, o, budget, e);
   return e;
 }
@@ -269,14 +276,8 @@ Eval evaluate(const ModelFootprint& fp, const PlanOptions& o, uint32_t chunk, in
   // and session buffers (slab, slot table, checkpoint set, logits rows).
   const uint64_t allocations = fp.resident_tensors + fp.routed_tensors.size() +
                                (uint64_t)o.sequences * (2 + 4 * c.kv_source_layer_ids.size()) + 16;
-  const uint64_t slack = allocations * o.allocation_slack_bytes;
-  add("runtime overhead", o.overhead_bytes + slack,
-      (o.overhead_bytes ? format_bytes(o.overhead_bytes) +
-                              " measured (this process's resident set when planning: binary, libraries, header, "
-                              "tokenizer) + "
-                        : std::string("not measured (no process) + ")) +
-          format_bytes(slack) + " allocator bound (" + num(allocations) + " allocations x " +
-          format_bytes(o.allocation_slack_bytes) + ")");
+  const PlanLine overhead = overhead_line(o, allocations);
+  add(overhead.name, overhead.bytes, overhead.detail);
 
   // At most one checkpoint per position, so ctx of the largest bound them below the budget.
   const uint64_t one_checkpoint = largest_checkpoint_bytes(c) + o.dspark_per_sequence;  // + the drafter's rings

@@ -398,8 +398,7 @@ ServeStats serve_experts(fabric::Fabric& f, const Backend& be, const Model& m, c
       be.routed_ffn_rows(ExpertTensors{&lay.gate, &lay.up, &lay.down}, src, w.h.layer, tr, c.swiglu_limit, x.c(),
                          terms.m());
       be.sync();
-      storage::LayerStats counts;
-      if (store) counts = store->stats().total();
+      const storage::RequestCounts counts = store ? store->request_counts() : storage::RequestCounts{};
       std::vector<uint8_t> out =
           fabric::result_frame(job.nonce, w.h.seq, w.h.layer, (uint32_t)tr.size(), H, counts.requests, counts.hits);
       const size_t o = out.size();

@@ -386,6 +386,16 @@ StoreStats ExpertStore::stats() const {
   return s;
 }
 
+RequestCounts ExpertStore::request_counts() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  RequestCounts c;
+  for (const LayerStats& l : impl_->layer_stats) {
+    c.requests += l.requests;
+    c.hits += l.hits;
+  }
+  return c;
+}
+
 void ExpertStore::reset_stats() {
   std::lock_guard<std::mutex> lk(impl_->mu);
   for (auto& l : impl_->layer_stats) l = LayerStats{};

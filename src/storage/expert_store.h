@@ -148,6 +148,7 @@ class ExpertStore {
   const StoreBudget& budget() const;
   const StoreOptions& options() const;
   StoreStats stats() const;
+  RequestCounts request_counts() const;  // the totals of stats() alone, without copying the layers
   void reset_stats();
   // Experts of `layer` whose bytes are resident and complete, ascending.
   std::vector<uint32_t> resident(uint32_t layer) const;

@@ -39,6 +39,11 @@ struct LayerStats {
   void merge(const LayerStats& o);
 };
 
+// Lookups and hits over every layer: what a peer's answers report (StoreStats::total's two fields).
+struct RequestCounts {
+  uint64_t requests = 0, hits = 0;
+};
+
 struct StoreStats {
   std::string backend;          // "io_uring" or "pread"
   std::string backend_note;     // why io_uring is not used, when it is not
