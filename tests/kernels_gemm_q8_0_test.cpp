@@ -98,6 +98,10 @@ void check_shapes(const Case& c) {
   // spans more than one of the kernels' 32-block chunks.
   check(c, 17, 9, 3);
   check(c, 21, 5, 41);
+  // One token (the decode path, rows read in place): a full tile, ragged ones, one row.
+  check(c, 16, 1, 7);
+  check(c, 37, 1, 41);
+  check(c, 1, 1, 3);
 }
 
 uint16_t one(int64_t, int64_t) { return 0x3c00; }

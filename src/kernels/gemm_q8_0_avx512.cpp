@@ -150,6 +150,73 @@ void tile_group(const PackedBlock* pk, int nb, const ActChunk& a, int nt, __m512
   }
 }
 
+// One token (a decode step): packing a tile costs more than it saves when each packed block is
+// used once, so the rows are read in place. Per block, 8 vpdpbusd each take one block of two rows
+// (x ^ 0x80 against the activation's codes in both halves) and leave 8 partial sums per row; a
+// transpose-and-add tree folds them into one dword per row (lane r = row r), and 128 * sum(y),
+// the same for every row, is taken off once. The float step is step_q8_0's, lane-wise, blocks in
+// order from +0: the dot's bits, with 16 rows' chains in flight instead of one.
+// Sixteen short rows are sixteen short streams the hardware prefetcher does not pick up in time
+// (attn_q_b's 1,280 columns ran at half the read bandwidth), so the next tile's bytes, which
+// follow this tile's in memory, are prefetched into L2 evenly over the blocks.
+void gemv_rows(const uint8_t* base, size_t w_stride, int rv, const uint8_t* y, int64_t nblocks, float* out,
+               size_t next_bytes) {
+  const __m512i bias = _mm512_set1_epi8((char)0x80);
+  const __m512i zero = _mm512_setzero_si512();
+  const uint8_t* row[kRows];  // row[r] for r >= rv repeats row rv - 1 (computed, never stored)
+  for (int r = 0; r < kRows; ++r) row[r] = base + (size_t)std::min(r, rv - 1) * w_stride;
+  const bool gather = (size_t)kRows * w_stride <= (size_t)INT_MAX;
+  alignas(64) int32_t goff[kRows];
+  for (int r = 0; r < kRows; ++r) goff[r] = gather ? (int32_t)(row[r] - base) : 0;
+  const __m512i gv = _mm512_load_si512(goff);
+  // z[i] holds row i (low half) and row 4 + i (high half) for i < 4, rows 8 + i and 12 + i for
+  // i >= 4, so that the tree below leaves row r in lane r.
+  const uint8_t* lo[8];
+  const uint8_t* hi[8];
+  for (int i = 0; i < 4; ++i) {
+    lo[i] = row[i] + 2, hi[i] = row[4 + i] + 2;
+    lo[4 + i] = row[8 + i] + 2, hi[4 + i] = row[12 + i] + 2;
+  }
+  const char* pf = reinterpret_cast<const char*>(base + (size_t)kRows * w_stride);
+  const char* const pf_end = pf + next_bytes;
+  const size_t pf_step = ((next_bytes + 63) / 64 + (size_t)nblocks - 1) / (size_t)nblocks * 64;
+  __m512 sumf = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const size_t bo = (size_t)b * kQ8_0Bytes;
+    for (const char* e = pf + pf_step; pf < e && pf < pf_end; pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
+    const __m512i yv = _mm512_broadcast_i64x4(load256(y + bo + 2));
+    __m512i z[8];
+    for (int i = 0; i < 8; ++i) {
+      const __m512i xv = _mm512_inserti64x4(_mm512_castsi256_si512(load256(lo[i] + bo)), load256(hi[i] + bo), 1);
+      z[i] = _mm512_dpbusd_epi32(zero, _mm512_xor_si512(xv, bias), yv);
+    }
+    __m512i a[4];
+    for (int i = 0; i < 4; ++i)
+      a[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(z[2 * i], z[2 * i + 1]), _mm512_unpackhi_epi32(z[2 * i], z[2 * i + 1]));
+    const __m512i c0 = _mm512_add_epi32(_mm512_unpacklo_epi64(a[0], a[1]), _mm512_unpackhi_epi64(a[0], a[1]));
+    const __m512i c1 = _mm512_add_epi32(_mm512_unpacklo_epi64(a[2], a[3]), _mm512_unpackhi_epi64(a[2], a[3]));
+    __m512i s = _mm512_add_epi32(_mm512_shuffle_i32x4(c0, c1, _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_i32x4(c0, c1, _MM_SHUFFLE(3, 1, 3, 1)));
+    // 128 * sum(y): the offset every row's sum carries from x ^ 0x80 = x + 128.
+    const __m256i yc = _mm512_castsi512_si256(_mm512_dpbusd_epi32(zero, bias, yv));
+    __m128i q = _mm_add_epi32(_mm256_castsi256_si128(yc), _mm256_extracti128_si256(yc, 1));
+    q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0x4e));
+    q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0xb1));
+    s = _mm512_sub_epi32(s, _mm512_broadcastd_epi32(q));
+    __m256i h;
+    if (gather) {
+      h = _mm512_cvtepi32_epi16(_mm512_i32gather_epi32(gv, base + bo, 1));
+    } else {
+      alignas(32) uint16_t d[kRows];
+      for (int r = 0; r < kRows; ++r) d[r] = ld16(row[r] + bo);
+      h = _mm256_load_si256(reinterpret_cast<const __m256i*>(d));
+    }
+    const __m512 dy = _mm512_set1_ps(_cvtsh_ss(ld16(y + bo)));
+    sumf = _mm512_add_ps(sumf, _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_cvtph_ps(h), dy)));
+  }
+  _mm512_mask_storeu_ps(out, (__mmask16)((1u << rv) - 1u), sumf);
+}
+
 }  // namespace
 
 void gemm_q8_0_avx512(const void* vw, size_t w_stride, int64_t nrows, const uint8_t* const* acts, int64_t nacts,
@@ -160,6 +227,14 @@ void gemm_q8_0_avx512(const void* vw, size_t w_stride, int64_t nrows, const uint
   ActChunk a;
   if (nblocks == 0) {  // the scalar's empty sum: +0
     for (int64_t t = 0; t < nacts; ++t) std::fill_n(y + (size_t)t * ldy, nrows, 0.0f);
+    return;
+  }
+  if (nacts == 1) {
+    for (int64_t r0 = 0; r0 < nrows; r0 += kRows) {
+      const int64_t next = std::clamp<int64_t>(nrows - r0 - kRows, 0, kRows);  // rows of the next tile
+      gemv_rows(w + (size_t)r0 * w_stride, w_stride, (int)std::min<int64_t>(kRows, nrows - r0), acts[0], nblocks, y + r0,
+                (size_t)next * w_stride);
+    }
     return;
   }
   for (int64_t r0 = 0; r0 < nrows; r0 += kRows) {
