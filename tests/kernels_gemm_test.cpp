@@ -80,7 +80,7 @@ TEST(Gemm, EveryPairEqualsTheScalarDotBitForBit) {
   for (const TypeTraits* t : types_with_gemm()) {
     const int64_t be = t->block_elems;
     const std::vector<int64_t> col_counts = be == 1 ? std::vector<int64_t>{1, 15, 16, 17, 100, 257}
-                                                    : std::vector<int64_t>{be, 3 * be, 7 * be};
+                                                    : std::vector<int64_t>{be, 3 * be, 7 * be, 41 * be};  // 41: K-chunks
     uint64_t seed = 11;
     for (Isa isa : gemm_isas(*t))
       for (int64_t cols : col_counts)

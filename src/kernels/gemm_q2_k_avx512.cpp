@@ -141,6 +141,10 @@ void gemm_q2_k_avx512(const void* vw, size_t w_stride, int64_t nrows, const uint
       for (int64_t r = 0; r < nrows; ++r) y[(size_t)t * ldy + (size_t)r] = 0.0f;
     return;
   }
+  if (nacts == 1) {  // a decode step: nothing to reuse a decoded tile for
+    gemv_q2_k_avx512(w, w_stride, nrows, acts[0], n, y);
+    return;
+  }
   Q2kTile tile;
   for (int64_t c0 = 0; c0 < nb; c0 += kChunk) {
     const int nblk = (int)std::min<int64_t>(kChunk, nb - c0);

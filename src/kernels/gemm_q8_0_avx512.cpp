@@ -21,6 +21,8 @@
 
 #include "kernels/gemm_q8_0.h"
 #include "kernels/iquant_types.h"
+#include "kernels/lane_fold_avx512.h"
+#include "kernels/prefetch.h"
 #include "kernels/types.h"
 
 namespace sluice::iquant {
@@ -155,12 +157,10 @@ void tile_group(const PackedBlock* pk, int nb, const ActChunk& a, int nt, __m512
 // (x ^ 0x80 against the activation's codes in both halves) and leave 8 partial sums per row; a
 // transpose-and-add tree folds them into one dword per row (lane r = row r), and 128 * sum(y),
 // the same for every row, is taken off once. The float step is step_q8_0's, lane-wise, blocks in
-// order from +0: the dot's bits, with 16 rows' chains in flight instead of one.
-// Sixteen short rows are sixteen short streams the hardware prefetcher does not pick up in time
-// (attn_q_b's 1,280 columns ran at half the read bandwidth), so the next tile's bytes, which
-// follow this tile's in memory, are prefetched into L2 evenly over the blocks.
+// order from +0: the dot's bits, with 16 rows' chains in flight instead of one. Each block step
+// also prefetches its share of the next tile (`next_rows` rows).
 void gemv_rows(const uint8_t* base, size_t w_stride, int rv, const uint8_t* y, int64_t nblocks, float* out,
-               size_t next_bytes) {
+               int next_rows) {
   const __m512i bias = _mm512_set1_epi8((char)0x80);
   const __m512i zero = _mm512_setzero_si512();
   const uint8_t* row[kRows];  // row[r] for r >= rv repeats row rv - 1 (computed, never stored)
@@ -169,34 +169,21 @@ void gemv_rows(const uint8_t* base, size_t w_stride, int rv, const uint8_t* y, i
   alignas(64) int32_t goff[kRows];
   for (int r = 0; r < kRows; ++r) goff[r] = gather ? (int32_t)(row[r] - base) : 0;
   const __m512i gv = _mm512_load_si512(goff);
-  // z[i] holds row i (low half) and row 4 + i (high half) for i < 4, rows 8 + i and 12 + i for
-  // i >= 4, so that the tree below leaves row r in lane r.
   const uint8_t* lo[8];
   const uint8_t* hi[8];
-  for (int i = 0; i < 4; ++i) {
-    lo[i] = row[i] + 2, hi[i] = row[4 + i] + 2;
-    lo[4 + i] = row[8 + i] + 2, hi[4 + i] = row[12 + i] + 2;
-  }
-  const char* pf = reinterpret_cast<const char*>(base + (size_t)kRows * w_stride);
-  const char* const pf_end = pf + next_bytes;
-  const size_t pf_step = ((next_bytes + 63) / 64 + (size_t)nblocks - 1) / (size_t)nblocks * 64;
+  for (int i = 0; i < 8; ++i) lo[i] = row[kFoldLowRow[i]] + 2, hi[i] = row[kFoldHighRow[i]] + 2;
+  TilePrefetch prefetch(base, (size_t)kRows * w_stride, w_stride, next_rows, w_stride, nblocks);
   __m512 sumf = _mm512_setzero_ps();
   for (int64_t b = 0; b < nblocks; ++b) {
     const size_t bo = (size_t)b * kQ8_0Bytes;
-    for (const char* e = pf + pf_step; pf < e && pf < pf_end; pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
+    prefetch.step();
     const __m512i yv = _mm512_broadcast_i64x4(load256(y + bo + 2));
     __m512i z[8];
     for (int i = 0; i < 8; ++i) {
       const __m512i xv = _mm512_inserti64x4(_mm512_castsi256_si512(load256(lo[i] + bo)), load256(hi[i] + bo), 1);
       z[i] = _mm512_dpbusd_epi32(zero, _mm512_xor_si512(xv, bias), yv);
     }
-    __m512i a[4];
-    for (int i = 0; i < 4; ++i)
-      a[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(z[2 * i], z[2 * i + 1]), _mm512_unpackhi_epi32(z[2 * i], z[2 * i + 1]));
-    const __m512i c0 = _mm512_add_epi32(_mm512_unpacklo_epi64(a[0], a[1]), _mm512_unpackhi_epi64(a[0], a[1]));
-    const __m512i c1 = _mm512_add_epi32(_mm512_unpacklo_epi64(a[2], a[3]), _mm512_unpackhi_epi64(a[2], a[3]));
-    __m512i s = _mm512_add_epi32(_mm512_shuffle_i32x4(c0, c1, _MM_SHUFFLE(2, 0, 2, 0)),
-                                 _mm512_shuffle_i32x4(c0, c1, _MM_SHUFFLE(3, 1, 3, 1)));
+    __m512i s = fold_rows16(z);
     // 128 * sum(y): the offset every row's sum carries from x ^ 0x80 = x + 128.
     const __m256i yc = _mm512_castsi512_si256(_mm512_dpbusd_epi32(zero, bias, yv));
     __m128i q = _mm_add_epi32(_mm256_castsi256_si128(yc), _mm256_extracti128_si256(yc, 1));
@@ -231,9 +218,9 @@ void gemm_q8_0_avx512(const void* vw, size_t w_stride, int64_t nrows, const uint
   }
   if (nacts == 1) {
     for (int64_t r0 = 0; r0 < nrows; r0 += kRows) {
-      const int64_t next = std::clamp<int64_t>(nrows - r0 - kRows, 0, kRows);  // rows of the next tile
+      const int next = (int)std::clamp<int64_t>(nrows - r0 - kRows, 0, kRows);  // rows of the next tile
       gemv_rows(w + (size_t)r0 * w_stride, w_stride, (int)std::min<int64_t>(kRows, nrows - r0), acts[0], nblocks, y + r0,
-                (size_t)next * w_stride);
+                next);
     }
     return;
   }

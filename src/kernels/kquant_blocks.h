@@ -116,5 +116,7 @@ void gemm_q2_k_avx2(const void* w, size_t w_stride, int64_t nrows, const uint8_t
                     int64_t n, float* y, size_t ldy);
 void gemm_q2_k_avx512(const void* w, size_t w_stride, int64_t nrows, const uint8_t* const* acts, int64_t nacts,
                       int64_t n, float* y, size_t ldy);
+// Its one-token path (gemv_q2_k_avx512.cpp): y[r] for rows [0, nrows), same bits.
+void gemv_q2_k_avx512(const void* w, size_t w_stride, int64_t nrows, const uint8_t* act, int64_t n, float* y);
 
 }  // namespace sluice::kquant

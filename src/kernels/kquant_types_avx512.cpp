@@ -10,6 +10,7 @@
 #include "kernels/f16c_load.h"
 #include "kernels/kquant_blocks.h"
 #include "kernels/prefetch.h"
+#include "kernels/q2_k_avx512.h"
 
 namespace sluice::kquant {
 namespace {
@@ -53,62 +54,19 @@ float dot_q8_k_avx512(const void* vx, const void* vy, int64_t n) {
   return sumf;
 }
 
-// Q2_K. A block's 16 sub-block scales s and its 2-bit codes q meet in two VBMI byte permutes:
-// once per block a 64-entry table T[4k + q] = s_k * q (<= 45) is looked up from the constant
-// products table, then per 64 elements one permute picks T[4k + q] for each element's sub-block
-// k and code q, so dpbusd forms s*q*y straight into the accumulator. Zen 4 runs the variable
-// word shifts (srlv_epi16) and the per-lane scale multiplies of the other K-quant dots slowly;
-// this kernel uses neither (a multishift moves the codes into place). Four (or two) blocks
+// Q2_K (the scaled-code table of q2_k_avx512.h; a multishift moves the codes into place, since
+// the dot reads the activation as it is, 32 bytes per shift pair). Four (or two) blocks
 // share one horizontal reduction of their code and min sums and one vector tail: the same float
 // operations, in the same order, as q2k_tail's. In cache on Zen 4: 31 -> 22.6 cycles a block.
 namespace {
-
-// The kernel's byte tables, built at compile time so that a call (a row of as few as 9 blocks)
-// only loads them.
-struct Q2kTables {
-  alignas(64) uint8_t products[64];       // [16q + s] = s * q
-  alignas(64) uint8_t spread[64];         // [4k + q] = k
-  alignas(64) uint8_t lane_base[4][64];   // chunk m, lane l (sub-block 4m + l): 4(4m + l)
-  alignas(64) uint8_t shift_ctl[2][64];   // vpmultishiftqb: bits from 8b + 2j (low half), 8b + 2j + 2
-};
-constexpr Q2kTables make_q2k_tables() {
-  Q2kTables t{};
-  for (int i = 0; i < 64; ++i) {
-    t.products[i] = (uint8_t)((i % 16) * (i / 16));
-    t.spread[i] = (uint8_t)(i / 4);
-    for (int m = 0; m < 4; ++m) t.lane_base[m][i] = (uint8_t)(4 * (4 * m + i / 16));
-    for (int j = 0; j < 2; ++j) t.shift_ctl[j][i] = (uint8_t)(8 * (i % 8) + 4 * j + (i >= 32 ? 2 : 0));
-  }
-  return t;
-}
-alignas(64) constexpr Q2kTables kQ2kTables = make_q2k_tables();
-
-struct Q2kConstants {
-  __m512i products, spread, code_rows, m15, m3, lane_base[4], shift_ctl[2];
-  __m128i m15x;
-  Q2kConstants() {
-    const Q2kTables& t = kQ2kTables;
-    products = _mm512_load_si512((const void*)t.products);
-    spread = _mm512_load_si512((const void*)t.spread);
-    for (int m = 0; m < 4; ++m) lane_base[m] = _mm512_load_si512((const void*)t.lane_base[m]);
-    for (int j = 0; j < 2; ++j) shift_ctl[j] = _mm512_load_si512((const void*)t.shift_ctl[j]);
-    code_rows = _mm512_set1_epi32(0x30201000);  // [4k + q] = 16q
-    m15 = _mm512_set1_epi8(15);
-    m3 = _mm512_set1_epi8(3);
-    m15x = _mm_set1_epi8(15);
-  }
-};
 
 // One block's integer sums, still in vectors: the codes' sum folded to 8 lanes (r), the mins'
 // (bsums x mins) in 8 (mp).
 inline void q2k_block_sums(const Q2kConstants& k, const uint8_t* x, const uint8_t* y, __m256i& r, __m256i& mp) {
   prefetch_ahead(x, 128);  // 84 bytes a block
   const __m128i scb = load128(x + q2k::kScales);
-  const __m512i spread_scales = _mm512_permutexvar_epi8(k.spread, _mm512_castsi128_si512(scb));
-  const __m512i table =
-      _mm512_permutexvar_epi8(_mm512_ternarylogic_epi32(spread_scales, k.m15, k.code_rows, 0xEA), k.products);  // (a & b) | c
-  const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(scb, 4), k.m15x));
-  mp = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i*)(y + q8k::kBsums)), mins);
+  const __m512i table = q2k_scaled_code_table(k, scb);
+  mp = q2k_min_sums(k, scb, y + q8k::kBsums);
   __m512i acc0 = _mm512_setzero_si512(), acc1 = _mm512_setzero_si512();
   for (int m = 0; m < 4; ++m) {  // elements 64m..64m+63: h = m/2, j = 2(m%2) and 2(m%2)+1
     const int h = m / 2;
