@@ -681,6 +681,14 @@ TEST(Vulkan, CommandLine) {
   EXPECT_NE(capped.err.find("GPU weight copies"), std::string::npos) << capped.err;
   EXPECT_EQ(test::run_sluice(dir, "run -m " + test::q(model) + " --tokens 5 -n 1 --gpu-mem 1GiB").rc, 2)
       << "--gpu-mem without --backend vulkan was accepted";
+  // More than the device has (lavapipe lists a 2 GiB heap) is refused before anything is loaded,
+  // naming the option and what the device has.
+  const test::CmdResult over = test::run_sluice(
+      dir, "run -m " + test::q(model) + " --tokens 5 -n 1 --resident-experts --backend vulkan --gpu-mem 64TiB");
+  EXPECT_NE(over.rc, 0);
+  EXPECT_NE(over.err.find("--gpu-mem 64.00 TiB is more than device"), std::string::npos) << over.err;
+  EXPECT_NE(over.err.find("device-local heap"), std::string::npos) << over.err;
+  EXPECT_EQ(over.out, "");
   // Streamed experts in 4 device slots: the same tokens, and the summary shows the slot tier.
   const test::CmdResult slots = test::run_sluice(
       dir, "run -m " + test::q(model) + " --tokens 5,6,7 -n 4 --backend vulkan --gpu-experts 4 --print-plan");

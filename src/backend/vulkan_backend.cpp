@@ -187,10 +187,25 @@ GpuDevice describe(VkPhysicalDevice d, uint32_t index) {
   g.int_dot = has_extension(d, "VK_KHR_shader_integer_dot_product");
   g.host_import = has_extension(d, VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME);
   g.max_storage_buffer = p.limits.maxStorageBufferRange;
-  VkPhysicalDeviceMemoryProperties mem;
-  vkGetPhysicalDeviceMemoryProperties(d, &mem);
-  for (uint32_t i = 0; i < mem.memoryHeapCount; ++i)
-    g.heaps.push_back({mem.memoryHeaps[i].size, (mem.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) != 0});
+  // The heaps, and what the driver says this process may still allocate from each where it has
+  // VK_EXT_memory_budget (a snapshot: other processes move it).
+  VkPhysicalDeviceMemoryBudgetPropertiesEXT budget{};
+  budget.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_BUDGET_PROPERTIES_EXT;
+  VkPhysicalDeviceMemoryProperties2 mem2{};
+  mem2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_PROPERTIES_2;
+  const bool have_budget = has_extension(d, VK_EXT_MEMORY_BUDGET_EXTENSION_NAME);
+  mem2.pNext = have_budget ? &budget : nullptr;
+  vkGetPhysicalDeviceMemoryProperties2(d, &mem2);
+  const VkPhysicalDeviceMemoryProperties& mem = mem2.memoryProperties;
+  for (uint32_t i = 0; i < mem.memoryHeapCount; ++i) {
+    GpuHeap h;
+    h.bytes = mem.memoryHeaps[i].size;
+    h.device_local = (mem.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) != 0;
+    h.has_budget = have_budget;
+    h.budget = have_budget ? budget.heapBudget[i] : 0;
+    h.usage = have_budget ? budget.heapUsage[i] : 0;
+    g.heaps.push_back(h);
+  }
   return g;
 }
 
@@ -264,17 +279,13 @@ class VulkanBackend final : public CpuBackend {
     bool have_host = false;
     for (uint32_t i = 0; i < mem_.memoryTypeCount; ++i) have_host |= (mem_.memoryTypes[i].propertyFlags & host) == host;
     if (!have_host) throw Error("vulkan: device " + info_.name + " has no host-visible coherent memory");
-    uint64_t largest_local = 0, largest = 0;
-    for (const GpuHeap& h : info_.heaps) {
-      if (h.device_local) largest_local = std::max(largest_local, h.bytes);
-      largest = std::max(largest, h.bytes);
-    }
-    if (largest_local == 0) largest_local = largest;  // no device-local heap: weights in host memory
     for (uint32_t i = 0; i < mem_.memoryTypeCount && local_type_ == UINT32_MAX; ++i)
       if (mem_.memoryTypes[i].propertyFlags & VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT) local_type_ = i;
     st_.weights_in_host_memory = info_.uma || local_type_ == UINT32_MAX;
-    budget_ = o.weight_budget ? o.weight_budget : st_.weights_in_host_memory ? largest_local / 2 : largest_local / 5 * 4;
+    const GpuWeightBudget wb = gpu_weight_budget(info_.heaps, st_.weights_in_host_memory, o.weight_budget, info_.name);
+    budget_ = wb.bytes;
     st_.device_budget = budget_;
+    st_.budget_why = wb.why;
     force_staging_ = o.force_staging;
     slots_wanted_ = o.expert_slots;
     {

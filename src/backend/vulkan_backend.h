@@ -13,14 +13,11 @@
 #include <string>
 #include <vector>
 
+#include "backend/gpu_budget.h"
 #include "backend/backend.h"
 
 namespace sluice {
 
-struct GpuHeap {
-  uint64_t bytes = 0;
-  bool device_local = false;
-};
 
 // One Vulkan physical device, as `sluice devices` lists it.
 struct GpuDevice {
@@ -43,6 +40,7 @@ struct GpuStats {
   uint64_t weights_on_host = 0;  // weights linear() runs on the CPU (type without a shader, or too large)
   uint64_t linear_on_device = 0, linear_on_host = 0;  // linear() calls
   uint64_t device_budget = 0;    // bytes of weights the device may hold (GpuOptions::weight_budget)
+  std::string budget_why;        // how device_budget was chosen (gpu_weight_budget)
   // The weight copies live in memory the host pays for: an integrated GPU or a CPU device (one
   // pool, counted once, in the host's plan), or a device with no device-local memory type.
   bool weights_in_host_memory = true;
@@ -71,9 +69,9 @@ inline constexpr uint64_t kGpuStagingBuffers = 3;
 struct GpuOptions {
   uint32_t device = 0;
   int threads = 0;               // the CPU backend's threads (0: all cores)
-  // Bytes of weights uploaded at most (--gpu-mem); 0: auto, which is half the largest
-  // device-local heap on an integrated or CPU device (that memory is the host's too) and 80% of
-  // it on a discrete card.
+  // Bytes of weights uploaded at most (--gpu-mem); 0: auto (gpu_budget.h: half of what the
+  // largest device-local heap has free on an integrated or CPU device, whose memory is the host's
+  // too, 80% on a discrete card; free by VK_EXT_memory_budget where the driver has it).
   uint64_t weight_budget = 0;
   // Tests: asked after each submission has run; true reports it as a lost device would be reported.
   // `what` names the submission ("a linear dispatch", "uploading a weight").

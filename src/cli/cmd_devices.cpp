@@ -35,7 +35,11 @@ int run_devices(const DevicesOptions& o) {
       j["host_import"] = d.host_import;
       j["max_storage_buffer"] = d.max_storage_buffer;
       nlohmann::json heaps = nlohmann::json::array();
-      for (const GpuHeap& h : d.heaps) heaps.push_back({{"bytes", h.bytes}, {"device_local", h.device_local}});
+      for (const GpuHeap& h : d.heaps) {
+        nlohmann::json hj = {{"bytes", h.bytes}, {"device_local", h.device_local}};
+        if (h.has_budget) hj["budget"] = h.budget, hj["usage"] = h.usage;  // VK_EXT_memory_budget
+        heaps.push_back(hj);
+      }
       j["heaps"] = heaps;
       std::printf("%s\n", j.dump().c_str());
       continue;
@@ -45,7 +49,8 @@ int run_devices(const DevicesOptions& o) {
     if (!d.driver.empty()) std::printf("   driver: %s\n", d.driver.c_str());
     std::string heaps;
     for (const GpuHeap& h : d.heaps)
-      heaps += (heaps.empty() ? "" : ", ") + format_bytes(h.bytes) + (h.device_local ? " device-local" : " host");
+      heaps += (heaps.empty() ? "" : ", ") + format_bytes(h.bytes) + (h.device_local ? " device-local" : " host") +
+               (h.has_budget ? " (budget " + format_bytes(h.budget) + ", in use " + format_bytes(h.usage) + ")" : "");
     std::printf("   memory heaps: %s\n", heaps.c_str());
     std::printf("   subgroup %u, integer dot product %s, largest storage binding %s, imports host memory %s\n",
                 d.subgroup_size, d.int_dot ? "yes" : "no", format_bytes(d.max_storage_buffer).c_str(),

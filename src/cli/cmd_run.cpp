@@ -249,7 +249,9 @@ void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
   sub->add_option("--device", o.device, "with --backend vulkan: the device index from `sluice devices` (default 0)");
   sub->add_option("--gpu-mem", o.gpu_mem,
                   "with --backend vulkan: bytes of weights the device holds at most, the rest run on the CPU; auto: "
-                  "half the device-local heap of an integrated GPU, 80% of a discrete card's (default auto)");
+                  "half of what the device-local heap has free on an integrated GPU, 80% on a discrete card (free: "
+                  "by VK_EXT_memory_budget where the driver has it, else the heap's size); more than that is refused "
+                  "(default auto)");
   sub->add_option("--gpu-experts", o.gpu_experts,
                   "with --backend vulkan: routed-expert slots on the device (each one expert's gate, up and down, "
                   "out of --gpu-mem after the dense weights); the routed FFN then runs on the device, an expert "

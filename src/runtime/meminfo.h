@@ -14,6 +14,8 @@
 #include <string_view>
 #include <vector>
 
+#include "util/format_bytes.h"  // format_bytes, printed beside parse_bytes's sizes
+
 namespace sluice {
 
 // "116GiB", "116G", "8 GiB", "1.5M", "500MB", "4096": a byte count. Single letters and the
@@ -21,8 +23,6 @@ namespace sluice {
 // optional spaces before the unit, fractions allowed ("1.5G", rounded down to whole bytes).
 // Throws Error naming `what` on anything else, on negative values and on overflow.
 uint64_t parse_bytes(std::string_view text, std::string_view what = "size");
-// "9.37 GiB", "400.0 MiB", "512 B": three significant figures, binary units.
-std::string format_bytes(uint64_t bytes);
 
 // /proc/meminfo (values are kB there; stored here in bytes).
 struct MemInfo {

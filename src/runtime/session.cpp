@@ -678,8 +678,8 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
                                            : std::string(g.imports_host_memory ? "weights used in place, " : "") +
                                                  "copies up to " + format_bytes(copies) + " (host memory" + slot_text +
                                                  ") + ")
-                                    : "weights in device memory (budget " + format_bytes(g.device_budget) + slot_text +
-                                          "); ") +
+                                    : "weights in device memory (budget " + format_bytes(g.device_budget) + ": " +
+                                          g.budget_why + slot_text + "); ") +
                                std::to_string(kGpuStagingBuffers) + " x " + format_bytes(kGpuStagingBytes) + " staging";
     }
     if (opt.remote)
