@@ -336,11 +336,12 @@ class CountingExperts final : public ExpertSource {
   }
 };
 
-CountingExperts published_recipe_experts(uint32_t E, uint64_t H, uint64_t F, uint64_t seed) {
+CountingExperts published_recipe_experts(uint32_t E, uint64_t H, uint64_t F, uint64_t seed,
+                                        GgmlType up = GgmlType::IQ2_XXS) {
   CountingExperts ex;
   for (uint32_t e = 0; e < E; ++e) {
     ex.gate.push_back(random_weight(GgmlType::IQ2_XXS, F, H, seed + 3 * e));
-    ex.up.push_back(random_weight(GgmlType::IQ2_XXS, F, H, seed + 3 * e + 1));
+    ex.up.push_back(random_weight(up, F, H, seed + 3 * e + 1));
     ex.down.push_back(random_weight(GgmlType::Q2_K, H, F, seed + 3 * e + 2));
   }
   return ex;
@@ -349,9 +350,9 @@ CountingExperts published_recipe_experts(uint32_t E, uint64_t H, uint64_t F, uin
 // The routed FFN in device slots, in the published recipe's types (IQ2_XXS gate/up, Q2_K down):
 // the CPU's bits with 1 slot (every expert evicts the last), 2 and all of them; a slot hit asks
 // nothing of the source; a second source with the same layer and expert numbers is not served
-// the first one's copies.
-TEST(Vulkan, RoutedExpertsInDeviceSlotsHaveTheCpuBits) {
-  if (!kBuilt) return;
+// the first one's copies. `up`: the up projection's type (Q8_0 reads other activation rows than
+// the gate, so the paired gate/up submission stages two sets).
+void routed_experts_in_slots(GgmlType up) {
   const uint64_t H = 256, F = 512;
   const uint32_t E = 8, n = 5, layer = 3;
   const CpuBackend cpu(1);
@@ -367,7 +368,7 @@ TEST(Vulkan, RoutedExpertsInDeviceSlotsHaveTheCpuBits) {
     if (used.empty() || used.back() != t.expert) used.push_back(t.expert);
   ASSERT_GE(used.size(), 4u);
   const std::vector<float> x = randoms(rng, n * H);
-  CountingExperts ex = published_recipe_experts(E, H, F, 100), other = published_recipe_experts(E, H, F, 200);
+  CountingExperts ex = published_recipe_experts(E, H, F, 100, up), other = published_recipe_experts(E, H, F, 200, up);
   Weight lg = ex.gate[0].w, lu = ex.up[0].w, ld = ex.down[0].w;
   lg.data = lu.data = ld.data = nullptr;  // geometry only: the bytes come from the source
   for (Weight* w : {&lg, &lu, &ld}) cpu.prepare_weight(*w);
@@ -417,6 +418,9 @@ TEST(Vulkan, RoutedExpertsInDeviceSlotsHaveTheCpuBits) {
     EXPECT_EQ(st.expert_misses, used.size());
     EXPECT_EQ(st.expert_hits, 0u);
     EXPECT_EQ(st.linear_on_host + st.expert_calls_on_host, 0u);
+    // Two round trips per expert: gate and up in one submission, then down (the slots are
+    // host-visible here, so placing an expert submits nothing).
+    EXPECT_EQ(st.submissions, 2 * used.size());
     // Again, and as rows: all hits when every expert has a slot, nothing asked of the source.
     EXPECT_EQ(routed(*gpu, ex, false), want);
     EXPECT_EQ(routed(*gpu, ex, true), want_rows);
@@ -432,6 +436,16 @@ TEST(Vulkan, RoutedExpertsInDeviceSlotsHaveTheCpuBits) {
     EXPECT_EQ(routed(*gpu, ex, false, &shifted), want_shifted);
     EXPECT_EQ(routed(*gpu, other, false), want_other) << "another source was served the first one's copies";
   }
+}
+
+TEST(Vulkan, RoutedExpertsInDeviceSlotsHaveTheCpuBits) {
+  if (!kBuilt) return;
+  routed_experts_in_slots(GgmlType::IQ2_XXS);
+}
+
+TEST(Vulkan, RoutedExpertsWithUpInAnotherFormatHaveTheCpuBits) {
+  if (!kBuilt) return;
+  routed_experts_in_slots(GgmlType::Q8_0);
 }
 
 TEST(Vulkan, AMissingDeviceIsNamedWithTheCount) {

@@ -29,14 +29,14 @@ void CpuBackend::routed_terms(ExpertTensors t, const ExpertSource& src, uint32_t
                               std::span<const ExpertTriple> triples, float limit, CMat x, Take&& take) const {
   src.prepare(layer, experts_of(triples));
   const Weight* parts[3] = {t.gate, t.up, t.down};
-  sluice::routed_terms(
-      t, triples, limit, x, [&](uint32_t e) { return src.get(layer, e); },
-      [&](const ExpertWeights& ew, int part, std::span<const uint8_t* const> acts, size_t, float* y, size_t rows) {
-        Weight W = *parts[part];
-        W.data = part == 0 ? ew.gate : part == 1 ? ew.up : ew.down;
-        matmul(pool_, W, acts, y, rows, true, 0, rows);
-      },
-      take);
+  auto project = [&](const ExpertWeights& ew, int part, std::span<const uint8_t* const> acts, size_t, float* y,
+                     size_t rows) {
+    Weight W = *parts[part];
+    W.data = part == 0 ? ew.gate : part == 1 ? ew.up : ew.down;
+    matmul(pool_, W, acts, y, rows, true, 0, rows);
+  };
+  sluice::routed_terms(t, triples, limit, x, [&](uint32_t e) { return src.get(layer, e); }, gate_up_by_parts(project),
+                       project, take);
 }
 
 void CpuBackend::routed_ffn(ExpertTensors t, const ExpertSource& src, uint32_t layer,

@@ -6,7 +6,10 @@
 // runs is the backend's: `expert(e)` returns its handle to expert e's weights (called once per
 // expert, in order, after the previous expert's projections are done), `project(h, part, acts,
 // stride, y, rows)` writes y[t * rows + r] = row r of part (0 gate, 1 up, 2 down) dotted with
-// acts[t], rounded to BF16, with the CPU's bits.
+// acts[t], rounded to BF16, with the CPU's bits. The gate and up projections of an expert read
+// the same token rows and neither needs the other, so they are asked for together:
+// `gate_up(h, acts, strides, y, rows)` does parts 0 and 1 (acts[i], strides[i], y[i] for part i),
+// in one round trip where the backend can (gate_up_by_parts adapts a backend that cannot).
 #pragma once
 #include <span>
 #include <vector>
@@ -17,9 +20,18 @@
 
 namespace sluice {
 
-template <class Expert, class Project, class Take>
+// gate_up for a backend whose projections run one at a time.
+template <class Project>
+auto gate_up_by_parts(Project& project) {
+  return [&project](const auto& h, std::span<const uint8_t* const> acts[2], const size_t strides[2], float* y[2],
+                    size_t rows) {
+    for (int i = 0; i < 2; ++i) project(h, i, acts[i], strides[i], y[i], rows);
+  };
+}
+
+template <class Expert, class GateUp, class Project, class Take>
 void routed_terms(ExpertTensors t, std::span<const ExpertTriple> triples, float limit, CMat x, Expert&& expert,
-                  Project&& project, Take&& take) {
+                  GateUp&& gate_up, Project&& project, Take&& take) {
   const size_t H = x.width, F = t.gate->rows;
   const ActRows xg = quantize_rows(t.gate->act(), x.p, x.stride, x.n, H);
   const bool same = t.up->act() == t.gate->act();
@@ -33,15 +45,17 @@ void routed_terms(ExpertTensors t, std::span<const ExpertTriple> triples, float 
     const auto h = expert(triples[b].expert);
     const size_t ne = e_end - b;
     ag.resize(ne);
-    au.resize(ne);
+    au.resize(same ? 0 : ne);
     for (size_t j = 0; j < ne; ++j) {
       ag[j] = xg.row(triples[b + j].token);
-      au[j] = xu_ref.row(triples[b + j].token);
+      if (!same) au[j] = xu.row(triples[b + j].token);
     }
     eg.resize(ne * F);
     eu.resize(ne * F);
-    project(h, 0, std::span<const uint8_t* const>(ag), xg.stride, eg.data(), F);
-    project(h, 1, std::span<const uint8_t* const>(au), xu_ref.stride, eu.data(), F);
+    std::span<const uint8_t* const> acts[2] = {ag, same ? ag : au};  // one span when both read one format
+    const size_t strides[2] = {xg.stride, xu_ref.stride};
+    float* ys[2] = {eg.data(), eu.data()};
+    gate_up(h, acts, strides, ys, F);
     for (size_t j = 0; j < ne; ++j)
       for (size_t k = 0; k < F; ++k) eg[j * F + k] = swiglu(eg[j * F + k], eu[j * F + k], limit, triples[b + j].weight);
     const ActRows hq = quantize_rows(t.down->act(), eg.data(), F, ne, F);

@@ -509,6 +509,11 @@ class VulkanBackend final : public CpuBackend {
           slot_used(*slot);
           return slot;
         },
+        [&](const ExpertSlot* slot, std::span<const uint8_t* const> acts[2], const size_t strides[2], float* y[2],
+            size_t rows) {
+          const DeviceWeight wt[2] = {slot_part(*slot, 0, pipes[0], kinds[0]), slot_part(*slot, 1, pipes[1], kinds[1])};
+          device_gate_up(wt, parts, acts, strides, y, rows);
+        },
         [&](const ExpertSlot* slot, int part, std::span<const uint8_t* const> acts, size_t stride, float* y,
             size_t rows) {
           device_linear(slot_part(*slot, part, pipes[part], kinds[part]), *parts[part], 0, acts, stride, y, rows, rows,
@@ -673,19 +678,21 @@ class VulkanBackend final : public CpuBackend {
     pl.pushConstantRangeCount = 1;
     pl.pPushConstantRanges = &pr;
     check(vkCreatePipelineLayout(dev_, &pl, nullptr, &layout_), "creating a pipeline layout");
-    VkDescriptorPoolSize ps{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, kBindings};
+    // Two sets: a submission holds at most two dispatches (an expert's gate and up projections).
+    VkDescriptorPoolSize ps{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 2 * kBindings};
     VkDescriptorPoolCreateInfo dp{};
     dp.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO;
-    dp.maxSets = 1;
+    dp.maxSets = 2;
     dp.poolSizeCount = 1;
     dp.pPoolSizes = &ps;
     check(vkCreateDescriptorPool(dev_, &dp, nullptr, &desc_pool_), "creating a descriptor pool");
     VkDescriptorSetAllocateInfo da{};
     da.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO;
     da.descriptorPool = desc_pool_;
-    da.descriptorSetCount = 1;
-    da.pSetLayouts = &set_layout_;
-    check(vkAllocateDescriptorSets(dev_, &da, &set_), "allocating a descriptor set");
+    const VkDescriptorSetLayout layouts[2] = {set_layout_, set_layout_};
+    da.descriptorSetCount = 2;
+    da.pSetLayouts = layouts;
+    check(vkAllocateDescriptorSets(dev_, &da, sets_), "allocating descriptor sets");
     for (size_t i = 0; i < kQuantShaderCount; ++i)
       quant_[i] = pipeline(kQuantShaders[i].code, kQuantShaders[i].bytes, kQuantShaders[i].name);
     if (float64_) float_ = pipeline(kLinearFloat, sizeof kLinearFloat, "linear_float");
@@ -818,11 +825,56 @@ class VulkanBackend final : public CpuBackend {
       ensure(act_, (VkDeviceSize)n * stride);
       ensure(out_, (VkDeviceSize)n * out_row);
       for (size_t t = 0; t < n; ++t) std::memcpy(static_cast<uint8_t*>(act_.map) + t * stride, acts[t0 + t], stride);
-      const Push push{(uint32_t)rows, (uint32_t)W.cols, (uint32_t)n,         (uint32_t)row0, (uint32_t)W.row_bytes,
-                      (uint32_t)stride, wt.kind,         round ? 1u : 0u, wt.w_off};
-      dispatch(wt, push, (uint32_t)((rows + kGroup - 1) / kGroup), (uint32_t)n);
+      const Dispatch d{wt, 0, 0, 0, push_for(wt, W, row0, n, stride, rows, round), grid_x(rows), (uint32_t)n};
+      dispatch(std::span<const Dispatch>(&d, 1));
       const float* out = static_cast<const float*>(out_.map);
       for (size_t t = 0; t < n; ++t) std::memcpy(y + (t0 + t) * ldy, out + t * rows, out_row);
+    }
+  }
+
+  static Push push_for(const DeviceWeight& wt, const Weight& W, uint64_t row0, size_t n, size_t stride, size_t rows,
+                       bool round) {
+    return Push{(uint32_t)rows, (uint32_t)W.cols, (uint32_t)n, (uint32_t)row0, (uint32_t)W.row_bytes,
+                (uint32_t)stride, wt.kind, round ? 1u : 0u, wt.w_off};
+  }
+  static uint32_t grid_x(size_t rows) { return (uint32_t)((rows + kGroup - 1) / kGroup); }
+  VkDeviceSize aligned(VkDeviceSize b) const {
+    const VkDeviceSize a = std::max<VkDeviceSize>(4, offset_align_);
+    return (b + a - 1) / a * a;
+  }
+
+  // An expert's gate and up projections (rows of F, BF16-rounded) in one submission instead of
+  // two: the same token rows, each part's activations (shared when both read one format) and
+  // outputs side by side in the staging buffers, token groups as device_linear's; mu_ held.
+  void device_gate_up(const DeviceWeight wt[2], const Weight* W[2], std::span<const uint8_t* const> acts[2],
+                      const size_t stride[2], float* y[2], size_t rows) const {
+    const uint64_t limit = std::min<uint64_t>(max_range_, kGpuStagingBytes);
+    const uint64_t out_row = (uint64_t)rows * sizeof(float);
+    const bool shared = acts[0].data() == acts[1].data() && stride[0] == stride[1];
+    const uint64_t act_row = shared ? stride[0] : stride[0] + stride[1];
+    const uint64_t slack = 2 * std::max<VkDeviceSize>(4, offset_align_);  // the second part's alignment
+    const uint64_t per_group = std::max<uint64_t>(
+        1, std::min((limit - std::min(limit, slack)) / (2 * out_row), (limit - std::min(limit, slack)) / act_row));
+    for (size_t t0 = 0; t0 < acts[0].size(); t0 += per_group) {
+      const size_t n = (size_t)std::min<uint64_t>(per_group, acts[0].size() - t0);
+      const VkDeviceSize up_act = shared ? 0 : aligned((VkDeviceSize)n * stride[0]);
+      const VkDeviceSize up_out = aligned((VkDeviceSize)n * out_row);
+      ensure(act_, shared ? (VkDeviceSize)n * stride[0] : up_act + (VkDeviceSize)n * stride[1]);
+      ensure(out_, up_out + (VkDeviceSize)n * out_row);
+      uint8_t* a = static_cast<uint8_t*>(act_.map);
+      for (size_t t = 0; t < n; ++t) {
+        std::memcpy(a + t * stride[0], acts[0][t0 + t], stride[0]);
+        if (!shared) std::memcpy(a + up_act + t * stride[1], acts[1][t0 + t], stride[1]);
+      }
+      const Dispatch d[2] = {
+          {wt[0], 0, 0, (VkDeviceSize)n * out_row, push_for(wt[0], *W[0], 0, n, stride[0], rows, true), grid_x(rows),
+           (uint32_t)n},
+          {wt[1], up_act, up_out, (VkDeviceSize)n * out_row, push_for(wt[1], *W[1], 0, n, stride[1], rows, true),
+           grid_x(rows), (uint32_t)n}};
+      dispatch(d);
+      const uint8_t* out = static_cast<const uint8_t*>(out_.map);
+      std::memcpy(y[0] + t0 * rows, out, n * out_row);
+      std::memcpy(y[1] + t0 * rows, out + up_out, n * out_row);
     }
   }
 
@@ -901,30 +953,48 @@ class VulkanBackend final : public CpuBackend {
 
   // Runs one linear dispatch to completion (mu_ held). A failure leaves y untouched: the caller
   // copies the output only after the fence signalled.
-  void dispatch(const DeviceWeight& wt, const Push& push, uint32_t gx, uint32_t gy) const {
-    const VkPipeline p = wt.pipe;
-    VkDescriptorBufferInfo bi[kBindings] = {{wt.buf, wt.offset, wt.range},
-                                            {act_.buf, 0, VK_WHOLE_SIZE},
-                                            {out_.buf, 0, VK_WHOLE_SIZE},
-                                            {tables_.buf, 0, VK_WHOLE_SIZE}};
-    VkWriteDescriptorSet wr[kBindings]{};
-    for (uint32_t i = 0; i < kBindings; ++i) {
-      wr[i].sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET;
-      wr[i].dstSet = set_;
-      wr[i].dstBinding = i;
-      wr[i].descriptorCount = 1;
-      wr[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
-      wr[i].pBufferInfo = &bi[i];
+  // One dispatch of a linear shader: its weight range, where its activations and outputs lie in
+  // the staging buffers, its push constants and grid.
+  struct Dispatch {
+    DeviceWeight wt;
+    VkDeviceSize act_off = 0, out_off = 0, out_bytes = 0;
+    Push push{};
+    uint32_t gx = 0, gy = 0;
+  };
+
+  // Up to two dispatches (independent of each other: neither reads what the other writes) in one
+  // submission, each with its own descriptor set; mu_ held.
+  void dispatch(std::span<const Dispatch> ds) const {
+    if (ds.empty() || ds.size() > 2) throw Error("vulkan: a submission takes 1 or 2 dispatches");
+    VkDescriptorBufferInfo bi[2][kBindings];
+    VkWriteDescriptorSet wr[2 * kBindings]{};
+    for (size_t d = 0; d < ds.size(); ++d) {
+      const Dispatch& x = ds[d];
+      bi[d][0] = {x.wt.buf, x.wt.offset, x.wt.range};
+      bi[d][1] = {act_.buf, x.act_off, VK_WHOLE_SIZE};
+      bi[d][2] = {out_.buf, x.out_off, x.out_bytes ? x.out_bytes : VK_WHOLE_SIZE};
+      bi[d][3] = {tables_.buf, 0, VK_WHOLE_SIZE};
+      for (uint32_t i = 0; i < kBindings; ++i) {
+        VkWriteDescriptorSet& w = wr[d * kBindings + i];
+        w.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET;
+        w.dstSet = sets_[d];
+        w.dstBinding = i;
+        w.descriptorCount = 1;
+        w.descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+        w.pBufferInfo = &bi[d][i];
+      }
     }
-    vkUpdateDescriptorSets(dev_, kBindings, wr, 0, nullptr);
+    vkUpdateDescriptorSets(dev_, (uint32_t)(ds.size() * kBindings), wr, 0, nullptr);
     submit(
         [&] {
-          vkCmdBindPipeline(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, p);
-          vkCmdBindDescriptorSets(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, layout_, 0, 1, &set_, 0, nullptr);
-          vkCmdPushConstants(cmd_, layout_, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof push, &push);
-          vkCmdDispatch(cmd_, gx, gy, 1);
+          for (size_t d = 0; d < ds.size(); ++d) {
+            vkCmdBindPipeline(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, ds[d].wt.pipe);
+            vkCmdBindDescriptorSets(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, layout_, 0, 1, &sets_[d], 0, nullptr);
+            vkCmdPushConstants(cmd_, layout_, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof(Push), &ds[d].push);
+            vkCmdDispatch(cmd_, ds[d].gx, ds[d].gy, 1);
+          }
         },
-        "a linear dispatch");
+        ds.size() == 1 ? "a linear dispatch" : "a paired linear dispatch");
   }
 
   // Records `cmds` into the command buffer, submits it and waits (mu_ held). The barrier at the
@@ -950,6 +1020,7 @@ class VulkanBackend final : public CpuBackend {
     si.commandBufferCount = 1;
     si.pCommandBuffers = &cmd_;
     check(vkQueueSubmit(queue_, 1, &si, fence_), what);
+    ++st_.submissions;
     VkResult r = vkWaitForFences(dev_, 1, &fence_, VK_TRUE, kFenceTimeoutNs);
     if (r == VK_SUCCESS) {
       check(vkResetFences(dev_, 1, &fence_), "resetting a fence");
@@ -1001,7 +1072,7 @@ class VulkanBackend final : public CpuBackend {
   VkDescriptorSetLayout set_layout_ = VK_NULL_HANDLE;
   VkPipelineLayout layout_ = VK_NULL_HANDLE;
   VkDescriptorPool desc_pool_ = VK_NULL_HANDLE;
-  VkDescriptorSet set_ = VK_NULL_HANDLE;
+  VkDescriptorSet sets_[2] = {VK_NULL_HANDLE, VK_NULL_HANDLE};
   VkPipeline quant_[kQuantShaderCount] = {};  // kQuantShaders' pipelines, in its order
   VkPipeline float_ = VK_NULL_HANDLE;
   Buffer tables_;

@@ -39,6 +39,7 @@ struct GpuStats {
   uint64_t weights_on_device = 0, bytes_on_device = 0;
   uint64_t weights_on_host = 0;  // weights linear() runs on the CPU (type without a shader, or too large)
   uint64_t linear_on_device = 0, linear_on_host = 0;  // linear() calls
+  uint64_t submissions = 0;  // command buffers submitted (each waited on): the host-device round trips
   uint64_t device_budget = 0;    // bytes of weights the device may hold (GpuOptions::weight_budget)
   std::string budget_why;        // how device_budget was chosen (gpu_weight_budget)
   // The weight copies live in memory the host pays for: an integrated GPU or a CPU device (one
