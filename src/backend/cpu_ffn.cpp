@@ -29,14 +29,22 @@ void CpuBackend::routed_terms(ExpertTensors t, const ExpertSource& src, uint32_t
                               std::span<const ExpertTriple> triples, float limit, CMat x, Take&& take) const {
   src.prepare(layer, experts_of(triples));
   const Weight* parts[3] = {t.gate, t.up, t.down};
-  auto project = [&](const ExpertWeights& ew, int part, std::span<const uint8_t* const> acts, size_t, float* y,
-                     size_t rows) {
+  auto project = [&](const ExpertWeights& ew, int part, std::span<const uint8_t* const> acts, float* y) {
     Weight W = *parts[part];
     W.data = part == 0 ? ew.gate : part == 1 ? ew.up : ew.down;
-    matmul(pool_, W, acts, y, rows, true, 0, rows);
+    matmul(pool_, W, acts, y, W.rows, true, 0, W.rows);
   };
-  sluice::routed_terms(t, triples, limit, x, [&](uint32_t e) { return src.get(layer, e); }, gate_up_by_parts(project),
-                       project, take);
+  using Job = ExpertJob<ExpertWeights>;
+  sluice::routed_terms(
+      t, triples, limit, x, ExpertGrouping{}, [&](uint32_t e) { return src.get(layer, e); },
+      [&](std::span<Job> jobs) {
+        for (Job& j : jobs)
+          for (int part = 0; part < 2; ++part) project(j.h, part, j.acts[part], j.y[part]);
+      },
+      [&](std::span<Job> jobs) {
+        for (Job& j : jobs) project(j.h, 2, j.down_acts, j.down_y);
+      },
+      take);
 }
 
 void CpuBackend::routed_ffn(ExpertTensors t, const ExpertSource& src, uint32_t layer,

@@ -3,15 +3,16 @@
 // the token rows (quantized once per token for all experts), the clamped SwiGLU times the routing
 // weight, the hidden rows quantized for the down projection, the down projection; each triple's
 // term is handed to take(j, row) in triple order. Where the weights live and how a projection
-// runs is the backend's: `expert(e)` returns its handle to expert e's weights (called once per
-// expert, in order, after the previous expert's projections are done), `project(h, part, acts,
-// stride, y, rows)` writes y[t * rows + r] = row r of part (0 gate, 1 up, 2 down) dotted with
-// acts[t], rounded to BF16, with the CPU's bits. The gate and up projections of an expert read
-// the same token rows and neither needs the other, so they are asked for together:
-// `gate_up(h, acts, strides, y, rows)` does parts 0 and 1 (acts[i], strides[i], y[i] for part i),
-// in one round trip where the backend can (gate_up_by_parts adapts a backend that cannot).
+// runs is the backend's. Experts go in groups (ExpertGrouping): `expert(e)` returns the backend's
+// handle to expert e's weights (called once per expert, in order, for a whole group, after the
+// previous group's projections are done); `gate_up(jobs)` then writes every job's gate and up
+// outputs and, after the SwiGLU, `down(jobs)` its down outputs: row r of the part dotted with
+// each token's activation row, rounded to BF16, with the CPU's bits. Each expert's sums are its
+// own, so how many share a group changes no bit.
 #pragma once
+#include <algorithm>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "backend/backend.h"
@@ -20,60 +21,106 @@
 
 namespace sluice {
 
-// gate_up for a backend whose projections run one at a time.
-template <class Project>
-auto gate_up_by_parts(Project& project) {
-  return [&project](const auto& h, std::span<const uint8_t* const> acts[2], const size_t strides[2], float* y[2],
-                    size_t rows) {
-    for (int i = 0; i < 2; ++i) project(h, i, acts[i], strides[i], y[i], rows);
-  };
-}
-
-template <class Expert, class GateUp, class Project, class Take>
-void routed_terms(ExpertTensors t, std::span<const ExpertTriple> triples, float limit, CMat x, Expert&& expert,
-                  GateUp&& gate_up, Project&& project, Take&& take) {
-  const size_t H = x.width, F = t.gate->rows;
-  const ActRows xg = quantize_rows(t.gate->act(), x.p, x.stride, x.n, H);
-  const bool same = t.up->act() == t.gate->act();
-  const ActRows xu = same ? ActRows{} : quantize_rows(t.up->act(), x.p, x.stride, x.n, H);
-  const ActRows& xu_ref = same ? xg : xu;
-  std::vector<float> eg, eu, ed;
-  std::vector<const uint8_t*> ag, au, ad;
-  for (size_t b = 0; b < triples.size();) {
-    size_t e_end = b;
-    while (e_end < triples.size() && triples[e_end].expert == triples[b].expert) ++e_end;
-    const auto h = expert(triples[b].expert);
-    const size_t ne = e_end - b;
-    ag.resize(ne);
-    au.resize(same ? 0 : ne);
-    for (size_t j = 0; j < ne; ++j) {
-      ag[j] = xg.row(triples[b + j].token);
-      if (!same) au[j] = xu.row(triples[b + j].token);
-    }
-    eg.resize(ne * F);
-    eu.resize(ne * F);
-    std::span<const uint8_t* const> acts[2] = {ag, same ? ag : au};  // one span when both read one format
-    const size_t strides[2] = {xg.stride, xu_ref.stride};
-    float* ys[2] = {eg.data(), eu.data()};
-    gate_up(h, acts, strides, ys, F);
-    for (size_t j = 0; j < ne; ++j)
-      for (size_t k = 0; k < F; ++k) eg[j * F + k] = swiglu(eg[j * F + k], eu[j * F + k], limit, triples[b + j].weight);
-    const ActRows hq = quantize_rows(t.down->act(), eg.data(), F, ne, F);
-    ad.resize(ne);
-    for (size_t j = 0; j < ne; ++j) ad[j] = hq.row(j);
-    ed.resize(ne * H);
-    project(h, 2, std::span<const uint8_t* const>(ad), hq.stride, ed.data(), H);
-    for (size_t j = 0; j < ne; ++j) take(b + j, ed.data() + j * H);
-    b = e_end;
-  }
-}
-
 // The distinct experts of triples sorted by expert, ascending.
 inline std::vector<uint32_t> experts_of(std::span<const ExpertTriple> triples) {
   std::vector<uint32_t> used;
   for (const ExpertTriple& t : triples)
     if (used.empty() || used.back() != t.expert) used.push_back(t.expert);
   return used;
+}
+
+// One expert's projections within a group: its handle, its tokens' rows for the gate and up
+// projections (one span when both read one activation format) and for the down projection, and
+// where each writes (n x F floats for gate and up, n x H for down).
+template <class Handle>
+struct ExpertJob {
+  Handle h{};
+  size_t n = 0;
+  std::span<const uint8_t* const> acts[2];
+  size_t strides[2] = {0, 0};
+  float* y[2] = {nullptr, nullptr};
+  std::span<const uint8_t* const> down_acts;
+  size_t down_stride = 0;
+  float* down_y = nullptr;
+};
+
+// How many experts a backend takes at once: at most max_experts, whose float intermediates
+// (n x (2F + H) x 4 bytes each) stay within max_bytes; a group always takes at least one. The CPU
+// takes one (each projection is already a GEMM over the expert's tokens); a device takes a
+// layer's experts in a few round trips instead of two per expert.
+struct ExpertGrouping {
+  size_t max_experts = 1;
+  uint64_t max_bytes = 0;
+};
+
+template <class Expert, class GateUp, class Down, class Take>
+void routed_terms(ExpertTensors t, std::span<const ExpertTriple> triples, float limit, CMat x, ExpertGrouping grouping,
+                  Expert&& expert, GateUp&& gate_up, Down&& down, Take&& take) {
+  using Handle = std::decay_t<decltype(expert(uint32_t{}))>;
+  const size_t H = x.width, F = t.gate->rows;
+  const ActRows xg = quantize_rows(t.gate->act(), x.p, x.stride, x.n, H);
+  const bool same = t.up->act() == t.gate->act();
+  const ActRows xu = same ? ActRows{} : quantize_rows(t.up->act(), x.p, x.stride, x.n, H);
+  struct Rows {  // one job's buffers, reused group after group
+    std::vector<const uint8_t*> ag, au, ad;
+    std::vector<float> eg, eu, ed;
+    ActRows hq;
+  };
+  const size_t max_experts = std::max<size_t>(1, grouping.max_experts);
+  std::vector<Rows> rows(std::min(max_experts, experts_of(triples).size()));
+  std::vector<ExpertJob<Handle>> jobs;
+  std::vector<size_t> first;  // each job's first triple
+  for (size_t b = 0; b < triples.size();) {
+    jobs.clear();
+    first.clear();
+    uint64_t bytes = 0;
+    while (b < triples.size() && jobs.size() < max_experts) {
+      size_t e_end = b;
+      while (e_end < triples.size() && triples[e_end].expert == triples[b].expert) ++e_end;
+      const size_t ne = e_end - b;
+      const uint64_t need = (uint64_t)ne * (2 * F + H) * sizeof(float);
+      if (!jobs.empty() && bytes + need > grouping.max_bytes) break;
+      bytes += need;
+      Rows& r = rows[jobs.size()];
+      ExpertJob<Handle>& j = jobs.emplace_back();
+      first.push_back(b);
+      j.h = expert(triples[b].expert);
+      j.n = ne;
+      r.ag.resize(ne);
+      r.au.resize(same ? 0 : ne);
+      for (size_t k = 0; k < ne; ++k) {
+        r.ag[k] = xg.row(triples[b + k].token);
+        if (!same) r.au[k] = xu.row(triples[b + k].token);
+      }
+      r.eg.resize(ne * F);
+      r.eu.resize(ne * F);
+      j.acts[0] = r.ag;
+      j.acts[1] = same ? std::span<const uint8_t* const>(r.ag) : std::span<const uint8_t* const>(r.au);
+      j.strides[0] = xg.stride;
+      j.strides[1] = same ? xg.stride : xu.stride;
+      j.y[0] = r.eg.data();
+      j.y[1] = r.eu.data();
+      b = e_end;
+    }
+    gate_up(std::span<ExpertJob<Handle>>(jobs));
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      Rows& r = rows[i];
+      ExpertJob<Handle>& j = jobs[i];
+      for (size_t k = 0; k < j.n; ++k)
+        for (size_t c = 0; c < F; ++c)
+          r.eg[k * F + c] = swiglu(r.eg[k * F + c], r.eu[k * F + c], limit, triples[first[i] + k].weight);
+      r.hq = quantize_rows(t.down->act(), r.eg.data(), F, j.n, F);
+      r.ad.resize(j.n);
+      for (size_t k = 0; k < j.n; ++k) r.ad[k] = r.hq.row(k);
+      r.ed.resize(j.n * H);
+      j.down_acts = r.ad;
+      j.down_stride = r.hq.stride;
+      j.down_y = r.ed.data();
+    }
+    down(std::span<ExpertJob<Handle>>(jobs));
+    for (size_t i = 0; i < jobs.size(); ++i)
+      for (size_t k = 0; k < jobs[i].n; ++k) take(first[i] + k, rows[i].ed.data() + k * H);
+  }
 }
 
 }  // namespace sluice

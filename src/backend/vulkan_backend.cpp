@@ -81,8 +81,9 @@ const QuantShader kQuantShaders[] = {
 constexpr size_t kQuantShaderCount = std::size(kQuantShaders);
 
 constexpr uint32_t kGroup = 64;  // local_size_x of the linear shaders
-constexpr uint32_t kBindings = 4;
-constexpr uint64_t kSlabBytes = 256ull << 20;  // routed-expert slots are allocated this many bytes at a time  // weights, activations, outputs, tables (linear_common.glsl)
+constexpr uint32_t kBindings = 4;  // weights, activations, outputs, tables (linear_common.glsl)
+constexpr uint64_t kSlabBytes = 256ull << 20;  // routed-expert slots are allocated this many bytes at a time
+constexpr uint32_t kSets = 64;  // descriptor sets: the most dispatches one submission records
 // A dispatch that has not finished after this long means the device is gone or hung.
 constexpr uint64_t kFenceTimeoutNs = 120ull * 1000 * 1000 * 1000;
 
@@ -294,6 +295,7 @@ class VulkanBackend final : public CpuBackend {
       offset_align_ = props.limits.minStorageBufferOffsetAlignment;
     }
     staging_bytes_ = o.staging_bytes ? o.staging_bytes : kGpuStagingBytes;
+    io_limit_ = std::min<uint64_t>(max_range_, o.io_staging_bytes ? o.io_staging_bytes : kGpuStagingBytes);
 
     const float prio = 1.0f;
     VkDeviceQueueCreateInfo qci{};
@@ -389,7 +391,7 @@ class VulkanBackend final : public CpuBackend {
   }
 
   void linear(const Weight& W, CMat x, Mat y, bool round, uint64_t row0) const override {
-    const uint64_t limit = std::min<uint64_t>(max_range_, kGpuStagingBytes);
+    const uint64_t limit = io_limit_;
     if (!W.device || !static_cast<const GpuWeight*>(W.device)->b.buf || x.n == 0 || y.width == 0 || (uint64_t)y.width * sizeof(float) > limit ||
         activation_bytes(W.act(), (int64_t)W.cols) > limit) {
       const std::lock_guard<std::mutex> lk(mu_);
@@ -496,8 +498,13 @@ class VulkanBackend final : public CpuBackend {
     }
     if (used.size() > slots_.size()) missing = used;
     if (!missing.empty()) src.prepare(layer, missing);
+    // Groups of experts no larger than the slots (placing one never evicts another of its
+    // group) or than a submission's descriptor sets allow: two round trips per group.
+    const ExpertGrouping grouping{std::max<size_t>(1, std::min<size_t>(slots_.size(), kSets / 2)), io_limit_ / 2};
+    using Job = ExpertJob<ExpertSlot*>;
+    std::vector<LinearItem> items;
     sluice::routed_terms(
-        t, triples, limit, x,
+        t, triples, limit, x, grouping,
         [&](uint32_t e) {
           ExpertSlot* slot = find_slot(src.id, layer, e);
           if (slot) {
@@ -509,15 +516,20 @@ class VulkanBackend final : public CpuBackend {
           slot_used(*slot);
           return slot;
         },
-        [&](const ExpertSlot* slot, std::span<const uint8_t* const> acts[2], const size_t strides[2], float* y[2],
-            size_t rows) {
-          const DeviceWeight wt[2] = {slot_part(*slot, 0, pipes[0], kinds[0]), slot_part(*slot, 1, pipes[1], kinds[1])};
-          device_gate_up(wt, parts, acts, strides, y, rows);
+        [&](std::span<Job> jobs) {
+          items.clear();
+          for (const Job& j : jobs)
+            for (int p = 0; p < 2; ++p)
+              items.push_back({slot_part(*j.h, p, pipes[p], kinds[p]), parts[p], j.acts[p], j.strides[p], j.y[p],
+                               parts[p]->rows});
+          device_linears(items);
         },
-        [&](const ExpertSlot* slot, int part, std::span<const uint8_t* const> acts, size_t stride, float* y,
-            size_t rows) {
-          device_linear(slot_part(*slot, part, pipes[part], kinds[part]), *parts[part], 0, acts, stride, y, rows, rows,
-                        true);
+        [&](std::span<Job> jobs) {
+          items.clear();
+          for (const Job& j : jobs)
+            items.push_back({slot_part(*j.h, 2, pipes[2], kinds[2]), parts[2], j.down_acts, j.down_stride, j.down_y,
+                             parts[2]->rows});
+          device_linears(items);
         },
         take);
   }
@@ -678,20 +690,20 @@ class VulkanBackend final : public CpuBackend {
     pl.pushConstantRangeCount = 1;
     pl.pPushConstantRanges = &pr;
     check(vkCreatePipelineLayout(dev_, &pl, nullptr, &layout_), "creating a pipeline layout");
-    // Two sets: a submission holds at most two dispatches (an expert's gate and up projections).
-    VkDescriptorPoolSize ps{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 2 * kBindings};
+    // A set per dispatch of one submission (a group of experts' projections).
+    VkDescriptorPoolSize ps{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, kSets * kBindings};
     VkDescriptorPoolCreateInfo dp{};
     dp.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO;
-    dp.maxSets = 2;
+    dp.maxSets = kSets;
     dp.poolSizeCount = 1;
     dp.pPoolSizes = &ps;
     check(vkCreateDescriptorPool(dev_, &dp, nullptr, &desc_pool_), "creating a descriptor pool");
     VkDescriptorSetAllocateInfo da{};
     da.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO;
     da.descriptorPool = desc_pool_;
-    const VkDescriptorSetLayout layouts[2] = {set_layout_, set_layout_};
-    da.descriptorSetCount = 2;
-    da.pSetLayouts = layouts;
+    const std::vector<VkDescriptorSetLayout> layouts(kSets, set_layout_);
+    da.descriptorSetCount = kSets;
+    da.pSetLayouts = layouts.data();
     check(vkAllocateDescriptorSets(dev_, &da, sets_), "allocating descriptor sets");
     for (size_t i = 0; i < kQuantShaderCount; ++i)
       quant_[i] = pipeline(kQuantShaders[i].code, kQuantShaders[i].bytes, kQuantShaders[i].name);
@@ -817,7 +829,7 @@ class VulkanBackend final : public CpuBackend {
   // in groups whose activations and outputs each fit the staging buffers.
   void device_linear(const DeviceWeight& wt, const Weight& W, uint64_t row0, std::span<const uint8_t* const> acts,
                      size_t stride, float* y, size_t ldy, size_t rows, bool round) const {
-    const uint64_t limit = std::min<uint64_t>(max_range_, kGpuStagingBytes);
+    const uint64_t limit = io_limit_;
     const uint64_t out_row = (uint64_t)rows * sizeof(float);
     const uint64_t per_group = std::max<uint64_t>(1, std::min(limit / out_row, limit / stride));
     for (size_t t0 = 0; t0 < acts.size(); t0 += per_group) {
@@ -843,38 +855,59 @@ class VulkanBackend final : public CpuBackend {
     return (b + a - 1) / a * a;
   }
 
-  // An expert's gate and up projections (rows of F, BF16-rounded) in one submission instead of
-  // two: the same token rows, each part's activations (shared when both read one format) and
-  // outputs side by side in the staging buffers, token groups as device_linear's; mu_ held.
-  void device_gate_up(const DeviceWeight wt[2], const Weight* W[2], std::span<const uint8_t* const> acts[2],
-                      const size_t stride[2], float* y[2], size_t rows) const {
-    const uint64_t limit = std::min<uint64_t>(max_range_, kGpuStagingBytes);
-    const uint64_t out_row = (uint64_t)rows * sizeof(float);
-    const bool shared = acts[0].data() == acts[1].data() && stride[0] == stride[1];
-    const uint64_t act_row = shared ? stride[0] : stride[0] + stride[1];
-    const uint64_t slack = 2 * std::max<VkDeviceSize>(4, offset_align_);  // the second part's alignment
-    const uint64_t per_group = std::max<uint64_t>(
-        1, std::min((limit - std::min(limit, slack)) / (2 * out_row), (limit - std::min(limit, slack)) / act_row));
-    for (size_t t0 = 0; t0 < acts[0].size(); t0 += per_group) {
-      const size_t n = (size_t)std::min<uint64_t>(per_group, acts[0].size() - t0);
-      const VkDeviceSize up_act = shared ? 0 : aligned((VkDeviceSize)n * stride[0]);
-      const VkDeviceSize up_out = aligned((VkDeviceSize)n * out_row);
-      ensure(act_, shared ? (VkDeviceSize)n * stride[0] : up_act + (VkDeviceSize)n * stride[1]);
-      ensure(out_, up_out + (VkDeviceSize)n * out_row);
-      uint8_t* a = static_cast<uint8_t*>(act_.map);
-      for (size_t t = 0; t < n; ++t) {
-        std::memcpy(a + t * stride[0], acts[0][t0 + t], stride[0]);
-        if (!shared) std::memcpy(a + up_act + t * stride[1], acts[1][t0 + t], stride[1]);
+  // One projection of a batch: rows of the weight at `wt` against the activation rows `acts`
+  // (`stride` bytes each), written BF16-rounded to y[t * rows + r].
+  struct LinearItem {
+    DeviceWeight wt;
+    const Weight* W = nullptr;
+    std::span<const uint8_t* const> acts;
+    size_t stride = 0;
+    float* y = nullptr;
+    size_t rows = 0;
+  };
+
+  // The items in as few submissions as the staging buffers and descriptor sets allow, each
+  // submission's activations and outputs side by side (binding offsets aligned); an item reading
+  // the same rows as the one before it (an expert's up after its gate) stages them once. An item
+  // too large to share a submission runs alone in token groups (device_linear); mu_ held.
+  void device_linears(std::span<const LinearItem> items) const {
+    const uint64_t limit = io_limit_;
+    std::vector<Dispatch> ds;
+    for (size_t i = 0; i < items.size();) {
+      ds.clear();
+      VkDeviceSize act_used = 0, out_used = 0;
+      size_t k = i;
+      for (; k < items.size() && k - i < kSets; ++k) {
+        const LinearItem& it = items[k];
+        const size_t n = it.acts.size();
+        const bool reuse = k > i && it.acts.data() == items[k - 1].acts.data() && n == items[k - 1].acts.size() &&
+                           it.stride == items[k - 1].stride;
+        const VkDeviceSize a = reuse ? 0 : aligned((VkDeviceSize)n * it.stride);
+        const VkDeviceSize o = aligned((VkDeviceSize)n * it.rows * sizeof(float));
+        if (act_used + a > limit || out_used + o > limit) break;
+        ds.push_back({it.wt, reuse ? ds.back().act_off : act_used, out_used, (VkDeviceSize)n * it.rows * sizeof(float),
+                      push_for(it.wt, *it.W, 0, n, it.stride, it.rows, true), grid_x(it.rows), (uint32_t)n});
+        act_used += a;
+        out_used += o;
       }
-      const Dispatch d[2] = {
-          {wt[0], 0, 0, (VkDeviceSize)n * out_row, push_for(wt[0], *W[0], 0, n, stride[0], rows, true), grid_x(rows),
-           (uint32_t)n},
-          {wt[1], up_act, up_out, (VkDeviceSize)n * out_row, push_for(wt[1], *W[1], 0, n, stride[1], rows, true),
-           grid_x(rows), (uint32_t)n}};
-      dispatch(d);
+      if (k == i) {  // alone, in token groups
+        const LinearItem& it = items[i];
+        device_linear(it.wt, *it.W, 0, it.acts, it.stride, it.y, it.rows, it.rows, true);
+        ++i;
+        continue;
+      }
+      ensure(act_, act_used);
+      ensure(out_, out_used);
+      uint8_t* a = static_cast<uint8_t*>(act_.map);
+      for (size_t d = 0; d < ds.size(); ++d) {
+        const LinearItem& it = items[i + d];
+        if (d > 0 && ds[d].act_off == ds[d - 1].act_off) continue;
+        for (size_t t = 0; t < it.acts.size(); ++t) std::memcpy(a + ds[d].act_off + t * it.stride, it.acts[t], it.stride);
+      }
+      dispatch(ds);
       const uint8_t* out = static_cast<const uint8_t*>(out_.map);
-      std::memcpy(y[0] + t0 * rows, out, n * out_row);
-      std::memcpy(y[1] + t0 * rows, out + up_out, n * out_row);
+      for (size_t d = 0; d < ds.size(); ++d) std::memcpy(items[i + d].y, out + ds[d].out_off, ds[d].out_bytes);
+      i = k;
     }
   }
 
@@ -962,18 +995,18 @@ class VulkanBackend final : public CpuBackend {
     uint32_t gx = 0, gy = 0;
   };
 
-  // Up to two dispatches (independent of each other: neither reads what the other writes) in one
+  // Up to kSets dispatches, independent of each other (none reads what another writes), in one
   // submission, each with its own descriptor set; mu_ held.
   void dispatch(std::span<const Dispatch> ds) const {
-    if (ds.empty() || ds.size() > 2) throw Error("vulkan: a submission takes 1 or 2 dispatches");
-    VkDescriptorBufferInfo bi[2][kBindings];
-    VkWriteDescriptorSet wr[2 * kBindings]{};
+    if (ds.empty() || ds.size() > kSets) throw Error("vulkan: a submission takes 1 to 64 dispatches");
+    std::vector<VkDescriptorBufferInfo> bi(ds.size() * kBindings);
+    std::vector<VkWriteDescriptorSet> wr(ds.size() * kBindings);
     for (size_t d = 0; d < ds.size(); ++d) {
       const Dispatch& x = ds[d];
-      bi[d][0] = {x.wt.buf, x.wt.offset, x.wt.range};
-      bi[d][1] = {act_.buf, x.act_off, VK_WHOLE_SIZE};
-      bi[d][2] = {out_.buf, x.out_off, x.out_bytes ? x.out_bytes : VK_WHOLE_SIZE};
-      bi[d][3] = {tables_.buf, 0, VK_WHOLE_SIZE};
+      bi[d * kBindings + 0] = {x.wt.buf, x.wt.offset, x.wt.range};
+      bi[d * kBindings + 1] = {act_.buf, x.act_off, VK_WHOLE_SIZE};
+      bi[d * kBindings + 2] = {out_.buf, x.out_off, x.out_bytes ? x.out_bytes : VK_WHOLE_SIZE};
+      bi[d * kBindings + 3] = {tables_.buf, 0, VK_WHOLE_SIZE};
       for (uint32_t i = 0; i < kBindings; ++i) {
         VkWriteDescriptorSet& w = wr[d * kBindings + i];
         w.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET;
@@ -981,10 +1014,10 @@ class VulkanBackend final : public CpuBackend {
         w.dstBinding = i;
         w.descriptorCount = 1;
         w.descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
-        w.pBufferInfo = &bi[d][i];
+        w.pBufferInfo = &bi[d * kBindings + i];
       }
     }
-    vkUpdateDescriptorSets(dev_, (uint32_t)(ds.size() * kBindings), wr, 0, nullptr);
+    vkUpdateDescriptorSets(dev_, (uint32_t)wr.size(), wr.data(), 0, nullptr);
     submit(
         [&] {
           for (size_t d = 0; d < ds.size(); ++d) {
@@ -994,7 +1027,7 @@ class VulkanBackend final : public CpuBackend {
             vkCmdDispatch(cmd_, ds[d].gx, ds[d].gy, 1);
           }
         },
-        ds.size() == 1 ? "a linear dispatch" : "a paired linear dispatch");
+        ds.size() == 1 ? "a linear dispatch" : "a batch of linear dispatches");
   }
 
   // Records `cmds` into the command buffer, submits it and waits (mu_ held). The barrier at the
@@ -1059,6 +1092,7 @@ class VulkanBackend final : public CpuBackend {
   uint32_t family_ = UINT32_MAX, local_type_ = UINT32_MAX;
   bool force_staging_ = false;
   uint64_t staging_bytes_ = kGpuStagingBytes;
+  uint64_t io_limit_ = kGpuStagingBytes;  // the activation and output buffers' size, at most
   uint64_t max_range_ = 0, budget_ = 0;
   bool float64_ = false;  // shaderFloat64: the float formats' shader can run
   bool import_ = false;   // weights are imported host pages, never copies (import_pages)
@@ -1072,7 +1106,7 @@ class VulkanBackend final : public CpuBackend {
   VkDescriptorSetLayout set_layout_ = VK_NULL_HANDLE;
   VkPipelineLayout layout_ = VK_NULL_HANDLE;
   VkDescriptorPool desc_pool_ = VK_NULL_HANDLE;
-  VkDescriptorSet sets_[2] = {VK_NULL_HANDLE, VK_NULL_HANDLE};
+  VkDescriptorSet sets_[kSets] = {};
   VkPipeline quant_[kQuantShaderCount] = {};  // kQuantShaders' pipelines, in its order
   VkPipeline float_ = VK_NULL_HANDLE;
   Buffer tables_;

@@ -88,6 +88,9 @@ struct GpuOptions {
   // holds fewer (GpuStats::expert_slots).
   uint64_t expert_slots = 0;
   uint64_t staging_bytes = 0;
+  // Tests: the activation and output staging buffers hold at most this many bytes (0:
+  // kGpuStagingBytes), so batches split and large calls run in token groups.
+  uint64_t io_staging_bytes = 0;
 };
 
 // One routed-expert slot's bytes on any device: each slice aligned to 256 bytes, the largest
