@@ -721,6 +721,8 @@ TEST(Vulkan, CommandLine) {
   EXPECT_EQ(slots.out, c.out);
   EXPECT_NE(slots.err.find("routed experts on the device: 4 slots"), std::string::npos) << slots.err;
   EXPECT_NE(slots.err.find("4 routed-expert slots x"), std::string::npos) << "the plan does not count the slots: " << slots.err;
+  EXPECT_NE(slots.err.find("16.00 MiB expert-group rows"), std::string::npos)
+      << "the plan does not count the host rows of a group of experts: " << slots.err;
   EXPECT_EQ(test::run_sluice(dir, "run -m " + test::q(model) + " --tokens 5 -n 1 --gpu-experts 4").rc, 2)
       << "--gpu-experts without --backend vulkan was accepted";
   // bench --backend vulkan: the copy rate into device memory beside a memcpy, and the device's share.

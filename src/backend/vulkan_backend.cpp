@@ -500,7 +500,8 @@ class VulkanBackend final : public CpuBackend {
     if (!missing.empty()) src.prepare(layer, missing);
     // Groups of experts no larger than the slots (placing one never evicts another of its
     // group) or than a submission's descriptor sets allow: two round trips per group.
-    const ExpertGrouping grouping{std::max<size_t>(1, std::min<size_t>(slots_.size(), kSets / 2)), io_limit_ / 2};
+    const ExpertGrouping grouping{std::max<size_t>(1, std::min<size_t>(slots_.size(), kSets / 2)),
+                                  std::min<uint64_t>(kGpuExpertGroupBytes, io_limit_ / 2)};
     using Job = ExpertJob<ExpertSlot*>;
     std::vector<LinearItem> items;
     sluice::routed_terms(

@@ -66,6 +66,10 @@ struct GpuStats {
 // go up through a third: the plan charges kGpuStagingBuffers of them.
 inline constexpr uint64_t kGpuStagingBytes = 16ull << 20;
 inline constexpr uint64_t kGpuStagingBuffers = 3;
+// With routed-expert slots, a layer's experts run in groups whose float intermediates (gate, up
+// and down outputs) stay within this many bytes (one expert may exceed it alone, as on the CPU);
+// the plan charges twice it for them and their quantized rows.
+inline constexpr uint64_t kGpuExpertGroupBytes = kGpuStagingBytes / 2;
 
 struct GpuOptions {
   uint32_t device = 0;

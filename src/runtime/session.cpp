@@ -668,7 +668,8 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
       // the resident weights); it still copies experts into its slots.
       const uint64_t dense = g.imports_host_memory ? 0 : loaded;
       const uint64_t copies = g.weights_in_host_memory ? std::min(g.device_budget, dense + slots * slot) : 0;
-      spo.plan.device_bytes = copies + kGpuStagingBuffers * kGpuStagingBytes;
+      const uint64_t group_scratch = slots ? 2 * kGpuExpertGroupBytes : 0;  // host: a group of experts' rows
+      spo.plan.device_bytes = copies + kGpuStagingBuffers * kGpuStagingBytes + group_scratch;
       const std::string slot_text =
           slots ? ", " + std::to_string(slots) + " routed-expert slots x " + format_bytes(slot) + " among them" : "";
       spo.plan.device_detail = "vulkan: " +
@@ -680,7 +681,8 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
                                                  ") + ")
                                     : "weights in device memory (budget " + format_bytes(g.device_budget) + ": " +
                                           g.budget_why + slot_text + "); ") +
-                               std::to_string(kGpuStagingBuffers) + " x " + format_bytes(kGpuStagingBytes) + " staging";
+                               std::to_string(kGpuStagingBuffers) + " x " + format_bytes(kGpuStagingBytes) + " staging" +
+                               (group_scratch ? " + " + format_bytes(group_scratch) + " expert-group rows" : "");
     }
     if (opt.remote)
       spo.plan.fabric_bytes = [r = opt.remote, cfg](uint32_t chunk) {
