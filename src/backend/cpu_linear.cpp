@@ -9,7 +9,8 @@ namespace sluice {
 size_t gemm_min_tokens(const TypeTraits& t, Isa isa) {
   if (t.act == ActType::F32) return 1;
   // Their GEMMs' one-token paths read the rows in place, 16 at a time.
-  if (isa >= Isa::Avx512 && (t.type == GgmlType::Q8_0 || t.type == GgmlType::Q2_K)) return 1;
+  if (isa >= Isa::Avx512 && (t.type == GgmlType::Q8_0 || t.type == GgmlType::Q2_K || t.type == GgmlType::IQ2_XXS))
+    return 1;
   if (isa < Isa::Avx512 && t.type == GgmlType::Q2_K) return 4;
   if (isa < Isa::Avx512 && t.type == GgmlType::IQ2_XXS) return 3;
   return 2;

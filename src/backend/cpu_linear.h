@@ -19,9 +19,9 @@ namespace sluice {
 // sets it from this), and hands each thread whole tiles of kGemmRowTile rows. Measured (issue
 // 11, docs/cpu-speed.md), AVX-512: the float GEMMs beat their dot loop already at one token
 // (1.3-2.1x: several rows share each activation load, and one row's fma chain, which the scalar
-// bits fix, no longer limits the read), and so do Q8_0's and Q2_K's, whose one-token paths read
-// the rows in place, 16 in lock step (Q8_0 2x the dot loop in cache, Q2_K 1.2x); IQ2_XXS's GEMM
-// loses there (the decoded tile is used once); from two tokens every GEMM wins. AVX2 (no VNNI, no VBMI: the
+// bits fix, no longer limits the read), and so do the quantized GEMMs with AVX-512, whose
+// one-token paths read the rows in place, 16 in lock step (Q8_0 2x the dot loop in cache, Q2_K
+// 1.2x, IQ2_XXS 1.15-1.2x at two threads); from two tokens every GEMM wins. AVX2 (no VNNI, no VBMI: the
 // 2-bit tiles cost more to decode and to multiply) needs more tokens per tile: at two the Q2_K
 // GEMM runs at 0.76x its dot loop and IQ2_XXS at 0.89x; IQ2_XXS wins from three (1.22x), Q2_K
 // from four (1.18x; even at three).

@@ -148,6 +148,10 @@ void gemm_iq2_xxs_avx512(const void* vw, size_t w_stride, int64_t nrows, const u
       for (int64_t r = 0; r < nrows; ++r) y[(size_t)t * ldy + (size_t)r] = finish_iq2(0.0f);
     return;
   }
+  if (nacts == 1) {  // a decode step: nothing to reuse a decoded tile for
+    gemv_iq2_xxs_avx512(w, w_stride, nrows, acts[0], n, y);
+    return;
+  }
   static const Iq2xxsDecoder dec(128);  // +128: vpdpbusd's unsigned operand
   Iq2Tile tile;
   Iq2Corr corr;

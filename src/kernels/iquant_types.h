@@ -81,5 +81,7 @@ void gemm_iq2_xxs_avx2(const void* w, size_t w_stride, int64_t nrows, const uint
                        int64_t n, float* y, size_t ldy);
 void gemm_iq2_xxs_avx512(const void* w, size_t w_stride, int64_t nrows, const uint8_t* const* acts, int64_t nacts,
                          int64_t n, float* y, size_t ldy);
+// Its one-token path (gemv_iq2_xxs_avx512.cpp): y[r] for rows [0, nrows), same bits.
+void gemv_iq2_xxs_avx512(const void* w, size_t w_stride, int64_t nrows, const uint8_t* act, int64_t n, float* y);
 
 }  // namespace sluice::iquant
