@@ -163,15 +163,10 @@ void gemv_rows(const uint8_t* base, size_t w_stride, int rv, const uint8_t* y, i
                int next_rows) {
   const __m512i bias = _mm512_set1_epi8((char)0x80);
   const __m512i zero = _mm512_setzero_si512();
-  const uint8_t* row[kRows];  // row[r] for r >= rv repeats row rv - 1 (computed, never stored)
-  for (int r = 0; r < kRows; ++r) row[r] = base + (size_t)std::min(r, rv - 1) * w_stride;
-  const bool gather = (size_t)kRows * w_stride <= (size_t)INT_MAX;
-  alignas(64) int32_t goff[kRows];
-  for (int r = 0; r < kRows; ++r) goff[r] = gather ? (int32_t)(row[r] - base) : 0;
-  const __m512i gv = _mm512_load_si512(goff);
+  const RowTile16 rows(base, w_stride, rv);
   const uint8_t* lo[8];
   const uint8_t* hi[8];
-  for (int i = 0; i < 8; ++i) lo[i] = row[kFoldLowRow[i]] + 2, hi[i] = row[kFoldHighRow[i]] + 2;
+  for (int i = 0; i < 8; ++i) lo[i] = rows.row[kFoldLowRow[i]] + 2, hi[i] = rows.row[kFoldHighRow[i]] + 2;
   TilePrefetch prefetch(base, (size_t)kRows * w_stride, w_stride, next_rows, w_stride, nblocks);
   __m512 sumf = _mm512_setzero_ps();
   for (int64_t b = 0; b < nblocks; ++b) {
@@ -190,14 +185,7 @@ void gemv_rows(const uint8_t* base, size_t w_stride, int rv, const uint8_t* y, i
     q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0x4e));
     q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0xb1));
     s = _mm512_sub_epi32(s, _mm512_broadcastd_epi32(q));
-    __m256i h;
-    if (gather) {
-      h = _mm512_cvtepi32_epi16(_mm512_i32gather_epi32(gv, base + bo, 1));
-    } else {
-      alignas(32) uint16_t d[kRows];
-      for (int r = 0; r < kRows; ++r) d[r] = ld16(row[r] + bo);
-      h = _mm256_load_si256(reinterpret_cast<const __m256i*>(d));
-    }
+    const __m256i h = _mm512_cvtepi32_epi16(rows.dwords_at(bo));  // the rows' scales (low halves)
     const __m512 dy = _mm512_set1_ps(_cvtsh_ss(ld16(y + bo)));
     sumf = _mm512_add_ps(sumf, _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_cvtph_ps(h), dy)));
   }

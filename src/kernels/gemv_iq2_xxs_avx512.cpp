@@ -10,7 +10,6 @@
 #include "kernels/avx512_intrinsics.h"
 
 #include <algorithm>
-#include <climits>
 #include <cstring>
 
 #include "kernels/iq2_xxs_avx512.h"
@@ -44,12 +43,7 @@ inline __m512i block_partials(const Iq2xxsDecoder& dec, const uint8_t* x, const 
 
 void tile(const Iq2xxsDecoder& dec, const uint8_t* base, size_t w_stride, int rv, const uint8_t* y, int64_t nb,
           float* out, int next_rows) {
-  const uint8_t* row[kRows];
-  for (int r = 0; r < kRows; ++r) row[r] = base + (size_t)std::min(r, rv - 1) * w_stride;
-  const bool gather = (size_t)kRows * w_stride <= (size_t)INT_MAX;
-  alignas(64) int32_t goff[kRows];
-  for (int r = 0; r < kRows; ++r) goff[r] = gather ? (int32_t)(row[r] - base) : 0;
-  const __m512i gv = _mm512_load_si512(goff);
+  const RowTile16 rows(base, w_stride, rv);
   const __m512i bias = _mm512_set1_epi8((char)0x80);
   TilePrefetch prefetch(base, kRows * w_stride, w_stride, next_rows, w_stride, nb);
   __m512 sumf = _mm512_setzero_ps();
@@ -64,20 +58,13 @@ void tile(const Iq2xxsDecoder& dec, const uint8_t* base, size_t w_stride, int rv
     }
     __m512i z[8];
     for (int i = 0; i < 8; ++i) {
-      const __m512i lo = block_partials(dec, row[kFoldLowRow[i]] + bo, yv, corr);
-      const __m512i hi = block_partials(dec, row[kFoldHighRow[i]] + bo, yv, corr);
+      const __m512i lo = block_partials(dec, rows.row[kFoldLowRow[i]] + bo, yv, corr);
+      const __m512i hi = block_partials(dec, rows.row[kFoldHighRow[i]] + bo, yv, corr);
       z[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(lo, hi, _MM_SHUFFLE(1, 0, 1, 0)),
                               _mm512_shuffle_i32x4(lo, hi, _MM_SHUFFLE(3, 2, 3, 2)));
     }
     const __m512i bsum = fold_rows16(z);
-    __m256i h;
-    if (gather) {
-      h = _mm512_cvtepi32_epi16(_mm512_i32gather_epi32(gv, base + bo, 1));
-    } else {
-      alignas(32) uint16_t d[kRows];
-      for (int r = 0; r < kRows; ++r) std::memcpy(&d[r], row[r] + bo, 2);
-      h = _mm256_load_si256(reinterpret_cast<const __m256i*>(d));
-    }
+    const __m256i h = _mm512_cvtepi32_epi16(rows.dwords_at(bo));  // the rows' d (low halves)
     float dy;
     std::memcpy(&dy, yb, 4);
     // step_iq2, lane-wise: sumf + (dx * dy) * (float)bsum.

@@ -11,7 +11,6 @@
 #include "kernels/avx512_intrinsics.h"
 
 #include <algorithm>
-#include <climits>
 #include <cstring>
 
 #include "kernels/kquant_blocks.h"
@@ -63,12 +62,7 @@ inline void block_sums(const Q2kConstants& k, const uint8_t* x, const YBlock& y,
 // rearranged blocks; sumf carries each lane's partial sum in and out.
 void tile(const Q2kConstants& k, const uint8_t* base, size_t w_stride, int rv, const YBlock* y, int nb,
           __m512& sumf, TilePrefetch& prefetch) {
-  const uint8_t* row[kRows];
-  for (int r = 0; r < kRows; ++r) row[r] = base + (size_t)std::min(r, rv - 1) * w_stride;
-  const bool gather = (size_t)kRows * w_stride <= (size_t)INT_MAX;
-  alignas(64) int32_t goff[kRows];
-  for (int r = 0; r < kRows; ++r) goff[r] = gather ? (int32_t)(row[r] - base) : 0;
-  const __m512i gv = _mm512_load_si512(goff);
+  const RowTile16 rows(base, w_stride, rv);
   for (int b = 0; b < nb; ++b) {
     prefetch.step();
     const size_t bo = (size_t)b * q2k::kBytes;
@@ -76,23 +70,15 @@ void tile(const Q2kConstants& k, const uint8_t* base, size_t w_stride, int rv, c
     for (int i = 0; i < 8; ++i) {
       __m512i lo, hi;
       __m256i mlo, mhi;
-      block_sums(k, row[kFoldLowRow[i]] + bo, y[b], lo, mlo);
-      block_sums(k, row[kFoldHighRow[i]] + bo, y[b], hi, mhi);
+      block_sums(k, rows.row[kFoldLowRow[i]] + bo, y[b], lo, mlo);
+      block_sums(k, rows.row[kFoldHighRow[i]] + bo, y[b], hi, mhi);
       // Each row's 16 code partials to 8 (lo's in the low half, hi's in the high half).
       zr[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(lo, hi, _MM_SHUFFLE(1, 0, 1, 0)),
                                _mm512_shuffle_i32x4(lo, hi, _MM_SHUFFLE(3, 2, 3, 2)));
       zm[i] = _mm512_inserti64x4(_mm512_castsi256_si512(mlo), mhi, 1);
     }
     const __m512i isum = fold_rows16(zr), summs = fold_rows16(zm);
-    // d and dmin (adjacent fp16s) of the 16 rows' blocks.
-    __m512i dd;
-    if (gather) {
-      dd = _mm512_i32gather_epi32(gv, base + bo + q2k::kD, 1);
-    } else {
-      alignas(64) int32_t v[kRows];
-      for (int r = 0; r < kRows; ++r) std::memcpy(&v[r], row[r] + bo + q2k::kD, 4);
-      dd = _mm512_load_si512(v);
-    }
+    const __m512i dd = rows.dwords_at(bo + q2k::kD);  // d and dmin, adjacent fp16s
     const __m512 xd = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
     const __m512 xdmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16)));
     // q2k_tail, lane-wise: sumf + (dall * isum - dmin * summs).
