@@ -82,7 +82,15 @@ void tile(const uint8_t* w, size_t stride, const float* const* x, int64_t n, flo
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) wr[r] = w + (size_t)r * stride;
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) step<W, R, T>(wr, x, i, lo, hi);
+  // One token (decode): the next row group's bytes, which follow in memory, into L2 at the pace
+  // this group is read (gemm_float_avx512.cpp says why).
+  const char* pf = reinterpret_cast<const char*>(w + (size_t)R * stride);
+  for (; i + 16 <= n; i += 16) {
+    if constexpr (T == 1)
+#pragma GCC unroll 8
+      for (int k = 0; k < R * 16 * (int)W::kBytes; k += 64) _mm_prefetch(pf + (size_t)i * W::kBytes * R + k, _MM_HINT_T1);
+    step<W, R, T>(wr, x, i, lo, hi);
+  }
   if (i < n) {
     const size_t left = (size_t)(n - i);
     alignas(32) uint8_t wpad[R][16 * W::kBytes];
