@@ -336,6 +336,31 @@ class CountingExperts final : public ExpertSource {
   }
 };
 
+// A source that moves on at every get(): the bytes it returned for the last expert are
+// overwritten by the next one's (a streaming store's window of one), so a backend that keeps an
+// expert's pointers past the next get() computes with another expert's weights.
+class WindowOfOne final : public ExpertSource {
+ public:
+  explicit WindowOfOne(const CountingExperts& in) : in_(in) {}
+  void prepare(uint32_t layer, std::span<const uint32_t> experts) const override { in_.prepare(layer, experts); }
+  ExpertWeights get(uint32_t layer, uint32_t e) const override {
+    const ExpertWeights w = in_.get(layer, e);
+    const size_t bytes[3] = {in_.gate[e].w.rows * in_.gate[e].w.row_bytes, in_.up[e].w.rows * in_.up[e].w.row_bytes,
+                             in_.down[e].w.rows * in_.down[e].w.row_bytes};
+    const uint8_t* from[3] = {w.gate, w.up, w.down};
+    for (int p = 0; p < 3; ++p) {
+      if (buf_[p].empty()) buf_[p].resize(bytes[p]);  // once: the addresses stay, the bytes change
+      if (buf_[p].size() != bytes[p]) throw Error("WindowOfOne: experts of different sizes");
+      std::memcpy(buf_[p].data(), from[p], bytes[p]);
+    }
+    return {buf_[0].data(), buf_[1].data(), buf_[2].data()};
+  }
+
+ private:
+  const CountingExperts& in_;
+  mutable std::vector<uint8_t> buf_[3];
+};
+
 CountingExperts published_recipe_experts(uint32_t E, uint64_t H, uint64_t F, uint64_t seed,
                                         GgmlType up = GgmlType::IQ2_XXS) {
   CountingExperts ex;
@@ -447,6 +472,43 @@ void routed_experts_in_slots(GgmlType up) {
   EXPECT_EQ(routed(*small, ex, false), want);
   EXPECT_EQ(routed(*small, ex, true), want_rows);
   EXPECT_GT(gpu_stats(*small).submissions, 4 * used.size()) << "the small buffers did not split the batches";
+
+  // The CPU's share of the misses (--cpu-experts): half of them, all of them and auto, in front
+  // of a source that holds its union and one that moves on at every get(): the CPU's bits, the
+  // CPU's experts counted and never placed in a slot (all on the CPU: nothing submitted).
+  const WindowOfOne moving(ex);
+  for (int mode = 0; mode < 3; ++mode)
+    for (const bool window : {false, true}) {
+      SCOPED_TRACE("cpu-experts " + std::string(mode == 0 ? "0.5" : mode == 1 ? "1" : "auto") +
+                   (window ? ", a window of one" : ""));
+      GpuOptions co;
+      co.expert_slots = 64;
+      co.cpu_experts = mode == 0 ? 0.5 : 1.0;
+      co.cpu_experts_auto = mode == 2;
+      const std::unique_ptr<Backend> split = make_vulkan_backend(co);
+      const ExpertSource& src = window ? static_cast<const ExpertSource&>(moving) : ex;
+      EXPECT_EQ(routed(*split, src, false), want);
+      EXPECT_EQ(routed(*split, src, true), want_rows);
+      const GpuStats st = gpu_stats(*split);
+      EXPECT_EQ(st.expert_on_cpu + st.expert_misses + st.expert_hits, 2 * used.size());
+      if (mode == 1) {
+        EXPECT_EQ(st.expert_on_cpu, 2 * used.size());
+        EXPECT_EQ(st.submissions, 0u);
+        EXPECT_EQ(st.expert_upload_bytes, 0u);
+      } else {
+        EXPECT_GT(st.expert_on_cpu, 0u);
+        EXPECT_GT(st.expert_misses, 0u);
+        EXPECT_GT(st.split_cpu_s, 0.0);
+        EXPECT_GT(st.split_upload_s, 0.0);
+      }
+      if (mode == 0) {
+        // Half of the first call's misses (the ones with the fewest tokens), then half of the
+        // second call's: the CPU's experts were not uploaded, so they are its misses again.
+        const uint64_t k1 = used.size() / 2, k2 = (k1 + used.size() % 2) / 2;
+        EXPECT_EQ(st.expert_on_cpu, k1 + k2);
+        EXPECT_EQ(st.expert_hits, used.size() - k1);
+      }
+    }
 }
 
 TEST(Vulkan, RoutedExpertsInDeviceSlotsHaveTheCpuBits) {
@@ -481,7 +543,7 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
   const std::string model = dir / "tiny.gguf";
   ASSERT_EQ(test::run_sluice(dir, "make-model --preset tiny -o " + test::q(model)).rc, 0);
   auto rows_of = [&](const std::string& backend, SessionStats* st, GpuStats* gs, uint64_t slots = 0,
-                     bool stream = false) {
+                     bool stream = false, double cpu_share = 0, bool cpu_auto = false) {
     SessionOptions so;
     so.model_path = model;
     so.ctx = 64;
@@ -492,6 +554,8 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
     so.stream_experts = stream;
     so.backend = backend;
     so.gpu_experts = slots;
+    so.cpu_experts = cpu_share;
+    so.cpu_experts_auto = cpu_auto;
     Session s(so);
     std::vector<float> rows;
     EvalObserver o;
@@ -565,6 +629,24 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
       EXPECT_LT(sg.expert_slots, slots) << "more slots than the model has experts";
       EXPECT_GT(sg.expert_hits, sg.expert_misses) << "a slot per expert, and still mostly misses";
     }
+  }
+  // A share of the slot misses on the CPU (--cpu-experts): a third of them in front of the
+  // streaming store, auto with a slot per expert; the CPU's logits, the share counted and shown.
+  for (const bool automatic : {false, true}) {
+    SessionStats ss;
+    GpuStats sg;
+    const std::vector<float> got = rows_of("vulkan", &ss, &sg, automatic ? 100000u : 7u, !automatic, 1.0 / 3, automatic);
+    ASSERT_EQ(got.size(), cpu.size());
+    EXPECT_EQ(std::memcmp(got.data(), cpu.data(), cpu.size() * sizeof(float)), 0)
+        << (automatic ? "auto" : "1/3") << ": logits differ";
+    EXPECT_GT(sg.expert_on_cpu, 0u);
+    EXPECT_GT(sg.expert_misses, 0u);
+    server::MetricsInput in;
+    in.loaded = true;
+    in.session = ss;
+    const std::string metrics = server::render_metrics(in);
+    EXPECT_NE(metrics.find("\nsluice_gpu_expert_cpu_total " + std::to_string(sg.expert_on_cpu) + "\n"), std::string::npos)
+        << metrics;
   }
 }
 
@@ -725,6 +807,20 @@ TEST(Vulkan, CommandLine) {
       << "the plan does not count the host rows of a group of experts: " << slots.err;
   EXPECT_EQ(test::run_sluice(dir, "run -m " + test::q(model) + " --tokens 5 -n 1 --gpu-experts 4").rc, 2)
       << "--gpu-experts without --backend vulkan was accepted";
+  // Half of the slot misses on the CPU: the same tokens, the share in the summary; the option
+  // needs slots and a share from 0 to 1.
+  const test::CmdResult half = test::run_sluice(
+      dir, "run -m " + test::q(model) + " --tokens 5,6,7 -n 4 --backend vulkan --gpu-experts 4 --cpu-experts 0.5");
+  EXPECT_EQ(half.rc, 0) << half.err;
+  EXPECT_EQ(half.out, c.out);
+  EXPECT_NE(half.err.find("misses computed on the CPU from host memory (--cpu-experts"), std::string::npos) << half.err;
+  for (const char* bad_share : {"--gpu-experts 4 --cpu-experts 1.5", "--gpu-experts 4 --cpu-experts half",
+                                "--cpu-experts 0.5"}) {
+    const test::CmdResult r = test::run_sluice(
+        dir, "run -m " + test::q(model) + " --tokens 5 -n 1 --backend vulkan " + bad_share);
+    EXPECT_EQ(r.rc, 2) << bad_share;
+    EXPECT_NE(r.err.find("--cpu-experts"), std::string::npos) << r.err;
+  }
   // bench --backend vulkan: the copy rate into device memory beside a memcpy, and the device's share.
   const test::CmdResult bench = test::run_sluice(
       dir, "bench -m " + test::q(model) + " -p 4 -n 2 -r 1 --backend vulkan --gpu-experts 8");

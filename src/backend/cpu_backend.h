@@ -58,6 +58,13 @@ class CpuBackend : public Backend {
   void engram_gate(Mat X, uint32_t hc, CMat kv, const float* q_norm, const float* k_norm, float eps,
                    const uint8_t* masked) const override;
 
+ protected:
+  // One projection of a routed expert (its gate, up or down weight `part` with the expert's
+  // bytes `data` as the source returned them) over the activation rows: the CPU's matmul,
+  // rounded to BF16, y[t * part.rows + r].
+  void expert_projection(const Weight& part, const uint8_t* data, std::span<const uint8_t* const> acts,
+                         float* y) const;
+
  private:
   // Each triple's term (expert output rows, f32) handed to `take(j, row)` in triple order
   // (defined and instantiated in cpu_ffn.cpp only; a template, so no call allocates).

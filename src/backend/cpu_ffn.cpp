@@ -22,6 +22,13 @@ void CpuBackend::shared_ffn(const Weight& gate, const Weight& up, const Weight& 
   lin(pool_, down, g.data(), F, n, out.p, out.stride, true, 0, down.rows);
 }
 
+void CpuBackend::expert_projection(const Weight& part, const uint8_t* data, std::span<const uint8_t* const> acts,
+                                   float* y) const {
+  Weight W = part;
+  W.data = data;
+  matmul(pool_, W, acts, y, W.rows, true, 0, W.rows);
+}
+
 // The CPU's projections: matmul over the expert's bytes as the source returns them. Every expert
 // is prepared at once; get() is asked for each in order (a windowed source moves on).
 template <class Take>
@@ -30,9 +37,7 @@ void CpuBackend::routed_terms(ExpertTensors t, const ExpertSource& src, uint32_t
   src.prepare(layer, experts_of(triples));
   const Weight* parts[3] = {t.gate, t.up, t.down};
   auto project = [&](const ExpertWeights& ew, int part, std::span<const uint8_t* const> acts, float* y) {
-    Weight W = *parts[part];
-    W.data = part == 0 ? ew.gate : part == 1 ? ew.up : ew.down;
-    matmul(pool_, W, acts, y, W.rows, true, 0, W.rows);
+    expert_projection(*parts[part], part == 0 ? ew.gate : part == 1 ? ew.up : ew.down, acts, y);
   };
   using Job = ExpertJob<ExpertWeights>;
   sluice::routed_terms(

@@ -47,6 +47,11 @@ class ExpertSource {
     return {};
   }
 
+  // True when every pointer get() hands out after a prepare() stays valid until the next
+  // prepare() (the source holds the whole union at once). A windowed source's pointers die when
+  // it moves on, so a caller that keeps one expert's bytes while asking for the next must know.
+  virtual bool holds_union() const { return false; }
+
   // Distinct for every source this process makes (a new one at a freed one's address too), so a
   // backend may key copies of an expert's bytes by (id, layer, expert): a source's experts never
   // change while it lives.

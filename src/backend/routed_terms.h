@@ -8,7 +8,8 @@
 // previous group's projections are done); `gate_up(jobs)` then writes every job's gate and up
 // outputs and, after the SwiGLU, `down(jobs)` its down outputs: row r of the part dotted with
 // each token's activation row, rounded to BF16, with the CPU's bits. Each expert's sums are its
-// own, so how many share a group changes no bit.
+// own, so how many share a group changes no bit. A handle with a true `ends_group` member is
+// the last of its group.
 #pragma once
 #include <algorithm>
 #include <span>
@@ -101,6 +102,10 @@ void routed_terms(ExpertTensors t, std::span<const ExpertTriple> triples, float 
       j.y[0] = r.eg.data();
       j.y[1] = r.eu.data();
       b = e_end;
+      // A handle that holds the source's own pointers (the CPU's share of a device's misses)
+      // ends its group: the next expert's get() may move a windowed source on.
+      if constexpr (requires { j.h.ends_group; })
+        if (j.h.ends_group) break;
     }
     gate_up(std::span<ExpertJob<Handle>>(jobs));
     for (size_t i = 0; i < jobs.size(); ++i) {

@@ -13,9 +13,11 @@
 #include <thread>
 #include <map>
 #include <tuple>
+#include <utility>
 
 #include "backend/cpu_backend.h"
 #include "backend/cpu_linear.h"
+#include "backend/expert_split.h"
 #include "backend/routed_terms.h"
 #include "backend/swiglu.h"
 #include "kernels/iq_tables.h"
@@ -289,10 +291,15 @@ class VulkanBackend final : public CpuBackend {
     st_.budget_why = wb.why;
     force_staging_ = o.force_staging;
     slots_wanted_ = o.expert_slots;
+    split_ = ExpertSplit(std::clamp(o.cpu_experts, 0.0, 1.0), o.cpu_experts_auto);
+    // Timestamps measure the device's part of the expert split (auto); without them the wall
+    // time of a submission the CPU did not overlap stands in.
+    ts_bits_ = qf[family_].timestampValidBits;
     {
       VkPhysicalDeviceProperties props;
       vkGetPhysicalDeviceProperties(phys_, &props);
       offset_align_ = props.limits.minStorageBufferOffsetAlignment;
+      ts_period_ns_ = props.limits.timestampPeriod;
     }
     staging_bytes_ = o.staging_bytes ? o.staging_bytes : kGpuStagingBytes;
     io_limit_ = std::min<uint64_t>(max_range_, o.io_staging_bytes ? o.io_staging_bytes : kGpuStagingBytes);
@@ -478,7 +485,9 @@ class VulkanBackend final : public CpuBackend {
   }
 
   // The routed FFN's sequence (routed_terms.h) with each expert's projections dispatched on its
-  // slot; only the experts without one are asked of the source.
+  // slot; only the experts without one are asked of the source. With --cpu-experts a share of
+  // those misses is not uploaded: the CPU computes them from the source's bytes while the device
+  // runs the group's others (expert_split.h), with the same bits either way.
   template <class Take>
   void device_routed(ExpertTensors t, const ExpertSource& src, uint32_t layer, std::span<const ExpertTriple> triples,
                      float limit, CMat x, Take&& take) const {
@@ -496,43 +505,97 @@ class VulkanBackend final : public CpuBackend {
       if (ExpertSlot* sl = find_slot(src.id, layer, e)) slot_used(*sl);
       else missing.push_back(e);
     }
+    const std::vector<uint32_t> on_cpu =
+        split_.active() ? ExpertSplit::pick(triples, missing, split_.cpu_count(used.size() - missing.size(), missing.size()))
+                        : std::vector<uint32_t>{};
     if (used.size() > slots_.size()) missing = used;
     if (!missing.empty()) src.prepare(layer, missing);
+    // A CPU expert keeps the source's pointers until its group is done: where a windowed source
+    // may move on at the next get(), it is the last of its group.
+    const bool ends_group = !src.holds_union();
     // Groups of experts no larger than the slots (placing one never evicts another of its
     // group) or than a submission's descriptor sets allow: two round trips per group.
     const ExpertGrouping grouping{std::max<size_t>(1, std::min<size_t>(slots_.size(), kSets / 2)),
                                   std::min<uint64_t>(kGpuExpertGroupBytes, io_limit_ / 2)};
-    using Job = ExpertJob<ExpertSlot*>;
+    struct Handle {
+      ExpertSlot* slot = nullptr;  // null: the CPU runs it from `host`
+      ExpertWeights host{};
+      bool ends_group = false;
+    };
+    using Job = ExpertJob<Handle>;
+    using clock = std::chrono::steady_clock;
     std::vector<LinearItem> items;
+    double cpu_s = 0;  // the group's CPU experts, both phases
+    size_t n_cpu = 0, n_dev = 0;
+    // One phase of a group: the device's projections submitted, the CPU's computed meanwhile.
+    auto phase = [&](std::span<Job> jobs, bool down) {
+      items.clear();
+      for (const Job& j : jobs) {
+        if (!j.h.slot) continue;
+        if (down)
+          items.push_back({slot_part(*j.h.slot, 2, pipes[2], kinds[2]), parts[2], j.down_acts, j.down_stride, j.down_y,
+                           parts[2]->rows});
+        else
+          for (int p = 0; p < 2; ++p)
+            items.push_back({slot_part(*j.h.slot, p, pipes[p], kinds[p]), parts[p], j.acts[p], j.strides[p], j.y[p],
+                             parts[p]->rows});
+      }
+      std::function<void()> cpu_part;
+      if (items.size() < (down ? 1 : 2) * jobs.size())
+        cpu_part = [&] {
+          const auto t0 = clock::now();
+          for (const Job& j : jobs) {
+            if (j.h.slot) continue;
+            if (down) {
+              expert_projection(*parts[2], j.h.host.down, j.down_acts, j.down_y);
+            } else {
+              expert_projection(*parts[0], j.h.host.gate, j.acts[0], j.y[0]);
+              expert_projection(*parts[1], j.h.host.up, j.acts[1], j.y[1]);
+            }
+          }
+          cpu_s += std::chrono::duration<double>(clock::now() - t0).count();
+        };
+      device_linears(items, std::move(cpu_part));
+    };
     sluice::routed_terms(
         t, triples, limit, x, grouping,
         [&](uint32_t e) {
-          ExpertSlot* slot = find_slot(src.id, layer, e);
-          if (slot) {
+          Handle h;
+          if (std::binary_search(on_cpu.begin(), on_cpu.end(), e)) {
+            h.host = src.get(layer, e);
+            h.ends_group = ends_group;
+            ++st_.expert_on_cpu;
+            ++n_cpu;
+            return h;
+          }
+          h.slot = find_slot(src.id, layer, e);
+          if (h.slot) {
             ++st_.expert_hits;
           } else {
-            slot = place(src.id, layer, e, src.get(layer, e), t);
+            const auto t0 = clock::now();
+            h.slot = place(src.id, layer, e, src.get(layer, e), t);
+            split_.upload_took(std::chrono::duration<double>(clock::now() - t0).count(), 1);
             ++st_.expert_misses;
           }
-          slot_used(*slot);
-          return slot;
+          slot_used(*h.slot);
+          ++n_dev;
+          return h;
         },
         [&](std::span<Job> jobs) {
-          items.clear();
-          for (const Job& j : jobs)
-            for (int p = 0; p < 2; ++p)
-              items.push_back({slot_part(*j.h, p, pipes[p], kinds[p]), parts[p], j.acts[p], j.strides[p], j.y[p],
-                               parts[p]->rows});
-          device_linears(items);
+          device_s_ = 0;
+          cpu_s = 0;
+          phase(jobs, false);
         },
         [&](std::span<Job> jobs) {
-          items.clear();
-          for (const Job& j : jobs)
-            items.push_back({slot_part(*j.h, 2, pipes[2], kinds[2]), parts[2], j.down_acts, j.down_stride, j.down_y,
-                             parts[2]->rows});
-          device_linears(items);
+          phase(jobs, true);
+          if (n_dev) split_.device_took(device_s_, n_dev);
+          if (n_cpu) split_.cpu_took(cpu_s, n_cpu);
+          n_dev = n_cpu = 0;
         },
         take);
+    st_.split_upload_s = split_.costs().upload;
+    st_.split_device_s = split_.costs().device;
+    st_.split_cpu_s = split_.costs().cpu;
   }
 
   GpuStats stats() const {
@@ -670,6 +733,13 @@ class VulkanBackend final : public CpuBackend {
     VkFenceCreateInfo fci{};
     fci.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO;
     check(vkCreateFence(dev_, &fci, nullptr, &fence_), "creating a fence");
+    if (ts_bits_ != 0 && ts_period_ns_ > 0) {
+      VkQueryPoolCreateInfo qp{};
+      qp.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO;
+      qp.queryType = VK_QUERY_TYPE_TIMESTAMP;
+      qp.queryCount = 2;
+      if (vkCreateQueryPool(dev_, &qp, nullptr, &timestamps_) != VK_SUCCESS) timestamps_ = VK_NULL_HANDLE;
+    }
 
     VkDescriptorSetLayoutBinding b[kBindings]{};
     for (uint32_t i = 0; i < kBindings; ++i) {
@@ -871,7 +941,8 @@ class VulkanBackend final : public CpuBackend {
   // submission's activations and outputs side by side (binding offsets aligned); an item reading
   // the same rows as the one before it (an expert's up after its gate) stages them once. An item
   // too large to share a submission runs alone in token groups (device_linear); mu_ held.
-  void device_linears(std::span<const LinearItem> items) const {
+  // `meanwhile` (host work) runs once, while the first submission is on the device.
+  void device_linears(std::span<const LinearItem> items, std::function<void()> meanwhile = {}) const {
     const uint64_t limit = io_limit_;
     std::vector<Dispatch> ds;
     for (size_t i = 0; i < items.size();) {
@@ -892,6 +963,7 @@ class VulkanBackend final : public CpuBackend {
         out_used += o;
       }
       if (k == i) {  // alone, in token groups
+        if (meanwhile) std::exchange(meanwhile, nullptr)();
         const LinearItem& it = items[i];
         device_linear(it.wt, *it.W, 0, it.acts, it.stride, it.y, it.rows, it.rows, true);
         ++i;
@@ -905,11 +977,12 @@ class VulkanBackend final : public CpuBackend {
         if (d > 0 && ds[d].act_off == ds[d - 1].act_off) continue;
         for (size_t t = 0; t < it.acts.size(); ++t) std::memcpy(a + ds[d].act_off + t * it.stride, it.acts[t], it.stride);
       }
-      dispatch(ds);
+      dispatch(ds, std::exchange(meanwhile, nullptr));
       const uint8_t* out = static_cast<const uint8_t*>(out_.map);
       for (size_t d = 0; d < ds.size(); ++d) std::memcpy(items[i + d].y, out + ds[d].out_off, ds[d].out_bytes);
       i = k;
     }
+    if (meanwhile) meanwhile();
   }
 
   // The slots' geometry from the first layer's experts (mu_ held): each part aligned for a
@@ -997,8 +1070,9 @@ class VulkanBackend final : public CpuBackend {
   };
 
   // Up to kSets dispatches, independent of each other (none reads what another writes), in one
-  // submission, each with its own descriptor set; mu_ held.
-  void dispatch(std::span<const Dispatch> ds) const {
+  // submission, each with its own descriptor set; mu_ held. `meanwhile` runs on the host while
+  // the device works (a throw waits for the device before it leaves).
+  void dispatch(std::span<const Dispatch> ds, const std::function<void()>& meanwhile = {}) const {
     if (ds.empty() || ds.size() > kSets) throw Error("vulkan: a submission takes 1 to 64 dispatches");
     std::vector<VkDescriptorBufferInfo> bi(ds.size() * kBindings);
     std::vector<VkWriteDescriptorSet> wr(ds.size() * kBindings);
@@ -1019,7 +1093,8 @@ class VulkanBackend final : public CpuBackend {
       }
     }
     vkUpdateDescriptorSets(dev_, (uint32_t)wr.size(), wr.data(), 0, nullptr);
-    submit(
+    const char* what = ds.size() == 1 ? "a linear dispatch" : "a batch of linear dispatches";
+    begin_submit(
         [&] {
           for (size_t d = 0; d < ds.size(); ++d) {
             vkCmdBindPipeline(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, ds[d].wt.pipe);
@@ -1028,18 +1103,37 @@ class VulkanBackend final : public CpuBackend {
             vkCmdDispatch(cmd_, ds[d].gx, ds[d].gy, 1);
           }
         },
-        ds.size() == 1 ? "a linear dispatch" : "a batch of linear dispatches");
+        what);
+    if (meanwhile) {
+      try {
+        meanwhile();
+      } catch (...) {
+        if (vkWaitForFences(dev_, 1, &fence_, VK_TRUE, kFenceTimeoutNs) == VK_SUCCESS) vkResetFences(dev_, 1, &fence_);
+        throw;
+      }
+    }
+    finish_submit(what, (bool)meanwhile);
   }
 
   // Records `cmds` into the command buffer, submits it and waits (mu_ held). The barrier at the
   // end makes transfers and shader writes visible to the host and to the next submission.
   template <class Record>
   void submit(Record&& cmds, const char* what) const {
+    begin_submit(cmds, what);
+    finish_submit(what, false);
+  }
+
+  template <class Record>
+  void begin_submit(Record&& cmds, const char* what) const {
     check(vkResetCommandBuffer(cmd_, 0), "resetting the command buffer");
     VkCommandBufferBeginInfo begin{};
     begin.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO;
     begin.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
     check(vkBeginCommandBuffer(cmd_, &begin), "recording commands");
+    if (timestamps_) {
+      vkCmdResetQueryPool(cmd_, timestamps_, 0, 2);
+      vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, timestamps_, 0);
+    }
     cmds();
     VkMemoryBarrier mb{};
     mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
@@ -1048,6 +1142,7 @@ class VulkanBackend final : public CpuBackend {
     vkCmdPipelineBarrier(cmd_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
                          VK_PIPELINE_STAGE_HOST_BIT | VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &mb, 0, nullptr, 0,
                          nullptr);
+    if (timestamps_) vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, timestamps_, 1);
     check(vkEndCommandBuffer(cmd_), "recording commands");
     VkSubmitInfo si{};
     si.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
@@ -1055,6 +1150,12 @@ class VulkanBackend final : public CpuBackend {
     si.pCommandBuffers = &cmd_;
     check(vkQueueSubmit(queue_, 1, &si, fence_), what);
     ++st_.submissions;
+    submitted_at_ = std::chrono::steady_clock::now();
+  }
+
+  // Waits for the submission begin_submit made. `overlapped`: the host worked meanwhile, so the
+  // wall time says nothing of the device's.
+  void finish_submit(const char* what, bool overlapped) const {
     VkResult r = vkWaitForFences(dev_, 1, &fence_, VK_TRUE, kFenceTimeoutNs);
     if (r == VK_SUCCESS) {
       check(vkResetFences(dev_, 1, &fence_), "resetting a fence");
@@ -1063,6 +1164,16 @@ class VulkanBackend final : public CpuBackend {
     if (r != VK_SUCCESS)
       throw Error(std::string("vulkan: ") + what + " on " + info_.name + " did not finish: " + result_name(r) +
                   " (the sequence is left as it was)");
+    double s = -1;
+    uint64_t t[2] = {0, 0};
+    if (timestamps_ && vkGetQueryPoolResults(dev_, timestamps_, 0, 2, sizeof t, t, sizeof(uint64_t),
+                                             VK_QUERY_RESULT_64_BIT) == VK_SUCCESS) {
+      const uint64_t mask = ts_bits_ >= 64 ? ~0ull : (1ull << ts_bits_) - 1;
+      s = (double)(((t[1] & mask) - (t[0] & mask)) & mask) * ts_period_ns_ * 1e-9;
+    } else if (!overlapped) {
+      s = std::chrono::duration<double>(std::chrono::steady_clock::now() - submitted_at_).count();
+    }
+    device_s_ = (device_s_ < 0 || s < 0) ? -1 : device_s_ + s;
   }
 
   void destroy() {
@@ -1081,6 +1192,7 @@ class VulkanBackend final : public CpuBackend {
     if (layout_) vkDestroyPipelineLayout(dev_, layout_, nullptr);
     if (set_layout_) vkDestroyDescriptorSetLayout(dev_, set_layout_, nullptr);
     if (fence_) vkDestroyFence(dev_, fence_, nullptr);
+    if (timestamps_) vkDestroyQueryPool(dev_, timestamps_, nullptr);
     if (cmd_pool_) vkDestroyCommandPool(dev_, cmd_pool_, nullptr);
     vkDestroyDevice(dev_, nullptr);
     dev_ = VK_NULL_HANDLE;
@@ -1104,6 +1216,13 @@ class VulkanBackend final : public CpuBackend {
   VkCommandPool cmd_pool_ = VK_NULL_HANDLE;
   VkCommandBuffer cmd_ = VK_NULL_HANDLE;
   VkFence fence_ = VK_NULL_HANDLE;
+  VkQueryPool timestamps_ = VK_NULL_HANDLE;  // the start and end of each submission
+  uint32_t ts_bits_ = 0;
+  float ts_period_ns_ = 0;
+  // Device seconds of the submissions since the caller last cleared it; negative once one of
+  // them could not be timed (no timestamps, and the CPU worked while it ran).
+  mutable double device_s_ = 0;
+  mutable std::chrono::steady_clock::time_point submitted_at_;
   VkDescriptorSetLayout set_layout_ = VK_NULL_HANDLE;
   VkPipelineLayout layout_ = VK_NULL_HANDLE;
   VkDescriptorPool desc_pool_ = VK_NULL_HANDLE;
@@ -1127,6 +1246,7 @@ class VulkanBackend final : public CpuBackend {
   mutable std::vector<ExpertSlot> slots_;
   mutable std::map<std::tuple<uint64_t, uint32_t, uint32_t>, size_t> slot_index_;
   mutable uint64_t use_clock_ = 0;
+  mutable ExpertSplit split_{0, false};  // --cpu-experts
 };
 
 }  // namespace

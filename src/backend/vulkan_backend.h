@@ -58,6 +58,10 @@ struct GpuStats {
   uint64_t expert_slots = 0, expert_slot_bytes = 0;
   uint64_t expert_hits = 0, expert_misses = 0, expert_upload_bytes = 0;
   uint64_t expert_calls_on_host = 0;  // routed-FFN calls run on the CPU although slots were asked for
+  // --cpu-experts: misses the CPU computed from the host store's memory (not uploaded), and the
+  // split's per-expert costs as last measured (seconds; 0: not measured; expert_split.h).
+  uint64_t expert_on_cpu = 0;
+  double split_upload_s = 0, split_device_s = 0, split_cpu_s = 0;
   bool expert_slots_refused = false;  // slots were asked for but the device budget held none
 };
 
@@ -91,6 +95,10 @@ struct GpuOptions {
   // experts run on the CPU. Fewer are made when the device budget left after the dense weights
   // holds fewer (GpuStats::expert_slots).
   uint64_t expert_slots = 0;
+  // --cpu-experts F|auto: of each layer's slot misses, the share the CPU computes from host
+  // memory while the device runs the rest (expert_split.h); auto chooses it from measured costs.
+  double cpu_experts = 0;
+  bool cpu_experts_auto = false;
   uint64_t staging_bytes = 0;
   // Tests: the activation and output staging buffers hold at most this many bytes (0:
   // kGpuStagingBytes), so batches split and large calls run in token groups.

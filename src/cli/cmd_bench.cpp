@@ -540,7 +540,7 @@ int run_bench(const BenchOptions& o) {
   const GpuStats& gs = final_stats.gpu_stats;
   GpuCopyBandwidth gc;
   if (final_stats.gpu) gc = measure_gpu_copy(session.backend(), kGpuCopyBenchBytes, 5);
-  const uint64_t gpu_looks = gs.expert_hits + gs.expert_misses;
+  const uint64_t gpu_looks = gs.expert_hits + gs.expert_misses + gs.expert_on_cpu;
   const double gpu_hit = gpu_looks ? (double)gs.expert_hits / (double)gpu_looks : 0.0;
   if (o.json) {
     nlohmann::json j;
@@ -558,6 +558,7 @@ int run_bench(const BenchOptions& o) {
       j["gpu_expert_slots"] = gs.expert_slots;
       j["gpu_expert_hit_rate"] = gpu_hit;
       j["gpu_expert_upload_bytes"] = gs.expert_upload_bytes;
+      j["gpu_expert_on_cpu"] = gs.expert_on_cpu;
     }
     j["isa"] = std::string(isa_name(active_isa()));
     j["n_prompt"] = o.n_prompt;
@@ -663,7 +664,8 @@ int run_bench(const BenchOptions& o) {
                 gs.expert_slots ? ("in " + std::to_string(gs.expert_slots) + " device slots, hit rate " +
                                    std::to_string((int)std::lround(100 * gpu_hit)) + "% (" + std::to_string(gs.expert_hits) +
                                    "/" + std::to_string(gpu_looks) + "), " + format_bytes(gs.expert_upload_bytes) +
-                                   " copied in (all runs)")
+                                   " copied in, " + std::to_string(gs.expert_on_cpu) +
+                                   " misses computed on the CPU (all runs)")
                                       .c_str()
                                 : "on the CPU");
   }

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -256,6 +257,11 @@ void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
                   "with --backend vulkan: routed-expert slots on the device (each one expert's gate, up and down, "
                   "out of --gpu-mem after the dense weights); the routed FFN then runs on the device, an expert "
                   "read from the host store only when it has no slot (default 0: routed experts on the CPU)");
+  sub->add_option("--cpu-experts", o.cpu_experts,
+                  "with --gpu-experts: the share (0 to 1) of each layer's slot misses the CPU computes from host "
+                  "memory while the device runs the rest, instead of uploading them; auto: the share that a cost "
+                  "model of measured upload, device and CPU times says finishes first (same results either way; "
+                  "default 0)");
   sub->add_option("--route-bias", o.route_bias,
                   "LOSSY, off by default: add D to the routing score of experts already in the cache, so near-ties "
                   "cost no read (mixing weights stay exact; `sluice bench --route-bias D` measures what it buys and "
@@ -330,6 +336,17 @@ SessionOptions session_options(const EngineCliOptions& e, const std::string& mod
   so.gpu_experts = e.gpu_experts;
   if ((e.gpu_mem != "auto" || e.device != 0 || e.gpu_experts != 0) && e.backend != "vulkan")
     throw UsageError("--device, --gpu-mem and --gpu-experts need --backend vulkan");
+  if (!e.cpu_experts.empty()) {
+    if (e.gpu_experts == 0) throw UsageError("--cpu-experts needs --gpu-experts (without slots every routed expert runs on the CPU)");
+    if (e.cpu_experts == "auto") {
+      so.cpu_experts_auto = true;
+    } else {
+      char* end = nullptr;
+      so.cpu_experts = std::strtod(e.cpu_experts.c_str(), &end);
+      if (end == e.cpu_experts.c_str() || *end != '\0' || !(so.cpu_experts >= 0.0 && so.cpu_experts <= 1.0))
+        throw UsageError("--cpu-experts must be a share from 0 to 1, or auto (got '" + e.cpu_experts + "')");
+    }
+  }
   if (!e.no_dspark) so.dspark_path = e.dspark;
   if (!(e.dspark_conf >= 0.0f && e.dspark_conf <= 1.0f)) throw UsageError("--dspark-conf must be in [0, 1]");
   if (e.draft_max < 2 || e.draft_max > 16) throw UsageError("--draft-max must be in 2..16 (the drafter's block bounds it further)");
@@ -416,7 +433,7 @@ std::string session_summary(const Session& s, uint64_t tokens_evaluated) {
                   (unsigned long long)g.linear_on_host);
     out += buf;
     // The expert tiers: device slots, then the host store (the expert cache figures above).
-    const uint64_t looks = g.expert_hits + g.expert_misses;
+    const uint64_t looks = g.expert_hits + g.expert_misses + g.expert_on_cpu;
     if (g.expert_slots) {
       std::snprintf(buf, sizeof buf,
                     "; routed experts on the device: %llu slots of %s, hit rate %.1f%% (%llu/%llu), %s copied in",
@@ -424,6 +441,14 @@ std::string session_summary(const Session& s, uint64_t tokens_evaluated) {
                     looks ? 100.0 * (double)g.expert_hits / (double)looks : 0.0, (unsigned long long)g.expert_hits,
                     (unsigned long long)looks, format_bytes(g.expert_upload_bytes).c_str());
       out += buf;
+      if (g.expert_on_cpu) {
+        std::snprintf(buf, sizeof buf,
+                      "; %llu misses computed on the CPU from host memory (--cpu-experts; per expert: upload %.2f ms, "
+                      "device %.2f ms, CPU %.2f ms)",
+                      (unsigned long long)g.expert_on_cpu, 1e3 * g.split_upload_s, 1e3 * g.split_device_s,
+                      1e3 * g.split_cpu_s);
+        out += buf;
+      }
       if (g.expert_calls_on_host) out += "; " + std::to_string(g.expert_calls_on_host) + " routed calls on the CPU (experts larger than a slot)";
     } else {
       out += g.expert_slots_refused ? "; routed experts on the CPU (--gpu-experts: the device budget left no room for a slot)"

@@ -55,6 +55,7 @@ class ResidentExperts final : public ExpertSource {
   std::vector<std::vector<int32_t>> index;
   // Throws Error for an expert that was not loaded.
   ExpertWeights get(uint32_t layer, uint32_t expert) const override;
+  bool holds_union() const override { return true; }
 };
 
 class Model {

@@ -37,6 +37,8 @@ class StreamedExperts final : public ExpertSource {
   // hinting more than a layer's share would evict guesses before they are used and read them twice.
   void hint(uint32_t layer, std::span<const uint32_t> experts) const override;
   std::vector<uint32_t> cached(uint32_t layer) const override { return store_.held(layer); }
+  // The last prepare()'s union was leased at once (one window).
+  bool holds_union() const override { return window_ >= order_.size(); }
   void release() const { lease_.release(); }
   storage::ExpertStore& store() const { return store_; }
   // The window size prepare() chose for the last layer (its union's size when it fit at once).

@@ -621,6 +621,8 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
     const uint64_t stages = opt.dspark_path.empty() ? 0 : DsparkConfig{}.stages;
     go.expert_slots = std::min<uint64_t>(opt.gpu_experts, (cfg.num_hidden_layers + stages) * (uint64_t)cfg.n_routed_experts);
     s.gpu_slots = go.expert_slots;
+    go.cpu_experts = opt.cpu_experts;
+    go.cpu_experts_auto = opt.cpu_experts_auto;
     s.backend = make_vulkan_backend(go);
   } else if (opt.backend != "cpu") {
     throw Error("unknown backend '" + opt.backend + "' (cpu or vulkan)");

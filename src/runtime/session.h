@@ -69,6 +69,9 @@ struct SessionOptions {
   uint32_t gpu_device = 0;
   uint64_t gpu_mem = 0;  // --gpu-mem: the device's weight budget (GpuOptions::weight_budget; 0: auto)
   uint64_t gpu_experts = 0;  // --gpu-experts: routed-expert slots on the device (GpuOptions::expert_slots)
+  // --cpu-experts F|auto: the CPU's share of the slot misses (GpuOptions::cpu_experts, _auto).
+  double cpu_experts = 0;
+  bool cpu_experts_auto = false;
   // Prefix checkpoints: one each time the sequence passes a multiple of checkpoint_interval
   // tokens (at the end of the prefill chunk or decode step that passes it; 0: none) and two at
   // the end of each prompt's prefill: before its last token and after it (with that prompt's

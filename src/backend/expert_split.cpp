@@ -1,0 +1,50 @@
+#include "backend/expert_split.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+namespace sluice {
+
+size_t ExpertSplit::cpu_count(size_t hits, size_t misses) {
+  if (misses == 0) return 0;
+  if (!auto_) {
+    carry_ += share_ * (double)misses;
+    const size_t k = std::min(misses, (size_t)std::floor(carry_ + 1e-9));
+    carry_ = std::max(0.0, carry_ - (double)k);
+    return k;
+  }
+  if (costs_.cpu == 0) return (misses + 1) / 2;  // measure the CPU (at least one expert)
+  if (costs_.device == 0) return misses / 2;     // and the device (at least one when m > 1)
+  return best_k(costs_, hits, misses);
+}
+
+size_t ExpertSplit::best_k(const ExpertSplitCosts& c, size_t hits, size_t misses) {
+  size_t best = 0;
+  double best_t = 0;
+  for (size_t k = 0; k <= misses; ++k) {
+    const double t = c.upload * (double)(misses - k) + std::max(c.device * (double)(hits + misses - k), c.cpu * (double)k);
+    if (k == 0 || t < best_t) {
+      best = k;
+      best_t = t;
+    }
+  }
+  return best;
+}
+
+std::vector<uint32_t> ExpertSplit::pick(std::span<const ExpertTriple> triples, std::span<const uint32_t> misses,
+                                        size_t k) {
+  std::map<uint32_t, size_t> tokens;
+  for (const uint32_t e : misses) tokens[e] = 0;
+  for (const ExpertTriple& t : triples)
+    if (auto it = tokens.find(t.expert); it != tokens.end()) ++it->second;
+  std::vector<std::pair<size_t, uint32_t>> order;
+  for (const auto& [e, n] : tokens) order.push_back({n, e});
+  std::sort(order.begin(), order.end());
+  std::vector<uint32_t> out;
+  for (size_t i = 0; i < std::min(k, order.size()); ++i) out.push_back(order[i].second);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace sluice
