@@ -641,6 +641,22 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
         << (automatic ? "auto" : "1/3") << ": logits differ";
     EXPECT_GT(sg.expert_on_cpu, 0u);
     EXPECT_GT(sg.expert_misses, 0u);
+    // The per-layer figures (run --expert-stats) add up to the totals, over every routed layer.
+    GpuLayerStats sum;
+    size_t layers_seen = 0;
+    for (const GpuLayerStats& l : sg.expert_layers) {
+      sum.hits += l.hits;
+      sum.misses += l.misses;
+      sum.on_cpu += l.on_cpu;
+      sum.upload_bytes += l.upload_bytes;
+      layers_seen += l.hits + l.misses + l.on_cpu > 0;
+    }
+    EXPECT_EQ(sum.hits, sg.expert_hits);
+    EXPECT_EQ(sum.misses, sg.expert_misses);
+    EXPECT_EQ(sum.on_cpu, sg.expert_on_cpu);
+    EXPECT_EQ(sum.upload_bytes, sg.expert_upload_bytes);
+    EXPECT_GT(layers_seen, 1u);
+    EXPECT_EQ(layers_seen, sg.expert_layers.size()) << "a routed layer has no slot-tier figures";
     server::MetricsInput in;
     in.loaded = true;
     in.session = ss;
@@ -814,6 +830,15 @@ TEST(Vulkan, CommandLine) {
   EXPECT_EQ(half.rc, 0) << half.err;
   EXPECT_EQ(half.out, c.out);
   EXPECT_NE(half.err.find("misses computed on the CPU from host memory (--cpu-experts"), std::string::npos) << half.err;
+  // --expert-stats: the slot tier per layer above the host store's table.
+  const test::CmdResult table = test::run_sluice(
+      dir, "run -m " + test::q(model) +
+               " --tokens 5,6,7 -n 4 --backend vulkan --gpu-experts 4 --cpu-experts 0.5 --expert-stats");
+  EXPECT_EQ(table.rc, 0) << table.err;
+  EXPECT_NE(table.err.find("device slots: 4 of "), std::string::npos) << table.err;
+  EXPECT_NE(table.err.find("  layer slot hits   uploads    on CPU   MiB up  upload ms\n      0 "), std::string::npos)
+      << table.err;
+  EXPECT_LT(table.err.find("device slots: 4 of "), table.err.find("layer  requests")) << table.err;
   for (const char* bad_share : {"--gpu-experts 4 --cpu-experts 1.5", "--gpu-experts 4 --cpu-experts half",
                                 "--cpu-experts 0.5"}) {
     const test::CmdResult r = test::run_sluice(

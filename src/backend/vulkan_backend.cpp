@@ -517,6 +517,8 @@ class VulkanBackend final : public CpuBackend {
     // group) or than a submission's descriptor sets allow: two round trips per group.
     const ExpertGrouping grouping{std::max<size_t>(1, std::min<size_t>(slots_.size(), kSets / 2)),
                                   std::min<uint64_t>(kGpuExpertGroupBytes, io_limit_ / 2)};
+    if (st_.expert_layers.size() <= layer) st_.expert_layers.resize(layer + 1);
+    GpuLayerStats& ls = st_.expert_layers[layer];
     struct Handle {
       ExpertSlot* slot = nullptr;  // null: the CPU runs it from `host`
       ExpertWeights host{};
@@ -565,17 +567,24 @@ class VulkanBackend final : public CpuBackend {
             h.host = src.get(layer, e);
             h.ends_group = ends_group;
             ++st_.expert_on_cpu;
+            ++ls.on_cpu;
             ++n_cpu;
             return h;
           }
           h.slot = find_slot(src.id, layer, e);
           if (h.slot) {
             ++st_.expert_hits;
+            ++ls.hits;
           } else {
             const auto t0 = clock::now();
+            const uint64_t b0 = st_.expert_upload_bytes;
             h.slot = place(src.id, layer, e, src.get(layer, e), t);
-            split_.upload_took(std::chrono::duration<double>(clock::now() - t0).count(), 1);
+            const auto took = clock::now() - t0;
+            split_.upload_took(std::chrono::duration<double>(took).count(), 1);
             ++st_.expert_misses;
+            ++ls.misses;
+            ls.upload_bytes += st_.expert_upload_bytes - b0;
+            ls.upload_ns += (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(took).count();
           }
           slot_used(*h.slot);
           ++n_dev;

@@ -35,6 +35,13 @@ struct GpuDevice {
 };
 
 // What ran where, for summaries and tests.
+// The routed-expert slot tier of one layer (by layer index; a drafter's stages count under theirs).
+struct GpuLayerStats {
+  uint64_t hits = 0, misses = 0, on_cpu = 0;  // as GpuStats' expert_hits, expert_misses, expert_on_cpu
+  uint64_t upload_bytes = 0;
+  uint64_t upload_ns = 0;  // time the misses took to copy in (the host waits for it)
+};
+
 struct GpuStats {
   uint64_t weights_on_device = 0, bytes_on_device = 0;
   uint64_t weights_on_host = 0;  // weights linear() runs on the CPU (type without a shader, or too large)
@@ -62,6 +69,7 @@ struct GpuStats {
   // split's per-expert costs as last measured (seconds; 0: not measured; expert_split.h).
   uint64_t expert_on_cpu = 0;
   double split_upload_s = 0, split_device_s = 0, split_cpu_s = 0;
+  std::vector<GpuLayerStats> expert_layers;  // the slot tier per layer (run --expert-stats)
   bool expert_slots_refused = false;  // slots were asked for but the device budget held none
 };
 

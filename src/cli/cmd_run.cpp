@@ -479,9 +479,26 @@ std::string session_summary(const Session& s, uint64_t tokens_evaluated) {
   return out;
 }
 
+// The device's slot tier per layer (--gpu-experts), above the host store's table.
+std::string device_tier_table(const GpuStats& g) {
+  std::string out = "device slots: " + std::to_string(g.expert_slots) + " of " + format_bytes(g.expert_slot_bytes) +
+                    " (--gpu-experts)\n  layer slot hits   uploads    on CPU   MiB up  upload ms\n";
+  for (size_t L = 0; L < g.expert_layers.size(); ++L) {
+    const GpuLayerStats& l = g.expert_layers[L];
+    if (l.hits + l.misses + l.on_cpu == 0) continue;
+    char line[160];
+    std::snprintf(line, sizeof line, "  %5zu %9llu %9llu %9llu %8.1f %10.1f\n", L, (unsigned long long)l.hits,
+                  (unsigned long long)l.misses, (unsigned long long)l.on_cpu, (double)l.upload_bytes / (1 << 20),
+                  (double)l.upload_ns / 1e6);
+    out += line;
+  }
+  return out;
+}
+
 std::string expert_stats_table(const SessionStats& st) {
-  if (!st.streaming) return "expert store: not used (--resident-experts)\n";
-  std::string out = st.store.summary();
+  const std::string tier = st.gpu && st.gpu_stats.expert_slots ? device_tier_table(st.gpu_stats) : std::string();
+  if (!st.streaming) return tier + "expert store: not used (--resident-experts)\n";
+  std::string out = tier + st.store.summary();
   out += "  layer  requests      hits    misses   joined  prefetch     wasted   MiB read   stall ms  p99 us\n";
   for (size_t L = 0; L < st.store.layers.size(); ++L) {
     const storage::LayerStats& l = st.store.layers[L];
