@@ -49,6 +49,20 @@ TEST(ExpertSplit, AutoMeasuresBothSidesThenMinimisesTheModel) {
   s.cpu_took(0.004, 1);  // a quarter of the way to 4 ms
   EXPECT_DOUBLE_EQ(s.costs().cpu, 0.75 * 0.002 + 0.25 * 0.004);
 
+  // A side the model leaves idle is measured again every kRemeasureEvery decided calls.
+  ExpertSplit cpu_wins(0, true), device_wins(0, true);
+  for (ExpertSplit* x : {&cpu_wins, &device_wins}) {
+    x->cpu_took(x == &cpu_wins ? 0.001 : 1.0, 1);
+    x->device_took(1e-6, 1);
+    x->upload_took(x == &cpu_wins ? 1.0 : 0.0, 1);
+  }
+  // decided calls so far: none (the ones above were measuring calls of another split)
+  for (uint64_t call = 1; call <= 2 * ExpertSplit::kRemeasureEvery; ++call) {
+    const bool again = call % ExpertSplit::kRemeasureEvery == 0;
+    EXPECT_EQ(cpu_wins.cpu_count(0, 3), again ? 2u : 3u) << call;
+    EXPECT_EQ(device_wins.cpu_count(0, 3), again ? 1u : 0u) << call;
+  }
+
   // best_k against every k of the written-out model, on a grid of costs.
   for (const double up : {0.0, 0.2, 1.0, 5.0})
     for (const double dev : {0.1, 0.5, 2.0})

@@ -16,7 +16,14 @@ size_t ExpertSplit::cpu_count(size_t hits, size_t misses) {
   }
   if (costs_.cpu == 0) return (misses + 1) / 2;  // measure the CPU (at least one expert)
   if (costs_.device == 0) return misses / 2;     // and the device (at least one when m > 1)
-  return best_k(costs_, hits, misses);
+  size_t k = best_k(costs_, hits, misses);
+  // A side the model keeps idle is measured again now and then, or one slow first figure (a
+  // cold start) would decide for the rest of the run.
+  if (++decided_ % kRemeasureEvery == 0) {
+    if (k == misses && hits == 0) k = misses - 1;
+    else if (k == 0) k = 1;
+  }
+  return k;
 }
 
 size_t ExpertSplit::best_k(const ExpertSplitCosts& c, size_t hits, size_t misses) {

@@ -10,7 +10,8 @@
 // first and the CPU's projections overlap the device's, so a call with h slot hits and m misses
 // of which k run on the CPU takes about U (m - k) + max(D (h + m - k), C k); auto takes the k that
 // minimises it (the smallest of equals: an expert uploaded now may be a hit later). Until the CPU
-// and the device each have a measurement, it splits the misses in half to get them.
+// and the device each have a measurement, it splits the misses in half to get them, and every
+// kRemeasureEvery calls a side the model leaves idle gets one expert, to be measured again.
 #pragma once
 #include <cstdint>
 #include <span>
@@ -44,6 +45,8 @@ class ExpertSplit {
   const ExpertSplitCosts& costs() const { return costs_; }
   // The cost model's k for (h, m) with these costs (auto after both sides were measured).
   static size_t best_k(const ExpertSplitCosts& c, size_t hits, size_t misses);
+  // auto: every this many decided calls, a side the model would leave idle gets one expert.
+  static constexpr uint64_t kRemeasureEvery = 64;
 
  private:
   static void blend(double& v, double s, size_t n) {
@@ -54,6 +57,7 @@ class ExpertSplit {
   double share_ = 0;
   bool auto_ = false;
   double carry_ = 0;  // fixed share: the fraction of an expert owed to the CPU
+  uint64_t decided_ = 0;  // auto: calls the cost model decided
   ExpertSplitCosts costs_;
 };
 
