@@ -708,20 +708,28 @@ TEST(Vulkan, AFailedDispatchLeavesTheSequenceAsItWas) {
   // Without expert slots; and with a slot for every expert, filled through the staging copy, so
   // the failure strikes an expert's upload into a slot, which must leave that slot empty (a
   // slot named before its bytes are all there would be found by the retry).
-  for (const bool slots : {false, true}) {
-    SCOPED_TRACE(slots ? "expert slots, staged uploads" : "no expert slots");
+  // Third: half the slot misses on the CPU, the failure striking a submission the CPU's experts
+  // ran beside.
+  for (const int mode : {0, 1, 2}) {
+    const bool slots = mode == 1;
+    SCOPED_TRACE(mode == 0 ? "no expert slots" : slots ? "expert slots, staged uploads" : "expert slots, --cpu-experts 0.5");
     // Fail the submission (with slots: the upload) at which this counts down to 1.
     std::atomic<int> armed{0};
     GpuOptions go;
     go.threads = 2;
-    go.fault = [&armed, slots](const char* what) {
+    go.fault = [&armed, slots, mode](const char* what) {
       if (slots && std::string(what) != "uploading a weight") return false;
+      if (mode == 2 && std::string(what) != "a batch of linear dispatches beside the CPU's experts") return false;
       return armed.load() > 0 && armed.fetch_sub(1) == 1;
     };
     if (slots) {
       go.expert_slots = 1000;
       go.force_staging = true;
       go.staging_bytes = 1000;  // an expert's slices go up in many copies: a failure stops one midway
+    }
+    if (mode == 2) {
+      go.expert_slots = 1000;
+      go.cpu_experts = 0.5;
     }
     const std::unique_ptr<Backend> gpu = make_vulkan_backend(go);
     LoadOptions lo;
@@ -739,7 +747,7 @@ TEST(Vulkan, AFailedDispatchLeavesTheSequenceAsItWas) {
     SequenceState s = eng.new_sequence();
     eng.eval(s, p1, nullptr);
     const uint32_t before = s.position();
-    armed = slots ? 40 : 150;  // well into the second chunk of p2; the 40th upload copy
+    armed = mode == 0 ? 150 : mode == 1 ? 40 : 6;  // into p2's second chunk; the 40th upload copy
     std::vector<float> got(p2.size() * V);
     std::string err;
     try {
@@ -754,6 +762,9 @@ TEST(Vulkan, AFailedDispatchLeavesTheSequenceAsItWas) {
     EXPECT_NE(err.find("device lost"), std::string::npos) << err;
     EXPECT_NE(err.find("llvmpipe"), std::string::npos) << err;
     EXPECT_EQ(s.position(), before) << "the failed eval moved the sequence";
+    if (mode == 2) {
+      EXPECT_NE(err.find("beside the CPU's experts"), std::string::npos) << err;
+    }
     armed = 0;
     eng.eval(s, p2, got.data());
     const std::unique_ptr<Model> cm = load_model(path);

@@ -1102,7 +1102,9 @@ class VulkanBackend final : public CpuBackend {
       }
     }
     vkUpdateDescriptorSets(dev_, (uint32_t)wr.size(), wr.data(), 0, nullptr);
-    const char* what = ds.size() == 1 ? "a linear dispatch" : "a batch of linear dispatches";
+    const char* what = meanwhile             ? "a batch of linear dispatches beside the CPU's experts"
+                       : ds.size() == 1 ? "a linear dispatch"
+                                        : "a batch of linear dispatches";
     begin_submit(
         [&] {
           for (size_t d = 0; d < ds.size(); ++d) {
