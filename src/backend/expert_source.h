@@ -48,8 +48,9 @@ class ExpertSource {
   }
 
   // True when every pointer get() hands out after a prepare() stays valid until the next
-  // prepare() (the source holds the whole union at once). A windowed source's pointers die when
-  // it moves on, so a caller that keeps one expert's bytes while asking for the next must know.
+  // prepare() and get() may be asked in any order (the source holds the whole union at once). A
+  // windowed source's pointers die when it moves on, so a caller that keeps one expert's bytes
+  // while asking for the next, or asks for a later expert first, must know.
   virtual bool holds_union() const { return false; }
 
   // Distinct for every source this process makes (a new one at a freed one's address too), so a

@@ -508,6 +508,19 @@ class VulkanBackend final : public CpuBackend {
     const std::vector<uint32_t> on_cpu =
         split_.active() ? ExpertSplit::pick(triples, missing, split_.cpu_count(used.size() - missing.size(), missing.size()))
                         : std::vector<uint32_t>{};
+    // Copies ahead: where the slots are mapped (an integrated GPU, a card with resizable BAR, a
+    // CPU device) a copy into a slot is the host's memcpy, so while the device runs a group the
+    // host copies in the next group's misses. Only when every expert of the call has a slot (a
+    // copy ahead then evicts nothing the call still needs, and nothing a submitted command reads:
+    // this call's slots are the most recently used) and the source holds its union (asking for a
+    // later expert first must not move it on).
+    std::vector<uint32_t> ahead;  // misses the device will run, ascending; copied in early or at their turn
+    if (slots_.size() >= used.size() && src.holds_union() &&
+        std::all_of(slabs_.begin(), slabs_.end(), [](const Buffer& b) { return b.map != nullptr; }))
+      for (const uint32_t e : missing)
+        if (!std::binary_search(on_cpu.begin(), on_cpu.end(), e)) ahead.push_back(e);
+    size_t ahead_next = 0;          // ahead[ahead_next..] are not in a slot yet
+    std::vector<uint32_t> early;    // copied in ahead of their turn (ascending)
     if (used.size() > slots_.size()) missing = used;
     if (!missing.empty()) src.prepare(layer, missing);
     // A CPU expert keeps the source's pointers until its group is done: where a windowed source
@@ -529,6 +542,26 @@ class VulkanBackend final : public CpuBackend {
     std::vector<LinearItem> items;
     double cpu_s = 0;  // the group's CPU experts, both phases
     size_t n_cpu = 0, n_dev = 0;
+    // Copies expert e into a slot (a miss), counted for its layer and the split's cost model.
+    auto copy_in = [&](uint32_t e) {
+      const auto t0 = clock::now();
+      const uint64_t b0 = st_.expert_upload_bytes;
+      ExpertSlot* sl = place(src.id, layer, e, src.get(layer, e), t);
+      slot_used(*sl);
+      const auto took = clock::now() - t0;
+      split_.upload_took(std::chrono::duration<double>(took).count(), 1);
+      ls.upload_bytes += st_.expert_upload_bytes - b0;
+      ls.upload_ns += (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(took).count();
+      return sl;
+    };
+    // While the device runs a group: the next group's worth of misses copied in.
+    auto copy_ahead = [&] {
+      for (size_t k = 0; k < grouping.max_experts && ahead_next < ahead.size(); ++k, ++ahead_next) {
+        copy_in(ahead[ahead_next]);
+        early.push_back(ahead[ahead_next]);
+        ++st_.expert_uploads_ahead;
+      }
+    };
     // One phase of a group: the device's projections submitted, the CPU's computed meanwhile.
     auto phase = [&](std::span<Job> jobs, bool down) {
       items.clear();
@@ -542,22 +575,26 @@ class VulkanBackend final : public CpuBackend {
             items.push_back({slot_part(*j.h.slot, p, pipes[p], kinds[p]), parts[p], j.acts[p], j.strides[p], j.y[p],
                              parts[p]->rows});
       }
-      std::function<void()> cpu_part;
-      if (items.size() < (down ? 1 : 2) * jobs.size())
-        cpu_part = [&] {
-          const auto t0 = clock::now();
-          for (const Job& j : jobs) {
-            if (j.h.slot) continue;
-            if (down) {
-              expert_projection(*parts[2], j.h.host.down, j.down_acts, j.down_y);
-            } else {
-              expert_projection(*parts[0], j.h.host.gate, j.acts[0], j.y[0]);
-              expert_projection(*parts[1], j.h.host.up, j.acts[1], j.y[1]);
+      std::function<void()> meanwhile;
+      const bool cpu_jobs = items.size() < (down ? 1 : 2) * jobs.size();
+      if (cpu_jobs || (!down && ahead_next < ahead.size()))
+        meanwhile = [&, cpu_jobs, down] {
+          if (cpu_jobs) {
+            const auto t0 = clock::now();
+            for (const Job& j : jobs) {
+              if (j.h.slot) continue;
+              if (down) {
+                expert_projection(*parts[2], j.h.host.down, j.down_acts, j.down_y);
+              } else {
+                expert_projection(*parts[0], j.h.host.gate, j.acts[0], j.y[0]);
+                expert_projection(*parts[1], j.h.host.up, j.acts[1], j.y[1]);
+              }
             }
+            cpu_s += std::chrono::duration<double>(clock::now() - t0).count();
           }
-          cpu_s += std::chrono::duration<double>(clock::now() - t0).count();
+          if (!down) copy_ahead();
         };
-      device_linears(items, std::move(cpu_part));
+      device_linears(items, std::move(meanwhile));
     };
     sluice::routed_terms(
         t, triples, limit, x, grouping,
@@ -572,20 +609,17 @@ class VulkanBackend final : public CpuBackend {
             return h;
           }
           h.slot = find_slot(src.id, layer, e);
-          if (h.slot) {
+          const bool copied_early = std::binary_search(early.begin(), early.end(), e);
+          if (h.slot && !copied_early) {
             ++st_.expert_hits;
             ++ls.hits;
           } else {
-            const auto t0 = clock::now();
-            const uint64_t b0 = st_.expert_upload_bytes;
-            h.slot = place(src.id, layer, e, src.get(layer, e), t);
-            const auto took = clock::now() - t0;
-            split_.upload_took(std::chrono::duration<double>(took).count(), 1);
+            if (!h.slot) h.slot = copy_in(e);
             ++st_.expert_misses;
             ++ls.misses;
-            ls.upload_bytes += st_.expert_upload_bytes - b0;
-            ls.upload_ns += (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(took).count();
           }
+          // Its turn has come: no copy ahead of it is left to make.
+          while (ahead_next < ahead.size() && ahead[ahead_next] <= e) ++ahead_next;
           slot_used(*h.slot);
           ++n_dev;
           return h;

@@ -64,6 +64,7 @@ struct GpuStats {
   // copied it in from the host store, the bytes copied; experts that ran on the CPU instead.
   uint64_t expert_slots = 0, expert_slot_bytes = 0;
   uint64_t expert_hits = 0, expert_misses = 0, expert_upload_bytes = 0;
+  uint64_t expert_uploads_ahead = 0;  // misses copied into mapped slots while the device ran the group before
   uint64_t expert_calls_on_host = 0;  // routed-FFN calls run on the CPU although slots were asked for
   // --cpu-experts: misses the CPU computed from the host store's memory (not uploaded), and the
   // split's per-expert costs as last measured (seconds; 0: not measured; expert_split.h).

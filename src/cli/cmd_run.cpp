@@ -441,6 +441,8 @@ std::string session_summary(const Session& s, uint64_t tokens_evaluated) {
                     looks ? 100.0 * (double)g.expert_hits / (double)looks : 0.0, (unsigned long long)g.expert_hits,
                     (unsigned long long)looks, format_bytes(g.expert_upload_bytes).c_str());
       out += buf;
+      if (g.expert_uploads_ahead)
+        out += " (" + std::to_string(g.expert_uploads_ahead) + " experts while the device ran the group before)";
       if (g.expert_on_cpu) {
         std::snprintf(buf, sizeof buf,
                       "; %llu misses computed on the CPU from host memory (--cpu-experts; per expert: upload %.2f ms, "

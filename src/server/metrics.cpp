@@ -228,6 +228,9 @@ std::string render_metrics(const MetricsInput& in) {
           (double)g.expert_misses);
     w.one("sluice_gpu_expert_upload_bytes_total", "counter", "Bytes of experts copied into device slots.",
           (double)g.expert_upload_bytes);
+    w.one("sluice_gpu_expert_uploads_ahead_total", "counter",
+          "Routed experts copied into mapped slots while the device ran the group before.",
+          (double)g.expert_uploads_ahead);
     w.one("sluice_gpu_expert_cpu_total", "counter",
           "Routed-expert lookups without a slot computed by the CPU from host memory (--cpu-experts).",
           (double)g.expert_on_cpu);
