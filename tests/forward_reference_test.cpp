@@ -529,6 +529,10 @@ TEST(ForwardReference, MimicMatchesEnginePastOriginalContextAndCandidatePool) {
 // Exact reference (unquantized activations), each position compared from the same history:
 // where the discrete choices agree, the logits differ by the activation quantization error.
 TEST(ForwardReference, ExactWithinQuantizationBound) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "reference runs in f64 loops: checked in the optimized build "
+                  "(MimicMatchesEngine runs under the sanitizer)";
+#endif
   for (const char* which : {"tiny", "tiny-alt"}) {
     SCOPED_TRACE(which);
     const Figures f = compare_with_engine(which, false, true, kPromptLength);
@@ -541,6 +545,10 @@ TEST(ForwardReference, ExactWithinQuantizationBound) {
 // figures for docs/numerics.md. Once a choice differs the two sequences follow different
 // histories, so only the prefix before it is bounded.
 TEST(ForwardReference, FreeRunningFigures) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "figures for docs/numerics.md from long reference runs: checked in the "
+                  "optimized build";
+#endif
   for (const char* which : {"tiny", "tiny-alt"})
     for (const bool mimic : {true, false}) {
       SCOPED_TRACE(std::string(which) + (mimic ? " mimic" : " exact"));
