@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 
 namespace sluice {
 
@@ -41,15 +40,19 @@ size_t ExpertSplit::best_k(const ExpertSplitCosts& c, size_t hits, size_t misses
 
 std::vector<uint32_t> ExpertSplit::pick(std::span<const ExpertTriple> triples, std::span<const uint32_t> misses,
                                         size_t k) {
-  std::map<uint32_t, size_t> tokens;
-  for (const uint32_t e : misses) tokens[e] = 0;
-  for (const ExpertTriple& t : triples)
-    if (auto it = tokens.find(t.expert); it != tokens.end()) ++it->second;
-  std::vector<std::pair<size_t, uint32_t>> order;
-  for (const auto& [e, n] : tokens) order.push_back({n, e});
+  // The triples are sorted by expert (backend.h), so each miss's tokens are one run of them.
+  std::vector<std::pair<size_t, uint32_t>> order;  // (tokens, expert)
+  order.reserve(misses.size());
+  for (const uint32_t e : misses) {
+    const auto run = std::equal_range(triples.begin(), triples.end(), ExpertTriple{e, 0, 0},
+                                      [](const ExpertTriple& a, const ExpertTriple& b) { return a.expert < b.expert; });
+    order.push_back({(size_t)(run.second - run.first), e});
+  }
   std::sort(order.begin(), order.end());
+  order.resize(std::min(k, order.size()));
   std::vector<uint32_t> out;
-  for (size_t i = 0; i < std::min(k, order.size()); ++i) out.push_back(order[i].second);
+  out.reserve(order.size());
+  for (const auto& [n, e] : order) out.push_back(e);
   std::sort(out.begin(), out.end());
   return out;
 }

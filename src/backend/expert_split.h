@@ -33,7 +33,7 @@ class ExpertSplit {
 
   // How many of a call's m misses run on the CPU (h: its slot hits).
   size_t cpu_count(size_t hits, size_t misses);
-  // The k misses with the fewest tokens in `triples` (a projection over many tokens is the
+  // The k misses with the fewest tokens in `triples` (sorted by expert; a projection over many tokens is the
   // device's strength; one over a token or two is a read of the weights either way), ascending
   // expert ids on ties; returned ascending.
   static std::vector<uint32_t> pick(std::span<const ExpertTriple> triples, std::span<const uint32_t> misses, size_t k);

@@ -540,17 +540,15 @@ class VulkanBackend final : public CpuBackend {
     using Job = ExpertJob<Handle>;
     using clock = std::chrono::steady_clock;
     std::vector<LinearItem> items;
-    double cpu_s = 0;  // the group's CPU experts, both phases
+    double cpu_s = 0, dev_s = 0;  // the group's CPU experts and device submissions, both phases
     size_t n_cpu = 0, n_dev = 0;
     // Copies expert e into a slot (a miss), counted for its layer and the split's cost model.
     auto copy_in = [&](uint32_t e) {
       const auto t0 = clock::now();
-      const uint64_t b0 = st_.expert_upload_bytes;
-      ExpertSlot* sl = place(src.id, layer, e, src.get(layer, e), t);
+      ExpertSlot* sl = place(src.id, layer, e, src.get(layer, e), t, ls);
       slot_used(*sl);
       const auto took = clock::now() - t0;
       split_.upload_took(std::chrono::duration<double>(took).count(), 1);
-      ls.upload_bytes += st_.expert_upload_bytes - b0;
       ls.upload_ns += (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(took).count();
       return sl;
     };
@@ -561,6 +559,20 @@ class VulkanBackend final : public CpuBackend {
         early.push_back(ahead[ahead_next]);
         ++st_.expert_uploads_ahead;
       }
+    };
+    // A phase's experts without a slot, computed by the CPU from the source's bytes.
+    auto run_cpu_jobs = [&](std::span<const Job> jobs, bool down) {
+      const auto t0 = clock::now();
+      for (const Job& j : jobs) {
+        if (j.h.slot) continue;
+        if (down) {
+          expert_projection(*parts[2], j.h.host.down, j.down_acts, j.down_y);
+        } else {
+          expert_projection(*parts[0], j.h.host.gate, j.acts[0], j.y[0]);
+          expert_projection(*parts[1], j.h.host.up, j.acts[1], j.y[1]);
+        }
+      }
+      cpu_s += std::chrono::duration<double>(clock::now() - t0).count();
     };
     // One phase of a group: the device's projections submitted, the CPU's computed meanwhile.
     auto phase = [&](std::span<Job> jobs, bool down) {
@@ -579,22 +591,10 @@ class VulkanBackend final : public CpuBackend {
       const bool cpu_jobs = items.size() < (down ? 1 : 2) * jobs.size();
       if (cpu_jobs || (!down && ahead_next < ahead.size()))
         meanwhile = [&, cpu_jobs, down] {
-          if (cpu_jobs) {
-            const auto t0 = clock::now();
-            for (const Job& j : jobs) {
-              if (j.h.slot) continue;
-              if (down) {
-                expert_projection(*parts[2], j.h.host.down, j.down_acts, j.down_y);
-              } else {
-                expert_projection(*parts[0], j.h.host.gate, j.acts[0], j.y[0]);
-                expert_projection(*parts[1], j.h.host.up, j.acts[1], j.y[1]);
-              }
-            }
-            cpu_s += std::chrono::duration<double>(clock::now() - t0).count();
-          }
+          if (cpu_jobs) run_cpu_jobs(jobs, down);
           if (!down) copy_ahead();
         };
-      device_linears(items, std::move(meanwhile));
+      dev_s = add_seconds(dev_s, device_linears(items, std::move(meanwhile)));
     };
     sluice::routed_terms(
         t, triples, limit, x, grouping,
@@ -625,13 +625,12 @@ class VulkanBackend final : public CpuBackend {
           return h;
         },
         [&](std::span<Job> jobs) {
-          device_s_ = 0;
-          cpu_s = 0;
+          dev_s = cpu_s = 0;
           phase(jobs, false);
         },
         [&](std::span<Job> jobs) {
           phase(jobs, true);
-          if (n_dev) split_.device_took(device_s_, n_dev);
+          if (n_dev) split_.device_took(dev_s, n_dev);
           if (n_cpu) split_.cpu_took(cpu_s, n_cpu);
           n_dev = n_cpu = 0;
         },
@@ -940,22 +939,25 @@ class VulkanBackend final : public CpuBackend {
 
   // y[t * ldy + r] = row r (row0 + r of W's geometry) of the weight at `wt` dotted with the
   // activation row acts[t] (W.act() format, `stride` bytes), for r < rows; mu_ held. Tokens go
-  // in groups whose activations and outputs each fit the staging buffers.
-  void device_linear(const DeviceWeight& wt, const Weight& W, uint64_t row0, std::span<const uint8_t* const> acts,
+  // in groups whose activations and outputs each fit the staging buffers. Returns the device's
+  // seconds (finish_submit).
+  double device_linear(const DeviceWeight& wt, const Weight& W, uint64_t row0, std::span<const uint8_t* const> acts,
                      size_t stride, float* y, size_t ldy, size_t rows, bool round) const {
     const uint64_t limit = io_limit_;
     const uint64_t out_row = (uint64_t)rows * sizeof(float);
     const uint64_t per_group = std::max<uint64_t>(1, std::min(limit / out_row, limit / stride));
+    double s = 0;
     for (size_t t0 = 0; t0 < acts.size(); t0 += per_group) {
       const size_t n = (size_t)std::min<uint64_t>(per_group, acts.size() - t0);
       ensure(act_, (VkDeviceSize)n * stride);
       ensure(out_, (VkDeviceSize)n * out_row);
       for (size_t t = 0; t < n; ++t) std::memcpy(static_cast<uint8_t*>(act_.map) + t * stride, acts[t0 + t], stride);
       const Dispatch d{wt, 0, 0, 0, push_for(wt, W, row0, n, stride, rows, round), grid_x(rows), (uint32_t)n};
-      dispatch(std::span<const Dispatch>(&d, 1));
+      s = add_seconds(s, dispatch(std::span<const Dispatch>(&d, 1)));
       const float* out = static_cast<const float*>(out_.map);
       for (size_t t = 0; t < n; ++t) std::memcpy(y + (t0 + t) * ldy, out + t * rows, out_row);
     }
+    return s;
   }
 
   static Push push_for(const DeviceWeight& wt, const Weight& W, uint64_t row0, size_t n, size_t stride, size_t rows,
@@ -984,9 +986,11 @@ class VulkanBackend final : public CpuBackend {
   // submission's activations and outputs side by side (binding offsets aligned); an item reading
   // the same rows as the one before it (an expert's up after its gate) stages them once. An item
   // too large to share a submission runs alone in token groups (device_linear); mu_ held.
-  // `meanwhile` (host work) runs once, while the first submission is on the device.
-  void device_linears(std::span<const LinearItem> items, std::function<void()> meanwhile = {}) const {
+  // `meanwhile` (host work) runs once, while the first submission is on the device. Returns the
+  // device's seconds (finish_submit).
+  double device_linears(std::span<const LinearItem> items, std::function<void()> meanwhile = {}) const {
     const uint64_t limit = io_limit_;
+    double s = 0;
     std::vector<Dispatch> ds;
     for (size_t i = 0; i < items.size();) {
       ds.clear();
@@ -1008,7 +1012,7 @@ class VulkanBackend final : public CpuBackend {
       if (k == i) {  // alone, in token groups
         if (meanwhile) std::exchange(meanwhile, nullptr)();
         const LinearItem& it = items[i];
-        device_linear(it.wt, *it.W, 0, it.acts, it.stride, it.y, it.rows, it.rows, true);
+        s = add_seconds(s, device_linear(it.wt, *it.W, 0, it.acts, it.stride, it.y, it.rows, it.rows, true));
         ++i;
         continue;
       }
@@ -1020,12 +1024,13 @@ class VulkanBackend final : public CpuBackend {
         if (d > 0 && ds[d].act_off == ds[d - 1].act_off) continue;
         for (size_t t = 0; t < it.acts.size(); ++t) std::memcpy(a + ds[d].act_off + t * it.stride, it.acts[t], it.stride);
       }
-      dispatch(ds, std::exchange(meanwhile, nullptr));
+      s = add_seconds(s, dispatch(ds, std::exchange(meanwhile, nullptr)));
       const uint8_t* out = static_cast<const uint8_t*>(out_.map);
       for (size_t d = 0; d < ds.size(); ++d) std::memcpy(items[i + d].y, out + ds[d].out_off, ds[d].out_bytes);
       i = k;
     }
     if (meanwhile) meanwhile();
+    return s;
   }
 
   // The slots' geometry from the first layer's experts (mu_ held): each part aligned for a
@@ -1075,8 +1080,9 @@ class VulkanBackend final : public CpuBackend {
   void slot_used(ExpertSlot& sl) const { sl.last_use = ++use_clock_; }
 
   // Copies an expert's three slices into the least recently used slot (an empty one first).
-  ExpertSlot* place(uint64_t source, uint32_t layer, uint32_t expert, const ExpertWeights& ew,
-                          ExpertTensors t) const {
+  // Its bytes are counted in the totals and in its layer's `ls`.
+  ExpertSlot* place(uint64_t source, uint32_t layer, uint32_t expert, const ExpertWeights& ew, ExpertTensors t,
+                    GpuLayerStats& ls) const {
     size_t victim = 0;
     for (size_t i = 1; i < slots_.size(); ++i)
       if (slots_[i].last_use < slots_[victim].last_use) victim = i;
@@ -1089,6 +1095,7 @@ class VulkanBackend final : public CpuBackend {
       const uint64_t bytes = w[i]->rows * w[i]->row_bytes;
       upload(slabs_[sl.slab], sl.offset + part_off_[i], src[i], bytes);
       st_.expert_upload_bytes += bytes;
+      ls.upload_bytes += bytes;
     }
     sl.source = source;
     sl.layer = layer;
@@ -1114,8 +1121,9 @@ class VulkanBackend final : public CpuBackend {
 
   // Up to kSets dispatches, independent of each other (none reads what another writes), in one
   // submission, each with its own descriptor set; mu_ held. `meanwhile` runs on the host while
-  // the device works (a throw waits for the device before it leaves).
-  void dispatch(std::span<const Dispatch> ds, const std::function<void()>& meanwhile = {}) const {
+  // the device works (a throw waits for the device before it leaves). Returns the device's
+  // seconds (finish_submit).
+  double dispatch(std::span<const Dispatch> ds, const std::function<void()>& meanwhile = {}) const {
     if (ds.empty() || ds.size() > kSets) throw Error("vulkan: a submission takes 1 to 64 dispatches");
     std::vector<VkDescriptorBufferInfo> bi(ds.size() * kBindings);
     std::vector<VkWriteDescriptorSet> wr(ds.size() * kBindings);
@@ -1153,11 +1161,11 @@ class VulkanBackend final : public CpuBackend {
       try {
         meanwhile();
       } catch (...) {
-        if (vkWaitForFences(dev_, 1, &fence_, VK_TRUE, kFenceTimeoutNs) == VK_SUCCESS) vkResetFences(dev_, 1, &fence_);
+        (void)wait_fence();  // the submission reads buffers the caller may free once this throws
         throw;
       }
     }
-    finish_submit(what, (bool)meanwhile);
+    return finish_submit(what, (bool)meanwhile);
   }
 
   // Records `cmds` into the command buffer, submits it and waits (mu_ held). The barrier at the
@@ -1165,7 +1173,7 @@ class VulkanBackend final : public CpuBackend {
   template <class Record>
   void submit(Record&& cmds, const char* what) const {
     begin_submit(cmds, what);
-    finish_submit(what, false);
+    (void)finish_submit(what, false);
   }
 
   template <class Record>
@@ -1198,14 +1206,21 @@ class VulkanBackend final : public CpuBackend {
     submitted_at_ = std::chrono::steady_clock::now();
   }
 
-  // Waits for the submission begin_submit made. `overlapped`: the host worked meanwhile, so the
-  // wall time says nothing of the device's.
-  void finish_submit(const char* what, bool overlapped) const {
-    VkResult r = vkWaitForFences(dev_, 1, &fence_, VK_TRUE, kFenceTimeoutNs);
-    if (r == VK_SUCCESS) {
-      check(vkResetFences(dev_, 1, &fence_), "resetting a fence");
-      if (fault_ && fault_(what)) r = VK_ERROR_DEVICE_LOST;
-    }
+  // Waits for the submission in flight and readies the fence for the next one.
+  VkResult wait_fence() const {
+    const VkResult r = vkWaitForFences(dev_, 1, &fence_, VK_TRUE, kFenceTimeoutNs);
+    return r == VK_SUCCESS ? vkResetFences(dev_, 1, &fence_) : r;
+  }
+
+  // Sums of device seconds, where -1 (a submission that could not be timed) spoils the sum.
+  static double add_seconds(double a, double b) { return a < 0 || b < 0 ? -1 : a + b; }
+
+  // Waits for the submission begin_submit made; returns the device's seconds by its timestamps,
+  // else by the wall clock, or -1 when `overlapped` (the host worked meanwhile, so the wall time
+  // says nothing of the device's).
+  double finish_submit(const char* what, bool overlapped) const {
+    VkResult r = wait_fence();
+    if (r == VK_SUCCESS && fault_ && fault_(what)) r = VK_ERROR_DEVICE_LOST;
     if (r != VK_SUCCESS)
       throw Error(std::string("vulkan: ") + what + " on " + info_.name + " did not finish: " + result_name(r) +
                   " (the sequence is left as it was)");
@@ -1218,7 +1233,7 @@ class VulkanBackend final : public CpuBackend {
     } else if (!overlapped) {
       s = std::chrono::duration<double>(std::chrono::steady_clock::now() - submitted_at_).count();
     }
-    device_s_ = (device_s_ < 0 || s < 0) ? -1 : device_s_ + s;
+    return s;
   }
 
   void destroy() {
@@ -1264,9 +1279,6 @@ class VulkanBackend final : public CpuBackend {
   VkQueryPool timestamps_ = VK_NULL_HANDLE;  // the start and end of each submission
   uint32_t ts_bits_ = 0;
   float ts_period_ns_ = 0;
-  // Device seconds of the submissions since the caller last cleared it; negative once one of
-  // them could not be timed (no timestamps, and the CPU worked while it ran).
-  mutable double device_s_ = 0;
   mutable std::chrono::steady_clock::time_point submitted_at_;
   VkDescriptorSetLayout set_layout_ = VK_NULL_HANDLE;
   VkPipelineLayout layout_ = VK_NULL_HANDLE;
