@@ -325,6 +325,7 @@ class CountingExperts final : public ExpertSource {
   std::vector<HostWeight> gate, up, down;
   mutable std::vector<std::vector<uint32_t>> prepared;
   mutable uint64_t gets = 0;
+  bool states_memory = false;  // held_memory(): each expert's slice is a span of its own
   void prepare(uint32_t, std::span<const uint32_t> experts) const override {
     prepared.emplace_back(experts.begin(), experts.end());
   }
@@ -335,6 +336,13 @@ class CountingExperts final : public ExpertSource {
     return {gate[e].w.data, up[e].w.data, down[e].w.data};
   }
   bool holds_union() const override { return true; }
+  std::vector<HeldMemory> held_memory() const override {
+    std::vector<HeldMemory> out;
+    if (states_memory)
+      for (const std::vector<HostWeight>* part : {&gate, &up, &down})
+        for (const HostWeight& h : *part) out.push_back({h.w.data, h.w.rows * h.w.row_bytes, h.w.rows * h.w.row_bytes});
+    return out;
+  }
 };
 
 // A source that moves on at every get(): the bytes it returned for the last expert are
@@ -355,6 +363,13 @@ class WindowOfOne final : public ExpertSource {
       std::memcpy(buf_[p].data(), from[p], bytes[p]);
     }
     return {buf_[0].data(), buf_[1].data(), buf_[2].data()};
+  }
+  // Its three buffers, from the first get() on.
+  std::vector<HeldMemory> held_memory() const override {
+    std::vector<HeldMemory> out;
+    for (const std::vector<uint8_t>& b : buf_)
+      if (!b.empty()) out.push_back({b.data(), b.size(), b.size()});
+    return out;
   }
 
  private:
@@ -516,6 +531,60 @@ void routed_experts_in_slots(GgmlType up) {
         EXPECT_EQ(st.expert_hits, used.size() - k1);
       }
     }
+
+  // In place (--gpu-experts in-place): no slots; the device reads each expert where the source
+  // holds it, through chunks of the source's memory mapped once. The CPU's bits in front of a
+  // source that holds its union (one group per call) and of a window of one (each expert ends
+  // its group: its dispatches finish before the next get() overwrites its bytes); nothing
+  // copied. A source that does not state its memory runs on the CPU, counted.
+  ASSERT_TRUE(gpu_stats(*make_vulkan_backend(GpuOptions{})).imports_host_memory) << "lavapipe imports host memory";
+  for (const int mode : {0, 1, 2}) {
+    SCOPED_TRACE(mode == 0 ? "in place" : mode == 1 ? "in place, a window of one" : "in place, memory not stated");
+    ex.states_memory = mode != 2;
+    GpuOptions io;
+    io.experts_in_place = true;
+    const std::unique_ptr<Backend> gpu = make_vulkan_backend(io);
+    const ExpertSource& src = mode == 1 ? static_cast<const ExpertSource&>(moving) : ex;
+    EXPECT_EQ(routed(*gpu, src, false), want);
+    EXPECT_EQ(routed(*gpu, src, true), want_rows);
+    const GpuStats st = gpu_stats(*gpu);
+    EXPECT_TRUE(st.experts_in_place);
+    EXPECT_EQ(st.expert_slots + st.expert_hits + st.expert_misses + st.expert_upload_bytes, 0u) << "something was copied";
+    if (mode == 2) {
+      EXPECT_EQ(st.expert_in_place_refused, 2 * used.size());
+      EXPECT_EQ(st.submissions, 0u);
+      continue;
+    }
+    EXPECT_EQ(st.expert_in_place, 2 * used.size());
+    EXPECT_EQ(st.expert_in_place_refused, 0u);
+    // Every slice a span of its own (a window's three buffers for all): each mapped once.
+    EXPECT_EQ(st.expert_chunks_mapped, mode == 1 ? 3u : 3 * used.size()) << "a chunk mapped twice, or none";
+    EXPECT_EQ(st.submissions, mode == 1 ? 2 * 2 * used.size() : 2u * 2) << "groups as the source allows";
+    uint64_t per_layer = 0;
+    for (const GpuLayerStats& l : st.expert_layers) per_layer += l.in_place;
+    EXPECT_EQ(per_layer, st.expert_in_place);
+    // Released (a session ending, its sources' memory about to go): the CPU runs them after.
+    release_gpu_imports(*gpu);
+    EXPECT_EQ(routed(*gpu, src, false), want);
+    EXPECT_EQ(gpu_stats(*gpu).expert_in_place, st.expert_in_place);
+    EXPECT_EQ(gpu_stats(*gpu).expert_calls_on_host, 1u);
+  }
+  ex.states_memory = false;
+  // Refused where it cannot hold: a device told not to import, beside slots, beside --cpu-experts.
+  for (int bad = 0; bad < 3; ++bad) {
+    GpuOptions io;
+    io.experts_in_place = true;
+    io.no_import = bad == 0;
+    io.expert_slots = bad == 1 ? 4 : 0;
+    io.cpu_experts = bad == 2 ? 0.5 : 0;
+    try {
+      make_vulkan_backend(io);
+      ADD_FAILURE() << "case " << bad << " was not refused";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(bad == 0 ? "in-place" : bad == 1 ? "not both" : "--cpu-experts"), std::string::npos) << m;
+    }
+  }
 }
 
 TEST(Vulkan, RoutedExpertsInDeviceSlotsHaveTheCpuBits) {
@@ -549,8 +618,16 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
   const test::TempDir dir("sluice_vulkan");
   const std::string model = dir / "tiny.gguf";
   ASSERT_EQ(test::run_sluice(dir, "make-model --preset tiny -o " + test::q(model)).rc, 0);
-  auto rows_of = [&](const std::string& backend, SessionStats* st, GpuStats* gs, uint64_t slots = 0,
-                     bool stream = false, double cpu_share = 0, bool cpu_auto = false) {
+  struct Experts {
+    uint64_t slots = 0;
+    bool stream = false;
+    double cpu_share = 0;
+    bool cpu_auto = false;
+    bool in_place = false;
+    uint32_t cache_experts = 0;  // the host store's (0: the plan's)
+  };
+  auto rows_of = [&](const std::string& backend, SessionStats* st, GpuStats* gs, Experts x = {}) {
+    const uint64_t slots = x.slots;
     SessionOptions so;
     so.model_path = model;
     so.ctx = 64;
@@ -558,11 +635,13 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
     so.threads = 2;
     so.budget = BudgetSpec{false, 2ull << 30};
     so.allow_swap = true;
-    so.stream_experts = stream;
+    so.stream_experts = x.stream;
+    so.max_cache_experts = x.cache_experts;
     so.backend = backend;
     so.gpu_experts = slots;
-    so.cpu_experts = cpu_share;
-    so.cpu_experts_auto = cpu_auto;
+    so.cpu_experts = x.cpu_share;
+    so.cpu_experts_auto = x.cpu_auto;
+    so.gpu_experts_in_place = x.in_place;
     Session s(so);
     std::vector<float> rows;
     EvalObserver o;
@@ -590,8 +669,10 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
       // lavapipe imports host memory: the dense weights are used in place, the plan has no copy of them.
       if (gs->imports_host_memory) {
         EXPECT_GT(gs->weights_imported, 0u);
+        // In place: the experts are the host store's or the model's own bytes; only a group's
+        // rows are the device path's.
         if (slots == 0) {
-          EXPECT_EQ(planned, kGpuStagingBuffers * kGpuStagingBytes);
+          EXPECT_EQ(planned, kGpuStagingBuffers * kGpuStagingBytes + (x.in_place ? 2 * kGpuExpertGroupBytes : 0));
         }
       }
     }
@@ -614,7 +695,7 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
   for (const uint64_t slots : {1u, 7u, 100000u}) {
     SessionStats ss;
     GpuStats sg;
-    const std::vector<float> got = rows_of("vulkan", &ss, &sg, slots, slots == 7);
+    const std::vector<float> got = rows_of("vulkan", &ss, &sg, {.slots = slots, .stream = slots == 7});
     ASSERT_EQ(got.size(), cpu.size());
     EXPECT_EQ(std::memcmp(got.data(), cpu.data(), cpu.size() * sizeof(float)), 0) << slots << " slots: logits differ";
     EXPECT_GT(sg.expert_misses, 0u);
@@ -642,7 +723,9 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
   for (const bool automatic : {false, true}) {
     SessionStats ss;
     GpuStats sg;
-    const std::vector<float> got = rows_of("vulkan", &ss, &sg, automatic ? 100000u : 7u, !automatic, 1.0 / 3, automatic);
+    const std::vector<float> got = rows_of(
+        "vulkan", &ss, &sg,
+        {.slots = automatic ? 100000u : 7u, .stream = !automatic, .cpu_share = 1.0 / 3, .cpu_auto = automatic});
     ASSERT_EQ(got.size(), cpu.size());
     EXPECT_EQ(std::memcmp(got.data(), cpu.data(), cpu.size() * sizeof(float)), 0)
         << (automatic ? "auto" : "1/3") << ": logits differ";
@@ -669,6 +752,30 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
     in.session = ss;
     const std::string metrics = server::render_metrics(in);
     EXPECT_NE(metrics.find("\nsluice_gpu_expert_cpu_total " + std::to_string(sg.expert_on_cpu) + "\n"), std::string::npos)
+        << metrics;
+  }
+  // In place (--gpu-experts in-place): the device reads the experts from the loaded model's
+  // buffers, from the streaming store's slots, and from a store whose cache of 48 experts holds a
+  // prefill chunk's union a window at a time; the CPU's logits, nothing copied, and the plan
+  // holds no copy of them.
+  for (int mode = 0; mode < 3; ++mode) {
+    SCOPED_TRACE(mode == 0 ? "in place, resident" : mode == 1 ? "in place, streamed" : "in place, 48 cached experts");
+    SessionStats ss;
+    GpuStats sg;
+    const std::vector<float> got =
+        rows_of("vulkan", &ss, &sg, {.stream = mode > 0, .in_place = true, .cache_experts = mode == 2 ? 48u : 0u});
+    ASSERT_EQ(got.size(), cpu.size());
+    EXPECT_EQ(std::memcmp(got.data(), cpu.data(), cpu.size() * sizeof(float)), 0) << "logits differ";
+    EXPECT_GT(sg.expert_in_place, 0u);
+    EXPECT_EQ(sg.expert_in_place_refused + sg.expert_calls_on_host, 0u) << "experts ran on the CPU";
+    EXPECT_EQ(sg.expert_slots + sg.expert_upload_bytes, 0u);
+    EXPECT_GT(sg.expert_chunks_mapped, 0u);
+    server::MetricsInput in;
+    in.loaded = true;
+    in.session = ss;
+    const std::string metrics = server::render_metrics(in);
+    EXPECT_NE(metrics.find("\nsluice_gpu_expert_in_place_total " + std::to_string(sg.expert_in_place) + "\n"),
+              std::string::npos)
         << metrics;
   }
 }
@@ -858,11 +965,25 @@ TEST(Vulkan, CommandLine) {
       << table.err;
   EXPECT_LT(table.err.find("device slots: 4 of "), table.err.find("layer  requests")) << table.err;
   for (const char* bad_share : {"--gpu-experts 4 --cpu-experts 1.5", "--gpu-experts 4 --cpu-experts half",
-                                "--cpu-experts 0.5"}) {
+                                "--cpu-experts 0.5", "--gpu-experts in-place --cpu-experts 0.5"}) {
     const test::CmdResult r = test::run_sluice(
         dir, "run -m " + test::q(model) + " --tokens 5 -n 1 --backend vulkan " + bad_share);
     EXPECT_EQ(r.rc, 2) << bad_share;
     EXPECT_NE(r.err.find("--cpu-experts"), std::string::npos) << r.err;
+  }
+  // In place: the same tokens, no copies, the summary and the plan say so.
+  const test::CmdResult in_place = test::run_sluice(
+      dir, "run -m " + test::q(model) + " --tokens 5,6,7 -n 4 --backend vulkan --gpu-experts in-place --print-plan");
+  EXPECT_EQ(in_place.rc, 0) << in_place.err;
+  EXPECT_EQ(in_place.out, c.out);
+  EXPECT_NE(in_place.err.find("routed experts on the device in place: "), std::string::npos) << in_place.err;
+  EXPECT_NE(in_place.err.find("weights and routed experts used in place (imported pages, no copies)"), std::string::npos)
+      << in_place.err;
+  for (const char* bad_count : {"--gpu-experts lots", "--gpu-experts -1", "--gpu-experts 4x"}) {
+    const test::CmdResult r =
+        test::run_sluice(dir, "run -m " + test::q(model) + " --tokens 5 -n 1 --backend vulkan " + bad_count);
+    EXPECT_EQ(r.rc, 2) << bad_count;
+    EXPECT_NE(r.err.find("--gpu-experts must be a slot count or in-place"), std::string::npos) << r.err;
   }
   // bench --backend vulkan: the copy rate into device memory beside a memcpy, and the device's share.
   const test::CmdResult bench = test::run_sluice(

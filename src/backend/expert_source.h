@@ -53,6 +53,19 @@ class ExpertSource {
   // while asking for the next, or asks for a later expert first, must know.
   virtual bool holds_union() const { return false; }
 
+  // Where get()'s pointers lie, for a device that shares the host's memory and maps it once
+  // instead of copying each expert (the Vulkan backend's --gpu-experts in-place): spans of
+  // memory the source keeps, unchanged in address, from the first get() for as long as it lives,
+  // each made of whole `unit`-byte pieces (from `base` on) of which no expert's slice straddles
+  // two. A backend that mapped them lets go before the source's memory is freed
+  // (release_gpu_imports). Empty: the source does not say, and its experts are copied or run on
+  // the CPU.
+  struct HeldMemory {
+    const uint8_t* base = nullptr;
+    uint64_t bytes = 0, unit = 0;
+  };
+  virtual std::vector<HeldMemory> held_memory() const { return {}; }
+
   // Distinct for every source this process makes (a new one at a freed one's address too), so a
   // backend may key copies of an expert's bytes by (id, layer, expert): a source's experts never
   // change while it lives.

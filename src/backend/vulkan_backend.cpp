@@ -18,6 +18,7 @@
 #include "backend/cpu_backend.h"
 #include "backend/cpu_linear.h"
 #include "backend/expert_split.h"
+#include "backend/held_chunk.h"
 #include "backend/routed_terms.h"
 #include "backend/swiglu.h"
 #include "kernels/iq_tables.h"
@@ -319,6 +320,18 @@ class VulkanBackend final : public CpuBackend {
     // On an integrated GPU or CPU device the weights' own pages can be the device's
     // (VK_EXT_external_memory_host): no copy, and the host's plan counts them once.
     import_ = info_.uma && info_.host_import && !o.no_import && !o.force_staging;
+    in_place_ = o.experts_in_place;
+    if (in_place_) {
+      if (o.expert_slots) throw Error("vulkan: routed experts go either in slots or in place, not both");
+      if (o.cpu_experts > 0 || o.cpu_experts_auto)
+        throw Error("vulkan: --cpu-experts shares out slot misses, and in-place experts are never copied");
+      if (!import_)
+        throw Error("vulkan: --gpu-experts in-place runs experts from the host's memory, which " + info_.name +
+                    (!info_.uma ? " cannot use in place: it is a " + info_.kind + " device with memory of its own (use --gpu-experts N)"
+                     : !info_.host_import ? " cannot import: the driver lacks VK_EXT_external_memory_host"
+                                          : " is told not to import here (staging or no-import forced)"));
+    }
+    st_.experts_in_place = in_place_;
     const char* const exts[] = {VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME};
     VkDeviceCreateInfo dci{};
     dci.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO;
@@ -339,6 +352,10 @@ class VulkanBackend final : public CpuBackend {
       vkGetPhysicalDeviceProperties2(phys_, &p2);
       import_align_ = std::max<VkDeviceSize>(hp.minImportedHostPointerAlignment, 4);
       import_ = host_ptr_props_ != nullptr;
+      if (!import_ && in_place_) {
+        destroy();
+        throw Error("vulkan: --gpu-experts in-place: " + info_.name + " gives no vkGetMemoryHostPointerPropertiesEXT");
+      }
     }
     st_.imports_host_memory = import_;
     try {
@@ -426,6 +443,13 @@ class VulkanBackend final : public CpuBackend {
   // order (experts ascending, tokens in order, the SwiGLU and the down projection's activation
   // quantization on the host), so the sums have its bits. Every dispatch finishes before the next
   // expert is placed, so a slot is never replaced while a submitted command still reads it.
+  //
+  // In place (GpuOptions::experts_in_place, a device that shares the host's memory): no slots.
+  // Every expert is asked of the source, and the dispatches read its bytes where the source
+  // holds them, through chunks of the source's memory mapped once (held_chunk.h). The source's
+  // pointers live until its next prepare(), or until a later get() where it holds a window
+  // (holds_union() false): there each expert ends its group, so its dispatches finish before
+  // the next get().
   void routed_ffn(ExpertTensors t, const ExpertSource& src, uint32_t layer, std::span<const ExpertTriple> triples,
                   float limit, CMat x, Mat routed) const override {
     if (!experts_on_device(t)) return CpuBackend::routed_ffn(t, src, layer, triples, limit, x, routed);
@@ -469,11 +493,17 @@ class VulkanBackend final : public CpuBackend {
   // have shaders, and one expert fits the slot geometry fixed by the first call (a drafter or
   // layer with larger experts runs on the CPU, counted in experts_on_host).
   bool experts_on_device(ExpertTensors t) const {
-    if (slots_wanted_ == 0) return false;
+    if (slots_wanted_ == 0 && !in_place_) return false;
     uint32_t kind = 0;
     bool shaders = true;
     for (const Weight* w : {t.gate, t.up, t.down})
       shaders &= pipeline_for(w->type, kind) != VK_NULL_HANDLE && w->rows * w->row_bytes <= max_range_;
+    if (in_place_) {
+      const std::lock_guard<std::mutex> lk(mu_);
+      const bool fits = shaders && !in_place_released_;
+      if (!fits) ++st_.expert_calls_on_host;
+      return fits;
+    }
     const uint64_t part[3] = {t.gate->rows * t.gate->row_bytes, t.up->rows * t.up->row_bytes,
                               t.down->rows * t.down->row_bytes};
     const std::lock_guard<std::mutex> lk(mu_);
@@ -528,12 +558,13 @@ class VulkanBackend final : public CpuBackend {
     const bool ends_group = !src.holds_union();
     // Groups of experts no larger than the slots (placing one never evicts another of its
     // group) or than a submission's descriptor sets allow: two round trips per group.
-    const ExpertGrouping grouping{std::max<size_t>(1, std::min<size_t>(slots_.size(), kSets / 2)),
+    const ExpertGrouping grouping{std::max<size_t>(1, std::min<size_t>(in_place_ ? kSets : slots_.size(), kSets / 2)),
                                   std::min<uint64_t>(kGpuExpertGroupBytes, io_limit_ / 2)};
     if (st_.expert_layers.size() <= layer) st_.expert_layers.resize(layer + 1);
     GpuLayerStats& ls = st_.expert_layers[layer];
     struct Handle {
-      ExpertSlot* slot = nullptr;  // null: the CPU runs it from `host`
+      bool on_device = false;  // false: the CPU runs it from `host`
+      DeviceWeight part[3]{};  // gate, up, down where the dispatches read them
       ExpertWeights host{};
       bool ends_group = false;
     };
@@ -564,7 +595,7 @@ class VulkanBackend final : public CpuBackend {
     auto run_cpu_jobs = [&](std::span<const Job> jobs, bool down) {
       const auto t0 = clock::now();
       for (const Job& j : jobs) {
-        if (j.h.slot) continue;
+        if (j.h.on_device) continue;
         if (down) {
           expert_projection(*parts[2], j.h.host.down, j.down_acts, j.down_y);
         } else {
@@ -578,14 +609,12 @@ class VulkanBackend final : public CpuBackend {
     auto phase = [&](std::span<Job> jobs, bool down) {
       items.clear();
       for (const Job& j : jobs) {
-        if (!j.h.slot) continue;
+        if (!j.h.on_device) continue;
         if (down)
-          items.push_back({slot_part(*j.h.slot, 2, pipes[2], kinds[2]), parts[2], j.down_acts, j.down_stride, j.down_y,
-                           parts[2]->rows});
+          items.push_back({j.h.part[2], parts[2], j.down_acts, j.down_stride, j.down_y, parts[2]->rows});
         else
           for (int p = 0; p < 2; ++p)
-            items.push_back({slot_part(*j.h.slot, p, pipes[p], kinds[p]), parts[p], j.acts[p], j.strides[p], j.y[p],
-                             parts[p]->rows});
+            items.push_back({j.h.part[p], parts[p], j.acts[p], j.strides[p], j.y[p], parts[p]->rows});
       }
       std::function<void()> meanwhile;
       const bool cpu_jobs = items.size() < (down ? 1 : 2) * jobs.size();
@@ -600,6 +629,15 @@ class VulkanBackend final : public CpuBackend {
         t, triples, limit, x, grouping,
         [&](uint32_t e) {
           Handle h;
+          if (in_place_) {
+            h.host = src.get(layer, e);
+            h.ends_group = ends_group;
+            h.on_device = view_in_place(src, h.host, parts, pipes, kinds, h.part);
+            ++(h.on_device ? st_.expert_in_place : st_.expert_in_place_refused);
+            ++(h.on_device ? ls.in_place : ls.on_cpu);
+            ++(h.on_device ? n_dev : n_cpu);
+            return h;
+          }
           if (std::binary_search(on_cpu.begin(), on_cpu.end(), e)) {
             h.host = src.get(layer, e);
             h.ends_group = ends_group;
@@ -608,19 +646,21 @@ class VulkanBackend final : public CpuBackend {
             ++n_cpu;
             return h;
           }
-          h.slot = find_slot(src.id, layer, e);
+          ExpertSlot* slot = find_slot(src.id, layer, e);
           const bool copied_early = std::binary_search(early.begin(), early.end(), e);
-          if (h.slot && !copied_early) {
+          if (slot && !copied_early) {
             ++st_.expert_hits;
             ++ls.hits;
           } else {
-            if (!h.slot) h.slot = copy_in(e);
+            if (!slot) slot = copy_in(e);
             ++st_.expert_misses;
             ++ls.misses;
           }
           // Its turn has come: no copy ahead of it is left to make.
           while (ahead_next < ahead.size() && ahead[ahead_next] <= e) ++ahead_next;
-          slot_used(*h.slot);
+          slot_used(*slot);
+          h.on_device = true;
+          for (int p = 0; p < 3; ++p) h.part[p] = slot_part(*slot, p, pipes[p], kinds[p]);
           ++n_dev;
           return h;
         },
@@ -653,6 +693,8 @@ class VulkanBackend final : public CpuBackend {
         free_buffer(g.b);
         g.imported = false;
       }
+    release_expert_chunks();
+    in_place_released_ = true;  // the sources' memory may go now: later routed calls run on the CPU
   }
 
   GpuCopyBandwidth copy_bandwidth(uint64_t bytes, int passes) const {
@@ -1033,6 +1075,56 @@ class VulkanBackend final : public CpuBackend {
     return s;
   }
 
+  // --- Routed experts in place ---------------------------------------------------------------------
+  // A mapped chunk of a source's memory (held_chunk.h): [lo, hi) imported as `b`, lo at `at` in it;
+  // b.buf null: the driver refused it (not asked again).
+  struct ExpertChunk {
+    Buffer b;
+    VkDeviceSize at = 0;
+  };
+
+  // Where the dispatches read expert `w`'s three slices in place (mu_ held): each slice's chunk
+  // of src's held memory, mapped at first use. False (the CPU runs the expert) when a slice lies
+  // outside the memory the source states, is not word-aligned, or its chunk was refused.
+  bool view_in_place(const ExpertSource& src, const ExpertWeights& w, const Weight* const parts[3],
+                     const VkPipeline pipes[3], const uint32_t kinds[3], DeviceWeight out[3]) const {
+    auto held = held_.find(src.id);
+    if (held == held_.end()) held = held_.emplace(src.id, src.held_memory()).first;
+    const uint8_t* p[3] = {w.gate, w.up, w.down};
+    // A chunk and the pages around it within one binding (the import widens it to whole pages).
+    const uint64_t max_chunk = max_range_ > 2 * import_align_ ? max_range_ - 2 * import_align_ : 0;
+    const VkDeviceSize align = std::max<VkDeviceSize>(4, offset_align_);
+    for (int i = 0; i < 3; ++i) {
+      const uint64_t bytes = parts[i]->rows * parts[i]->row_bytes;
+      const HeldChunk c = held_chunk(held->second, p[i], bytes, max_chunk);
+      if (!c.lo || reinterpret_cast<uintptr_t>(p[i]) % 4 != 0) return false;
+      auto it = expert_chunks_.find({src.id, c.lo});
+      if (it == expert_chunks_.end()) {
+        GpuWeight g;
+        ExpertChunk ch;
+        if (import_pages(c.lo, (uint64_t)(c.hi - c.lo), g)) {
+          ch.b = g.b;
+          ch.at = g.w_off;
+          ++st_.expert_chunks_mapped;
+          st_.expert_bytes_mapped += g.b.size;
+        }
+        it = expert_chunks_.emplace(std::make_pair(src.id, c.lo), ch).first;
+      }
+      const ExpertChunk& ch = it->second;
+      if (!ch.b.buf) return false;
+      const VkDeviceSize rel = ch.at + (VkDeviceSize)(p[i] - c.lo), off = rel / align * align;
+      out[i] = DeviceWeight{pipes[i], ch.b.buf, off, std::min<VkDeviceSize>(ch.b.size - off, (rel - off + bytes + 3) / 4 * 4),
+                            kinds[i], (uint32_t)(rel - off)};
+    }
+    return true;
+  }
+
+  void release_expert_chunks() const {
+    for (auto& [key, ch] : expert_chunks_) free_buffer(ch.b);
+    expert_chunks_.clear();
+    held_.clear();
+  }
+
   // The slots' geometry from the first layer's experts (mu_ held): each part aligned for a
   // binding offset, as many slots as GpuOptions::expert_slots asks and the device budget left
   // after the dense weights holds (GpuStats::expert_slots says how many), in slabs of at most
@@ -1241,6 +1333,7 @@ class VulkanBackend final : public CpuBackend {
     vkDeviceWaitIdle(dev_);
     for (GpuWeight& g : weights_) free_buffer(g.b);
     for (Buffer& b : slabs_) free_buffer(b);
+    release_expert_chunks();
     free_buffer(act_);
     free_buffer(out_);
     free_buffer(stage_);
@@ -1297,6 +1390,11 @@ class VulkanBackend final : public CpuBackend {
 
   // Routed-expert slots (make_slots): geometry, slabs, the slots and their index.
   uint64_t slots_wanted_ = 0;
+  bool in_place_ = false;                  // GpuOptions::experts_in_place
+  mutable bool in_place_released_ = false;  // release_imports: the sources' memory may be gone
+  // In place: each source's held memory (fixed for its life), and the chunks of it mapped.
+  mutable std::map<uint64_t, std::vector<ExpertSource::HeldMemory>> held_;
+  mutable std::map<std::pair<uint64_t, const uint8_t*>, ExpertChunk> expert_chunks_;
   VkDeviceSize offset_align_ = 256;  // minStorageBufferOffsetAlignment
   mutable VkDeviceSize slot_stride_ = 0, part_off_[3] = {}, part_cap_[3] = {};
   mutable std::vector<Buffer> slabs_;

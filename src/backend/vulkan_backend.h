@@ -40,6 +40,7 @@ struct GpuLayerStats {
   uint64_t hits = 0, misses = 0, on_cpu = 0;  // as GpuStats' expert_hits, expert_misses, expert_on_cpu
   uint64_t upload_bytes = 0;
   uint64_t upload_ns = 0;  // time the misses took to copy in (the host waits for it)
+  uint64_t in_place = 0;   // as GpuStats::expert_in_place
 };
 
 struct GpuStats {
@@ -72,6 +73,14 @@ struct GpuStats {
   double split_upload_s = 0, split_device_s = 0, split_cpu_s = 0;
   std::vector<GpuLayerStats> expert_layers;  // the slot tier per layer (run --expert-stats)
   bool expert_slots_refused = false;  // slots were asked for but the device budget held none
+  // --gpu-experts in-place (GpuOptions::experts_in_place): expert runs on the device from the
+  // source's own memory, the chunks of it mapped (imported once each, the host's memory: nothing
+  // charged to the device budget) and their bytes, and expert runs left to the CPU because the
+  // source states no memory, a slice lies outside it or is not word-aligned, or the driver
+  // refused a chunk.
+  bool experts_in_place = false;
+  uint64_t expert_in_place = 0, expert_chunks_mapped = 0, expert_bytes_mapped = 0;
+  uint64_t expert_in_place_refused = 0;
 };
 
 // linear() moves activations in and outputs out through two buffers of at most this many bytes
@@ -108,6 +117,12 @@ struct GpuOptions {
   // memory while the device runs the rest (expert_split.h); auto chooses it from measured costs.
   double cpu_experts = 0;
   bool cpu_experts_auto = false;
+  // --gpu-experts in-place: on a device that shares the host's memory and imports it
+  // (GpuStats::imports_host_memory), the routed FFN runs on the device straight from the expert
+  // source's memory (ExpertSource::held_memory, mapped once in chunks): no slots, no copies. An
+  // expert the source cannot show that way runs on the CPU. Refused with expert_slots, with
+  // cpu_experts, and on any other device (make_vulkan_backend throws naming why).
+  bool experts_in_place = false;
   uint64_t staging_bytes = 0;
   // Tests: the activation and output staging buffers hold at most this many bytes (0:
   // kGpuStagingBytes), so batches split and large calls run in token groups.

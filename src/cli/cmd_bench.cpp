@@ -559,6 +559,9 @@ int run_bench(const BenchOptions& o) {
       j["gpu_expert_hit_rate"] = gpu_hit;
       j["gpu_expert_upload_bytes"] = gs.expert_upload_bytes;
       j["gpu_expert_on_cpu"] = gs.expert_on_cpu;
+      j["gpu_experts_in_place"] = gs.experts_in_place;
+      j["gpu_expert_in_place"] = gs.expert_in_place;
+      j["gpu_expert_in_place_refused"] = gs.expert_in_place_refused;
     }
     j["isa"] = std::string(isa_name(active_isa()));
     j["n_prompt"] = o.n_prompt;
@@ -667,7 +670,12 @@ int run_bench(const BenchOptions& o) {
                                    " copied in, " + std::to_string(gs.expert_on_cpu) +
                                    " misses computed on the CPU (all runs)")
                                       .c_str()
-                                : "on the CPU");
+                : gs.experts_in_place
+                    ? ("on the device in place, " + std::to_string(gs.expert_in_place) +
+                       " runs from the host store's memory (" + format_bytes(gs.expert_bytes_mapped) + " mapped, no copies), " +
+                       std::to_string(gs.expert_in_place_refused) + " on the CPU (all runs)")
+                          .c_str()
+                    : "on the CPU");
   }
   if (streaming && !t.hit_rate.empty()) {
     std::printf("decode expert-cache hit rate %.1f%% (min %.1f, max %.1f)\n", 100 * fhit.median, 100 * fhit.min,

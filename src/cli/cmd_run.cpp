@@ -256,7 +256,9 @@ void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
   sub->add_option("--gpu-experts", o.gpu_experts,
                   "with --backend vulkan: routed-expert slots on the device (each one expert's gate, up and down, "
                   "out of --gpu-mem after the dense weights); the routed FFN then runs on the device, an expert "
-                  "read from the host store only when it has no slot (default 0: routed experts on the CPU)");
+                  "read from the host store only when it has no slot; in-place: on a device that shares the host's "
+                  "memory (an integrated GPU), no slots and no copies, the device reads each expert where the host "
+                  "store holds it (default 0: routed experts on the CPU)");
   sub->add_option("--cpu-experts", o.cpu_experts,
                   "with --gpu-experts: the share (0 to 1) of each layer's slot misses the CPU computes from host "
                   "memory while the device runs the rest, instead of uploading them; auto: the share that a cost "
@@ -333,11 +335,21 @@ SessionOptions session_options(const EngineCliOptions& e, const std::string& mod
     }
     if (so.gpu_mem == 0) throw UsageError("--gpu-mem must be at least 1 byte (or auto)");
   }
-  so.gpu_experts = e.gpu_experts;
-  if ((e.gpu_mem != "auto" || e.device != 0 || e.gpu_experts != 0) && e.backend != "vulkan")
+  if (e.gpu_experts == "in-place") {
+    so.gpu_experts_in_place = true;
+  } else if (!e.gpu_experts.empty()) {
+    const char* end = e.gpu_experts.data() + e.gpu_experts.size();
+    const auto [at, ec] = std::from_chars(e.gpu_experts.data(), end, so.gpu_experts);
+    if (ec != std::errc() || at != end)
+      throw UsageError("--gpu-experts must be a slot count or in-place (got '" + e.gpu_experts + "')");
+  }
+  const bool gpu_experts = so.gpu_experts != 0 || so.gpu_experts_in_place;
+  if ((e.gpu_mem != "auto" || e.device != 0 || gpu_experts) && e.backend != "vulkan")
     throw UsageError("--device, --gpu-mem and --gpu-experts need --backend vulkan");
   if (!e.cpu_experts.empty()) {
-    if (e.gpu_experts == 0) throw UsageError("--cpu-experts needs --gpu-experts (without slots every routed expert runs on the CPU)");
+    if (so.gpu_experts_in_place)
+      throw UsageError("--cpu-experts shares out slot misses, and --gpu-experts in-place copies no expert");
+    if (so.gpu_experts == 0) throw UsageError("--cpu-experts needs --gpu-experts (without slots every routed expert runs on the CPU)");
     if (e.cpu_experts == "auto") {
       so.cpu_experts_auto = true;
     } else {
@@ -452,6 +464,16 @@ std::string session_summary(const Session& s, uint64_t tokens_evaluated) {
         out += buf;
       }
       if (g.expert_calls_on_host) out += "; " + std::to_string(g.expert_calls_on_host) + " routed calls on the CPU (experts larger than a slot)";
+    } else if (g.experts_in_place) {
+      std::snprintf(buf, sizeof buf,
+                    "; routed experts on the device in place: %llu runs from the host store's memory (%llu chunks, %s "
+                    "mapped, no copies)",
+                    (unsigned long long)g.expert_in_place, (unsigned long long)g.expert_chunks_mapped,
+                    format_bytes(g.expert_bytes_mapped).c_str());
+      out += buf;
+      if (g.expert_in_place_refused)
+        out += ", " + std::to_string(g.expert_in_place_refused) + " on the CPU (memory the device could not map)";
+      if (g.expert_calls_on_host) out += "; " + std::to_string(g.expert_calls_on_host) + " routed calls on the CPU (no shader for a type, or imports released)";
     } else {
       out += g.expert_slots_refused ? "; routed experts on the CPU (--gpu-experts: the device budget left no room for a slot)"
                                     : "; routed experts on the CPU";

@@ -30,7 +30,7 @@ struct EngineCliOptions {
   std::string backend = "cpu";  // --backend cpu|vulkan
   uint32_t device = 0;          // --device N (vulkan)
   std::string gpu_mem = "auto"; // --gpu-mem BYTES|auto: the weights the device holds at most
-  uint32_t gpu_experts = 0;     // --gpu-experts N: routed-expert slots on the device
+  std::string gpu_experts;      // --gpu-experts N|in-place: routed-expert slots on the device, or none and in place
   std::string cpu_experts;      // --cpu-experts F|auto: the CPU's share of the slot misses
   uint32_t checkpoint_every = 1024;   // prefix checkpoints every N tokens (0: only at prompt ends)
   std::string checkpoint_budget;      // their byte budget (0: none; empty: kDefaultCheckpointBudget)

@@ -31,6 +31,18 @@ ExpertWeights ResidentExperts::get(uint32_t layer, uint32_t expert) const {
                        l.down + (uint64_t)expert * g.down_bytes};
 }
 
+std::vector<ExpertSource::HeldMemory> ResidentExperts::held_memory() const {
+  std::vector<HeldMemory> out;
+  for (size_t L = 0; L < layers.size() && L < layouts.size(); ++L) {
+    const Layer& l = layers[L];
+    const ExpertLayout& g = layouts[L];
+    const std::pair<const uint8_t*, uint64_t> parts[3] = {{l.gate, g.gate_bytes}, {l.up, g.up_bytes}, {l.down, g.down_bytes}};
+    for (const auto& [p, unit] : parts)
+      if (p && l.count && unit) out.push_back({p, unit * l.count, unit});
+  }
+  return out;
+}
+
 const ExpertSource& resident_expert_source(const Model& m) {
   if (!m.resident_experts)
     throw Error("routed experts of " + m.file.path() + " were not loaded and no expert source was given");

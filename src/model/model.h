@@ -47,7 +47,12 @@ struct LayerWeights {
 class ResidentExperts final : public ExpertSource {
  public:
   ResidentExperts() = default;
-  struct Layer { const uint8_t* gate = nullptr; const uint8_t* up = nullptr; const uint8_t* down = nullptr; };
+  struct Layer {
+    const uint8_t* gate = nullptr;
+    const uint8_t* up = nullptr;
+    const uint8_t* down = nullptr;
+    uint32_t count = 0;  // experts loaded, back to back in each tensor
+  };
   std::vector<Layer> layers;
   std::vector<ExpertLayout> layouts;
   // Only some experts loaded (LoadOptions::owned): per layer, expert id -> its place among the
@@ -56,6 +61,8 @@ class ResidentExperts final : public ExpertSource {
   // Throws Error for an expert that was not loaded.
   ExpertWeights get(uint32_t layer, uint32_t expert) const override;
   bool holds_union() const override { return true; }
+  // Each loaded layer's three tensors, one expert's slice per unit.
+  std::vector<HeldMemory> held_memory() const override;
 };
 
 class Model {

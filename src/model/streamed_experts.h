@@ -39,6 +39,10 @@ class StreamedExperts final : public ExpertSource {
   std::vector<uint32_t> cached(uint32_t layer) const override { return store_.held(layer); }
   // The last prepare()'s union was leased at once (one window).
   bool holds_union() const override { return window_ >= order_.size(); }
+  // The store's slots: a leased expert lies within one of them.
+  std::vector<HeldMemory> held_memory() const override {
+    return {HeldMemory{store_.slot_memory(), store_.budget().cache_bytes, store_.budget().slot_bytes}};
+  }
   void release() const { lease_.release(); }
   storage::ExpertStore& store() const { return store_; }
   // The window size prepare() chose for the last layer (its union's size when it fit at once).

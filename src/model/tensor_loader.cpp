@@ -43,6 +43,7 @@ void load_routed_experts(TensorLoader& ld, const std::string& b, ExpertLayout& l
     *bytes[i] = t.ne[1] * w[i]->row_bytes;
     if (!read) *res[i] = ld.read(t);
     else if (!read->empty()) *res[i] = ld.read_experts(t, *bytes[i], *read);
+    if (*res[i]) resident.count = (uint32_t)(read ? read->size() : t.ne[2]);
   }
 }
 

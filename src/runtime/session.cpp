@@ -623,6 +623,7 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
     s.gpu_slots = go.expert_slots;
     go.cpu_experts = opt.cpu_experts;
     go.cpu_experts_auto = opt.cpu_experts_auto;
+    go.experts_in_place = opt.gpu_experts_in_place;
     s.backend = make_vulkan_backend(go);
   } else if (opt.backend != "cpu") {
     throw Error("unknown backend '" + opt.backend + "' (cpu or vulkan)");
@@ -670,14 +671,18 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
       // the resident weights); it still copies experts into its slots.
       const uint64_t dense = g.imports_host_memory ? 0 : loaded;
       const uint64_t copies = g.weights_in_host_memory ? std::min(g.device_budget, dense + slots * slot) : 0;
-      const uint64_t group_scratch = slots ? 2 * kGpuExpertGroupBytes : 0;  // host: a group of experts' rows
+      // Host: a group of experts' rows, with slots or in place (which maps the host store's own
+      // memory: nothing more to count).
+      const uint64_t group_scratch = slots || g.experts_in_place ? 2 * kGpuExpertGroupBytes : 0;
       spo.plan.device_bytes = copies + kGpuStagingBuffers * kGpuStagingBytes + group_scratch;
       const std::string slot_text =
-          slots ? ", " + std::to_string(slots) + " routed-expert slots x " + format_bytes(slot) + " among them" : "";
+          slots ? ", " + std::to_string(slots) + " routed-expert slots x " + format_bytes(slot) + " among them"
+          : g.experts_in_place ? ", routed experts in place" : "";
       spo.plan.device_detail = "vulkan: " +
                                (g.weights_in_host_memory
                                     ? (g.imports_host_memory && copies == 0
-                                           ? std::string("weights used in place (imported pages, no copies) + ")
+                                           ? std::string(g.experts_in_place ? "weights and routed experts" : "weights") +
+                                                 " used in place (imported pages, no copies) + "
                                            : std::string(g.imports_host_memory ? "weights used in place, " : "") +
                                                  "copies up to " + format_bytes(copies) + " (host memory" + slot_text +
                                                  ") + ")

@@ -69,6 +69,7 @@ struct SessionOptions {
   uint32_t gpu_device = 0;
   uint64_t gpu_mem = 0;  // --gpu-mem: the device's weight budget (GpuOptions::weight_budget; 0: auto)
   uint64_t gpu_experts = 0;  // --gpu-experts: routed-expert slots on the device (GpuOptions::expert_slots)
+  bool gpu_experts_in_place = false;  // --gpu-experts in-place (GpuOptions::experts_in_place)
   // --cpu-experts F|auto: the CPU's share of the slot misses (GpuOptions::cpu_experts, _auto).
   double cpu_experts = 0;
   bool cpu_experts_auto = false;

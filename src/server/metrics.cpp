@@ -234,6 +234,9 @@ std::string render_metrics(const MetricsInput& in) {
     w.one("sluice_gpu_expert_cpu_total", "counter",
           "Routed-expert lookups without a slot computed by the CPU from host memory (--cpu-experts).",
           (double)g.expert_on_cpu);
+    w.one("sluice_gpu_expert_in_place_total", "counter",
+          "Routed experts the device ran from the host store's memory (--gpu-experts in-place, no copy).",
+          (double)g.expert_in_place);
   }
   w.family("sluice_slot_busy", "gauge", "1 while the slot runs a request.");
   for (size_t k = 0; k < s.slot.size(); ++k)

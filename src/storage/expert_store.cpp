@@ -368,6 +368,7 @@ uint32_t ExpertStore::max_union_experts(uint32_t layer) const {
 }
 const ExpertGeometry& ExpertStore::geometry() const { return impl_->geo; }
 const StoreBudget& ExpertStore::budget() const { return impl_->budget; }
+const uint8_t* ExpertStore::slot_memory() const { return impl_->slab; }
 const StoreOptions& ExpertStore::options() const { return impl_->opt; }
 
 StoreStats ExpertStore::stats() const {

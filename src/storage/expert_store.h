@@ -146,6 +146,9 @@ class ExpertStore {
   uint32_t max_union_experts(uint32_t layer) const;
   const ExpertGeometry& geometry() const;
   const StoreBudget& budget() const;
+  // The slots' one mapping: budget().slots slots of budget().slot_bytes, back to back, in place
+  // from construction to destruction; every leased expert's bytes lie within one slot.
+  const uint8_t* slot_memory() const;
   const StoreOptions& options() const;
   StoreStats stats() const;
   RequestCounts request_counts() const;  // the totals of stats() alone, without copying the layers
