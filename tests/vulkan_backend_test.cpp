@@ -495,6 +495,38 @@ void routed_experts_in_slots(GgmlType up) {
   EXPECT_EQ(ss.expert_misses, used.size()) << "a copy ahead was counted as a hit, or made twice";
   EXPECT_EQ(ss.expert_hits, used.size());
 
+  // Slots as a card's VRAM gives them (not mapped): each miss is staged and its copies recorded
+  // at the head of its group's gate and up submission, so a group still takes two round trips;
+  // with room in the staging buffer for an expert and a half, a part that does not fit flushes
+  // the ones before it in a submission of its own. The CPU's bits either way.
+  const uint64_t part_bytes[3] = {F * lg.row_bytes, F * lu.row_bytes, H * ld.row_bytes};
+  const uint64_t expert_bytes = part_bytes[0] + part_bytes[1] + part_bytes[2];
+  for (const uint64_t staging : {(uint64_t)0, expert_bytes + expert_bytes / 2}) {
+    SCOPED_TRACE("staged uploads, staging " + std::to_string(staging));
+    GpuOptions vo;
+    vo.expert_slots = 64;
+    vo.force_staging = true;
+    vo.staging_bytes = staging;
+    const std::unique_ptr<Backend> vram = make_vulkan_backend(vo);
+    const GpuStats s0 = gpu_stats(*vram);
+    EXPECT_EQ(routed(*vram, ex, false), want);
+    const GpuStats s1 = gpu_stats(*vram);
+    EXPECT_EQ(s1.expert_misses, used.size());
+    EXPECT_EQ(s1.staged_uploads - s0.staged_uploads, 3 * used.size()) << "the slots were mapped after all";
+    uint64_t flushes = 0, fill = 0;
+    for (size_t k = 0; k < used.size() && staging; ++k)
+      for (const uint64_t b : part_bytes) {
+        if (fill + b > staging) ++flushes, fill = 0;
+        fill += b;
+      }
+    EXPECT_EQ(s1.submissions - s0.submissions, 2 + flushes) << "the misses' uploads took round trips of their own";
+    if (staging) {
+      EXPECT_GT(flushes, 1u);
+    }
+    EXPECT_EQ(routed(*vram, ex, true), want_rows);
+    EXPECT_EQ(gpu_stats(*vram).expert_hits, used.size());
+  }
+
   // The CPU's share of the misses (--cpu-experts): half of them, all of them and auto, in front
   // of a source that holds its union and one that moves on at every get(): the CPU's bits, the
   // CPU's experts counted and never placed in a slot (all on the CPU: nothing submitted).
@@ -824,9 +856,15 @@ TEST(Vulkan, AFailedDispatchLeavesTheSequenceAsItWas) {
   // slot named before its bytes are all there would be found by the retry).
   // Third: half the slot misses on the CPU, the failure striking a submission the CPU's experts
   // ran beside.
-  for (const int mode : {0, 1, 2}) {
+  // Fourth: slots filled through the staging buffer with the copies recorded in the group's
+  // gate and up submission, the failure striking one: the slots it would have filled must not be
+  // found by the retry.
+  for (const int mode : {0, 1, 2, 3}) {
     const bool slots = mode == 1;
-    SCOPED_TRACE(mode == 0 ? "no expert slots" : slots ? "expert slots, staged uploads" : "expert slots, --cpu-experts 0.5");
+    SCOPED_TRACE(mode == 0   ? "no expert slots"
+                 : slots     ? "expert slots, staged uploads"
+                 : mode == 2 ? "expert slots, --cpu-experts 0.5"
+                             : "expert slots, uploads folded into a group's submission");
     // Fail the submission (with slots: the upload) at which this counts down to 1.
     std::atomic<int> armed{0};
     GpuOptions go;
@@ -834,6 +872,7 @@ TEST(Vulkan, AFailedDispatchLeavesTheSequenceAsItWas) {
     go.fault = [&armed, slots, mode](const char* what) {
       if (slots && std::string(what) != "uploading a weight") return false;
       if (mode == 2 && std::string(what) != "a batch of linear dispatches beside the CPU's experts") return false;
+      if (mode == 3 && std::string(what) != "expert uploads and a batch of linear dispatches") return false;
       return armed.load() > 0 && armed.fetch_sub(1) == 1;
     };
     if (slots) {
@@ -844,6 +883,13 @@ TEST(Vulkan, AFailedDispatchLeavesTheSequenceAsItWas) {
     if (mode == 2) {
       go.expert_slots = 1000;
       go.cpu_experts = 0.5;
+    }
+    if (mode == 3) {
+      // Before it reaches the queue, so none of its copies land.
+      go.expert_slots = 1000;
+      go.force_staging = true;
+      go.fault_before_submit = go.fault;
+      go.fault = nullptr;
     }
     const std::unique_ptr<Backend> gpu = make_vulkan_backend(go);
     LoadOptions lo;
@@ -878,6 +924,9 @@ TEST(Vulkan, AFailedDispatchLeavesTheSequenceAsItWas) {
     EXPECT_EQ(s.position(), before) << "the failed eval moved the sequence";
     if (mode == 2) {
       EXPECT_NE(err.find("beside the CPU's experts"), std::string::npos) << err;
+    }
+    if (mode == 3) {
+      EXPECT_NE(err.find("expert uploads and a batch"), std::string::npos) << err;
     }
     armed = 0;
     eng.eval(s, p2, got.data());

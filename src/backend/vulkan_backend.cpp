@@ -255,7 +255,7 @@ struct GpuWeight {
 
 class VulkanBackend final : public CpuBackend {
  public:
-  explicit VulkanBackend(const GpuOptions& o) : CpuBackend(resolved(o.threads)), fault_(o.fault) {
+  explicit VulkanBackend(const GpuOptions& o) : CpuBackend(resolved(o.threads)), fault_(o.fault), fault_before_(o.fault_before_submit) {
     const std::vector<VkPhysicalDevice> devs = instance().devices();
     if (devs.empty()) throw Error("vulkan: the driver lists no device");
     if (o.device >= devs.size())
@@ -915,6 +915,7 @@ class VulkanBackend final : public CpuBackend {
       std::memcpy(static_cast<uint8_t*>(b.map) + at, src, bytes);
       return;
     }
+    if (!pending_.empty()) flush_uploads();  // the staging buffer holds their bytes
     ensure(stage_, std::min<uint64_t>(bytes, staging_bytes_));
     for (uint64_t off = 0; off < bytes; off += staging_bytes_) {
       const uint64_t n = std::min<uint64_t>(staging_bytes_, bytes - off);
@@ -1183,9 +1184,10 @@ class VulkanBackend final : public CpuBackend {
     sl.source = 0;  // an upload that throws leaves the slot empty, never half-filled and named
     const uint8_t* src[3] = {ew.gate, ew.up, ew.down};
     const Weight* w[3] = {t.gate, t.up, t.down};
+    bool staged = false;
     for (int i = 0; i < 3; ++i) {
       const uint64_t bytes = w[i]->rows * w[i]->row_bytes;
-      upload(slabs_[sl.slab], sl.offset + part_off_[i], src[i], bytes);
+      staged |= stage_or_upload(slabs_[sl.slab], sl.offset + part_off_[i], src[i], bytes);
       st_.expert_upload_bytes += bytes;
       ls.upload_bytes += bytes;
     }
@@ -1193,7 +1195,59 @@ class VulkanBackend final : public CpuBackend {
     sl.layer = layer;
     sl.expert = expert;
     slot_index_[SlotKey{source, layer, expert}] = victim;
+    if (staged) pending_slots_.push_back(victim);
     return &sl;
+  }
+
+  // Staged uploads into unmapped slots (a discrete card's VRAM): the bytes go into the staging
+  // buffer now and the copy is recorded at the head of the next submission (the group's gate and
+  // up dispatches, behind a barrier), so the misses of a group cost no round trip of their own.
+  // The slot is named now; a submission that fails un-names it (settle_uploads), so a retry
+  // never finds a slot whose bytes did not arrive. Not with --cpu-experts, whose cost model
+  // times each upload on its own. A part larger than the staging buffer goes up at once, in
+  // chunks. Returns true when the part was staged.
+  bool stage_or_upload(Buffer& b, VkDeviceSize at, const uint8_t* src, uint64_t bytes) const {
+    if (b.map || split_.active() || bytes > staging_bytes_) {
+      upload(b, at, src, bytes);
+      return false;
+    }
+    if (staged_used_ + bytes > staging_bytes_) flush_uploads();
+    if (staged_used_ == 0) ensure(stage_, staging_bytes_);  // never regrown while copies are pending
+    std::memcpy(static_cast<uint8_t*>(stage_.map) + staged_used_, src, bytes);
+    pending_.push_back({b.buf, VkBufferCopy{staged_used_, at, bytes}});
+    staged_used_ += bytes;
+    ++st_.staged_uploads;
+    return true;
+  }
+
+  // The staged copies in a submission of their own (the staging buffer is full, or it is needed).
+  void flush_uploads() const {
+    submit([] {}, "uploading experts");
+  }
+
+  // Records the staged copies and a barrier before the shaders read them (begin_submit).
+  void record_pending_uploads() const {
+    if (pending_.empty()) return;
+    for (const PendingCopy& c : pending_) vkCmdCopyBuffer(cmd_, stage_.buf, c.dst, 1, &c.region);
+    VkMemoryBarrier mb{};
+    mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
+    mb.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
+    mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT;
+    vkCmdPipelineBarrier(cmd_, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &mb, 0, nullptr,
+                         0, nullptr);
+  }
+
+  // After the submission that carried the staged copies: done (ok), or un-name their slots.
+  void settle_uploads(bool ok) const {
+    if (!ok)
+      for (const size_t i : pending_slots_) {
+        ExpertSlot& sl = slots_[i];
+        if (sl.source) slot_index_.erase(SlotKey{sl.source, sl.layer, sl.expert});
+        sl.source = 0;
+      }
+    pending_.clear();
+    pending_slots_.clear();
+    staged_used_ = 0;
   }
 
   DeviceWeight slot_part(const ExpertSlot& sl, int i, VkPipeline pipe, uint32_t kind) const {
@@ -1236,9 +1290,10 @@ class VulkanBackend final : public CpuBackend {
       }
     }
     vkUpdateDescriptorSets(dev_, (uint32_t)wr.size(), wr.data(), 0, nullptr);
-    const char* what = meanwhile             ? "a batch of linear dispatches beside the CPU's experts"
-                       : ds.size() == 1 ? "a linear dispatch"
-                                        : "a batch of linear dispatches";
+    const char* what = meanwhile          ? "a batch of linear dispatches beside the CPU's experts"
+                       : !pending_.empty() ? "expert uploads and a batch of linear dispatches"
+                       : ds.size() == 1    ? "a linear dispatch"
+                                           : "a batch of linear dispatches";
     begin_submit(
         [&] {
           for (size_t d = 0; d < ds.size(); ++d) {
@@ -1254,6 +1309,7 @@ class VulkanBackend final : public CpuBackend {
         meanwhile();
       } catch (...) {
         (void)wait_fence();  // the submission reads buffers the caller may free once this throws
+        settle_uploads(false);
         throw;
       }
     }
@@ -1270,6 +1326,16 @@ class VulkanBackend final : public CpuBackend {
 
   template <class Record>
   void begin_submit(Record&& cmds, const char* what) const {
+    try {
+      record_and_submit(cmds, what);
+    } catch (...) {
+      settle_uploads(false);
+      throw;
+    }
+  }
+
+  template <class Record>
+  void record_and_submit(Record&& cmds, const char* what) const {
     check(vkResetCommandBuffer(cmd_, 0), "resetting the command buffer");
     VkCommandBufferBeginInfo begin{};
     begin.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO;
@@ -1279,6 +1345,7 @@ class VulkanBackend final : public CpuBackend {
       vkCmdResetQueryPool(cmd_, timestamps_, 0, 2);
       vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, timestamps_, 0);
     }
+    record_pending_uploads();
     cmds();
     VkMemoryBarrier mb{};
     mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
@@ -1293,9 +1360,15 @@ class VulkanBackend final : public CpuBackend {
     si.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
     si.commandBufferCount = 1;
     si.pCommandBuffers = &cmd_;
+    if (fault_before_ && fault_before_(what)) throw lost(what, VK_ERROR_DEVICE_LOST);
     check(vkQueueSubmit(queue_, 1, &si, fence_), what);
     ++st_.submissions;
     submitted_at_ = std::chrono::steady_clock::now();
+  }
+
+  Error lost(const char* what, VkResult r) const {
+    return Error(std::string("vulkan: ") + what + " on " + info_.name + " did not finish: " + result_name(r) +
+                 " (the sequence is left as it was)");
   }
 
   // Waits for the submission in flight and readies the fence for the next one.
@@ -1313,9 +1386,8 @@ class VulkanBackend final : public CpuBackend {
   double finish_submit(const char* what, bool overlapped) const {
     VkResult r = wait_fence();
     if (r == VK_SUCCESS && fault_ && fault_(what)) r = VK_ERROR_DEVICE_LOST;
-    if (r != VK_SUCCESS)
-      throw Error(std::string("vulkan: ") + what + " on " + info_.name + " did not finish: " + result_name(r) +
-                  " (the sequence is left as it was)");
+    settle_uploads(r == VK_SUCCESS);
+    if (r != VK_SUCCESS) throw lost(what, r);
     double s = -1;
     uint64_t t[2] = {0, 0};
     if (timestamps_ && vkGetQueryPoolResults(dev_, timestamps_, 0, 2, sizeof t, t, sizeof(uint64_t),
@@ -1351,7 +1423,7 @@ class VulkanBackend final : public CpuBackend {
     dev_ = VK_NULL_HANDLE;
   }
 
-  std::function<bool(const char*)> fault_;
+  std::function<bool(const char*)> fault_, fault_before_;
   VkPhysicalDevice phys_ = VK_NULL_HANDLE;
   GpuDevice info_;
   VkPhysicalDeviceMemoryProperties mem_{};
@@ -1399,6 +1471,15 @@ class VulkanBackend final : public CpuBackend {
   mutable VkDeviceSize slot_stride_ = 0, part_off_[3] = {}, part_cap_[3] = {};
   mutable std::vector<Buffer> slabs_;
   mutable std::vector<ExpertSlot> slots_;
+  // Staged expert uploads not yet submitted (stage_or_upload): their copies, the staging bytes
+  // they use, and their slots.
+  struct PendingCopy {
+    VkBuffer dst = VK_NULL_HANDLE;
+    VkBufferCopy region{};
+  };
+  mutable std::vector<PendingCopy> pending_;
+  mutable VkDeviceSize staged_used_ = 0;
+  mutable std::vector<size_t> pending_slots_;
   mutable std::map<std::tuple<uint64_t, uint32_t, uint32_t>, size_t> slot_index_;
   mutable uint64_t use_clock_ = 0;
   mutable ExpertSplit split_{0, false};  // --cpu-experts

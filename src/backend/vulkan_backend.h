@@ -103,6 +103,9 @@ struct GpuOptions {
   // Tests: asked after each submission has run; true reports it as a lost device would be reported.
   // `what` names the submission ("a linear dispatch", "uploading a weight").
   std::function<bool(const char* what)> fault;
+  // Tests: asked before each submission reaches the queue; true fails it as a lost device
+  // would, before anything in it ran.
+  std::function<bool(const char* what)> fault_before_submit;
   // Tests: weights go through the staging copy even where device memory can be mapped, in
   // chunks of this many bytes (0: kGpuStagingBytes).
   bool force_staging = false;
