@@ -187,6 +187,34 @@ void op_linear(const Backend& be, Rng& rng, Tolerance tol) {
   }
 }
 
+// Independent linears in one call (Backend::linears), each as linear() computes it: two weights
+// reading one input (a GPU stages it once), a row range into a few columns of a wider output, an
+// unrounded one on another input; every weight type against Q8_0.
+void op_linears(const Backend& be, Rng& rng, Tolerance tol) {
+  const uint64_t cols = 256;
+  for (const GgmlType type : weight_types()) {
+    const size_t n = 1 + rng() % 5;
+    const HostWeight a = random_weight(be, type, 13, cols, rng()), b = random_weight(be, GgmlType::Q8_0, 11, cols, rng());
+    const std::vector<float> x = randoms(rng, n * cols), x2 = randoms(rng, n * cols);
+    const Strided xs = upload(be, x, n, cols), xs2 = upload(be, x2, n, cols);
+    const Strided ya = upload(be, std::vector<float>(n * 13), n, 13), yb = upload(be, std::vector<float>(n * 11), n, 11),
+                  wide = upload(be, std::vector<float>(n * 20), n, 20), y2 = upload(be, std::vector<float>(n * 13), n, 13);
+    const LinearCall calls[] = {{&a.w, xs.c(), ya.m(), true, 0},
+                                {&b.w, xs.c(), yb.m(), true, 0},
+                                {&a.w, xs.c(), wide.m().cols(5, 9), true, 2},
+                                {&a.w, xs2.c(), y2.m(), false, 0}};
+    be.linears(calls);
+    const std::string what = std::string(type_traits(type).name) + " n=" + std::to_string(n);
+    expect_close(download(be, ya.c()), ref_linear(a.w, x, n, true, 0, 13), tol, what + ": the first");
+    expect_close(download(be, yb.c()), ref_linear(b.w, x, n, true, 0, 11), tol, what + ": Q8_0 on the same input");
+    std::vector<float> want_wide(n * 20, 0.0f);
+    const std::vector<float> range = ref_linear(a.w, x, n, true, 2, 9);
+    for (size_t t = 0; t < n; ++t) std::copy_n(range.begin() + (long)(t * 9), 9, want_wide.begin() + (long)(t * 20 + 5));
+    expect_close(download(be, wide.c()), want_wide, tol, what + ": rows 2..10 into columns 5..13");
+    expect_close(download(be, y2.c()), ref_linear(a.w, x2, n, false, 0, 13), tol, what + ": unrounded, another input");
+  }
+}
+
 void op_embed(const Backend& be, Rng& rng, Tolerance tol) {
   const uint64_t V = 11, H = 96;
   for (const GgmlType type : {GgmlType::F32, GgmlType::BF16, GgmlType::Q8_0}) {
@@ -662,7 +690,8 @@ struct OpCase {
   void (*run)(const Backend&, Rng&, Tolerance);
 };
 const OpCase kOps[] = {
-    {"linear", op_linear},           {"embed", op_embed},
+    {"linear", op_linear},           {"linears", op_linears},
+    {"embed", op_embed},
     {"rms_norm", op_rms_norm},       {"rope", op_rope},
     {"fake_quant", op_fake_quant},   {"bf16_add_fill", op_small},
     {"store_fp4", op_store_fp4},

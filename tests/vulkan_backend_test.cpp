@@ -144,6 +144,49 @@ TEST(Vulkan, LinearOnTheDeviceHasTheCpuBits) {
   }
 }
 
+// Independent linears in one call (Backend::linears: the forward's projections of one input)
+// take one submission where they fit the staging buffers, the input staged once per format, and
+// each has the bits linear() alone gives it; with small staging buffers they split.
+TEST(Vulkan, IndependentLinearsShareASubmission) {
+  if (!kBuilt) return;
+  for (const uint64_t staging : {(uint64_t)0, (uint64_t)2000}) {
+    SCOPED_TRACE("staging " + std::to_string(staging));
+    GpuOptions go;
+    go.io_staging_bytes = staging;
+    const std::unique_ptr<Backend> gpu = make_vulkan_backend(go);
+    std::mt19937_64 rng(11);
+    const size_t n = 3, cols = 512;
+    std::vector<HostWeight> hw;
+    hw.push_back(random_weight(GgmlType::Q8_0, 64, cols, rng()));
+    hw.push_back(random_weight(GgmlType::IQ2_XXS, 40, cols, rng()));
+    hw.push_back(random_weight(GgmlType::Q2_K, 24, cols, rng()));
+    hw.push_back(random_weight(GgmlType::Q8_0, 9, cols, rng()));
+    for (HostWeight& h : hw) gpu->prepare_weight(h.w);
+    const std::vector<float> x = randoms(rng, n * cols);
+    const Tensor xt = gpu->tensor(n, cols);
+    std::memcpy(xt.m().p, x.data(), x.size() * sizeof(float));
+    std::vector<Tensor> ys;
+    std::vector<LinearCall> calls;
+    for (const HostWeight& h : hw) {
+      ys.push_back(gpu->tensor(n, h.w.rows));
+      calls.push_back({&h.w, xt.c(), ys.back().m(), &h != &hw.back(), 0});
+    }
+    const uint64_t s0 = gpu_stats(*gpu).submissions;
+    gpu->linears(calls);
+    const uint64_t took = gpu_stats(*gpu).submissions - s0;
+    if (staging == 0) {
+      EXPECT_EQ(took, 1u) << "independent linears took a round trip each";
+    } else {
+      EXPECT_GT(took, 1u) << "2,000-byte staging buffers hold one input's rows in one format at a time";
+    }
+    for (size_t i = 0; i < hw.size(); ++i) {
+      const std::vector<float> alone = run_linear(*gpu, hw[i].w, x, n, calls[i].round, 0, hw[i].w.rows);
+      EXPECT_EQ(std::memcmp(ys[i].m().p, alone.data(), alone.size() * sizeof(float)), 0) << "call " << i;
+    }
+    EXPECT_EQ(gpu_stats(*gpu).linear_on_host, 0u);
+  }
+}
+
 // On a device that uses the weights' own pages: release_gpu_imports (a session calls it before
 // its models free their buffers) leaves every weight runnable, on the CPU, with the same bits.
 TEST(Vulkan, ReleasedImportsRunOnTheCpu) {

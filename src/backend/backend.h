@@ -152,6 +152,15 @@ struct ExpertTensors {
   const Weight* down = nullptr;
 };
 
+// One linear of a batch (Backend::linears): linear(*W, x, y, round, row0).
+struct LinearCall {
+  const Weight* W = nullptr;
+  CMat x;
+  Mat y;
+  bool round = true;
+  uint64_t row0 = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -168,6 +177,12 @@ class Backend {
   // y[t][r] = dot(W.row(row0 + r), x[t]) for r < y.width, rounded to BF16 when `round`
   // (numerics.md 2-3). x.width == W.cols.
   virtual void linear(const Weight& W, CMat x, Mat y, bool round, uint64_t row0 = 0) const = 0;
+  // Linears none of which reads what another writes (the projections of one input, the groups of
+  // a grouped output), each as linear() would compute it: a GPU runs them in one submission
+  // instead of one round trip each.
+  virtual void linears(std::span<const LinearCall> calls) const {
+    for (const LinearCall& c : calls) linear(*c.W, c.x, c.y, c.round, c.row0);
+  }
   // Token rows of an embedding table, decoded and rounded to BF16, `copies` times per row (spec 3.1).
   virtual void embed(const Weight& table, std::span<const TokenId> tokens, uint32_t copies, Mat X) const = 0;
 

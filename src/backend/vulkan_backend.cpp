@@ -415,23 +415,55 @@ class VulkanBackend final : public CpuBackend {
   }
 
   void linear(const Weight& W, CMat x, Mat y, bool round, uint64_t row0) const override {
-    const uint64_t limit = io_limit_;
-    if (!W.device || !static_cast<const GpuWeight*>(W.device)->b.buf || x.n == 0 || y.width == 0 || (uint64_t)y.width * sizeof(float) > limit ||
-        activation_bytes(W.act(), (int64_t)W.cols) > limit) {
-      const std::lock_guard<std::mutex> lk(mu_);
-      ++st_.linear_on_host;
-      return CpuBackend::linear(W, x, y, round, row0);
+    const LinearCall c{&W, x, y, round, row0};
+    linears(std::span<const LinearCall>(&c, 1));
+  }
+
+  // The calls whose weights have a copy on the device (and whose rows fit the staging buffers)
+  // in one device_linears batch: as few submissions as the buffers allow, calls reading the same
+  // rows in one format staging them once. The others run on the CPU first. The calls are
+  // independent, so neither the order nor the batching changes a bit.
+  void linears(std::span<const LinearCall> calls) const override {
+    struct Quantized {  // one input's activation rows in one format
+      const float* p;
+      size_t n, stride, width;
+      ActType type;
+      ActRows acts;
+      std::vector<const uint8_t*> rows;
+    };
+    std::deque<Quantized> quantized;  // items point into it: a deque keeps them in place
+    std::vector<LinearItem> items;
+    uint64_t on_host = 0;
+    for (const LinearCall& c : calls) {
+      const Weight& W = *c.W;
+      if (!linear_fits(W, c.x, c.y)) {
+        ++on_host;
+        CpuBackend::linear(W, c.x, c.y, c.round, c.row0);
+        continue;
+      }
+      if (c.x.width != W.cols)
+        throw Error("linear: " + std::to_string(c.x.width) + " inputs for a weight of " + std::to_string(W.cols) + " columns");
+      if (c.row0 + c.y.width > W.rows)
+        throw Error("linear: rows " + std::to_string(c.row0) + ".." + std::to_string(c.row0 + c.y.width) +
+                    " of a weight of " + std::to_string(W.rows));
+      const ActType type = W.act();
+      auto q = std::find_if(quantized.begin(), quantized.end(), [&](const Quantized& z) {
+        return z.p == c.x.p && z.n == c.x.n && z.stride == c.x.stride && z.width == c.x.width && z.type == type;
+      });
+      if (q == quantized.end()) {
+        Quantized& z = quantized.emplace_back(
+            Quantized{c.x.p, c.x.n, c.x.stride, c.x.width, type, quantize_rows(type, c.x.p, c.x.stride, c.x.n, W.cols), {}});
+        for (size_t t = 0; t < c.x.n; ++t) z.rows.push_back(z.acts.row(t));
+        q = std::prev(quantized.end());
+      }
+      const GpuWeight& g = *static_cast<const GpuWeight*>(W.device);
+      items.push_back({DeviceWeight{g.pipe, g.b.buf, 0, g.b.size, g.kind, g.w_off}, &W, q->rows, q->acts.stride, c.y.p,
+                       c.y.width, c.y.stride, c.row0, c.round});
     }
-    if (x.width != W.cols) throw Error("linear: " + std::to_string(x.width) + " inputs for a weight of " + std::to_string(W.cols) + " columns");
-    if (row0 + y.width > W.rows) throw Error("linear: rows " + std::to_string(row0) + ".." + std::to_string(row0 + y.width) + " of a weight of " + std::to_string(W.rows));
-    const GpuWeight& g = *static_cast<const GpuWeight*>(W.device);
-    const ActRows acts = quantize_rows(W.act(), x.p, x.stride, x.n, W.cols);
-    std::vector<const uint8_t*> rows(x.n);
-    for (size_t t = 0; t < x.n; ++t) rows[t] = acts.row(t);
     const std::lock_guard<std::mutex> lk(mu_);
-    device_linear(DeviceWeight{g.pipe, g.b.buf, 0, g.b.size, g.kind, g.w_off}, W, row0, rows, acts.stride, y.p, y.stride,
-                  y.width, round);
-    ++st_.linear_on_device;
+    st_.linear_on_host += on_host;
+    if (!items.empty()) device_linears(items);
+    st_.linear_on_device += items.size();
   }
 
   // --- Routed experts in device slots ------------------------------------------------------------
@@ -468,15 +500,15 @@ class VulkanBackend final : public CpuBackend {
                   [&](size_t j, const float* d) { std::copy(d, d + x.width, rows.row(j)); });
   }
 
-  // The shared expert's three projections through linear() (on the device where their weights
-  // are), the SwiGLU between them on the host: the CPU backend's shared_ffn, operation for
-  // operation.
+  // The shared expert's three projections on the device where their weights are (gate and up in
+  // one batch, down after), the SwiGLU between them on the host: the CPU backend's shared_ffn,
+  // operation for operation.
   void shared_ffn(const Weight& gate, const Weight& up, const Weight& down, float limit, CMat x,
                   Mat out) const override {
     const size_t n = x.n, F = gate.rows;
     std::vector<float> g(n * F), u(n * F);
-    linear(gate, x, Mat{g.data(), n, F, F}, true, 0);
-    linear(up, x, Mat{u.data(), n, F, F}, true, 0);
+    const LinearCall gate_up[2] = {{&gate, x, Mat{g.data(), n, F, F}, true, 0}, {&up, x, Mat{u.data(), n, F, F}, true, 0}};
+    linears(gate_up);
     for (size_t k = 0; k < g.size(); ++k) g[k] = swiglu(g[k], u[k], limit, 1.0f);
     linear(down, CMat{g.data(), n, F, F}, out, true, 0);
   }
@@ -1023,7 +1055,18 @@ class VulkanBackend final : public CpuBackend {
     size_t stride = 0;
     float* y = nullptr;
     size_t rows = 0;
+    size_t ldy = 0;     // floats from one token's outputs to the next's (0: rows)
+    uint64_t row0 = 0;  // the weight's first row
+    bool round = true;  // BF16-rounded outputs
+    size_t y_step() const { return ldy ? ldy : rows; }
   };
+
+  // A linear's weight has a copy on the device, and one token's activations and outputs fit the
+  // staging buffers.
+  bool linear_fits(const Weight& W, CMat x, Mat y) const {
+    return W.device && static_cast<const GpuWeight*>(W.device)->b.buf && x.n != 0 && y.width != 0 &&
+           (uint64_t)y.width * sizeof(float) <= io_limit_ && activation_bytes(W.act(), (int64_t)W.cols) <= io_limit_;
+  }
 
   // The items in as few submissions as the staging buffers and descriptor sets allow, each
   // submission's activations and outputs side by side (binding offsets aligned); an item reading
@@ -1048,14 +1091,14 @@ class VulkanBackend final : public CpuBackend {
         const VkDeviceSize o = aligned((VkDeviceSize)n * it.rows * sizeof(float));
         if (act_used + a > limit || out_used + o > limit) break;
         ds.push_back({it.wt, reuse ? ds.back().act_off : act_used, out_used, (VkDeviceSize)n * it.rows * sizeof(float),
-                      push_for(it.wt, *it.W, 0, n, it.stride, it.rows, true), grid_x(it.rows), (uint32_t)n});
+                      push_for(it.wt, *it.W, it.row0, n, it.stride, it.rows, it.round), grid_x(it.rows), (uint32_t)n});
         act_used += a;
         out_used += o;
       }
       if (k == i) {  // alone, in token groups
         if (meanwhile) std::exchange(meanwhile, nullptr)();
         const LinearItem& it = items[i];
-        s = add_seconds(s, device_linear(it.wt, *it.W, 0, it.acts, it.stride, it.y, it.rows, it.rows, true));
+        s = add_seconds(s, device_linear(it.wt, *it.W, it.row0, it.acts, it.stride, it.y, it.y_step(), it.rows, it.round));
         ++i;
         continue;
       }
@@ -1069,7 +1112,15 @@ class VulkanBackend final : public CpuBackend {
       }
       s = add_seconds(s, dispatch(ds, std::exchange(meanwhile, nullptr)));
       const uint8_t* out = static_cast<const uint8_t*>(out_.map);
-      for (size_t d = 0; d < ds.size(); ++d) std::memcpy(items[i + d].y, out + ds[d].out_off, ds[d].out_bytes);
+      for (size_t d = 0; d < ds.size(); ++d) {
+        const LinearItem& it = items[i + d];
+        if (it.y_step() == it.rows) {
+          std::memcpy(it.y, out + ds[d].out_off, ds[d].out_bytes);
+          continue;
+        }
+        for (size_t t = 0; t < it.acts.size(); ++t)
+          std::memcpy(it.y + t * it.y_step(), out + ds[d].out_off + t * it.rows * sizeof(float), it.rows * sizeof(float));
+      }
       i = k;
     }
     if (meanwhile) meanwhile();

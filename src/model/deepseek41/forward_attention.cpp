@@ -14,13 +14,13 @@
 
 namespace sluice {
 
-void Engine::Impl::compress(Pass& p, uint32_t L, CMat x) const {
+// The compressor's projections k (and g) of the chunk are in CompK (CompG): attention() made them
+// with the layer's other projections of its input.
+void Engine::Impl::compress(Pass& p, uint32_t L) const {
   const LayerWeights& w = m.layers[L];
   const uint32_t hd = c.head_dim, ihd = c.index_head_dim, ratio = roles[L].ratio;
   const float eps = c.rms_norm_eps;
   const Mat k = ws(Ws::CompK, p.n), g = ws(Ws::CompG, p.n);
-  be.linear(w.comp_kv, x, k, /*round=*/false);  // f32 until pooling (numerics.md 2)
-  if (ratio > 1) be.linear(w.comp_gate, x, g, /*round=*/false);
   // Pooling reads and writes each sequence's carry, so it runs part by part.
   for (Chunk* part : p.parts) {
     Chunk& ch = *part;
@@ -63,13 +63,12 @@ void Engine::Impl::compress(Pass& p, uint32_t L, CMat x) const {
   }
 }
 
-void Engine::Impl::indexer(Pass& p, uint32_t L, CMat x, CMat qr) const {
-  const LayerWeights& w = m.layers[L];
+// The indexer's queries (IndexQ, from the normalized low rank qr) and head weights (IndexW,
+// w = bf16(x . proj)) are projected by attention() beside the layer's own.
+void Engine::Impl::indexer(Pass& p, uint32_t L) const {
   const LayerRole& r = roles[L];
   const uint32_t ihd = c.index_head_dim, inh = c.index_n_heads;
   const Mat iq = ws(Ws::IndexQ, p.n), wt = ws(Ws::IndexW, p.n);
-  be.linear(w.idx_q_b, qr, iq, /*round=*/true);
-  be.linear(w.idx_proj, x, wt, /*round=*/true);  // w = bf16(x . proj)
   be.rope(iq, ihd, rope_table(L), p.pos, false);
   be.fake_quant(iq, FakeQuant::Mxfp4);
   const int sl = slot[(size_t)r.kv_source];
@@ -103,25 +102,35 @@ void Engine::Impl::attention(Pass& p, uint32_t L, CMat x, Mat out) const {
   const float eps = c.rms_norm_eps;
   const int l = (int)L;
 
+  // Every projection of x in one batch (independent linears: a GPU submits them together): the
+  // queries' low rank, the window row, the compressor's k and g (f32 until pooling, numerics.md
+  // 2) and the indexer's head weights; then both projections of the normalized low rank.
+  const Mat qr = ws(Ws::Qr, n), q = ws(Ws::Q, n), kv = ws(Ws::Kv, n);
+  std::vector<LinearCall> of_x = {{&w.q_a, x, qr, true}, {&w.kv, x, kv, true}};
+  if (r.is_kv_source) {
+    of_x.push_back({&w.comp_kv, x, ws(Ws::CompK, n), false});
+    if (r.ratio > 1) of_x.push_back({&w.comp_gate, x, ws(Ws::CompG, n), false});
+  }
+  if (r.is_index_source) of_x.push_back({&w.idx_proj, x, ws(Ws::IndexW, n), true});
+  be.linears(of_x);
+
   // Queries: q = rope(lin(rms(lin(x, q_a)), q_b)); no per-head norm in V4.1.
-  const Mat qr = ws(Ws::Qr, n), q = ws(Ws::Q, n);
-  be.linear(w.q_a, x, qr, true);
   be.rms_norm(qr, w.q_a_norm.data(), eps);
-  be.linear(w.q_b, qr, q, true);
+  std::vector<LinearCall> of_qr = {{&w.q_b, qr, q, true}};
+  if (r.is_index_source) of_qr.push_back({&w.idx_q_b, qr, ws(Ws::IndexQ, n), true});
+  be.linears(of_qr);
   be.rope(q, hd, rope_table(L), p.pos, false);
   name(p, l, "q", q);
 
   // This chunk's raw window rows: FP8 fake-quantized after RoPE.
-  const Mat kv = ws(Ws::Kv, n);
-  be.linear(w.kv, x, kv, true);
   be.rms_norm(kv, w.kv_norm.data(), eps);
   be.rope(kv, hd, rope_table(L), p.pos, false);
   be.fake_quant(kv, FakeQuant::Fp8Window);
   name(p, l, "kv", kv);
   for (Chunk* ch : p.parts) be.store_bf16(CMat(kv).rows(ch->row0, ch->n), ch->new_window_rows(L, hd), hd);
 
-  if (r.is_kv_source) compress(p, L, x);
-  if (r.is_index_source) indexer(p, L, x, qr);
+  if (r.is_kv_source) compress(p, L);
+  if (r.is_index_source) indexer(p, L);
 
   // Each sequence attends its own window and compressed rows.
   const Mat o = ws(Ws::Heads, n);
@@ -149,8 +158,10 @@ void Engine::Impl::attention(Pass& p, uint32_t L, CMat x, Mat out) const {
   const uint32_t og = c.o_groups, olr = c.o_lora_rank;
   const size_t gin = qw / og;
   const Mat z = ws(Ws::Z, n);
+  std::vector<LinearCall> groups;
   for (uint32_t g = 0; g < og; ++g)
-    be.linear(w.out_a, o.cols(g * gin, gin), z.cols((size_t)g * olr, olr), true, (uint64_t)g * olr);
+    groups.push_back({&w.out_a, o.cols(g * gin, gin), z.cols((size_t)g * olr, olr), true, (uint64_t)g * olr});
+  be.linears(groups);
   be.linear(w.out_b, z, out, true);
 }
 

@@ -52,16 +52,17 @@ struct Engine::Impl {
   void engram_ids(Pass& p) const;
   void engram(Pass& p, uint32_t L, Mat X) const;
   void attention(Pass& p, uint32_t L, CMat x, Mat out) const;
-  void compress(Pass& p, uint32_t L, CMat x) const;
-  void indexer(Pass& p, uint32_t L, CMat x, CMat qr) const;
+  void compress(Pass& p, uint32_t L) const;
+  void indexer(Pass& p, uint32_t L) const;
   void moe(Pass& p, uint32_t L, CMat x, Mat out) const;
   bool prefetching() const;
-  // Experts layer L's router picks for the pass's tokens given FFN input x (ascending, distinct).
   // The layer's selection bias (text or image), plus route_bias on the experts the source holds.
   std::vector<float> selection_bias(uint32_t L, const std::vector<float>& base) const;
   // moe() when some experts are computed by other processes (EngineOptions::remote).
   void moe_split(Pass& p, uint32_t L, CMat x, const std::vector<ExpertTriple>& triples, Mat out) const;
-  std::vector<uint32_t> predict_experts(uint32_t L, const Pass& p, CMat x) const;
+  // Layer L's router picks for the pass's tokens (ascending, distinct) from the logits moe() left
+  // in RouterNext.
+  std::vector<uint32_t> predict_experts(uint32_t L, const Pass& p) const;
 
   RopeTable rope_table(uint32_t L) const { return RopeTable{freqs[L].data(), freqs[L].size()}; }
   HcParams hc_params() const { return HcParams{c.hc_mult, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps}; }

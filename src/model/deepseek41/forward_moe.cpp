@@ -26,12 +26,12 @@ std::vector<float> Engine::Impl::selection_bias(uint32_t L, const std::vector<fl
   return b;
 }
 
-std::vector<uint32_t> Engine::Impl::predict_experts(uint32_t L, const Pass& p, CMat x) const {
+// Layer L's router logits on the previous layer's FFN input are in RouterNext (moe() projects
+// them beside its own router's, and has synced).
+std::vector<uint32_t> Engine::Impl::predict_experts(uint32_t L, const Pass& p) const {
   const LayerWeights& w = m.layers[L];
   const uint32_t n = p.n, E = c.n_routed_experts;
   const Mat logits = ws(Ws::RouterNext, n);
-  be.linear(w.gate_inp, x, logits, /*round=*/false);
-  be.sync();
   std::vector<uint8_t> want(E, 0);
   const std::vector<float> text_bias = selection_bias(L, w.exp_bias), image_bias = selection_bias(L, w.exp_bias_vl);
   for (uint32_t i = 0; i < n; ++i) {
@@ -52,8 +52,13 @@ void Engine::Impl::moe(Pass& p, uint32_t L, CMat x, Mat out) const {
   const float lim = c.swiglu_limit;
 
   // Router: f32 logits (not rounded); the choice is made on the host, where the expert I/O is.
+  // With read-ahead, the next layer's router on the same input guesses its experts: both in one
+  // batch.
   const Mat logits = ws(Ws::Router, n);
-  be.linear(w.gate_inp, x, logits, /*round=*/false);
+  const bool guess = prefetching() && L + 1 < c.num_hidden_layers;
+  std::vector<LinearCall> routers = {{&w.gate_inp, x, logits, false}};
+  if (guess) routers.push_back({&m.layers[L + 1].gate_inp, x, ws(Ws::RouterNext, n), false});
+  be.linears(routers);
   be.sync();
   std::vector<ExpertTriple> triples;
   const std::vector<float> text_bias = selection_bias(L, w.exp_bias), image_bias = selection_bias(L, w.exp_bias_vl);
@@ -85,7 +90,7 @@ void Engine::Impl::moe(Pass& p, uint32_t L, CMat x, Mat out) const {
   // changes little from one layer to the next). Hints never change results, only what is read.
   if (prefetching()) {
     experts->hint(L, be.unheld_experts(*experts, L, used));
-    if (L + 1 < c.num_hidden_layers) experts->hint(L + 1, be.unheld_experts(*experts, L + 1, predict_experts(L + 1, p, x)));
+    if (guess) experts->hint(L + 1, be.unheld_experts(*experts, L + 1, predict_experts(L + 1, p)));
   }
 
   const Mat sh = ws(Ws::Shared, n), routed = ws(Ws::Routed, n);
@@ -120,7 +125,7 @@ void Engine::Impl::moe_split(Pass& p, uint32_t L, CMat x, const std::vector<Expe
     experts->hint(L, be.unheld_experts(*experts, L, used));
     if (L + 1 < c.num_hidden_layers) {
       std::vector<uint32_t> next, theirs_next;
-      for (uint32_t e : predict_experts(L + 1, p, x)) (opt.remote->local(L + 1, e) ? next : theirs_next).push_back(e);
+      for (uint32_t e : predict_experts(L + 1, p)) (opt.remote->local(L + 1, e) ? next : theirs_next).push_back(e);
       experts->hint(L + 1, be.unheld_experts(*experts, L + 1, next));
       // The other processes' predicted experts: they read them while this one finishes layer L
       // and runs layer L + 1's attention.
