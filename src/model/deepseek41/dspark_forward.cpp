@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "kernels/numerics.h"
+#include "model/deepseek41/grouped_output.h"
 #include "model/deepseek41/primitives.h"
 #include "model/deepseek41/sequence_state.h"
 #include "util/error.h"
@@ -98,11 +99,11 @@ void Drafter::stage_attention(uint32_t s, const DraftState& st, uint32_t c, Mat 
   std::vector<uint64_t> pos(B_);
   for (uint32_t j = 0; j < B_; ++j) pos[j] = (uint64_t)c + 1 + j;
   const Mat qr = qr_.m(), q = q_.m(), kv = kv_.m(), o = heads_.m(), z = z_.m();
-  be_.linear(w.q_a, x, qr, true);
+  const LinearCall of_x[2] = {{&w.q_a, x, qr, true}, {&w.kv, x, kv, true}};  // one batch (independent)
+  be_.linears(of_x);
   be_.rms_norm(qr, w.q_a_norm.data(), eps);
   be_.linear(w.q_b, qr, q, true);
   be_.rope(q, hd_, rt, pos, false);
-  be_.linear(w.kv, x, kv, true);
   be_.rms_norm(kv, w.kv_norm.data(), eps);
   be_.rope(kv, hd_, rt, pos, false);
   be_.fake_quant(kv, FakeQuant::Fp8Window);
@@ -121,11 +122,7 @@ void Drafter::stage_attention(uint32_t s, const DraftState& st, uint32_t c, Mat 
   a.sinks = w.attn_sinks.data();
   be_.attend_rows(a, o);
   be_.rope(o, hd_, rt, pos, /*inverse=*/true);
-  const uint32_t og = mc.o_groups, olr = mc.o_lora_rank;
-  const size_t gin = (size_t)mc.num_attention_heads * hd_ / og;
-  for (uint32_t g = 0; g < og; ++g)
-    be_.linear(w.out_a, o.cols(g * gin, gin), z.cols((size_t)g * olr, olr), true, (uint64_t)g * olr);
-  be_.linear(w.out_b, z, out, true);
+  grouped_output(be_, mc, w, CMat(o).cols(0, (size_t)mc.num_attention_heads * hd_), z, out);
 }
 
 // spec 6.3 step 5, MoE: top-k of sqrt(softplus(router)) + bias over the drafter's experts, the

@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "model/deepseek41/forward_impl.h"
+#include "model/deepseek41/grouped_output.h"
 
 namespace sluice {
 
@@ -154,15 +155,7 @@ void Engine::Impl::attention(Pass& p, uint32_t L, CMat x, Mat out) const {
   be.rope(o, hd, rope_table(L), p.pos, /*inverse=*/true);
   name(p, l, "attn_heads", o);
 
-  // The grouped low-rank output: group g of the heads through rows [g*olr, (g+1)*olr) of out_a.
-  const uint32_t og = c.o_groups, olr = c.o_lora_rank;
-  const size_t gin = qw / og;
-  const Mat z = ws(Ws::Z, n);
-  std::vector<LinearCall> groups;
-  for (uint32_t g = 0; g < og; ++g)
-    groups.push_back({&w.out_a, o.cols(g * gin, gin), z.cols((size_t)g * olr, olr), true, (uint64_t)g * olr});
-  be.linears(groups);
-  be.linear(w.out_b, z, out, true);
+  grouped_output(be, c, w, CMat(o).cols(0, qw), ws(Ws::Z, n), out);
 }
 
 }  // namespace sluice
