@@ -1063,6 +1063,18 @@ TEST(Vulkan, CommandLine) {
     EXPECT_EQ(r.rc, 2) << bad_share;
     EXPECT_NE(r.err.find("--cpu-experts"), std::string::npos) << r.err;
   }
+  // With the DSpark drafter: its linears run on the device too (its weights are prepared for the
+  // device like the model's), and the run gives the CPU's tokens.
+  const std::string with_drafter = dir / "tiny-d.gguf", support = dir / "tiny-d.dspark.gguf";
+  ASSERT_EQ(test::run_sluice(dir, "make-model --preset tiny -o " + test::q(with_drafter) + " --dspark-out " +
+                                      test::q(support))
+                .rc,
+            0);
+  const std::string drafted = "run -m " + test::q(with_drafter) + " --dspark " + test::q(support) + " --tokens 5,6,7 -n 6";
+  const test::CmdResult dc = test::run_sluice(dir, drafted), dg = test::run_sluice(dir, drafted + " --backend vulkan");
+  EXPECT_EQ(dg.rc, 0) << dg.err;
+  EXPECT_EQ(dg.out, dc.out);
+  EXPECT_NE(dg.err.find("on the device, 0 on the CPU"), std::string::npos) << "the drafter's linears ran on the CPU: " << dg.err;
   // In place: the same tokens, no copies, the summary and the plan say so.
   const test::CmdResult in_place = test::run_sluice(
       dir, "run -m " + test::q(model) + " --tokens 5,6,7 -n 4 --backend vulkan --gpu-experts in-place --print-plan");

@@ -658,7 +658,10 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
       // The device's line: its weight copies can be no more than what the loader prepares (the
       // resident tensors, and the routed ones when they are loaded whole) nor than its budget.
       const ModelFootprint fp = footprint_from_gguf(header.file);
-      const uint64_t loaded = fp.resident_bytes + (opt.stream_experts ? 0 : fp.routed_expert_bytes);
+      // A drafter's dense weights go to the device too: its fixed line (weights but its routed
+      // experts, and its activations) bounds them from above.
+      const uint64_t loaded =
+          fp.resident_bytes + (opt.stream_experts ? 0 : fp.routed_expert_bytes) + spo.plan.dspark_fixed;
       // Copies in device-local memory of a discrete card are the card's (its budget, --gpu-mem),
       // not the host's; on an integrated GPU or a CPU device they are this host's memory.
       // Routed-expert slots (--gpu-experts) come out of the same device budget, after the dense
@@ -724,6 +727,7 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
   if (!opt.dspark_path.empty()) {
     LoadOptions dl;
     dl.resident_experts = !s.plan.dspark_streamed;
+    dl.backend = s.backend.get();  // its dense weights on the device too, as the model's
     if (opt.progress) dl.progress = [&](uint64_t done, uint64_t total) { opt.progress("loading drafter", done, total); };
     s.dspark = load_dspark(opt.dspark_path, *s.model, dl);
     if (s.plan.dspark_streamed) {
