@@ -1010,6 +1010,7 @@ TEST(Vulkan, CommandLine) {
   EXPECT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.err.find("vulkan: "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("on the device"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(" submissions (host-device round trips)"), std::string::npos) << r.err;
   const test::CmdResult c = test::run_sluice(dir, "run -m " + test::q(model) + " --tokens 5,6,7 -n 4 --resident-experts");
   EXPECT_EQ(c.out, r.out) << "the Vulkan run generated other tokens";
   // --gpu-mem caps the copies: with room for none, every linear runs on the CPU, same tokens.

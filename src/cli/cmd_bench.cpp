@@ -555,6 +555,7 @@ int run_bench(const BenchOptions& o) {
       j["gpu_copy_staged"] = gc.staged;
       j["gpu_linear_on_device"] = gs.linear_on_device;
       j["gpu_linear_on_host"] = gs.linear_on_host;
+      j["gpu_submissions"] = gs.submissions;
       j["gpu_expert_slots"] = gs.expert_slots;
       j["gpu_expert_hit_rate"] = gpu_hit;
       j["gpu_expert_upload_bytes"] = gs.expert_upload_bytes;
