@@ -431,7 +431,8 @@ class VulkanBackend final : public CpuBackend {
       ActRows acts;
       std::vector<const uint8_t*> rows;
     };
-    std::deque<Quantized> quantized;  // items point into it: a deque keeps them in place
+    std::vector<Quantized> quantized;
+    quantized.reserve(calls.size());  // items point into it: never reallocated
     std::vector<LinearItem> items;
     uint64_t on_host = 0;
     for (const LinearCall& c : calls) {
@@ -590,7 +591,7 @@ class VulkanBackend final : public CpuBackend {
     const bool ends_group = !src.holds_union();
     // Groups of experts no larger than the slots (placing one never evicts another of its
     // group) or than a submission's descriptor sets allow: two round trips per group.
-    const ExpertGrouping grouping{std::max<size_t>(1, std::min<size_t>(in_place_ ? kSets : slots_.size(), kSets / 2)),
+    const ExpertGrouping grouping{in_place_ ? kSets / 2 : std::max<size_t>(1, std::min<size_t>(slots_.size(), kSets / 2)),
                                   std::min<uint64_t>(kGpuExpertGroupBytes, io_limit_ / 2)};
     if (st_.expert_layers.size() <= layer) st_.expert_layers.resize(layer + 1);
     GpuLayerStats& ls = st_.expert_layers[layer];
