@@ -173,6 +173,7 @@ TEST(Vulkan, IndependentLinearsShareASubmission) {
     }
     const uint64_t s0 = gpu_stats(*gpu).submissions;
     gpu->linears(calls);
+    gpu->sync();  // the outputs are tensors: the batch waits for the next submission or sync
     const uint64_t took = gpu_stats(*gpu).submissions - s0;
     if (staging == 0) {
       EXPECT_EQ(took, 1u) << "independent linears took a round trip each";
@@ -185,6 +186,99 @@ TEST(Vulkan, IndependentLinearsShareASubmission) {
     }
     EXPECT_EQ(gpu_stats(*gpu).linear_on_host, 0u);
   }
+}
+
+// Linears whose outputs are the backend's tensors wait for the next submission (deferred
+// submissions, docs/backends.md): a later batch carries them, and whatever reads their outputs
+// (a linear on them, any other op, sync) submits them first. Same bits as the CPU throughout.
+TEST(Vulkan, LinearsIntoTensorsWaitForTheNextSubmission) {
+  if (!kBuilt) return;
+  std::atomic<bool> fail{false};
+  GpuOptions go;
+  go.fault = [&](const char*) { return fail.load(); };
+  const std::unique_ptr<Backend> gpu = make_vulkan_backend(go);
+  const CpuBackend cpu(1);
+  std::mt19937_64 rng(23);
+  const size_t n = 3, cols = 256;
+  HostWeight a = random_weight(GgmlType::Q8_0, 64, cols, rng());
+  HostWeight b = random_weight(GgmlType::Q8_0, 40, 64, rng());
+  HostWeight c = random_weight(GgmlType::Q2_K, 24, cols, rng());
+  Weight ca_w = a.w, cb_w = b.w, cc_w = c.w;  // the CPU's own preparation of each
+  for (Weight* w : {&ca_w, &cb_w, &cc_w}) cpu.prepare_weight(*w);
+  for (HostWeight* h : {&a, &b, &c}) gpu->prepare_weight(h->w);
+  const std::vector<float> x = randoms(rng, n * cols);
+  const Tensor xt = gpu->tensor(n, cols);
+  std::memcpy(xt.m().p, x.data(), x.size() * sizeof(float));
+  // The CPU's results: ya = A x, yb = B ya, yc = C x, and rms_norm(A x).
+  const Tensor ca = cpu.tensor(n, 64), cb = cpu.tensor(n, 40), cc = cpu.tensor(n, 24), cn = cpu.tensor(n, 64);
+  cpu.linear(ca_w, xt.c(), ca.m(), true, 0);
+  cpu.linear(cb_w, ca.c(), cb.m(), true, 0);
+  cpu.linear(cc_w, xt.c(), cc.m(), true, 0);
+  cpu.linear(ca_w, xt.c(), cn.m(), true, 0);
+  const std::vector<float> norm_w(64, 1.25f);
+  cpu.rms_norm(cn.m(), norm_w.data(), 1e-6f);
+  auto same = [](const Tensor& g, const Tensor& want) {
+    return std::memcmp(g.c().p, want.c().p, want.bytes()) == 0;
+  };
+  auto submissions = [&] { return gpu_stats(*gpu).submissions; };
+
+  const Tensor ya = gpu->tensor(n, 64), yb = gpu->tensor(n, 40), yc = gpu->tensor(n, 24);
+  uint64_t s0 = submissions();
+  gpu->linear(a.w, xt.c(), ya.m(), true);
+  gpu->linear(c.w, xt.c(), yc.m(), true);
+  EXPECT_EQ(submissions() - s0, 0u) << "linears into tensors were submitted before anything read them";
+  gpu->linear(b.w, ya.c(), yb.m(), true);  // reads A's deferred output: A and C go first, together
+  EXPECT_EQ(submissions() - s0, 1u);
+  EXPECT_TRUE(same(ya, ca)) << "a linear read a deferred output before it was written";
+  gpu->sync();
+  EXPECT_EQ(submissions() - s0, 2u);
+  EXPECT_TRUE(same(yb, cb));
+  EXPECT_TRUE(same(yc, cc));
+  gpu->sync();
+  EXPECT_EQ(submissions() - s0, 2u) << "sync with nothing deferred submitted something";
+
+  // Any other op submits the deferred linears first: rms_norm reads A's output on the host.
+  const Tensor yn = gpu->tensor(n, 64);
+  s0 = submissions();
+  gpu->linear(a.w, xt.c(), yn.m(), true);
+  gpu->rms_norm(yn.m(), norm_w.data(), 1e-6f);
+  EXPECT_EQ(submissions() - s0, 1u);
+  EXPECT_TRUE(same(yn, cn)) << "rms_norm ran before the linear it reads";
+
+  // Outputs outside the backend's tensors (the caller's own memory) are written before the call returns.
+  std::vector<float> host(n * 24, -1.0f);
+  s0 = submissions();
+  gpu->linear(c.w, xt.c(), Mat{host.data(), n, 24, 24}, true);
+  EXPECT_EQ(submissions() - s0, 1u);
+  EXPECT_EQ(std::memcmp(host.data(), cc.c().p, cc.bytes()), 0);
+
+  // A tensor freed before its deferred linear ran is not written (ASan watches the free).
+  s0 = submissions();
+  {
+    const Tensor gone = gpu->tensor(n, 64);
+    gpu->linear(a.w, xt.c(), gone.m(), true);
+  }
+  gpu->sync();
+  EXPECT_EQ(submissions() - s0, 1u);
+
+  // A deferred batch that fails is reported by whatever submitted it, and writes nothing.
+  const Tensor yf = gpu->tensor(n, 64);
+  const std::vector<float> seven(64, 7.0f);
+  gpu->fill_rows(yf.m(), seven);
+  gpu->linear(a.w, xt.c(), yf.m(), true);
+  fail = true;
+  try {
+    gpu->sync();
+    ADD_FAILURE() << "a failed deferred submission was not reported";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("did not finish"), std::string::npos) << e.what();
+  }
+  fail = false;
+  for (size_t i = 0; i < n * 64; ++i) ASSERT_EQ(yf.c().p[i], 7.0f) << "a failed submission wrote output " << i;
+  gpu->sync();  // nothing is left of the failed batch
+  gpu->linear(a.w, xt.c(), yf.m(), true);
+  gpu->sync();
+  EXPECT_TRUE(same(yf, ca)) << "the backend did not recover from the failed submission";
 }
 
 // On a device that uses the weights' own pages: release_gpu_imports (a session calls it before
@@ -339,6 +433,8 @@ TEST(Vulkan, WeightsPastTheBudgetOrWithoutAShaderRunOnTheCpu) {
   const CpuBackend cpu(1);
   HostWeight a = random_weight(GgmlType::Q8_0, 16, 128, 1), b = random_weight(GgmlType::Q8_0, 64, 128, 2);
   HostWeight c = random_weight(GgmlType::Q8_K, 4, 256, 3);  // an activation format: no shader
+  Weight ca_w = a.w, cb_w = b.w, cc_w = c.w;  // the CPU's own preparation of each
+  for (Weight* w : {&ca_w, &cb_w, &cc_w}) cpu.prepare_weight(*w);
   for (HostWeight* h : {&a, &b, &c}) gpu->prepare_weight(h->w);
   EXPECT_NE(a.w.device, nullptr);
   EXPECT_EQ(b.w.device, nullptr) << "a weight past the device budget was uploaded";

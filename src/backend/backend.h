@@ -6,7 +6,9 @@
 //
 // Data: activations live in Tensors the backend allocates (f32 rows). Their memory is
 // host-visible: the forward pass reads it only where the model needs a decision on the host
-// (routing, the names shown to a TensorObserver) and after sync(). Cached KV rows are BF16 bits
+// (routing, the names shown to a TensorObserver) and after sync(): a backend may hold work back
+// until then (the Vulkan backend defers linears into its own tensors until an op or sync() may
+// read them; every op it runs on the host submits them first). Cached KV rows are BF16 bits
 // addressed through WindowRows / CacheRows. Weights are prepared once at load time
 // (prepare_weight), so a backend may repack or upload them.
 #pragma once

@@ -19,6 +19,7 @@
 #include "backend/cpu_linear.h"
 #include "backend/expert_split.h"
 #include "backend/held_chunk.h"
+#include "backend/live_tensors.h"
 #include "backend/routed_terms.h"
 #include "backend/swiglu.h"
 #include "kernels/iq_tables.h"
@@ -370,6 +371,105 @@ class VulkanBackend final : public CpuBackend {
 
   std::string_view name() const override { return "vulkan"; }
 
+  // Registered, so that deferred linears know their outputs' tensors are still there.
+  Tensor tensor(size_t n, size_t width) const override { return LiveTensors::make(live_, n, width); }
+  void sync() const override { settle(); }
+
+  // The CPU's ops, each after the deferred linears have run (they may read what those write).
+  void embed(const Weight& table, std::span<const TokenId> tokens, uint32_t copies, Mat X) const override {
+    settle();
+    CpuBackend::embed(table, tokens, copies, X);
+  }
+  void rms_norm(Mat x, const float* w, float eps) const override {
+    settle();
+    CpuBackend::rms_norm(x, w, eps);
+  }
+  void rope(Mat x, uint32_t head_dim, RopeTable t, std::span<const uint64_t> pos, bool inverse) const override {
+    settle();
+    CpuBackend::rope(x, head_dim, t, pos, inverse);
+  }
+  void fake_quant(Mat x, FakeQuant kind) const override {
+    settle();
+    CpuBackend::fake_quant(x, kind);
+  }
+  void store_bf16(CMat x, uint16_t* dst, size_t dst_stride) const override {
+    settle();
+    CpuBackend::store_bf16(x, dst, dst_stride);
+  }
+  void store_fp4(CMat x, Fp4Grid grid, uint8_t* dst) const override {
+    settle();
+    CpuBackend::store_fp4(x, grid, dst);
+  }
+  void add_round(CMat a, CMat b, Mat out) const override {
+    settle();
+    CpuBackend::add_round(a, b, out);
+  }
+  void fill_rows(Mat x, std::span<const float> row) const override {
+    settle();
+    CpuBackend::fill_rows(x, row);
+  }
+  void gather_rows(CMat src, std::span<const uint32_t> rows, Mat dst) const override {
+    settle();
+    CpuBackend::gather_rows(src, rows, dst);
+  }
+  void scatter_rows(CMat src, std::span<const uint32_t> rows, Mat dst) const override {
+    settle();
+    CpuBackend::scatter_rows(src, rows, dst);
+  }
+  void add_rows(CMat terms, std::span<const uint32_t> tokens, Mat out) const override {
+    settle();
+    CpuBackend::add_rows(terms, tokens, out);
+  }
+  void hc_mix(const Weight& fn, const float* base, const float* scale, HcParams p, CMat X, Mat mixes) const override {
+    settle();
+    CpuBackend::hc_mix(fn, base, scale, p, X, mixes);
+  }
+  void hc_pre_norm(CMat X, CMat pre, const float* norm_w, HcParams p, Mat y) const override {
+    settle();
+    CpuBackend::hc_pre_norm(X, pre, norm_w, p, y);
+  }
+  void hc_pre(CMat X, CMat pre, HcParams p, Mat y) const override {
+    settle();
+    CpuBackend::hc_pre(X, pre, p, y);
+  }
+  void hc_mean(CMat X, uint32_t hc, Mat y) const override {
+    settle();
+    CpuBackend::hc_mean(X, hc, y);
+  }
+  void hc_post(CMat F, CMat X, CMat mixes, uint32_t hc, Mat Y) const override {
+    settle();
+    CpuBackend::hc_post(F, X, mixes, hc, Y);
+  }
+  std::vector<uint32_t> compress_pool(CMat k, CMat g, uint32_t ratio, uint32_t p0, float* carry_k, float* carry_s,
+                                      Mat latents) const override {
+    settle();
+    return CpuBackend::compress_pool(k, g, ratio, p0, carry_k, carry_s, latents);
+  }
+  void index_select(const IndexSelect& a, std::vector<std::vector<uint8_t>>& cand,
+                    std::vector<std::vector<int32_t>>& sel) const override {
+    settle();
+    CpuBackend::index_select(a, cand, sel);
+  }
+  void sparse_attention(const SparseAttention& a, Mat o) const override {
+    settle();
+    CpuBackend::sparse_attention(a, o);
+  }
+  void attend_rows(const RowAttention& a, Mat o) const override {
+    settle();
+    CpuBackend::attend_rows(a, o);
+  }
+  void engram_gate(Mat X, uint32_t hc, CMat kv, const float* q_norm, const float* k_norm, float eps,
+                   const uint8_t* masked) const override {
+    settle();
+    CpuBackend::engram_gate(X, hc, kv, q_norm, k_norm, eps, masked);
+  }
+
+  // The deferred linears submitted and their outputs written (deferred submissions below).
+  void settle() const {
+    const std::lock_guard<std::mutex> lk(mu_);
+    flush_deferred();
+  }
+
   void prepare_weight(Weight& w) const override {
     CpuBackend::prepare_weight(w);  // the CPU path stays ready: other ops and fallbacks use it
     uint32_t kind = 0;
@@ -431,10 +531,19 @@ class VulkanBackend final : public CpuBackend {
       ActRows acts;
       std::vector<const uint8_t*> rows;
     };
+    // Inputs are read now (quantized on the host): a call reading what deferred linears write,
+    // or one the CPU runs (it may write what they write), submits them first.
+    {
+      const std::lock_guard<std::mutex> lk(mu_);
+      if (std::any_of(calls.begin(), calls.end(),
+                      [&](const LinearCall& c) { return !linear_fits(*c.W, c.x, c.y) || deferred_writes(c.x); }))
+        flush_deferred();
+    }
     std::vector<Quantized> quantized;
     quantized.reserve(calls.size());  // items point into it: never reallocated
     std::vector<LinearItem> items;
     uint64_t on_host = 0;
+    bool defer = true;  // every output in a live tensor: the batch may wait for the next submission
     for (const LinearCall& c : calls) {
       const Weight& W = *c.W;
       if (!linear_fits(W, c.x, c.y)) {
@@ -458,12 +567,14 @@ class VulkanBackend final : public CpuBackend {
         q = std::prev(quantized.end());
       }
       const GpuWeight& g = *static_cast<const GpuWeight*>(W.device);
+      const uint64_t tensor = live_->holder(c.y.p, (c.y.n - 1) * c.y.stride + c.y.width);
+      defer = defer && tensor != 0;
       items.push_back({DeviceWeight{g.pipe, g.b.buf, 0, g.b.size, g.kind, g.w_off}, &W, q->rows, q->acts.stride, c.y.p,
-                       c.y.width, c.y.stride, c.row0, c.round});
+                       c.y.width, c.y.stride, c.row0, c.round, tensor});
     }
     const std::lock_guard<std::mutex> lk(mu_);
     st_.linear_on_host += on_host;
-    if (!items.empty()) device_linears(items);
+    if (!items.empty()) device_linears(items, {}, defer);
     st_.linear_on_device += items.size();
   }
 
@@ -485,7 +596,9 @@ class VulkanBackend final : public CpuBackend {
   // the next get().
   void routed_ffn(ExpertTensors t, const ExpertSource& src, uint32_t layer, std::span<const ExpertTriple> triples,
                   float limit, CMat x, Mat routed) const override {
-    if (!experts_on_device(t)) return CpuBackend::routed_ffn(t, src, layer, triples, limit, x, routed);
+    const bool device = experts_on_device(t);
+    settle_for(device, x, routed);
+    if (!device) return CpuBackend::routed_ffn(t, src, layer, triples, limit, x, routed);
     const size_t H = x.width;
     device_routed(t, src, layer, triples, limit, x, [&](size_t j, const float* d) {
       float* ri = routed.row(triples[j].token);
@@ -495,7 +608,9 @@ class VulkanBackend final : public CpuBackend {
 
   void routed_ffn_rows(ExpertTensors t, const ExpertSource& src, uint32_t layer, std::span<const ExpertTriple> triples,
                        float limit, CMat x, Mat rows) const override {
-    if (!experts_on_device(t)) return CpuBackend::routed_ffn_rows(t, src, layer, triples, limit, x, rows);
+    const bool device = experts_on_device(t);
+    settle_for(device, x, rows);
+    if (!device) return CpuBackend::routed_ffn_rows(t, src, layer, triples, limit, x, rows);
     if (rows.n != triples.size() || rows.width != x.width) throw Error("routed_ffn_rows: shapes differ");
     device_routed(t, src, layer, triples, limit, x,
                   [&](size_t j, const float* d) { std::copy(d, d + x.width, rows.row(j)); });
@@ -520,6 +635,13 @@ class VulkanBackend final : public CpuBackend {
     const std::lock_guard<std::mutex> lk(mu_);
     std::erase_if(experts, [&](uint32_t e) { return find_slot(src.id, layer, e) != nullptr; });
     return experts;
+  }
+
+  // Before a routed call: the deferred linears wait for its first group's submission unless the
+  // CPU runs the call, or it reads or adds into what they write (the host does both).
+  void settle_for(bool device, CMat x, CMat out) const {
+    const std::lock_guard<std::mutex> lk(mu_);
+    if (!device || deferred_writes(x) || deferred_writes(out)) flush_deferred();
   }
 
   // True when this layer's experts can run in the slots: slots were asked for, the three types
@@ -720,6 +842,7 @@ class VulkanBackend final : public CpuBackend {
 
   void release_imports() const {
     const std::lock_guard<std::mutex> lk(mu_);
+    flush_deferred();  // its dispatches may read the imports
     vkDeviceWaitIdle(dev_);
     for (GpuWeight& g : weights_)
       if (g.imported) {
@@ -1047,6 +1170,15 @@ class VulkanBackend final : public CpuBackend {
     return (b + a - 1) / a * a;
   }
 
+  // One dispatch of a linear shader: its weight range, where its activations and outputs lie in
+  // the staging buffers, its push constants and grid.
+  struct Dispatch {
+    DeviceWeight wt;
+    VkDeviceSize act_off = 0, out_off = 0, out_bytes = 0;
+    Push push{};
+    uint32_t gx = 0, gy = 0;
+  };
+
   // One projection of a batch: rows of the weight at `wt` against the activation rows `acts`
   // (`stride` bytes each), written BF16-rounded to y[t * rows + r].
   struct LinearItem {
@@ -1059,6 +1191,7 @@ class VulkanBackend final : public CpuBackend {
     size_t ldy = 0;     // floats from one token's outputs to the next's (0: rows)
     uint64_t row0 = 0;  // the weight's first row
     bool round = true;  // BF16-rounded outputs
+    uint64_t tensor = 0;  // the live tensor holding y (LiveTensors::holder); 0: none, never deferred
     size_t y_step() const { return ldy ? ldy : rows; }
   };
 
@@ -1073,59 +1206,119 @@ class VulkanBackend final : public CpuBackend {
   // submission's activations and outputs side by side (binding offsets aligned); an item reading
   // the same rows as the one before it (an expert's up after its gate) stages them once. An item
   // too large to share a submission runs alone in token groups (device_linear); mu_ held.
-  // `meanwhile` (host work) runs once, while the first submission is on the device. Returns the
-  // device's seconds (finish_submit).
-  double device_linears(std::span<const LinearItem> items, std::function<void()> meanwhile = {}) const {
+  // `meanwhile` (host work) runs once, while the first submission is on the device. The first
+  // submission carries the deferred batch (deferred_) ahead of the items; with `defer` the last
+  // one becomes the deferred batch instead of being submitted (no `meanwhile`, and every item's
+  // output in a live tensor: LinearItem::tensor). Returns the device's seconds (finish_submit).
+  double device_linears(std::span<const LinearItem> items, std::function<void()> meanwhile = {},
+                        bool defer = false) const {
     const uint64_t limit = io_limit_;
+    // Both at their full size from the first call, so a deferred batch's bytes never move.
+    ensure(act_, limit);
+    ensure(out_, limit);
     double s = 0;
-    std::vector<Dispatch> ds;
     for (size_t i = 0; i < items.size();) {
-      ds.clear();
-      VkDeviceSize act_used = 0, out_used = 0;
+      Deferred sub = std::exchange(deferred_, Deferred{});
+      const size_t carried = sub.ds.size();
       size_t k = i;
-      for (; k < items.size() && k - i < kSets; ++k) {
+      for (; k < items.size() && sub.ds.size() < kSets; ++k) {
         const LinearItem& it = items[k];
         const size_t n = it.acts.size();
         const bool reuse = k > i && it.acts.data() == items[k - 1].acts.data() && n == items[k - 1].acts.size() &&
                            it.stride == items[k - 1].stride;
         const VkDeviceSize a = reuse ? 0 : aligned((VkDeviceSize)n * it.stride);
         const VkDeviceSize o = aligned((VkDeviceSize)n * it.rows * sizeof(float));
-        if (act_used + a > limit || out_used + o > limit) break;
-        ds.push_back({it.wt, reuse ? ds.back().act_off : act_used, out_used, (VkDeviceSize)n * it.rows * sizeof(float),
-                      push_for(it.wt, *it.W, it.row0, n, it.stride, it.rows, it.round), grid_x(it.rows), (uint32_t)n});
-        act_used += a;
-        out_used += o;
+        if (sub.act_used + a > limit || sub.out_used + o > limit) break;
+        sub.ds.push_back({it.wt, reuse ? sub.ds.back().act_off : sub.act_used, sub.out_used,
+                          (VkDeviceSize)n * it.rows * sizeof(float),
+                          push_for(it.wt, *it.W, it.row0, n, it.stride, it.rows, it.round), grid_x(it.rows), (uint32_t)n});
+        sub.outs.push_back({sub.out_used, it.y, n, it.rows, it.y_step(), it.tensor});
+        sub.act_used += a;
+        sub.out_used += o;
       }
-      if (k == i) {  // alone, in token groups
-        if (meanwhile) std::exchange(meanwhile, nullptr)();
+      if (k == i) {
+        if (carried) {  // the deferred batch leaves no room: it goes first, alone
+          s = add_seconds(s, submit_batch(sub, {}));
+          continue;
+        }
+        if (meanwhile) std::exchange(meanwhile, nullptr)();  // alone, in token groups
         const LinearItem& it = items[i];
         s = add_seconds(s, device_linear(it.wt, *it.W, it.row0, it.acts, it.stride, it.y, it.y_step(), it.rows, it.round));
         ++i;
         continue;
       }
-      ensure(act_, act_used);
-      ensure(out_, out_used);
       uint8_t* a = static_cast<uint8_t*>(act_.map);
-      for (size_t d = 0; d < ds.size(); ++d) {
-        const LinearItem& it = items[i + d];
-        if (d > 0 && ds[d].act_off == ds[d - 1].act_off) continue;
-        for (size_t t = 0; t < it.acts.size(); ++t) std::memcpy(a + ds[d].act_off + t * it.stride, it.acts[t], it.stride);
-      }
-      s = add_seconds(s, dispatch(ds, std::exchange(meanwhile, nullptr)));
-      const uint8_t* out = static_cast<const uint8_t*>(out_.map);
-      for (size_t d = 0; d < ds.size(); ++d) {
-        const LinearItem& it = items[i + d];
-        if (it.y_step() == it.rows) {
-          std::memcpy(it.y, out + ds[d].out_off, ds[d].out_bytes);
-          continue;
-        }
-        for (size_t t = 0; t < it.acts.size(); ++t)
-          std::memcpy(it.y + t * it.y_step(), out + ds[d].out_off + t * it.rows * sizeof(float), it.rows * sizeof(float));
+      for (size_t d = carried; d < sub.ds.size(); ++d) {
+        const LinearItem& it = items[i + d - carried];
+        if (d > carried && sub.ds[d].act_off == sub.ds[d - 1].act_off) continue;
+        for (size_t t = 0; t < it.acts.size(); ++t) std::memcpy(a + sub.ds[d].act_off + t * it.stride, it.acts[t], it.stride);
       }
       i = k;
+      if (defer && i == items.size() && !meanwhile) {
+        deferred_ = std::move(sub);
+        break;
+      }
+      s = add_seconds(s, submit_batch(sub, std::exchange(meanwhile, nullptr)));
     }
     if (meanwhile) meanwhile();
     return s;
+  }
+
+  // --- Deferred submissions ------------------------------------------------------------------------
+  // A batch of linears whose every output lies in a live tensor of this backend (the forward
+  // pass's workspace) is recorded but not submitted: its activations wait in the staging buffer
+  // and its dispatches in deferred_, and the next submission carries them — a later batch of
+  // linears, or the first group of routed experts (the shared expert's down projection rides
+  // with the routed experts' gate and up). Any other op, and sync(), submits it first (settle),
+  // because the host may read what it writes; so does a linear reading a deferred output. A
+  // tensor freed before the batch ran (an eval abandoned by an error) is not written
+  // (live_tensors.h). A deferred batch that fails reports the error from the op that submitted
+  // it, before that op has changed anything.
+  struct CopyOut {  // one item's outputs: from the output buffer at `off` to y, `step` floats a token
+    VkDeviceSize off = 0;
+    float* y = nullptr;
+    size_t n = 0, rows = 0, step = 0;
+    uint64_t tensor = 0;  // the live tensor holding y (LiveTensors); 0: not deferred, always written
+    bool overlaps(const float* p, size_t count) const {
+      return p < y + (n - 1) * step + rows && y < p + count;
+    }
+  };
+  struct Deferred {
+    std::vector<Dispatch> ds;
+    std::vector<CopyOut> outs;
+    VkDeviceSize act_used = 0, out_used = 0;
+  };
+
+  // Submits a batch and copies its outputs out (mu_ held).
+  double submit_batch(const Deferred& sub, const std::function<void()>& meanwhile) const {
+    const double s = dispatch(sub.ds, meanwhile);
+    const uint8_t* out = static_cast<const uint8_t*>(out_.map);
+    const std::unique_lock<std::mutex> lk = live_->lock();  // no deferred target is freed meanwhile
+    for (const CopyOut& c : sub.outs) {
+      if (c.tensor && !live_->alive(c.tensor)) continue;
+      if (c.step == c.rows) {
+        std::memcpy(c.y, out + c.off, c.n * c.rows * sizeof(float));
+        continue;
+      }
+      for (size_t t = 0; t < c.n; ++t)
+        std::memcpy(c.y + t * c.step, out + c.off + t * c.rows * sizeof(float), c.rows * sizeof(float));
+    }
+    return s;
+  }
+
+  // Submits the deferred batch, if any (mu_ held).
+  void flush_deferred() const {
+    if (deferred_.ds.empty()) return;
+    const Deferred sub = std::exchange(deferred_, Deferred{});
+    (void)submit_batch(sub, {});
+  }
+
+  // True when the deferred batch writes any of m's floats (mu_ held).
+  bool deferred_writes(CMat m) const {
+    if (m.n == 0 || m.width == 0) return false;
+    const size_t count = (m.n - 1) * m.stride + m.width;
+    return std::any_of(deferred_.outs.begin(), deferred_.outs.end(),
+                       [&](const CopyOut& c) { return c.overlaps(m.p, count); });
   }
 
   // --- Routed experts in place ---------------------------------------------------------------------
@@ -1305,17 +1498,6 @@ class VulkanBackend final : public CpuBackend {
   DeviceWeight slot_part(const ExpertSlot& sl, int i, VkPipeline pipe, uint32_t kind) const {
     return DeviceWeight{pipe, slabs_[sl.slab].buf, sl.offset + part_off_[i], part_cap_[i], kind, 0};
   }
-
-  // Runs one linear dispatch to completion (mu_ held). A failure leaves y untouched: the caller
-  // copies the output only after the fence signalled.
-  // One dispatch of a linear shader: its weight range, where its activations and outputs lie in
-  // the staging buffers, its push constants and grid.
-  struct Dispatch {
-    DeviceWeight wt;
-    VkDeviceSize act_off = 0, out_off = 0, out_bytes = 0;
-    Push push{};
-    uint32_t gx = 0, gy = 0;
-  };
 
   // Up to kSets dispatches, independent of each other (none reads what another writes), in one
   // submission, each with its own descriptor set; mu_ held. `meanwhile` runs on the host while
@@ -1511,6 +1693,8 @@ class VulkanBackend final : public CpuBackend {
   mutable std::deque<GpuWeight> weights_;  // stable addresses: Weight::device points here
   mutable Buffer act_, out_, stage_;
   mutable GpuStats st_;
+  mutable Deferred deferred_;  // linears recorded, not yet submitted (device_linears' defer)
+  const std::shared_ptr<LiveTensors> live_ = std::make_shared<LiveTensors>();  // tensor()'s
 
   // Routed-expert slots (make_slots): geometry, slabs, the slots and their index.
   uint64_t slots_wanted_ = 0;
