@@ -145,8 +145,8 @@ void Drafter::stage_moe(uint32_t s, Mat x, Mat out, DraftBlock& b) const {
   std::stable_sort(triples.begin(), triples.end(),
                    [](const ExpertTriple& p, const ExpertTriple& q) { return p.expert < q.expert; });
   const Mat sh = sh_.m(), routed = routed_.m();
-  be_.shared_ffn(w.gate_sh, w.up_sh, w.down_sh, mc.swiglu_limit, x, sh);
   be_.fill_rows(routed, std::vector<float>(H, 0.0f));
+  be_.shared_ffn(w.gate_sh, w.up_sh, w.down_sh, mc.swiglu_limit, x, sh);  // beside the routed ones (forward_moe.cpp)
   const ExpertLayout& lay = w.experts;
   be_.routed_ffn(ExpertTensors{&lay.gate, &lay.up, &lay.down}, experts_, s, triples, mc.swiglu_limit, x, routed);
   be_.add_round(routed, sh, out);

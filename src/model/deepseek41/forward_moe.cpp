@@ -93,9 +93,11 @@ void Engine::Impl::moe(Pass& p, uint32_t L, CMat x, Mat out) const {
     if (guess) experts->hint(L + 1, be.unheld_experts(*experts, L + 1, predict_experts(L + 1, p)));
   }
 
+  // The shared expert just before the routed ones: a backend that defers work may send its last
+  // projection with the routed experts' first.
   const Mat sh = ws(Ws::Shared, n), routed = ws(Ws::Routed, n);
-  be.shared_ffn(w.gate_sh, w.up_sh, w.down_sh, lim, x, sh);
   be.fill_rows(routed, std::vector<float>(H, 0.0f));  // the routed sums start at zero
+  be.shared_ffn(w.gate_sh, w.up_sh, w.down_sh, lim, x, sh);
   const ExpertLayout& lay = w.experts;  // routed_ffn prepares the experts it reads from the source
   be.routed_ffn(ExpertTensors{&lay.gate, &lay.up, &lay.down}, *experts, L, triples, lim, x, routed);
   name(p, (int)L, "ffn_routed", routed);
