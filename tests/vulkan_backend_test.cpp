@@ -188,6 +188,79 @@ TEST(Vulkan, IndependentLinearsShareASubmission) {
   }
 }
 
+// The device's activation quantizers against the CPU's, byte for byte: random rows of odd
+// lengths and scales, and the edge cases of each rule — ties of the rounding (away from zero for
+// Q8_0, to even for Q8_K), the first of two equal magnitudes as Q8_K's max, all-zero blocks, fp16
+// scales that are subnormal or overflow, very large values. Then a linear's bits with the device
+// quantizing and with the host quantizing.
+TEST(Vulkan, ActivationQuantizersHaveTheCpuBytes) {
+  if (!kBuilt) return;
+  const std::unique_ptr<Backend> gpu = make_vulkan_backend(GpuOptions{});
+  std::mt19937_64 rng(5);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> ex(-40, 40);
+  for (const ActType a : {ActType::Q8_0, ActType::Q8_K}) {
+    const size_t block = a == ActType::Q8_0 ? 32 : 256;
+    for (const size_t blocks : {1u, 3u, 5u})
+      for (const size_t n : {1u, 3u, 7u}) {
+        SCOPED_TRACE(std::string(a == ActType::Q8_0 ? "Q8_0" : "Q8_K") + " blocks " + std::to_string(blocks) +
+                     " rows " + std::to_string(n));
+        const size_t cols = blocks * block;
+        std::vector<float> x(n * cols);
+        for (size_t b = 0; b < n * blocks; ++b) {
+          float* v = x.data() + b * block;
+          const int kind = (int)(b % 8);
+          const float scale = std::ldexp(1.0f, ex(rng));  // 2^-40 .. 2^40: subnormal and overflowing fp16 scales
+          for (size_t j = 0; j < block; ++j) v[j] = u(rng) * scale;
+          if (kind == 1) {  // amax 127: Q8_0 d = 1, Q8_K iscale = -1; halves are ties
+            v[0] = 127.0f;
+            for (size_t j = 1; j < block; ++j) v[j] = (float)((int)(j % 9) - 4) + 0.5f;
+          } else if (kind == 2) {
+            std::fill(v, v + block, 0.0f);
+          } else if (kind == 3) {  // two equal magnitudes: the first (negative) is Q8_K's max
+            v[3] = -5.0f;
+            v[7] = 5.0f;
+            for (size_t j = 8; j < block; ++j) v[j] = std::fmod(v[j], 4.0f);
+          } else if (kind == 4) {
+            std::fill(v, v + block, 0.0f);
+            v[block - 1] = -3.0e-6f;  // one value: fp16 scale subnormal
+          } else if (kind == 5) {
+            for (size_t j = 0; j < block; ++j) v[j] = u(rng) * 1e30f;
+          } else if (kind == 6) {  // Q8_0's d = amax / 127 = (2k + 1) * 2^-25 exactly: a tie of the subnormal fp16 scale
+            const float odd = (float)(2 * (rng() % 1000) + 1);
+            for (size_t j = 0; j < block; ++j) v[j] = std::ldexp(u(rng) * odd, -25);
+            v[b % block] = std::ldexp(127.0f * odd, -25);
+          }
+        }
+        std::vector<uint8_t> want(n * activation_bytes(a, (int64_t)cols));
+        for (size_t t = 0; t < n; ++t)
+          quantize_activation(a, x.data() + t * cols, want.data() + t * activation_bytes(a, (int64_t)cols), (int64_t)cols);
+        const std::vector<uint8_t> got = gpu_quantize(*gpu, a, x.data(), n, cols);
+        ASSERT_EQ(got.size(), want.size());
+        size_t first = want.size();
+        for (size_t i = 0; i < want.size() && first == want.size(); ++i)
+          if (got[i] != want[i]) first = i;
+        EXPECT_EQ(first, want.size()) << "first differing byte " << first;
+      }
+  }
+  // The linear path: device-quantized and host-quantized activations give the same outputs.
+  GpuOptions host;
+  host.host_quantize = true;
+  const std::unique_ptr<Backend> gpu_h = make_vulkan_backend(host);
+  for (const GgmlType type : {GgmlType::Q8_0, GgmlType::IQ2_XXS, GgmlType::Q2_K}) {
+    HostWeight hw = random_weight(type, 37, 512, rng());
+    Weight wd = hw.w, wh = hw.w;
+    gpu->prepare_weight(wd);
+    gpu_h->prepare_weight(wh);
+    const std::vector<float> x = randoms(rng, 5 * 512);
+    const uint64_t q0 = gpu_stats(*gpu).inputs_quantized_on_device;
+    const std::vector<float> d = run_linear(*gpu, wd, x, 5, true, 0, 37), h = run_linear(*gpu_h, wh, x, 5, true, 0, 37);
+    EXPECT_EQ(gpu_stats(*gpu).inputs_quantized_on_device - q0, 1u) << type_traits(type).name << ": the host quantized";
+    EXPECT_EQ(std::memcmp(d.data(), h.data(), d.size() * sizeof(float)), 0) << type_traits(type).name;
+  }
+  EXPECT_EQ(gpu_stats(*gpu_h).inputs_quantized_on_device, 0u);
+}
+
 // Linears whose outputs are the backend's tensors wait for the next submission (deferred
 // submissions, docs/backends.md): a later batch carries them, and whatever reads their outputs
 // (a linear on them, any other op, sync) submits them first. Same bits as the CPU throughout.
@@ -1107,6 +1180,8 @@ TEST(Vulkan, CommandLine) {
   EXPECT_NE(r.err.find("vulkan: "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("on the device"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find(" submissions (host-device round trips)"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("(0 inputs quantized on the device)"), std::string::npos) << "lavapipe has shaderFloat64: " << r.err;
+  EXPECT_NE(r.err.find(" inputs quantized on the device)"), std::string::npos) << r.err;
   const test::CmdResult c = test::run_sluice(dir, "run -m " + test::q(model) + " --tokens 5,6,7 -n 4 --resident-experts");
   EXPECT_EQ(c.out, r.out) << "the Vulkan run generated other tokens";
   // --gpu-mem caps the copies: with room for none, every linear runs on the CPU, same tokens.

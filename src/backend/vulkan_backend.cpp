@@ -62,6 +62,12 @@ const uint32_t kLinearTq2_0[] = {
 const uint32_t kLinearQ2_0[] = {
 #include "linear_q2_0.spv.inc"
 };
+const uint32_t kQuantizeQ8_0[] = {
+#include "quantize_q8_0.spv.inc"
+};
+const uint32_t kQuantizeQ8_K[] = {
+#include "quantize_q8_k.spv.inc"
+};
 
 // The quantized weight types with a shader of their own: each gives the CPU's bits (the shader's
 // header says why). The float formats share linear_float (kind 0/1/2), which needs shaderFloat64.
@@ -292,6 +298,7 @@ class VulkanBackend final : public CpuBackend {
     st_.device_budget = budget_;
     st_.budget_why = wb.why;
     force_staging_ = o.force_staging;
+    host_quantize_ = o.host_quantize;
     slots_wanted_ = o.expert_slots;
     split_ = ExpertSplit(std::clamp(o.cpu_experts, 0.0, 1.0), o.cpu_experts_auto);
     // Timestamps measure the device's part of the expert split (auto); without them the wall
@@ -557,6 +564,18 @@ class VulkanBackend final : public CpuBackend {
         throw Error("linear: rows " + std::to_string(c.row0) + ".." + std::to_string(c.row0 + c.y.width) +
                     " of a weight of " + std::to_string(W.rows));
       const ActType type = W.act();
+      const GpuWeight& gw = *static_cast<const GpuWeight*>(W.device);
+      const uint64_t tensor = live_->holder(c.y.p, (c.y.n - 1) * c.y.stride + c.y.width);
+      defer = defer && tensor != 0;
+      if (device_quantizes(W)) {
+        LinearItem it{DeviceWeight{gw.pipe, gw.b.buf, 0, gw.b.size, gw.kind, gw.w_off}, &W, {}, quantized_row_bytes(type, W.cols),
+                      c.y.p, c.y.width, c.y.stride, c.row0, c.round, tensor};
+        it.x = c.x.p;
+        it.x_stride = c.x.stride;
+        it.n_x = c.x.n;
+        items.push_back(it);
+        continue;
+      }
       auto q = std::find_if(quantized.begin(), quantized.end(), [&](const Quantized& z) {
         return z.p == c.x.p && z.n == c.x.n && z.stride == c.x.stride && z.width == c.x.width && z.type == type;
       });
@@ -566,10 +585,7 @@ class VulkanBackend final : public CpuBackend {
         for (size_t t = 0; t < c.x.n; ++t) z.rows.push_back(z.acts.row(t));
         q = std::prev(quantized.end());
       }
-      const GpuWeight& g = *static_cast<const GpuWeight*>(W.device);
-      const uint64_t tensor = live_->holder(c.y.p, (c.y.n - 1) * c.y.stride + c.y.width);
-      defer = defer && tensor != 0;
-      items.push_back({DeviceWeight{g.pipe, g.b.buf, 0, g.b.size, g.kind, g.w_off}, &W, q->rows, q->acts.stride, c.y.p,
+      items.push_back({DeviceWeight{gw.pipe, gw.b.buf, 0, gw.b.size, gw.kind, gw.w_off}, &W, q->rows, q->acts.stride, c.y.p,
                        c.y.width, c.y.stride, c.row0, c.round, tensor});
     }
     const std::lock_guard<std::mutex> lk(mu_);
@@ -892,6 +908,29 @@ class VulkanBackend final : public CpuBackend {
     return r;
   }
 
+ // The device's quantizer alone (gpu_quantize): n rows of cols floats -> n rows of the format's
+  // bytes, unpadded.
+  std::vector<uint8_t> quantize_alone(ActType a, const float* x, size_t n, size_t cols) const {
+    const std::lock_guard<std::mutex> lk(mu_);
+    flush_deferred();
+    if (quantizer(a) == VK_NULL_HANDLE || cols % (a == ActType::Q8_0 ? 32 : 256) != 0)
+      throw Error("gpu_quantize: the device has no quantizer for this format or row length");
+    const size_t stride = quantized_row_bytes(a, cols), row = activation_bytes(a, (int64_t)cols);
+    const VkDeviceSize f = aligned((VkDeviceSize)n * cols * sizeof(float));
+    ensure(act_, io_limit_);
+    if (f + n * stride > act_.size) throw Error("gpu_quantize: the rows do not fit the staging buffer");
+    std::memcpy(act_.map, x, n * cols * sizeof(float));
+    const uint32_t units = quantize_units(a, cols);
+    Dispatch q{DeviceWeight{quantizer(a), tables_.buf, 0, tables_.size, 0, 0}, 0, f, (VkDeviceSize)(n * stride),
+               Push{units, (uint32_t)cols, (uint32_t)n, 0, (uint32_t)cols, (uint32_t)stride, 0, 0, 0}, grid_x(units),
+               (uint32_t)n};
+    q.quantize = true;
+    (void)dispatch(std::span<const Dispatch>(&q, 1));
+    std::vector<uint8_t> out(n * row);
+    for (size_t t = 0; t < n; ++t) std::memcpy(out.data() + t * row, static_cast<const uint8_t*>(act_.map) + f + t * stride, row);
+    return out;
+  }
+
  private:
   // The linear shader of a weight type (kind: linear_float's format), or none: the type has no
   // shader, or it is a float format and the device lacks shaderFloat64 (linear_float.comp).
@@ -1019,6 +1058,12 @@ class VulkanBackend final : public CpuBackend {
     for (size_t i = 0; i < kQuantShaderCount; ++i)
       quant_[i] = pipeline(kQuantShaders[i].code, kQuantShaders[i].bytes, kQuantShaders[i].name);
     if (float64_) float_ = pipeline(kLinearFloat, sizeof kLinearFloat, "linear_float");
+    // The activation quantizers divide exactly with doubles (quantize_common.glsl); without them
+    // the host quantizes.
+    if (float64_ && !host_quantize_) {
+      quantize_q8_0_ = pipeline(kQuantizeQ8_0, sizeof kQuantizeQ8_0, "quantize_q8_0");
+      quantize_q8_k_ = pipeline(kQuantizeQ8_K, sizeof kQuantizeQ8_K, "quantize_q8_k");
+    }
     // The IQ2 grids, read by linear_iq2_xxs / linear_iq2_xs (shaders/linear_common.glsl Tables).
     tables_ = make_buffer(sizeof iq2xxs_grid + sizeof iq2xs_grid);
     std::memcpy(tables_.map, iq2xxs_grid, sizeof iq2xxs_grid);
@@ -1170,6 +1215,22 @@ class VulkanBackend final : public CpuBackend {
     return (b + a - 1) / a * a;
   }
 
+  // The device's quantizer of an activation format (none: the host quantizes it).
+  VkPipeline quantizer(ActType a) const {
+    return a == ActType::Q8_0 ? quantize_q8_0_ : a == ActType::Q8_K ? quantize_q8_k_ : VK_NULL_HANDLE;
+  }
+  // Invocations per row of the quantizers: Q8_0 pairs of 32-blocks, Q8_K 256-blocks.
+  static uint32_t quantize_units(ActType a, size_t cols) {
+    return a == ActType::Q8_0 ? (uint32_t)((cols / 32 + 1) / 2) : (uint32_t)(cols / 256);
+  }
+  // Bytes of one row the device quantized: the format's, padded to whole words.
+  static size_t quantized_row_bytes(ActType a, size_t cols) { return (activation_bytes(a, (int64_t)cols) + 3) / 4 * 4; }
+  // The device quantizes a call's rows when it has the format's quantizer and the row is whole blocks.
+  bool device_quantizes(const Weight& W) const {
+    const ActType a = W.act();
+    return quantizer(a) != VK_NULL_HANDLE && W.cols % (a == ActType::Q8_0 ? 32 : 256) == 0;
+  }
+
   // One dispatch of a linear shader: its weight range, where its activations and outputs lie in
   // the staging buffers, its push constants and grid.
   struct Dispatch {
@@ -1177,6 +1238,9 @@ class VulkanBackend final : public CpuBackend {
     VkDeviceSize act_off = 0, out_off = 0, out_bytes = 0;
     Push push{};
     uint32_t gx = 0, gy = 0;
+    // An activation quantizer: reads f32 rows at act_off of the activation buffer and writes
+    // their codes at out_off of the same buffer (out_bytes), for the linears after it.
+    bool quantize = false;
   };
 
   // One projection of a batch: rows of the weight at `wt` against the activation rows `acts`
@@ -1192,7 +1256,12 @@ class VulkanBackend final : public CpuBackend {
     uint64_t row0 = 0;  // the weight's first row
     bool round = true;  // BF16-rounded outputs
     uint64_t tensor = 0;  // the live tensor holding y (LiveTensors::holder); 0: none, never deferred
+    // Set: the device quantizes the f32 rows x (x_stride floats apart; acts empty) into rows of
+    // `stride` bytes (W->act(), padded to whole words) in the same submission.
+    const float* x = nullptr;
+    size_t x_stride = 0, n_x = 0;
     size_t y_step() const { return ldy ? ldy : rows; }
+    size_t tokens() const { return x ? n_x : acts.size(); }
   };
 
   // A linear's weight has a copy on the device, and one token's activations and outputs fit the
@@ -1220,20 +1289,43 @@ class VulkanBackend final : public CpuBackend {
     for (size_t i = 0; i < items.size();) {
       Deferred sub = std::exchange(deferred_, Deferred{});
       const size_t carried = sub.ds.size();
+      uint8_t* const abuf = static_cast<uint8_t*>(act_.map);
+      VkDeviceSize last_act = 0;  // where the item before (in this submission) reads its codes
       size_t k = i;
-      for (; k < items.size() && sub.ds.size() < kSets; ++k) {
+      for (; k < items.size(); ++k) {
         const LinearItem& it = items[k];
-        const size_t n = it.acts.size();
-        const bool reuse = k > i && it.acts.data() == items[k - 1].acts.data() && n == items[k - 1].acts.size() &&
-                           it.stride == items[k - 1].stride;
+        const size_t n = it.tokens();
+        const LinearItem* prev = k > i ? &items[k - 1] : nullptr;
+        const bool reuse = prev && n == prev->tokens() && it.stride == prev->stride &&
+                           (it.x ? it.x == prev->x && it.x_stride == prev->x_stride && it.W->act() == prev->W->act()
+                                 : !prev->x && it.acts.data() == prev->acts.data());
+        const bool quantize = it.x && !reuse;
+        const size_t cols = it.W->cols;
+        const VkDeviceSize f = quantize ? aligned((VkDeviceSize)n * cols * sizeof(float)) : 0;
         const VkDeviceSize a = reuse ? 0 : aligned((VkDeviceSize)n * it.stride);
         const VkDeviceSize o = aligned((VkDeviceSize)n * it.rows * sizeof(float));
-        if (sub.act_used + a > limit || sub.out_used + o > limit) break;
-        sub.ds.push_back({it.wt, reuse ? sub.ds.back().act_off : sub.act_used, sub.out_used,
-                          (VkDeviceSize)n * it.rows * sizeof(float),
+        if (sub.ds.size() + (quantize ? 2 : 1) > kSets || sub.act_used + f + a > limit || sub.out_used + o > limit)
+          break;
+        if (quantize) {  // the f32 rows, then their codes after them
+          for (size_t t = 0; t < n; ++t)
+            std::memcpy(abuf + sub.act_used + t * cols * sizeof(float), it.x + t * it.x_stride, cols * sizeof(float));
+          const uint32_t units = quantize_units(it.W->act(), cols);
+          Dispatch q{DeviceWeight{quantizer(it.W->act()), tables_.buf, 0, tables_.size, 0, 0}, sub.act_used,
+                     sub.act_used + f, (VkDeviceSize)n * it.stride,
+                     Push{units, (uint32_t)cols, (uint32_t)n, 0, (uint32_t)cols, (uint32_t)it.stride, 0, 0, 0},
+                     grid_x(units), (uint32_t)n};
+          q.quantize = true;
+          sub.ds.push_back(q);
+          ++st_.inputs_quantized_on_device;
+          last_act = sub.act_used + f;
+        } else if (!reuse) {
+          for (size_t t = 0; t < n; ++t) std::memcpy(abuf + sub.act_used + t * it.stride, it.acts[t], it.stride);
+          last_act = sub.act_used;
+        }
+        sub.act_used += f + a;
+        sub.ds.push_back({it.wt, last_act, sub.out_used, (VkDeviceSize)n * it.rows * sizeof(float),
                           push_for(it.wt, *it.W, it.row0, n, it.stride, it.rows, it.round), grid_x(it.rows), (uint32_t)n});
         sub.outs.push_back({sub.out_used, it.y, n, it.rows, it.y_step(), it.tensor});
-        sub.act_used += a;
         sub.out_used += o;
       }
       if (k == i) {
@@ -1243,15 +1335,16 @@ class VulkanBackend final : public CpuBackend {
         }
         if (meanwhile) std::exchange(meanwhile, nullptr)();  // alone, in token groups
         const LinearItem& it = items[i];
-        s = add_seconds(s, device_linear(it.wt, *it.W, it.row0, it.acts, it.stride, it.y, it.y_step(), it.rows, it.round));
+        if (it.x) {  // too large to share a submission: the host quantizes, as for any such call
+          const ActRows r = quantize_rows(it.W->act(), it.x, it.x_stride, it.n_x, it.W->cols);
+          std::vector<const uint8_t*> rows(it.n_x);
+          for (size_t t = 0; t < it.n_x; ++t) rows[t] = r.row(t);
+          s = add_seconds(s, device_linear(it.wt, *it.W, it.row0, rows, r.stride, it.y, it.y_step(), it.rows, it.round));
+        } else {
+          s = add_seconds(s, device_linear(it.wt, *it.W, it.row0, it.acts, it.stride, it.y, it.y_step(), it.rows, it.round));
+        }
         ++i;
         continue;
-      }
-      uint8_t* a = static_cast<uint8_t*>(act_.map);
-      for (size_t d = carried; d < sub.ds.size(); ++d) {
-        const LinearItem& it = items[i + d - carried];
-        if (d > carried && sub.ds[d].act_off == sub.ds[d - 1].act_off) continue;
-        for (size_t t = 0; t < it.acts.size(); ++t) std::memcpy(a + sub.ds[d].act_off + t * it.stride, it.acts[t], it.stride);
       }
       i = k;
       if (defer && i == items.size() && !meanwhile) {
@@ -1511,7 +1604,7 @@ class VulkanBackend final : public CpuBackend {
       const Dispatch& x = ds[d];
       bi[d * kBindings + 0] = {x.wt.buf, x.wt.offset, x.wt.range};
       bi[d * kBindings + 1] = {act_.buf, x.act_off, VK_WHOLE_SIZE};
-      bi[d * kBindings + 2] = {out_.buf, x.out_off, x.out_bytes ? x.out_bytes : VK_WHOLE_SIZE};
+      bi[d * kBindings + 2] = {x.quantize ? act_.buf : out_.buf, x.out_off, x.out_bytes ? x.out_bytes : VK_WHOLE_SIZE};
       bi[d * kBindings + 3] = {tables_.buf, 0, VK_WHOLE_SIZE};
       for (uint32_t i = 0; i < kBindings; ++i) {
         VkWriteDescriptorSet& w = wr[d * kBindings + i];
@@ -1530,12 +1623,26 @@ class VulkanBackend final : public CpuBackend {
                                            : "a batch of linear dispatches";
     begin_submit(
         [&] {
-          for (size_t d = 0; d < ds.size(); ++d) {
-            vkCmdBindPipeline(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, ds[d].wt.pipe);
-            vkCmdBindDescriptorSets(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, layout_, 0, 1, &sets_[d], 0, nullptr);
-            vkCmdPushConstants(cmd_, layout_, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof(Push), &ds[d].push);
-            vkCmdDispatch(cmd_, ds[d].gx, ds[d].gy, 1);
+          // The quantizers first, then (behind a barrier) the linears that read their codes.
+          auto record = [&](bool quantize) {
+            for (size_t d = 0; d < ds.size(); ++d) {
+              if (ds[d].quantize != quantize) continue;
+              vkCmdBindPipeline(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, ds[d].wt.pipe);
+              vkCmdBindDescriptorSets(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, layout_, 0, 1, &sets_[d], 0, nullptr);
+              vkCmdPushConstants(cmd_, layout_, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof(Push), &ds[d].push);
+              vkCmdDispatch(cmd_, ds[d].gx, ds[d].gy, 1);
+            }
+          };
+          if (std::any_of(ds.begin(), ds.end(), [](const Dispatch& d) { return d.quantize; })) {
+            record(true);
+            VkMemoryBarrier mb{};
+            mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
+            mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
+            mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT;
+            vkCmdPipelineBarrier(cmd_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1,
+                                 &mb, 0, nullptr, 0, nullptr);
           }
+          record(false);
         },
         what);
     if (meanwhile) {
@@ -1685,6 +1792,8 @@ class VulkanBackend final : public CpuBackend {
   VkDescriptorSet sets_[kSets] = {};
   VkPipeline quant_[kQuantShaderCount] = {};  // kQuantShaders' pipelines, in its order
   VkPipeline float_ = VK_NULL_HANDLE;
+  VkPipeline quantize_q8_0_ = VK_NULL_HANDLE, quantize_q8_k_ = VK_NULL_HANDLE;
+  bool host_quantize_ = false;  // GpuOptions::host_quantize
   Buffer tables_;
 
   // One queue, one command buffer and one descriptor set: linear() calls take turns (the forward
@@ -1743,6 +1852,12 @@ void release_gpu_imports(const Backend& b) {
   if (const auto* v = dynamic_cast<const VulkanBackend*>(&b)) v->release_imports();
 }
 
+std::vector<uint8_t> gpu_quantize(const Backend& b, ActType a, const float* x, size_t n, size_t cols) {
+  const auto* v = dynamic_cast<const VulkanBackend*>(&b);
+  if (!v) throw Error("gpu_quantize: not a Vulkan backend");
+  return v->quantize_alone(a, x, n, cols);
+}
+
 GpuCopyBandwidth measure_gpu_copy(const Backend& b, uint64_t bytes, int passes) {
   const auto* v = dynamic_cast<const VulkanBackend*>(&b);
   if (!v) throw Error("measure_gpu_copy: not a Vulkan backend");
@@ -1763,6 +1878,7 @@ std::vector<GpuDevice> vulkan_devices() { not_built(); }
 std::unique_ptr<Backend> make_vulkan_backend(const GpuOptions&) { not_built(); }
 GpuStats gpu_stats(const Backend&) { return {}; }
 GpuCopyBandwidth measure_gpu_copy(const Backend&, uint64_t, int) { not_built(); }
+std::vector<uint8_t> gpu_quantize(const Backend&, ActType, const float*, size_t, size_t) { not_built(); }
 void release_gpu_imports(const Backend&) {}
 
 #endif

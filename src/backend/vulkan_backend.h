@@ -15,6 +15,7 @@
 
 #include "backend/gpu_budget.h"
 #include "backend/backend.h"
+#include "kernels/types.h"
 
 namespace sluice {
 
@@ -48,6 +49,9 @@ struct GpuStats {
   uint64_t weights_on_host = 0;  // weights linear() runs on the CPU (type without a shader, or too large)
   uint64_t linear_on_device = 0, linear_on_host = 0;  // linear() calls
   uint64_t submissions = 0;  // command buffers submitted (each waited on): the host-device round trips
+  // Linear inputs (one per batch and activation format) the device quantized from f32 rows
+  // (Q8_0, Q8_K where it has shaderFloat64; else, and with GpuOptions::host_quantize, the host did).
+  uint64_t inputs_quantized_on_device = 0;
   uint64_t device_budget = 0;    // bytes of weights the device may hold (GpuOptions::weight_budget)
   std::string budget_why;        // how device_budget was chosen (gpu_weight_budget)
   // The weight copies live in memory the host pays for: an integrated GPU or a CPU device (one
@@ -109,6 +113,8 @@ struct GpuOptions {
   // Tests: weights go through the staging copy even where device memory can be mapped, in
   // chunks of this many bytes (0: kGpuStagingBytes).
   bool force_staging = false;
+  // Tests: the host quantizes every linear's activations, as a device without shaderFloat64 does.
+  bool host_quantize = false;
   // Copy the weights even where the device could import their pages (tests; force_staging too).
   bool no_import = false;
   // Routed-expert slots on the device (--gpu-experts N): the routed FFN runs there, each expert
@@ -154,6 +160,11 @@ GpuStats gpu_stats(const Backend& b);
 // idle; a weight whose import was released runs on the CPU from then on. Call it before the
 // buffers of the models loaded with this backend are freed. Nothing for any other backend.
 void release_gpu_imports(const Backend& b);
+
+// Tests: the device's activation quantizer (Q8_0 or Q8_K) alone on n rows of `cols` floats; the
+// rows in the format's bytes, to compare with the CPU's quantizer. Throws Error for a backend not
+// made by make_vulkan_backend, or a device without the quantizer (no shaderFloat64).
+std::vector<uint8_t> gpu_quantize(const Backend& b, ActType a, const float* x, size_t n, size_t cols);
 
 // Host -> device copy rate, the path experts and weights take into device memory (PCIe on a
 // discrete card, a memcpy on UMA), beside a plain host memcpy of the same bytes in the same run.

@@ -438,11 +438,12 @@ std::string session_summary(const Session& s, uint64_t tokens_evaluated) {
                            : std::string();
     std::snprintf(buf, sizeof buf,
                   " | %s: %llu weights on the device (%s of %s%s), %llu on the CPU; linear %llu on the device, %llu on "
-                  "the CPU; %llu submissions (host-device round trips)",
+                  "the CPU (%llu inputs quantized on the device); %llu submissions (host-device round trips)",
                   std::string(s.backend().name()).c_str(), (unsigned long long)g.weights_on_device,
                   format_bytes(g.bytes_on_device + g.bytes_imported).c_str(), format_bytes(g.device_budget).c_str(),
                   imported.c_str(), (unsigned long long)g.weights_on_host, (unsigned long long)g.linear_on_device,
-                  (unsigned long long)g.linear_on_host, (unsigned long long)g.submissions);
+                  (unsigned long long)g.linear_on_host, (unsigned long long)g.inputs_quantized_on_device,
+                  (unsigned long long)g.submissions);
     out += buf;
     // The expert tiers: device slots, then the host store (the expert cache figures above).
     const uint64_t looks = g.expert_hits + g.expert_misses + g.expert_on_cpu;
