@@ -261,9 +261,42 @@ TEST(Vulkan, ActivationQuantizersHaveTheCpuBytes) {
   EXPECT_EQ(gpu_stats(*gpu_h).inputs_quantized_on_device, 0u);
 }
 
+// The device's rms_norm (rms_norm.comp) against the CPU's, bit for bit: odd widths, values over
+// many orders of magnitude (none so small that its square is an f32 denormal: the device may
+// flush those), two epsilons.
+TEST(Vulkan, RmsNormOnTheDeviceHasTheCpuBits) {
+  if (!kBuilt) return;
+  const std::unique_ptr<Backend> gpu = make_vulkan_backend(GpuOptions{});
+  const CpuBackend cpu(1);
+  std::mt19937_64 rng(17);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> ex(-18, 18);
+  for (const size_t width : {1u, 7u, 64u, 257u, 4096u})
+    for (const float eps : {1e-6f, 1e-5f}) {
+      SCOPED_TRACE("width " + std::to_string(width) + " eps " + std::to_string(eps));
+      // Enough rows that a root or quotient one ulp off shows through the BF16 rounding.
+      const size_t n = std::min<size_t>(4096, 524288 / width);
+      std::vector<float> x(n * width), w(width);
+      for (size_t t = 0; t < n; ++t) {
+        const float scale = std::ldexp(1.0f, 3 * ex(rng));
+        for (size_t i = 0; i < width; ++i) x[t * width + i] = u(rng) * scale;
+      }
+      for (float& v : w) v = round_bf16(1.0f + u(rng) * 0.5f);
+      std::vector<float> want = x, got = x;
+      cpu.rms_norm(Mat{want.data(), n, width, width}, w.data(), eps);
+      gpu_rms_norm(*gpu, got.data(), n, width, w.data(), eps);
+      size_t first = want.size();
+      for (size_t i = 0; i < want.size() && first == want.size(); ++i)
+        if (std::memcmp(&got[i], &want[i], 4) != 0) first = i;
+      EXPECT_EQ(first, want.size()) << "first differing value " << first << ": " << got[first] << " vs " << want[first];
+    }
+}
+
 // Linears whose outputs are the backend's tensors wait for the next submission (deferred
-// submissions, docs/backends.md): a later batch carries them, and whatever reads their outputs
-// (a linear on them, any other op, sync) submits them first. Same bits as the CPU throughout.
+// submissions, docs/backends.md): a later batch carries them, a linear that reads their outputs
+// in a format the device quantizes reads them on the device in the same submission (chained),
+// and whatever else reads them (a linear that cannot chain, any other op, sync) submits them
+// first. Same bits as the CPU throughout.
 TEST(Vulkan, LinearsIntoTensorsWaitForTheNextSubmission) {
   if (!kBuilt) return;
   std::atomic<bool> fail{false};
@@ -276,16 +309,20 @@ TEST(Vulkan, LinearsIntoTensorsWaitForTheNextSubmission) {
   HostWeight a = random_weight(GgmlType::Q8_0, 64, cols, rng());
   HostWeight b = random_weight(GgmlType::Q8_0, 40, 64, rng());
   HostWeight c = random_weight(GgmlType::Q2_K, 24, cols, rng());
-  Weight ca_w = a.w, cb_w = b.w, cc_w = c.w;  // the CPU's own preparation of each
-  for (Weight* w : {&ca_w, &cb_w, &cc_w}) cpu.prepare_weight(*w);
-  for (HostWeight* h : {&a, &b, &c}) gpu->prepare_weight(h->w);
+  HostWeight e = random_weight(GgmlType::F16, 8, 64, rng());  // F32 activations: no quantizer, never chained
+  HostWeight h32 = random_weight(GgmlType::Q8_0, 16, 32, rng());  // reads the second half of a row
+  Weight ca_w = a.w, cb_w = b.w, cc_w = c.w, ce_w = e.w, c32_w = h32.w;  // the CPU's own preparation of each
+  for (Weight* w : {&ca_w, &cb_w, &cc_w, &ce_w, &c32_w}) cpu.prepare_weight(*w);
+  for (HostWeight* h : {&a, &b, &c, &e, &h32}) gpu->prepare_weight(h->w);
   const std::vector<float> x = randoms(rng, n * cols);
   const Tensor xt = gpu->tensor(n, cols);
   std::memcpy(xt.m().p, x.data(), x.size() * sizeof(float));
   // The CPU's results: ya = A x, yb = B ya, yc = C x, and rms_norm(A x).
   const Tensor ca = cpu.tensor(n, 64), cb = cpu.tensor(n, 40), cc = cpu.tensor(n, 24), cn = cpu.tensor(n, 64);
+  const Tensor ce = cpu.tensor(n, 8);
   cpu.linear(ca_w, xt.c(), ca.m(), true, 0);
   cpu.linear(cb_w, ca.c(), cb.m(), true, 0);
+  cpu.linear(ce_w, ca.c(), ce.m(), true, 0);
   cpu.linear(cc_w, xt.c(), cc.m(), true, 0);
   cpu.linear(ca_w, xt.c(), cn.m(), true, 0);
   const std::vector<float> norm_w(64, 1.25f);
@@ -297,26 +334,82 @@ TEST(Vulkan, LinearsIntoTensorsWaitForTheNextSubmission) {
 
   const Tensor ya = gpu->tensor(n, 64), yb = gpu->tensor(n, 40), yc = gpu->tensor(n, 24);
   uint64_t s0 = submissions();
+  const uint64_t chained0 = gpu_stats(*gpu).inputs_chained;
   gpu->linear(a.w, xt.c(), ya.m(), true);
   gpu->linear(c.w, xt.c(), yc.m(), true);
   EXPECT_EQ(submissions() - s0, 0u) << "linears into tensors were submitted before anything read them";
-  gpu->linear(b.w, ya.c(), yb.m(), true);  // reads A's deferred output: A and C go first, together
-  EXPECT_EQ(submissions() - s0, 1u);
-  EXPECT_TRUE(same(ya, ca)) << "a linear read a deferred output before it was written";
+  gpu->linear(b.w, ya.c(), yb.m(), true);  // reads A's deferred output (Q8_0): on the device, chained
+  EXPECT_EQ(submissions() - s0, 0u);
+  EXPECT_EQ(gpu_stats(*gpu).inputs_chained - chained0, 1u);
   gpu->sync();
-  EXPECT_EQ(submissions() - s0, 2u);
-  EXPECT_TRUE(same(yb, cb));
+  EXPECT_EQ(submissions() - s0, 1u);
+  EXPECT_TRUE(same(ya, ca));
+  EXPECT_TRUE(same(yb, cb)) << "a chained linear read its input before it was written";
   EXPECT_TRUE(same(yc, cc));
   gpu->sync();
-  EXPECT_EQ(submissions() - s0, 2u) << "sync with nothing deferred submitted something";
+  EXPECT_EQ(submissions() - s0, 1u) << "sync with nothing deferred submitted something";
 
-  // Any other op submits the deferred linears first: rms_norm reads A's output on the host.
-  const Tensor yn = gpu->tensor(n, 64);
+  // The attention output's groups: two linears write the two halves of each row, and the
+  // linear that reads the whole rows chains after both.
+  const Tensor yz = gpu->tensor(n, 64), yz_b = gpu->tensor(n, 40), yz_h = gpu->tensor(n, 16), c_h = cpu.tensor(n, 16);
+  cpu.linear(c32_w, ca.c().cols(32, 32), c_h.m(), true, 0);
   s0 = submissions();
+  gpu->linear(a.w, xt.c(), yz.m().cols(0, 32), true, 0);
+  gpu->linear(a.w, xt.c(), yz.m().cols(32, 32), true, 32);
+  gpu->linear(b.w, yz.c(), yz_b.m(), true);
+  gpu->linear(h32.w, yz.c().cols(32, 32), yz_h.m(), true);
+  EXPECT_EQ(submissions() - s0, 0u) << "the column halves' readers were not chained";
+  gpu->sync();
+  EXPECT_EQ(submissions() - s0, 1u);
+  EXPECT_TRUE(same(yz, ca));
+  EXPECT_TRUE(same(yz_b, cb));
+  EXPECT_TRUE(same(yz_h, c_h)) << "a chained read of a row's second half";
+
+  // Rows only partly written by deferred linears (the rest the host's), or read in a format no
+  // shader quantizes (F32 activations), submit the deferred linears first.
+  const Tensor yh = gpu->tensor(n, 64), yh_b = gpu->tensor(n, 40), ye = gpu->tensor(n, 8);
+  gpu->fill_rows(yh.m(), std::vector<float>(64, 0.5f));
+  const Tensor ch = cpu.tensor(n, 64), ch_b = cpu.tensor(n, 40);
+  cpu.fill_rows(ch.m(), std::vector<float>(64, 0.5f));
+  cpu.linear(ca_w, xt.c(), ch.m().cols(0, 32), true, 0);
+  cpu.linear(cb_w, ch.c(), ch_b.m(), true, 0);
+  s0 = submissions();
+  gpu->linear(a.w, xt.c(), yh.m().cols(0, 32), true, 0);
+  gpu->linear(b.w, yh.c(), yh_b.m(), true);
+  EXPECT_EQ(submissions() - s0, 1u) << "rows partly written on the host were read on the device";
+  gpu->linear(a.w, xt.c(), ya.m(), true);
+  gpu->linear(e.w, ya.c(), ye.m(), true);
+  EXPECT_EQ(submissions() - s0, 2u) << "a linear reading f32 rows did not submit what writes them";
+  gpu->sync();
+  EXPECT_TRUE(same(yh, ch));
+  EXPECT_TRUE(same(yh_b, ch_b));
+  EXPECT_TRUE(same(ye, ce));
+
+  // rms_norm on rows deferred linears write runs on the device in their batch, and a linear
+  // reading the normalized rows chains after it: one submission for the three.
+  const Tensor yn = gpu->tensor(n, 64), ynb = gpu->tensor(n, 40), cnb = cpu.tensor(n, 40);
+  cpu.linear(cb_w, cn.c(), cnb.m(), true, 0);
+  s0 = submissions();
+  const uint64_t ops0 = gpu_stats(*gpu).ops_on_device;
   gpu->linear(a.w, xt.c(), yn.m(), true);
   gpu->rms_norm(yn.m(), norm_w.data(), 1e-6f);
+  gpu->linear(b.w, yn.c(), ynb.m(), true);
+  EXPECT_EQ(submissions() - s0, 0u);
+  EXPECT_EQ(gpu_stats(*gpu).ops_on_device - ops0, 1u) << "rms_norm ran on the host";
+  gpu->sync();
   EXPECT_EQ(submissions() - s0, 1u);
-  EXPECT_TRUE(same(yn, cn)) << "rms_norm ran before the linear it reads";
+  EXPECT_TRUE(same(yn, cn)) << "rms_norm on the device";
+  EXPECT_TRUE(same(ynb, cnb)) << "the linear after the device's rms_norm";
+
+  // Any op the CPU runs submits the deferred linears first: fake_quant reads A's output on the host.
+  const Tensor yq = gpu->tensor(n, 64), cq = cpu.tensor(n, 64);
+  cpu.linear(ca_w, xt.c(), cq.m(), true, 0);
+  cpu.fake_quant(cq.m(), FakeQuant::Fp8Window);
+  s0 = submissions();
+  gpu->linear(a.w, xt.c(), yq.m(), true);
+  gpu->fake_quant(yq.m(), FakeQuant::Fp8Window);
+  EXPECT_EQ(submissions() - s0, 1u);
+  EXPECT_TRUE(same(yq, cq)) << "fake_quant ran before the linear it reads";
 
   // Outputs outside the backend's tensors (the caller's own memory) are written before the call returns.
   std::vector<float> host(n * 24, -1.0f);
@@ -1119,7 +1212,7 @@ TEST(Vulkan, AFailedDispatchLeavesTheSequenceAsItWas) {
     SequenceState s = eng.new_sequence();
     eng.eval(s, p1, nullptr);
     const uint32_t before = s.position();
-    armed = mode == 0 ? 150 : mode == 1 ? 40 : 6;  // into p2's second chunk; the 40th upload copy
+    armed = mode == 0 ? 75 : mode == 1 ? 40 : 6;  // into p2's second chunk (of 144 submissions); the 40th upload copy
     std::vector<float> got(p2.size() * V);
     std::string err;
     try {

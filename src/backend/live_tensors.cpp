@@ -23,14 +23,15 @@ Tensor LiveTensors::make(const std::shared_ptr<LiveTensors>& self, size_t n, siz
   return Tensor(std::move(mem), n, width);
 }
 
-uint64_t LiveTensors::holder_locked(const float* p, size_t count) const {
+LiveTensors::Held LiveTensors::holder_locked(const float* p, size_t count) const {
   auto it = live_.upper_bound(p);
-  if (it == live_.begin()) return 0;
+  if (it == live_.begin()) return {};
   --it;
-  return p >= it->first && p < it->second.end && count <= (size_t)(it->second.end - p) ? it->second.id : 0;
+  if (p >= it->first && p < it->second.end && count <= (size_t)(it->second.end - p)) return {it->second.id, it->first};
+  return {};
 }
 
-uint64_t LiveTensors::holder(const float* p, size_t count) const {
+LiveTensors::Held LiveTensors::holder(const float* p, size_t count) const {
   const std::lock_guard<std::mutex> lk(mu_);
   return holder_locked(p, count);
 }

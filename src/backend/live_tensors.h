@@ -21,8 +21,12 @@ class LiveTensors {
   // outlives every tensor it made (each holds a reference to it).
   static Tensor make(const std::shared_ptr<LiveTensors>& self, size_t n, size_t width);
 
-  // The allocation that holds floats [p, p + count) whole; 0 when none does.
-  uint64_t holder(const float* p, size_t count) const;
+  // The allocation that holds floats [p, p + count) whole (id 0 when none does) and where it starts.
+  struct Held {
+    uint64_t id = 0;
+    const float* start = nullptr;
+  };
+  Held holder(const float* p, size_t count) const;
   // True while allocation `id` (from holder) is alive. Hold lock() across the check and the write.
   bool alive(uint64_t id) const;
   std::unique_lock<std::mutex> lock() const { return std::unique_lock<std::mutex>(mu_); }
@@ -33,7 +37,7 @@ class LiveTensors {
     const float* end;
     uint64_t id;
   };
-  uint64_t holder_locked(const float* p, size_t count) const;
+  Held holder_locked(const float* p, size_t count) const;
   mutable std::mutex mu_;
   std::map<const float*, Span> live_;  // by start address
   uint64_t next_id_ = 1;

@@ -6,6 +6,7 @@
 #include <vulkan/vulkan.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -67,6 +68,9 @@ const uint32_t kQuantizeQ8_0[] = {
 };
 const uint32_t kQuantizeQ8_K[] = {
 #include "quantize_q8_k.spv.inc"
+};
+const uint32_t kRmsNorm[] = {
+#include "rms_norm.spv.inc"
 };
 
 // The quantized weight types with a shader of their own: each gives the CPU's bits (the shader's
@@ -222,6 +226,7 @@ GpuDevice describe(VkPhysicalDevice d, uint32_t index) {
 
 struct Push {
   uint32_t rows, cols, n, row0, w_row_bytes, a_stride, kind, round_out, w_off;
+  uint32_t y_off = 0, y_stride = 0;  // the linears' outputs y[y_off + t * y_stride + r]
 };
 
 // A storage buffer and its memory; `map` is set while the host can write it directly (the
@@ -387,8 +392,15 @@ class VulkanBackend final : public CpuBackend {
     settle();
     CpuBackend::embed(table, tokens, copies, X);
   }
+  // On the device when deferred linears write the rows whole (the queries' low rank after its
+  // projection): recorded in their batch, a stage after them, so a linear that reads the
+  // normalized rows chains after it. Else the CPU's, once the deferred linears have run.
   void rms_norm(Mat x, const float* w, float eps) const override {
-    settle();
+    {
+      const std::lock_guard<std::mutex> lk(mu_);
+      if (defer_rms_norm(x, w, eps)) return;
+      flush_deferred();
+    }
     CpuBackend::rms_norm(x, w, eps);
   }
   void rope(Mat x, uint32_t head_dim, RopeTable t, std::span<const uint64_t> pos, bool inverse) const override {
@@ -542,8 +554,10 @@ class VulkanBackend final : public CpuBackend {
     // or one the CPU runs (it may write what they write), submits them first.
     {
       const std::lock_guard<std::mutex> lk(mu_);
-      if (std::any_of(calls.begin(), calls.end(),
-                      [&](const LinearCall& c) { return !linear_fits(*c.W, c.x, c.y) || deferred_writes(c.x); }))
+      if (std::any_of(calls.begin(), calls.end(), [&](const LinearCall& c) {
+            return !linear_fits(*c.W, c.x, c.y) ||
+                   (deferred_writes(c.x) && !(device_quantizes(*c.W) && deferred_.source_of(c.x)));
+          }))
         flush_deferred();
     }
     std::vector<Quantized> quantized;
@@ -565,11 +579,15 @@ class VulkanBackend final : public CpuBackend {
                     " of a weight of " + std::to_string(W.rows));
       const ActType type = W.act();
       const GpuWeight& gw = *static_cast<const GpuWeight*>(W.device);
-      const uint64_t tensor = live_->holder(c.y.p, (c.y.n - 1) * c.y.stride + c.y.width);
+      // A live tensor's rows from their start: y is the columns from c0 of n of them.
+      const LiveTensors::Held held = live_->holder(c.y.p, (c.y.n - 1) * c.y.stride + c.y.width);
+      const size_t c0 = held.id ? (size_t)(c.y.p - held.start) % c.y.stride : 0;
+      const uint64_t tensor = held.id && c0 + c.y.width <= c.y.stride ? held.id : 0;
+      const float* y_row = c.y.p - c0;
       defer = defer && tensor != 0;
       if (device_quantizes(W)) {
         LinearItem it{DeviceWeight{gw.pipe, gw.b.buf, 0, gw.b.size, gw.kind, gw.w_off}, &W, {}, quantized_row_bytes(type, W.cols),
-                      c.y.p, c.y.width, c.y.stride, c.row0, c.round, tensor};
+                      c.y.p, c.y.width, c.y.stride, c.row0, c.round, tensor, y_row};
         it.x = c.x.p;
         it.x_stride = c.x.stride;
         it.n_x = c.x.n;
@@ -586,7 +604,7 @@ class VulkanBackend final : public CpuBackend {
         q = std::prev(quantized.end());
       }
       items.push_back({DeviceWeight{gw.pipe, gw.b.buf, 0, gw.b.size, gw.kind, gw.w_off}, &W, q->rows, q->acts.stride, c.y.p,
-                       c.y.width, c.y.stride, c.row0, c.round, tensor});
+                       c.y.width, c.y.stride, c.row0, c.round, tensor, y_row});
     }
     const std::lock_guard<std::mutex> lk(mu_);
     st_.linear_on_host += on_host;
@@ -908,6 +926,26 @@ class VulkanBackend final : public CpuBackend {
     return r;
   }
 
+ // The device's rms_norm alone (gpu_rms_norm): the rows staged in the output buffer as a region
+  // of deferred linears would be, normalized there and read back.
+  void rms_norm_alone(float* x, size_t n, size_t width, const float* w, float eps) const {
+    const std::lock_guard<std::mutex> lk(mu_);
+    flush_deferred();
+    if (rms_norm_ == VK_NULL_HANDLE) throw Error("gpu_rms_norm: the device has no rms_norm shader (no shaderFloat64)");
+    ensure(act_, io_limit_);
+    ensure(out_, io_limit_);
+    if (n * width * sizeof(float) > out_.size || width * sizeof(float) > act_.size)
+      throw Error("gpu_rms_norm: the rows do not fit the staging buffers");
+    std::memcpy(out_.map, x, n * width * sizeof(float));
+    std::memcpy(act_.map, w, width * sizeof(float));
+    Dispatch d{DeviceWeight{rms_norm_, act_.buf, 0, aligned(width * sizeof(float)), 0, 0}, 0, 0,
+               (VkDeviceSize)(n * width * sizeof(float)),
+               Push{(uint32_t)n, (uint32_t)width, 0, (uint32_t)width, std::bit_cast<uint32_t>(eps), 0, 0, 0, 0},
+               (uint32_t)n, 1};
+    (void)dispatch(std::span<const Dispatch>(&d, 1));
+    std::memcpy(x, out_.map, n * width * sizeof(float));
+  }
+
  // The device's quantizer alone (gpu_quantize): n rows of cols floats -> n rows of the format's
   // bytes, unpadded.
   std::vector<uint8_t> quantize_alone(ActType a, const float* x, size_t n, size_t cols) const {
@@ -1063,6 +1101,7 @@ class VulkanBackend final : public CpuBackend {
     if (float64_ && !host_quantize_) {
       quantize_q8_0_ = pipeline(kQuantizeQ8_0, sizeof kQuantizeQ8_0, "quantize_q8_0");
       quantize_q8_k_ = pipeline(kQuantizeQ8_K, sizeof kQuantizeQ8_K, "quantize_q8_k");
+      rms_norm_ = pipeline(kRmsNorm, sizeof kRmsNorm, "rms_norm");
     }
     // The IQ2 grids, read by linear_iq2_xxs / linear_iq2_xs (shaders/linear_common.glsl Tables).
     tables_ = make_buffer(sizeof iq2xxs_grid + sizeof iq2xs_grid);
@@ -1207,7 +1246,7 @@ class VulkanBackend final : public CpuBackend {
   static Push push_for(const DeviceWeight& wt, const Weight& W, uint64_t row0, size_t n, size_t stride, size_t rows,
                        bool round) {
     return Push{(uint32_t)rows, (uint32_t)W.cols, (uint32_t)n, (uint32_t)row0, (uint32_t)W.row_bytes,
-                (uint32_t)stride, wt.kind, round ? 1u : 0u, wt.w_off};
+                (uint32_t)stride, wt.kind, round ? 1u : 0u, wt.w_off, 0, (uint32_t)rows};
   }
   static uint32_t grid_x(size_t rows) { return (uint32_t)((rows + kGroup - 1) / kGroup); }
   VkDeviceSize aligned(VkDeviceSize b) const {
@@ -1238,9 +1277,13 @@ class VulkanBackend final : public CpuBackend {
     VkDeviceSize act_off = 0, out_off = 0, out_bytes = 0;
     Push push{};
     uint32_t gx = 0, gy = 0;
-    // An activation quantizer: reads f32 rows at act_off of the activation buffer and writes
-    // their codes at out_off of the same buffer (out_bytes), for the linears after it.
-    bool quantize = false;
+    // An activation quantizer: reads f32 rows at act_off of the activation buffer (of the output
+    // buffer with `chained`: a linear's outputs earlier in the submission) and writes their codes
+    // at out_off of the activation buffer (out_bytes), for the linears after it.
+    bool quantize = false, chained = false;
+    // Recorded in stages, a barrier between one and the next: a dispatch reads only what
+    // dispatches of earlier stages wrote.
+    uint32_t stage = 1;
   };
 
   // One projection of a batch: rows of the weight at `wt` against the activation rows `acts`
@@ -1256,6 +1299,7 @@ class VulkanBackend final : public CpuBackend {
     uint64_t row0 = 0;  // the weight's first row
     bool round = true;  // BF16-rounded outputs
     uint64_t tensor = 0;  // the live tensor holding y (LiveTensors::holder); 0: none, never deferred
+    const float* y_row = nullptr;  // with a tensor: the start of y's first row in it (y's columns from y - y_row)
     // Set: the device quantizes the f32 rows x (x_stride floats apart; acts empty) into rows of
     // `stride` bytes (W->act(), padded to whole words) in the same submission.
     const float* x = nullptr;
@@ -1276,9 +1320,10 @@ class VulkanBackend final : public CpuBackend {
   // the same rows as the one before it (an expert's up after its gate) stages them once. An item
   // too large to share a submission runs alone in token groups (device_linear); mu_ held.
   // `meanwhile` (host work) runs once, while the first submission is on the device. The first
-  // submission carries the deferred batch (deferred_) ahead of the items; with `defer` the last
-  // one becomes the deferred batch instead of being submitted (no `meanwhile`, and every item's
-  // output in a live tensor: LinearItem::tensor). Returns the device's seconds (finish_submit).
+  // submission carries the deferred batch (deferred_) ahead of the items, and an item whose input
+  // its linears write reads it on the device (chained, below); with `defer` the last submission
+  // becomes the deferred batch instead of being submitted (no `meanwhile`, and every item's output
+  // in a live tensor: LinearItem::tensor). Returns the device's seconds (finish_submit).
   double device_linears(std::span<const LinearItem> items, std::function<void()> meanwhile = {},
                         bool defer = false) const {
     const uint64_t limit = io_limit_;
@@ -1291,6 +1336,7 @@ class VulkanBackend final : public CpuBackend {
       const size_t carried = sub.ds.size();
       uint8_t* const abuf = static_cast<uint8_t*>(act_.map);
       VkDeviceSize last_act = 0;  // where the item before (in this submission) reads its codes
+      uint32_t last_stage = 1;    // and the stage of its linear
       size_t k = i;
       for (; k < items.size(); ++k) {
         const LinearItem& it = items[k];
@@ -1300,33 +1346,65 @@ class VulkanBackend final : public CpuBackend {
                            (it.x ? it.x == prev->x && it.x_stride == prev->x_stride && it.W->act() == prev->W->act()
                                  : !prev->x && it.acts.data() == prev->acts.data());
         const bool quantize = it.x && !reuse;
+        const Region* from = quantize ? sub.source_of(CMat{it.x, n, it.W->cols, it.x_stride}) : nullptr;
         const size_t cols = it.W->cols;
-        const VkDeviceSize f = quantize ? aligned((VkDeviceSize)n * cols * sizeof(float)) : 0;
+        const VkDeviceSize f = quantize && !from ? aligned((VkDeviceSize)n * cols * sizeof(float)) : 0;
         const VkDeviceSize a = reuse ? 0 : aligned((VkDeviceSize)n * it.stride);
-        const VkDeviceSize o = aligned((VkDeviceSize)n * it.rows * sizeof(float));
+        // The output: a region of the deferred batch laid out as the tensor's rows (a new one, or
+        // the one another item writes other columns of), else n rows of its own.
+        Region* into = it.tensor ? sub.region_of(it) : nullptr;
+        const VkDeviceSize o = into ? 0
+                               : aligned((VkDeviceSize)n * (it.tensor ? it.y_step() : it.rows) * sizeof(float));
         if (sub.ds.size() + (quantize ? 2 : 1) > kSets || sub.act_used + f + a > limit || sub.out_used + o > limit)
           break;
-        if (quantize) {  // the f32 rows, then their codes after them
-          for (size_t t = 0; t < n; ++t)
-            std::memcpy(abuf + sub.act_used + t * cols * sizeof(float), it.x + t * it.x_stride, cols * sizeof(float));
+        uint32_t stage = reuse ? last_stage : 1;
+        if (quantize) {  // the f32 rows (staged now, or a region of this submission), then their codes after them
+          if (!from)
+            for (size_t t = 0; t < n; ++t)
+              std::memcpy(abuf + sub.act_used + t * cols * sizeof(float), it.x + t * it.x_stride, cols * sizeof(float));
           const uint32_t units = quantize_units(it.W->act(), cols);
-          Dispatch q{DeviceWeight{quantizer(it.W->act()), tables_.buf, 0, tables_.size, 0, 0}, sub.act_used,
-                     sub.act_used + f, (VkDeviceSize)n * it.stride,
-                     Push{units, (uint32_t)cols, (uint32_t)n, 0, (uint32_t)cols, (uint32_t)it.stride, 0, 0, 0},
+          Dispatch q{DeviceWeight{quantizer(it.W->act()), tables_.buf, 0, tables_.size, 0, 0},
+                     from ? from->off : sub.act_used, sub.act_used + f, (VkDeviceSize)n * it.stride,
+                     Push{units, (uint32_t)cols, (uint32_t)n, from ? (uint32_t)(it.x - from->row) : 0u,
+                          (uint32_t)(from ? from->stride : cols), (uint32_t)it.stride, 0, 0, 0},
                      grid_x(units), (uint32_t)n};
           q.quantize = true;
+          q.chained = from != nullptr;
+          q.stage = from ? from->stage + 1 : 0;
+          stage = q.stage + 1;
           sub.ds.push_back(q);
           ++st_.inputs_quantized_on_device;
+          if (from) ++st_.inputs_chained;
           last_act = sub.act_used + f;
         } else if (!reuse) {
           for (size_t t = 0; t < n; ++t) std::memcpy(abuf + sub.act_used + t * it.stride, it.acts[t], it.stride);
           last_act = sub.act_used;
         }
         sub.act_used += f + a;
-        sub.ds.push_back({it.wt, last_act, sub.out_used, (VkDeviceSize)n * it.rows * sizeof(float),
-                          push_for(it.wt, *it.W, it.row0, n, it.stride, it.rows, it.round), grid_x(it.rows), (uint32_t)n});
-        sub.outs.push_back({sub.out_used, it.y, n, it.rows, it.y_step(), it.tensor});
-        sub.out_used += o;
+        Dispatch d{it.wt, last_act, 0, 0, push_for(it.wt, *it.W, it.row0, n, it.stride, it.rows, it.round),
+                   grid_x(it.rows), (uint32_t)n};
+        d.stage = last_stage = stage;
+        if (it.tensor) {
+          if (!into) {
+            sub.regions.push_back(Region{it.tensor, it.y_row, n, it.y_step(), sub.out_used, 0, {}});
+            into = &sub.regions.back();
+            sub.out_used += o;
+          }
+          const size_t c0 = (size_t)(it.y - it.y_row);
+          d.out_off = into->off;
+          d.out_bytes = (VkDeviceSize)n * into->stride * sizeof(float);
+          d.push.y_off = (uint32_t)c0;
+          d.push.y_stride = (uint32_t)into->stride;
+          into->stage = std::max(into->stage, stage);
+          into->cols.emplace_back(c0, it.rows);
+          sub.outs.push_back({into->off + c0 * sizeof(float), it.y, n, it.rows, it.y_step(), into->stride, it.tensor});
+        } else {
+          d.out_off = sub.out_used;
+          d.out_bytes = (VkDeviceSize)n * it.rows * sizeof(float);
+          sub.outs.push_back({sub.out_used, it.y, n, it.rows, it.y_step(), it.rows, 0});
+          sub.out_used += o;
+        }
+        sub.ds.push_back(d);
       }
       if (k == i) {
         if (carried) {  // the deferred batch leaves no room: it goes first, alone
@@ -1357,20 +1435,68 @@ class VulkanBackend final : public CpuBackend {
     return s;
   }
 
+  // Records rms_norm on x into the deferred batch (mu_ held): false when x is not the columns of
+  // a region the batch's linears write whole, or the batch has no room; the weights go into the
+  // activation buffer beside its rows.
+  bool defer_rms_norm(Mat x, const float* w, float eps) const {
+    if (rms_norm_ == VK_NULL_HANDLE || x.n == 0 || x.width == 0 || deferred_.ds.size() >= kSets) return false;
+    Region* r = const_cast<Region*>(deferred_.source_of(x));
+    const VkDeviceSize wb = aligned((VkDeviceSize)x.width * sizeof(float));
+    if (!r || deferred_.act_used + wb > io_limit_) return false;
+    std::memcpy(static_cast<uint8_t*>(act_.map) + deferred_.act_used, w, x.width * sizeof(float));
+    Dispatch d{DeviceWeight{rms_norm_, act_.buf, deferred_.act_used, wb, 0, 0}, 0, r->off,
+               (VkDeviceSize)r->n * r->stride * sizeof(float),
+               Push{(uint32_t)x.n, (uint32_t)x.width, (uint32_t)(x.p - r->row), (uint32_t)r->stride,
+                    std::bit_cast<uint32_t>(eps), 0, 0, 0, 0},
+               (uint32_t)x.n, 1};
+    d.stage = r->stage + 1;
+    r->stage = d.stage;  // readers of the rows come after it
+    deferred_.act_used += wb;
+    deferred_.ds.push_back(d);
+    ++st_.ops_on_device;
+    return true;
+  }
+
   // --- Deferred submissions ------------------------------------------------------------------------
   // A batch of linears whose every output lies in a live tensor of this backend (the forward
   // pass's workspace) is recorded but not submitted: its activations wait in the staging buffer
   // and its dispatches in deferred_, and the next submission carries them — a later batch of
   // linears, or the first group of routed experts (the shared expert's down projection rides
   // with the routed experts' gate and up). Any other op, and sync(), submits it first (settle),
-  // because the host may read what it writes; so does a linear reading a deferred output. A
-  // tensor freed before the batch ran (an eval abandoned by an error) is not written
-  // (live_tensors.h). A deferred batch that fails reports the error from the op that submitted
-  // it, before that op has changed anything.
+  // because the host may read what it writes; so may a linear reading a deferred output, unless it
+  // is chained: its rows are the columns of one region (below) that the batch's linears write, in
+  // a format the device quantizes, so its quantizer reads them on the device in the same
+  // submission, a stage after them. A tensor freed before the batch ran (an eval abandoned by an
+  // error) is not written (live_tensors.h). A deferred batch that fails reports the error from
+  // the op that submitted it, before that op has changed anything.
+  //
+  // Outputs into a tensor are laid out in the output buffer as the tensor's rows (a Region: n
+  // rows of the tensor's stride from y_row), so the linears writing different columns of the same
+  // rows (the attention output's groups) leave the rows whole for the linear that reads them.
+  struct Region {
+    uint64_t tensor = 0;          // LiveTensors id
+    const float* row = nullptr;   // the first row's start in the tensor
+    size_t n = 0, stride = 0;     // rows, floats a row
+    VkDeviceSize off = 0;         // in the output buffer
+    uint32_t stage = 0;           // the latest stage writing it
+    std::vector<std::pair<size_t, size_t>> cols;  // (first column, count) written
+    // True when every column of [c0, c0 + w) is written.
+    bool covers(size_t c0, size_t w) const {
+      std::vector<std::pair<size_t, size_t>> v = cols;
+      std::sort(v.begin(), v.end());
+      size_t at = c0;
+      for (const auto& [c, cw] : v) {
+        if (c > at) break;
+        at = std::max(at, c + cw);
+      }
+      return at >= c0 + w;
+    }
+  };
   struct CopyOut {  // one item's outputs: from the output buffer at `off` to y, `step` floats a token
     VkDeviceSize off = 0;
     float* y = nullptr;
     size_t n = 0, rows = 0, step = 0;
+    size_t src_step = 0;  // floats from one token's outputs to the next's in the output buffer
     uint64_t tensor = 0;  // the live tensor holding y (LiveTensors); 0: not deferred, always written
     bool overlaps(const float* p, size_t count) const {
       return p < y + (n - 1) * step + rows && y < p + count;
@@ -1379,7 +1505,24 @@ class VulkanBackend final : public CpuBackend {
   struct Deferred {
     std::vector<Dispatch> ds;
     std::vector<CopyOut> outs;
+    std::deque<Region> regions;  // items point at them while a batch is built: stable addresses
     VkDeviceSize act_used = 0, out_used = 0;
+    // The region an item's output goes into with others (same tensor, rows and stride), if any.
+    Region* region_of(const LinearItem& it) {
+      for (Region& r : regions)
+        if (r.tensor == it.tensor && r.row == it.y_row && r.n == it.tokens() && r.stride == it.y_step())
+          return &r;
+      return nullptr;
+    }
+    // The region whose written columns hold x whole (a chained input), if any.
+    const Region* source_of(CMat x) const {
+      for (const Region& r : regions) {
+        if (x.p < r.row || x.n != r.n || x.stride != r.stride) continue;
+        const size_t c0 = (size_t)(x.p - r.row);
+        if (c0 + x.width <= r.stride && r.covers(c0, x.width)) return &r;
+      }
+      return nullptr;
+    }
   };
 
   // Submits a batch and copies its outputs out (mu_ held).
@@ -1389,12 +1532,12 @@ class VulkanBackend final : public CpuBackend {
     const std::unique_lock<std::mutex> lk = live_->lock();  // no deferred target is freed meanwhile
     for (const CopyOut& c : sub.outs) {
       if (c.tensor && !live_->alive(c.tensor)) continue;
-      if (c.step == c.rows) {
+      if (c.step == c.rows && c.src_step == c.rows) {
         std::memcpy(c.y, out + c.off, c.n * c.rows * sizeof(float));
         continue;
       }
       for (size_t t = 0; t < c.n; ++t)
-        std::memcpy(c.y + t * c.step, out + c.off + t * c.rows * sizeof(float), c.rows * sizeof(float));
+        std::memcpy(c.y + t * c.step, out + c.off + t * c.src_step * sizeof(float), c.rows * sizeof(float));
     }
     return s;
   }
@@ -1603,7 +1746,7 @@ class VulkanBackend final : public CpuBackend {
     for (size_t d = 0; d < ds.size(); ++d) {
       const Dispatch& x = ds[d];
       bi[d * kBindings + 0] = {x.wt.buf, x.wt.offset, x.wt.range};
-      bi[d * kBindings + 1] = {act_.buf, x.act_off, VK_WHOLE_SIZE};
+      bi[d * kBindings + 1] = {x.chained ? out_.buf : act_.buf, x.act_off, VK_WHOLE_SIZE};
       bi[d * kBindings + 2] = {x.quantize ? act_.buf : out_.buf, x.out_off, x.out_bytes ? x.out_bytes : VK_WHOLE_SIZE};
       bi[d * kBindings + 3] = {tables_.buf, 0, VK_WHOLE_SIZE};
       for (uint32_t i = 0; i < kBindings; ++i) {
@@ -1623,26 +1766,31 @@ class VulkanBackend final : public CpuBackend {
                                            : "a batch of linear dispatches";
     begin_submit(
         [&] {
-          // The quantizers first, then (behind a barrier) the linears that read their codes.
-          auto record = [&](bool quantize) {
+          // Stage by stage, a barrier between: a quantizer before the linears reading its codes,
+          // a chained quantizer after the linears whose outputs it reads.
+          uint32_t last = 0;
+          for (const Dispatch& d : ds) last = std::max(last, d.stage);
+          bool first = true;
+          for (uint32_t stage = 0; stage <= last; ++stage) {
+            bool any = false;
             for (size_t d = 0; d < ds.size(); ++d) {
-              if (ds[d].quantize != quantize) continue;
+              if (ds[d].stage != stage) continue;
+              if (!any && !first) {
+                VkMemoryBarrier mb{};
+                mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
+                mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
+                mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT;
+                vkCmdPipelineBarrier(cmd_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0,
+                                     1, &mb, 0, nullptr, 0, nullptr);
+              }
+              any = true;
               vkCmdBindPipeline(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, ds[d].wt.pipe);
               vkCmdBindDescriptorSets(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, layout_, 0, 1, &sets_[d], 0, nullptr);
               vkCmdPushConstants(cmd_, layout_, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof(Push), &ds[d].push);
               vkCmdDispatch(cmd_, ds[d].gx, ds[d].gy, 1);
             }
-          };
-          if (std::any_of(ds.begin(), ds.end(), [](const Dispatch& d) { return d.quantize; })) {
-            record(true);
-            VkMemoryBarrier mb{};
-            mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
-            mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
-            mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT;
-            vkCmdPipelineBarrier(cmd_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1,
-                                 &mb, 0, nullptr, 0, nullptr);
+            first = first && !any;
           }
-          record(false);
         },
         what);
     if (meanwhile) {
@@ -1793,6 +1941,7 @@ class VulkanBackend final : public CpuBackend {
   VkPipeline quant_[kQuantShaderCount] = {};  // kQuantShaders' pipelines, in its order
   VkPipeline float_ = VK_NULL_HANDLE;
   VkPipeline quantize_q8_0_ = VK_NULL_HANDLE, quantize_q8_k_ = VK_NULL_HANDLE;
+  VkPipeline rms_norm_ = VK_NULL_HANDLE;  // on rows deferred linears write (rms_norm())
   bool host_quantize_ = false;  // GpuOptions::host_quantize
   Buffer tables_;
 
@@ -1852,6 +2001,12 @@ void release_gpu_imports(const Backend& b) {
   if (const auto* v = dynamic_cast<const VulkanBackend*>(&b)) v->release_imports();
 }
 
+void gpu_rms_norm(const Backend& b, float* x, size_t n, size_t width, const float* w, float eps) {
+  const auto* v = dynamic_cast<const VulkanBackend*>(&b);
+  if (!v) throw Error("gpu_rms_norm: not a Vulkan backend");
+  v->rms_norm_alone(x, n, width, w, eps);
+}
+
 std::vector<uint8_t> gpu_quantize(const Backend& b, ActType a, const float* x, size_t n, size_t cols) {
   const auto* v = dynamic_cast<const VulkanBackend*>(&b);
   if (!v) throw Error("gpu_quantize: not a Vulkan backend");
@@ -1879,6 +2034,7 @@ std::unique_ptr<Backend> make_vulkan_backend(const GpuOptions&) { not_built(); }
 GpuStats gpu_stats(const Backend&) { return {}; }
 GpuCopyBandwidth measure_gpu_copy(const Backend&, uint64_t, int) { not_built(); }
 std::vector<uint8_t> gpu_quantize(const Backend&, ActType, const float*, size_t, size_t) { not_built(); }
+void gpu_rms_norm(const Backend&, float*, size_t, size_t, const float*, float) { not_built(); }
 void release_gpu_imports(const Backend&) {}
 
 #endif

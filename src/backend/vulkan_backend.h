@@ -52,6 +52,8 @@ struct GpuStats {
   // Linear inputs (one per batch and activation format) the device quantized from f32 rows
   // (Q8_0, Q8_K where it has shaderFloat64; else, and with GpuOptions::host_quantize, the host did).
   uint64_t inputs_quantized_on_device = 0;
+  uint64_t inputs_chained = 0;  // of them, read on the device from linears earlier in the submission
+  uint64_t ops_on_device = 0;   // ops other than linears run on the device (rms_norm on deferred rows)
   uint64_t device_budget = 0;    // bytes of weights the device may hold (GpuOptions::weight_budget)
   std::string budget_why;        // how device_budget was chosen (gpu_weight_budget)
   // The weight copies live in memory the host pays for: an integrated GPU or a CPU device (one
@@ -165,6 +167,10 @@ void release_gpu_imports(const Backend& b);
 // rows in the format's bytes, to compare with the CPU's quantizer. Throws Error for a backend not
 // made by make_vulkan_backend, or a device without the quantizer (no shaderFloat64).
 std::vector<uint8_t> gpu_quantize(const Backend& b, ActType a, const float* x, size_t n, size_t cols);
+
+// Tests: the device's rms_norm alone on n rows of `width` floats, in place (the CPU's bits).
+// Throws Error for a backend not made by make_vulkan_backend, or a device without shaderFloat64.
+void gpu_rms_norm(const Backend& b, float* x, size_t n, size_t width, const float* w, float eps);
 
 // Host -> device copy rate, the path experts and weights take into device memory (PCIe on a
 // discrete card, a memcpy on UMA), beside a plain host memcpy of the same bytes in the same run.

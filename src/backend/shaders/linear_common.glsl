@@ -22,6 +22,8 @@ layout(push_constant) uniform Push {
   uint kind;         // linear_float: 0 F32, 1 F16, 2 BF16 weights (unused by the others)
   uint round_out;    // 1: round each output to BF16
   uint w_off;        // bytes from the binding's start to the weight's first row (imported pages)
+  uint y_off;        // the first output's index in the binding (a column block of a wider row)
+  uint y_stride;     // floats from one token's outputs to the next's
 } p;
 
 uint w_byte(uint off) { return (w[off >> 2] >> ((off & 3u) << 3)) & 0xffu; }
@@ -67,4 +69,4 @@ float scaled_step(float sumf, float x, float y, int isum) {
   return r;
 }
 
-void store_out(uint r, uint t, float v) { y[t * p.rows + r] = p.round_out != 0u ? round_bf16(v) : v; }
+void store_out(uint r, uint t, float v) { y[p.y_off + t * p.y_stride + r] = p.round_out != 0u ? round_bf16(v) : v; }
