@@ -1321,6 +1321,14 @@ TEST(Vulkan, CommandLine) {
   EXPECT_NE(table.err.find("  layer slot hits   uploads    on CPU   MiB up  upload ms\n      0 "), std::string::npos)
       << table.err;
   EXPECT_LT(table.err.find("device slots: 4 of "), table.err.find("layer  requests")) << table.err;
+  // In place: the runs per layer from the host store's memory.
+  const test::CmdResult stats_in_place = test::run_sluice(
+      dir, "run -m " + test::q(model) + " --tokens 5,6,7 -n 4 --backend vulkan --gpu-experts in-place --expert-stats");
+  EXPECT_EQ(stats_in_place.rc, 0) << stats_in_place.err;
+  EXPECT_EQ(stats_in_place.out, c.out);
+  EXPECT_NE(stats_in_place.err.find("device in place: 1 chunks of the host store's memory"), std::string::npos) << stats_in_place.err;
+  EXPECT_NE(stats_in_place.err.find("  layer  in place    on CPU\n      0 "), std::string::npos) << stats_in_place.err;
+  EXPECT_LT(stats_in_place.err.find("device in place: "), stats_in_place.err.find("layer  requests")) << stats_in_place.err;
   for (const char* bad_share : {"--gpu-experts 4 --cpu-experts 1.5", "--gpu-experts 4 --cpu-experts half",
                                 "--cpu-experts 0.5", "--gpu-experts in-place --cpu-experts 0.5"}) {
     const test::CmdResult r = test::run_sluice(

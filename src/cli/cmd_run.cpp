@@ -520,8 +520,25 @@ std::string device_tier_table(const GpuStats& g) {
   return out;
 }
 
+// The device's in-place runs per layer (--gpu-experts in-place), above the host store's table.
+std::string in_place_table(const GpuStats& g) {
+  std::string out = "device in place: " + std::to_string(g.expert_chunks_mapped) + " chunks of the host store's memory, " +
+                    format_bytes(g.expert_bytes_mapped) + " mapped (--gpu-experts in-place)\n  layer  in place    on CPU\n";
+  for (size_t L = 0; L < g.expert_layers.size(); ++L) {
+    const GpuLayerStats& l = g.expert_layers[L];
+    if (l.in_place + l.on_cpu == 0) continue;
+    char line[96];
+    std::snprintf(line, sizeof line, "  %5zu %9llu %9llu\n", L, (unsigned long long)l.in_place, (unsigned long long)l.on_cpu);
+    out += line;
+  }
+  return out;
+}
+
 std::string expert_stats_table(const SessionStats& st) {
-  const std::string tier = st.gpu && st.gpu_stats.expert_slots ? device_tier_table(st.gpu_stats) : std::string();
+  const std::string tier = !st.gpu                           ? std::string()
+                           : st.gpu_stats.expert_slots       ? device_tier_table(st.gpu_stats)
+                           : st.gpu_stats.experts_in_place   ? in_place_table(st.gpu_stats)
+                                                             : std::string();
   if (!st.streaming) return tier + "expert store: not used (--resident-experts)\n";
   std::string out = tier + st.store.summary();
   out += "  layer  requests      hits    misses   joined  prefetch     wasted   MiB read   stall ms  p99 us\n";
