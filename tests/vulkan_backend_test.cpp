@@ -401,6 +401,20 @@ TEST(Vulkan, LinearsIntoTensorsWaitForTheNextSubmission) {
   EXPECT_TRUE(same(yn, cn)) << "rms_norm on the device";
   EXPECT_TRUE(same(ynb, cnb)) << "the linear after the device's rms_norm";
 
+  // A linear rewriting rows that deferred work reads or normalizes submits that work first: run
+  // in one submission, its output could land before the rms_norm of the old rows.
+  const std::vector<float> x2 = randoms(rng, n * cols);
+  const Tensor xt2 = gpu->tensor(n, cols), yw = gpu->tensor(n, 64), cw2 = cpu.tensor(n, 64);
+  std::memcpy(xt2.m().p, x2.data(), x2.size() * sizeof(float));
+  cpu.linear(ca_w, xt2.c(), cw2.m(), true, 0);
+  s0 = submissions();
+  gpu->linear(a.w, xt.c(), yw.m(), true);
+  gpu->rms_norm(yw.m(), norm_w.data(), 1e-6f);
+  gpu->linear(a.w, xt2.c(), yw.m(), true);
+  EXPECT_EQ(submissions() - s0, 1u) << "rows deferred work writes were rewritten in the same submission";
+  gpu->sync();
+  EXPECT_TRUE(same(yw, cw2)) << "the rewrite did not come last";
+
   // Any op the CPU runs submits the deferred linears first: fake_quant reads A's output on the host.
   const Tensor yq = gpu->tensor(n, 64), cq = cpu.tensor(n, 64);
   cpu.linear(ca_w, xt.c(), cq.m(), true, 0);

@@ -550,12 +550,14 @@ class VulkanBackend final : public CpuBackend {
       ActRows acts;
       std::vector<const uint8_t*> rows;
     };
-    // Inputs are read now (quantized on the host): a call reading what deferred linears write,
-    // or one the CPU runs (it may write what they write), submits them first.
+    // Inputs are read now (staged or quantized on the host): a call reading what deferred
+    // linears write, unless it chains after them, submits them first; so does one writing what
+    // they write (its dispatch could otherwise run before one that reads or normalizes the old
+    // rows), and one the CPU runs.
     {
       const std::lock_guard<std::mutex> lk(mu_);
       if (std::any_of(calls.begin(), calls.end(), [&](const LinearCall& c) {
-            return !linear_fits(*c.W, c.x, c.y) ||
+            return !linear_fits(*c.W, c.x, c.y) || deferred_writes(c.y) ||
                    (deferred_writes(c.x) && !(device_quantizes(*c.W) && deferred_.source_of(c.x)));
           }))
         flush_deferred();
@@ -926,7 +928,7 @@ class VulkanBackend final : public CpuBackend {
     return r;
   }
 
- // The device's rms_norm alone (gpu_rms_norm): the rows staged in the output buffer as a region
+  // The device's rms_norm alone (gpu_rms_norm): the rows staged in the output buffer as a region
   // of deferred linears would be, normalized there and read back.
   void rms_norm_alone(float* x, size_t n, size_t width, const float* w, float eps) const {
     const std::lock_guard<std::mutex> lk(mu_);
@@ -946,7 +948,7 @@ class VulkanBackend final : public CpuBackend {
     std::memcpy(x, out_.map, n * width * sizeof(float));
   }
 
- // The device's quantizer alone (gpu_quantize): n rows of cols floats -> n rows of the format's
+  // The device's quantizer alone (gpu_quantize): n rows of cols floats -> n rows of the format's
   // bytes, unpadded.
   std::vector<uint8_t> quantize_alone(ActType a, const float* x, size_t n, size_t cols) const {
     const std::lock_guard<std::mutex> lk(mu_);
@@ -1498,8 +1500,19 @@ class VulkanBackend final : public CpuBackend {
     size_t n = 0, rows = 0, step = 0;
     size_t src_step = 0;  // floats from one token's outputs to the next's in the output buffer
     uint64_t tensor = 0;  // the live tensor holding y (LiveTensors); 0: not deferred, always written
-    bool overlaps(const float* p, size_t count) const {
-      return p < y + (n - 1) * step + rows && y < p + count;
+    // True when the rows m (n of `width` floats, `stride` apart) share a float with y's.
+    bool overlaps(CMat m) const {
+      const float* m_end = m.p + (m.n - 1) * m.stride + m.width;
+      if (!(m.p < y + (n - 1) * step + rows && y < m_end)) return false;
+      if (m.stride != step || step == 0) return true;  // spans meet: assume they share a float
+      // Same stride: views of one tensor's rows. Row and column offset of m from y.
+      const ptrdiff_t d = m.p - y, s = (ptrdiff_t)step;
+      const ptrdiff_t r = d >= 0 ? d / s : -((-d + s - 1) / s), c = d - r * s;  // 0 <= c < s
+      const bool rows_meet = r < (ptrdiff_t)n && r + (ptrdiff_t)m.n > 0;
+      // m's columns [c, c + width) (maybe running into the next row: also [c - s, ...) of it).
+      auto cols_meet = [&](ptrdiff_t c0) { return c0 < (ptrdiff_t)rows && c0 + (ptrdiff_t)m.width > 0; };
+      return (rows_meet && cols_meet(c)) ||
+             (c + (ptrdiff_t)m.width > s && r + 1 < (ptrdiff_t)n && r + 1 + (ptrdiff_t)m.n > 0 && cols_meet(c - s));
     }
   };
   struct Deferred {
@@ -1552,9 +1565,7 @@ class VulkanBackend final : public CpuBackend {
   // True when the deferred batch writes any of m's floats (mu_ held).
   bool deferred_writes(CMat m) const {
     if (m.n == 0 || m.width == 0) return false;
-    const size_t count = (m.n - 1) * m.stride + m.width;
-    return std::any_of(deferred_.outs.begin(), deferred_.outs.end(),
-                       [&](const CopyOut& c) { return c.overlaps(m.p, count); });
+    return std::any_of(deferred_.outs.begin(), deferred_.outs.end(), [&](const CopyOut& c) { return c.overlaps(m); });
   }
 
   // --- Routed experts in place ---------------------------------------------------------------------

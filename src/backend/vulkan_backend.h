@@ -115,7 +115,8 @@ struct GpuOptions {
   // Tests: weights go through the staging copy even where device memory can be mapped, in
   // chunks of this many bytes (0: kGpuStagingBytes).
   bool force_staging = false;
-  // Tests: the host quantizes every linear's activations, as a device without shaderFloat64 does.
+  // Tests: the host quantizes every linear's activations and runs every rms_norm, as for a device
+  // without shaderFloat64.
   bool host_quantize = false;
   // Copy the weights even where the device could import their pages (tests; force_staging too).
   bool no_import = false;
