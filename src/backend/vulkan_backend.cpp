@@ -1518,7 +1518,9 @@ class VulkanBackend final : public CpuBackend {
   struct Deferred {
     std::vector<Dispatch> ds;
     std::vector<CopyOut> outs;
-    std::deque<Region> regions;  // items point at them while a batch is built: stable addresses
+    // A vector, not a deque (which allocates even empty, and a Deferred is made per call): a
+    // pointer into it is used only before the next region is added.
+    std::vector<Region> regions;
     VkDeviceSize act_used = 0, out_used = 0;
     // The region an item's output goes into with others (same tensor, rows and stride), if any.
     Region* region_of(const LinearItem& it) {
@@ -1912,7 +1914,8 @@ class VulkanBackend final : public CpuBackend {
     free_buffer(tables_);
     for (VkPipeline& q : quant_)
       if (q) vkDestroyPipeline(dev_, q, nullptr);
-    if (float_) vkDestroyPipeline(dev_, float_, nullptr);
+    for (VkPipeline p : {float_, quantize_q8_0_, quantize_q8_k_, rms_norm_})
+      if (p) vkDestroyPipeline(dev_, p, nullptr);
     if (desc_pool_) vkDestroyDescriptorPool(dev_, desc_pool_, nullptr);
     if (layout_) vkDestroyPipelineLayout(dev_, layout_, nullptr);
     if (set_layout_) vkDestroyDescriptorSetLayout(dev_, set_layout_, nullptr);
