@@ -953,7 +953,7 @@ class VulkanBackend final : public CpuBackend {
   std::vector<uint8_t> quantize_alone(ActType a, const float* x, size_t n, size_t cols) const {
     const std::lock_guard<std::mutex> lk(mu_);
     flush_deferred();
-    if (quantizer(a) == VK_NULL_HANDLE || cols % (a == ActType::Q8_0 ? 32 : 256) != 0)
+    if (!quantizes(a, cols))
       throw Error("gpu_quantize: the device has no quantizer for this format or row length");
     const size_t stride = quantized_row_bytes(a, cols), row = activation_bytes(a, (int64_t)cols);
     const VkDeviceSize f = aligned((VkDeviceSize)n * cols * sizeof(float));
@@ -1266,11 +1266,12 @@ class VulkanBackend final : public CpuBackend {
   }
   // Bytes of one row the device quantized: the format's, padded to whole words.
   static size_t quantized_row_bytes(ActType a, size_t cols) { return (activation_bytes(a, (int64_t)cols) + 3) / 4 * 4; }
-  // The device quantizes a call's rows when it has the format's quantizer and the row is whole blocks.
-  bool device_quantizes(const Weight& W) const {
-    const ActType a = W.act();
-    return quantizer(a) != VK_NULL_HANDLE && W.cols % (a == ActType::Q8_0 ? 32 : 256) == 0;
+  // The device quantizes rows of `cols` floats when it has the format's quantizer and the row is
+  // whole blocks.
+  bool quantizes(ActType a, size_t cols) const {
+    return quantizer(a) != VK_NULL_HANDLE && cols % (a == ActType::Q8_0 ? 32 : 256) == 0;
   }
+  bool device_quantizes(const Weight& W) const { return quantizes(W.act(), W.cols); }
 
   // One dispatch of a linear shader: its weight range, where its activations and outputs lie in
   // the staging buffers, its push constants and grid.
