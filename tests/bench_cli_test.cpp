@@ -113,6 +113,9 @@ TEST_F(BenchCli, ModelRunPrintsTheIssuesKeysAndAConsistentRoofline) {
 // --parallel N: the batched and in-turn figures of N streams, with the plan holding N states;
 // expert reads are counted per generated token in both modes.
 TEST_F(BenchCli, ParallelReportsBatchedAndInTurn) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "a benchmark run end to end: checked in the optimized build";
+#endif
   const CmdResult one = bench("-m " + q(model_) + " -p 6 -n 3 -r 1 --read-mib 64 --disk-seconds 0.2 --allow-swap --json");
   const CmdResult r =
       bench("-m " + q(model_) + " -p 6 -n 3 -r 2 --read-mib 64 --disk-seconds 0.2 --allow-swap --json --parallel 3");
@@ -249,6 +252,9 @@ namespace {
 // bench --dspark: plain decode, then the drafter's own drafts and forced drafts at 0-100% right,
 // the same greedy tokens in every mode; every forced-right draft is accepted.
 TEST_F(BenchCli, DsparkComparesSpeculationWithPlainDecodeAtControlledAcceptance) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "a benchmark run end to end: checked in the optimized build";
+#endif
   const std::string support = (dir_->path / "tiny-dspark.gguf").string();
   ASSERT_EQ(std::system((q(SLUICE_BINARY) + " make-model --preset tiny --dspark-out " + q(support) + " --seed 3 >/dev/null").c_str()), 0);
   const CmdResult r = bench("-m " + q(model_) + " -p 8 -n 16 -r 1 --read-mib 64 --resident-experts --allow-swap -t 1 "

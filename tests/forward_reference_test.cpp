@@ -469,6 +469,10 @@ constexpr double kQuantBound = 0.15;
 // FP8/FP4/Q8) rounding midpoint rounds differently under the two accumulation orders, and
 // the coarse grids downstream amplify it. Structural errors would touch every position.
 TEST(ForwardReference, MimicMatchesEngine) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "reference runs in f64 loops over two models: checked in the optimized build "
+                  "(ForwardReference.RouterDecisionsIdenticalGivenEngineInputs runs here)";
+#endif
   for (const char* which : {"tiny", "tiny-alt"}) {
     SCOPED_TRACE(which);
     const Figures f = compare_with_engine(which, true, true, kPromptLength);

@@ -27,8 +27,11 @@ struct TempDir {
 
   explicit TempDir(const std::string& prefix) {
     const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path = std::filesystem::temp_directory_path() /
-           (prefix + "_" + std::to_string(::getpid()) + "_" + (info ? info->name() : "no_test"));
+    // A parameterized test's name has a '/' (Name/0): as a path that would be a directory inside
+    // one this object never removes.
+    std::string name = info ? info->name() : "no_test";
+    std::replace(name.begin(), name.end(), '/', '_');
+    path = std::filesystem::temp_directory_path() / (prefix + "_" + std::to_string(::getpid()) + "_" + name);
     std::filesystem::remove_all(path);
     std::filesystem::create_directories(path);
   }
