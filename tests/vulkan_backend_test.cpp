@@ -87,11 +87,14 @@ TEST(Vulkan, BuildAndEntryPointsAgree) {
 
 TEST(Vulkan, LinearOnTheDeviceHasTheCpuBits) {
   if (!kBuilt) return;  // BuildAndEntryPointsAgree covers a build without Vulkan
-  // Weights used in place (their pages imported, where the device can) and copied.
-  for (const bool no_import : {false, true}) {
-    SCOPED_TRACE(no_import ? "copied" : "imported where the device can");
+  // Weights used in place (their pages imported, where the device can) and copied; the quantized
+  // linears a subgroup per output (where the device can) and an invocation per output.
+  for (const auto& [no_import, plain] : {std::pair{false, false}, std::pair{true, false}, std::pair{false, true}}) {
+    SCOPED_TRACE(std::string(no_import ? "copied" : "imported where the device can") +
+                 (plain ? ", an invocation per output" : ", a subgroup per output where the device can"));
     GpuOptions go;
     go.no_import = no_import;
+    go.plain_linears = plain;
     const std::unique_ptr<Backend> gpu = make_vulkan_backend(go);
     const CpuBackend cpu(1);
     std::mt19937_64 rng(42);
@@ -100,7 +103,7 @@ TEST(Vulkan, LinearOnTheDeviceHasTheCpuBits) {
       uint64_t rows, cols;
     };
     // Odd row counts around the 64-wide workgroup, columns not a multiple of 16 for the float lanes.
-    // 300 Q8_0 blocks: more than one round of the shader's 256 shared terms.
+    // 300 Q8_0 blocks: many rounds of a subgroup's blocks.
     const Case cases[] = {{GgmlType::Q8_0, 13, 96},  {GgmlType::Q8_0, 67, 160}, {GgmlType::Q8_0, 1, 32},
                           {GgmlType::Q8_0, 5, 9600}, {GgmlType::F16, 7, 1000},
                           {GgmlType::F16, 13, 17},   {GgmlType::F16, 130, 48},  {GgmlType::BF16, 67, 33},
@@ -111,7 +114,9 @@ TEST(Vulkan, LinearOnTheDeviceHasTheCpuBits) {
                           {GgmlType::IQ2_XXS, 67, 256}, {GgmlType::IQ2_XXS, 3, 1280},
                           {GgmlType::IQ2_XS, 13, 512},  {GgmlType::Q3_K, 13, 512},
                           {GgmlType::Q4_K, 13, 512},    {GgmlType::Q6_K, 13, 512},
-                          {GgmlType::TQ2_0, 13, 512},   {GgmlType::Q2_0, 13, 192}};
+                          {GgmlType::TQ2_0, 13, 512},   {GgmlType::Q2_0, 13, 192},
+                          // Several rounds of a subgroup's blocks, the last one partial.
+                          {GgmlType::Q2_0, 7, 1408},    {GgmlType::Q4_K, 3, 2304}};
     uint64_t on_device = 0;
     for (const Case& c : cases) {
       HostWeight hw = random_weight(c.type, c.rows, c.cols, rng());
@@ -141,6 +146,7 @@ TEST(Vulkan, LinearOnTheDeviceHasTheCpuBits) {
     const bool can_import = vulkan_devices()[0].uma && vulkan_devices()[0].host_import;
     EXPECT_EQ(st.weights_imported, !no_import && can_import ? std::size(cases) : 0u);
     EXPECT_EQ(st.bytes_on_device == 0, !no_import && can_import) << "imported weights were copied too";
+    EXPECT_EQ(st.subgroup_linears, !plain && vulkan_devices()[0].subgroup_linears);
   }
 }
 
@@ -491,7 +497,11 @@ TEST(Vulkan, RowsBeyondOneDispatchDimensionHaveTheCpuBits) {
   const std::unique_ptr<Backend> gpu = make_vulkan_backend({});
   const CpuBackend cpu(1);
   std::mt19937_64 rng(17);
-  for (const auto& [type, rows, cols] : {std::tuple{GgmlType::Q8_0, 70001ull, 32ull}, std::tuple{GgmlType::F16, 262147ull, 16ull}}) {
+  // 600,001 Q8_0 rows: with a subgroup per row, more rows than workgroups the device may be
+  // given at once (65,535 of lavapipe's 8 rows each), so the shader's rows-in-turn loop covers them.
+  const std::tuple<GgmlType, uint64_t, uint64_t> cases[] = {
+      {GgmlType::Q8_0, 70001, 32}, {GgmlType::F16, 262147, 16}, {GgmlType::Q8_0, 600001, 32}};
+  for (const auto& [type, rows, cols] : cases) {
     HostWeight h = random_weight(type, rows, cols, rng());
     Weight gw = h.w, cw = h.w;
     gpu->prepare_weight(gw);
@@ -502,7 +512,7 @@ TEST(Vulkan, RowsBeyondOneDispatchDimensionHaveTheCpuBits) {
     const std::vector<float> want = run_linear(cpu, cw, x, 1, false, 0, rows);
     EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << type_traits(type).name;
   }
-  EXPECT_EQ(gpu_stats(*gpu).linear_on_device, 2u);
+  EXPECT_EQ(gpu_stats(*gpu).linear_on_device, 3u);
 }
 
 // Q8_0 blocks at the edges: -128 against -128 (the product a 16-bit pair sum cannot hold),
@@ -1288,7 +1298,7 @@ TEST(Vulkan, CommandLine) {
   EXPECT_NE(r.err.find("on the device"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find(" submissions (host-device round trips)"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("(0 inputs quantized on the device)"), std::string::npos) << "lavapipe has shaderFloat64: " << r.err;
-  EXPECT_NE(r.err.find(" inputs quantized on the device)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(" inputs quantized on the device; quantized linears "), std::string::npos) << r.err;
   const test::CmdResult c = test::run_sluice(dir, "run -m " + test::q(model) + " --tokens 5,6,7 -n 4 --resident-experts");
   EXPECT_EQ(c.out, r.out) << "the Vulkan run generated other tokens";
   // --gpu-mem caps the copies: with room for none, every linear runs on the CPU, same tokens.

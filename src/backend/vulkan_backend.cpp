@@ -63,6 +63,34 @@ const uint32_t kLinearTq2_0[] = {
 const uint32_t kLinearQ2_0[] = {
 #include "linear_q2_0.spv.inc"
 };
+// Their subgroup builds (shaders/linear_main.glsl: a subgroup per output).
+const uint32_t kLinearQ8_0Sg[] = {
+#include "linear_q8_0_sg.spv.inc"
+};
+const uint32_t kLinearQ2_KSg[] = {
+#include "linear_q2_k_sg.spv.inc"
+};
+const uint32_t kLinearQ3_KSg[] = {
+#include "linear_q3_k_sg.spv.inc"
+};
+const uint32_t kLinearQ4_KSg[] = {
+#include "linear_q4_k_sg.spv.inc"
+};
+const uint32_t kLinearQ6_KSg[] = {
+#include "linear_q6_k_sg.spv.inc"
+};
+const uint32_t kLinearIq2XxsSg[] = {
+#include "linear_iq2_xxs_sg.spv.inc"
+};
+const uint32_t kLinearIq2XsSg[] = {
+#include "linear_iq2_xs_sg.spv.inc"
+};
+const uint32_t kLinearTq2_0Sg[] = {
+#include "linear_tq2_0_sg.spv.inc"
+};
+const uint32_t kLinearQ2_0Sg[] = {
+#include "linear_q2_0_sg.spv.inc"
+};
 const uint32_t kQuantizeQ8_0[] = {
 #include "quantize_q8_0.spv.inc"
 };
@@ -80,17 +108,19 @@ struct QuantShader {
   const uint32_t* code;
   size_t bytes;
   const char* name;
+  const uint32_t* sg_code;  // the subgroup build
+  size_t sg_bytes;
 };
 const QuantShader kQuantShaders[] = {
-    {GgmlType::Q8_0, kLinearQ8_0, sizeof kLinearQ8_0, "linear_q8_0"},
-    {GgmlType::Q2_K, kLinearQ2_K, sizeof kLinearQ2_K, "linear_q2_k"},
-    {GgmlType::Q3_K, kLinearQ3_K, sizeof kLinearQ3_K, "linear_q3_k"},
-    {GgmlType::Q4_K, kLinearQ4_K, sizeof kLinearQ4_K, "linear_q4_k"},
-    {GgmlType::Q6_K, kLinearQ6_K, sizeof kLinearQ6_K, "linear_q6_k"},
-    {GgmlType::IQ2_XXS, kLinearIq2Xxs, sizeof kLinearIq2Xxs, "linear_iq2_xxs"},
-    {GgmlType::IQ2_XS, kLinearIq2Xs, sizeof kLinearIq2Xs, "linear_iq2_xs"},
-    {GgmlType::TQ2_0, kLinearTq2_0, sizeof kLinearTq2_0, "linear_tq2_0"},
-    {GgmlType::Q2_0, kLinearQ2_0, sizeof kLinearQ2_0, "linear_q2_0"},
+    {GgmlType::Q8_0, kLinearQ8_0, sizeof kLinearQ8_0, "linear_q8_0", kLinearQ8_0Sg, sizeof kLinearQ8_0Sg},
+    {GgmlType::Q2_K, kLinearQ2_K, sizeof kLinearQ2_K, "linear_q2_k", kLinearQ2_KSg, sizeof kLinearQ2_KSg},
+    {GgmlType::Q3_K, kLinearQ3_K, sizeof kLinearQ3_K, "linear_q3_k", kLinearQ3_KSg, sizeof kLinearQ3_KSg},
+    {GgmlType::Q4_K, kLinearQ4_K, sizeof kLinearQ4_K, "linear_q4_k", kLinearQ4_KSg, sizeof kLinearQ4_KSg},
+    {GgmlType::Q6_K, kLinearQ6_K, sizeof kLinearQ6_K, "linear_q6_k", kLinearQ6_KSg, sizeof kLinearQ6_KSg},
+    {GgmlType::IQ2_XXS, kLinearIq2Xxs, sizeof kLinearIq2Xxs, "linear_iq2_xxs", kLinearIq2XxsSg, sizeof kLinearIq2XxsSg},
+    {GgmlType::IQ2_XS, kLinearIq2Xs, sizeof kLinearIq2Xs, "linear_iq2_xs", kLinearIq2XsSg, sizeof kLinearIq2XsSg},
+    {GgmlType::TQ2_0, kLinearTq2_0, sizeof kLinearTq2_0, "linear_tq2_0", kLinearTq2_0Sg, sizeof kLinearTq2_0Sg},
+    {GgmlType::Q2_0, kLinearQ2_0, sizeof kLinearQ2_0, "linear_q2_0", kLinearQ2_0Sg, sizeof kLinearQ2_0Sg},
 };
 constexpr size_t kQuantShaderCount = std::size(kQuantShaders);
 
@@ -199,6 +229,14 @@ GpuDevice describe(VkPhysicalDevice d, uint32_t index) {
   g.api_major = VK_API_VERSION_MAJOR(p.apiVersion);
   g.api_minor = VK_API_VERSION_MINOR(p.apiVersion);
   g.subgroup_size = sub.subgroupSize;
+  // The subgroup build of the linears (shaders/linear_main.glsl) wants ballots and shuffles in
+  // compute shaders, and a 64-invocation workgroup of whole subgroups of at least 8 lanes (a unit
+  // of K-quant work per lane, eight per super-block).
+  const VkSubgroupFeatureFlags need =
+      VK_SUBGROUP_FEATURE_BASIC_BIT | VK_SUBGROUP_FEATURE_BALLOT_BIT | VK_SUBGROUP_FEATURE_SHUFFLE_BIT;
+  g.subgroup_linears = (sub.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) != 0 &&
+                       (sub.supportedOperations & need) == need && sub.subgroupSize >= 8 &&
+                       sub.subgroupSize <= kGroup && kGroup % sub.subgroupSize == 0;
   g.int_dot = has_extension(d, "VK_KHR_shader_integer_dot_product");
   g.host_import = has_extension(d, VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME);
   g.max_storage_buffer = p.limits.maxStorageBufferRange;
@@ -314,7 +352,11 @@ class VulkanBackend final : public CpuBackend {
       vkGetPhysicalDeviceProperties(phys_, &props);
       offset_align_ = props.limits.minStorageBufferOffsetAlignment;
       ts_period_ns_ = props.limits.timestampPeriod;
+      max_groups_x_ = props.limits.maxComputeWorkGroupCount[0];
     }
+    subgroup_ = info_.subgroup_linears && !o.plain_linears;
+    st_.subgroup_linears = subgroup_;
+    st_.subgroup_size = info_.subgroup_size;
     staging_bytes_ = o.staging_bytes ? o.staging_bytes : kGpuStagingBytes;
     io_limit_ = std::min<uint64_t>(max_range_, o.io_staging_bytes ? o.io_staging_bytes : kGpuStagingBytes);
 
@@ -1096,7 +1138,8 @@ class VulkanBackend final : public CpuBackend {
     da.pSetLayouts = layouts.data();
     check(vkAllocateDescriptorSets(dev_, &da, sets_), "allocating descriptor sets");
     for (size_t i = 0; i < kQuantShaderCount; ++i)
-      quant_[i] = pipeline(kQuantShaders[i].code, kQuantShaders[i].bytes, kQuantShaders[i].name);
+      quant_[i] = subgroup_ ? pipeline(kQuantShaders[i].sg_code, kQuantShaders[i].sg_bytes, kQuantShaders[i].name)
+                            : pipeline(kQuantShaders[i].code, kQuantShaders[i].bytes, kQuantShaders[i].name);
     if (float64_) float_ = pipeline(kLinearFloat, sizeof kLinearFloat, "linear_float");
     // The activation quantizers divide exactly with doubles (quantize_common.glsl); without them
     // the host quantizes.
@@ -1237,7 +1280,7 @@ class VulkanBackend final : public CpuBackend {
       ensure(act_, (VkDeviceSize)n * stride);
       ensure(out_, (VkDeviceSize)n * out_row);
       for (size_t t = 0; t < n; ++t) std::memcpy(static_cast<uint8_t*>(act_.map) + t * stride, acts[t0 + t], stride);
-      const Dispatch d{wt, 0, 0, 0, push_for(wt, W, row0, n, stride, rows, round), grid_x(rows), (uint32_t)n};
+      const Dispatch d{wt, 0, 0, 0, push_for(wt, W, row0, n, stride, rows, round), linear_grid(wt, rows), (uint32_t)n};
       s = add_seconds(s, dispatch(std::span<const Dispatch>(&d, 1)));
       const float* out = static_cast<const float*>(out_.map);
       for (size_t t = 0; t < n; ++t) std::memcpy(y + (t0 + t) * ldy, out + t * rows, out_row);
@@ -1251,6 +1294,14 @@ class VulkanBackend final : public CpuBackend {
                 (uint32_t)stride, wt.kind, round ? 1u : 0u, wt.w_off, 0, (uint32_t)rows};
   }
   static uint32_t grid_x(size_t rows) { return (uint32_t)((rows + kGroup - 1) / kGroup); }
+  // Workgroups of a linear dispatch over `rows` outputs per token: 64 outputs each, or with the
+  // quantized linears' subgroup build a row per subgroup. That shader strides over the rows, so a
+  // count capped at the device's limit still covers them all.
+  uint32_t linear_grid(const DeviceWeight& wt, size_t rows) const {
+    if (!subgroup_ || wt.pipe == float_) return grid_x(rows);
+    const uint64_t per = kGroup / info_.subgroup_size;
+    return (uint32_t)std::min<uint64_t>((rows + per - 1) / per, max_groups_x_);
+  }
   VkDeviceSize aligned(VkDeviceSize b) const {
     const VkDeviceSize a = std::max<VkDeviceSize>(4, offset_align_);
     return (b + a - 1) / a * a;
@@ -1385,7 +1436,7 @@ class VulkanBackend final : public CpuBackend {
         }
         sub.act_used += f + a;
         Dispatch d{it.wt, last_act, 0, 0, push_for(it.wt, *it.W, it.row0, n, it.stride, it.rows, it.round),
-                   grid_x(it.rows), (uint32_t)n};
+                   linear_grid(it.wt, it.rows), (uint32_t)n};
         d.stage = last_stage = stage;
         if (it.tensor) {
           if (!into) {
@@ -1937,6 +1988,8 @@ class VulkanBackend final : public CpuBackend {
   uint64_t io_limit_ = kGpuStagingBytes;  // the activation and output buffers' size, at most
   uint64_t max_range_ = 0, budget_ = 0;
   bool float64_ = false;  // shaderFloat64: the float formats' shader can run
+  bool subgroup_ = false;  // the quantized linears run their subgroup build (GpuDevice::subgroup_linears)
+  uint32_t max_groups_x_ = 65535;  // maxComputeWorkGroupCount[0]
   bool import_ = false;   // weights are imported host pages, never copies (import_pages)
   VkDeviceSize import_align_ = 4096;  // minImportedHostPointerAlignment
   PFN_vkGetMemoryHostPointerPropertiesEXT host_ptr_props_ = nullptr;

@@ -30,6 +30,9 @@ struct GpuDevice {
   bool uma = false;     // integrated GPU or CPU device: device memory is host memory (counted once)
   std::vector<GpuHeap> heaps;
   uint32_t subgroup_size = 0;
+  // The quantized linears can run a subgroup per output (shaders/linear_main.glsl): compute
+  // shaders have ballots and shuffles, and subgroups of 8 to 64 lanes divide 64.
+  bool subgroup_linears = false;
   bool int_dot = false;  // VK_KHR_shader_integer_dot_product
   bool host_import = false;  // VK_EXT_external_memory_host: host memory usable as device memory
   uint64_t max_storage_buffer = 0;  // maxStorageBufferRange: the largest weight one binding can hold
@@ -54,6 +57,10 @@ struct GpuStats {
   uint64_t inputs_quantized_on_device = 0;
   uint64_t inputs_chained = 0;  // of them, read on the device from linears earlier in the submission
   uint64_t ops_on_device = 0;   // ops other than linears run on the device (rms_norm on deferred rows)
+  // The quantized linears ran their subgroup build (a subgroup per output) rather than an
+  // invocation per output; the device's subgroup size.
+  bool subgroup_linears = false;
+  uint32_t subgroup_size = 0;
   uint64_t device_budget = 0;    // bytes of weights the device may hold (GpuOptions::weight_budget)
   std::string budget_why;        // how device_budget was chosen (gpu_weight_budget)
   // The weight copies live in memory the host pays for: an integrated GPU or a CPU device (one
@@ -118,6 +125,9 @@ struct GpuOptions {
   // Tests: the host quantizes every linear's activations and runs every rms_norm, as for a device
   // without shaderFloat64.
   bool host_quantize = false;
+  // An invocation per output for the quantized linears even where the device could run their
+  // subgroup build (GpuDevice::subgroup_linears); the same bits either way.
+  bool plain_linears = false;
   // Copy the weights even where the device could import their pages (tests; force_staging too).
   bool no_import = false;
   // Routed-expert slots on the device (--gpu-experts N): the routed FFN runs there, each expert

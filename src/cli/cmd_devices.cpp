@@ -31,6 +31,7 @@ int run_devices(const DevicesOptions& o) {
       j["api"] = std::to_string(d.api_major) + "." + std::to_string(d.api_minor);
       j["uma"] = d.uma;
       j["subgroup_size"] = d.subgroup_size;
+      j["subgroup_linears"] = d.subgroup_linears;
       j["integer_dot_product"] = d.int_dot;
       j["host_import"] = d.host_import;
       j["max_storage_buffer"] = d.max_storage_buffer;
@@ -52,9 +53,9 @@ int run_devices(const DevicesOptions& o) {
       heaps += (heaps.empty() ? "" : ", ") + format_bytes(h.bytes) + (h.device_local ? " device-local" : " host") +
                (h.has_budget ? " (budget " + format_bytes(h.budget) + ", in use " + format_bytes(h.usage) + ")" : "");
     std::printf("   memory heaps: %s\n", heaps.c_str());
-    std::printf("   subgroup %u, integer dot product %s, largest storage binding %s, imports host memory %s\n",
-                d.subgroup_size, d.int_dot ? "yes" : "no", format_bytes(d.max_storage_buffer).c_str(),
-                d.host_import ? "yes" : "no");
+    std::printf("   subgroup %u (%s), integer dot product %s, largest storage binding %s, imports host memory %s\n",
+                d.subgroup_size, d.subgroup_linears ? "linears a subgroup per output" : "linears an invocation per output",
+                d.int_dot ? "yes" : "no", format_bytes(d.max_storage_buffer).c_str(), d.host_import ? "yes" : "no");
   }
   return 0;
 }

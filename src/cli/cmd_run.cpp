@@ -264,6 +264,9 @@ void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
                   "memory while the device runs the rest, instead of uploading them; auto: the share that a cost "
                   "model of measured upload, device and CPU times says finishes first (same results either way; "
                   "default 0)");
+  sub->add_flag("--gpu-plain-linears", o.gpu_plain_linears,
+                "with --backend vulkan: the quantized linears run an invocation per output even where the device "
+                "runs them a subgroup per output (`sluice devices` says which; the same results, to compare the two)");
   sub->add_option("--route-bias", o.route_bias,
                   "LOSSY, off by default: add D to the routing score of experts already in the cache, so near-ties "
                   "cost no read (mixing weights stay exact; `sluice bench --route-bias D` measures what it buys and "
@@ -344,8 +347,9 @@ SessionOptions session_options(const EngineCliOptions& e, const std::string& mod
       throw UsageError("--gpu-experts must be a slot count or in-place (got '" + e.gpu_experts + "')");
   }
   const bool gpu_experts = so.gpu_experts != 0 || so.gpu_experts_in_place;
-  if ((e.gpu_mem != "auto" || e.device != 0 || gpu_experts) && e.backend != "vulkan")
-    throw UsageError("--device, --gpu-mem and --gpu-experts need --backend vulkan");
+  if ((e.gpu_mem != "auto" || e.device != 0 || gpu_experts || e.gpu_plain_linears) && e.backend != "vulkan")
+    throw UsageError("--device, --gpu-mem, --gpu-experts and --gpu-plain-linears need --backend vulkan");
+  so.gpu_plain_linears = e.gpu_plain_linears;
   if (!e.cpu_experts.empty()) {
     if (so.gpu_experts_in_place)
       throw UsageError("--cpu-experts shares out slot misses, and --gpu-experts in-place copies no expert");
@@ -438,11 +442,14 @@ std::string session_summary(const Session& s, uint64_t tokens_evaluated) {
                            : std::string();
     std::snprintf(buf, sizeof buf,
                   " | %s: %llu weights on the device (%s of %s%s), %llu on the CPU; linear %llu on the device, %llu on "
-                  "the CPU (%llu inputs quantized on the device); %llu submissions (host-device round trips)",
+                  "the CPU (%llu inputs quantized on the device; quantized linears %s); %llu submissions (host-device "
+                  "round trips)",
                   std::string(s.backend().name()).c_str(), (unsigned long long)g.weights_on_device,
                   format_bytes(g.bytes_on_device + g.bytes_imported).c_str(), format_bytes(g.device_budget).c_str(),
                   imported.c_str(), (unsigned long long)g.weights_on_host, (unsigned long long)g.linear_on_device,
                   (unsigned long long)g.linear_on_host, (unsigned long long)g.inputs_quantized_on_device,
+                  g.subgroup_linears ? ("a subgroup of " + std::to_string(g.subgroup_size) + " per output").c_str()
+                                     : "an invocation per output",
                   (unsigned long long)g.submissions);
     out += buf;
     // The expert tiers: device slots, then the host store (the expert cache figures above).

@@ -17,3 +17,9 @@ int group_dot(uint grid, uint entry, uint sign_index, uint q8) {
   }
   return s;
 }
+
+// The IQ2 formats' last operation: the row's sum times 1/8 (kernels/iquant_types.cpp).
+float iq2_finish(float sumf) {
+  precise float v = 0.125 * sumf;
+  return v;
+}

@@ -1,8 +1,14 @@
 // Shared by the linear shaders: the bindings, the push constants and exact bit-level helpers.
-// One invocation computes one output y[t][r] (r along x, the token t along y), so every output
-// has the CPU backend's per-(row, token) operation sequence (docs/numerics.md 1-3). Weights and
-// activations are bound as raw bytes (uint words): Q8_0 blocks are 34 bytes, so nothing is
-// aligned, and no 8/16-bit storage feature is required of the device.
+// Every output y[t][r] has the CPU backend's per-(row, token) operation sequence (docs/numerics.md
+// 1-3): linear_float and the plain build of the others give it one invocation, the subgroup
+// build (linear_main.glsl) a subgroup. Weights and activations are bound as raw bytes (uint
+// words): Q8_0 blocks are 34 bytes, so nothing is aligned, and no 8/16-bit storage feature is
+// required of the device.
+#ifdef LINEAR_SUBGROUP
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_ballot : require
+#extension GL_KHR_shader_subgroup_shuffle : require
+#endif
 layout(local_size_x = 64) in;
 
 layout(std430, set = 0, binding = 0) readonly buffer Weights { uint w[]; };
@@ -58,15 +64,14 @@ float round_bf16(float f) {
   return uintBitsToFloat(((x + 0x7fffu + ((x >> 16) & 1u)) >> 16) << 16);
 }
 
-// The one-scale block step of Q8_0, Q3_K, Q6_K, TQ2_0 and the IQ2 formats (kernels/iquant_types.h
-// step_q8_0, step_iq2, step_tq2_0; kquant_blocks.h scaled_tail): sumf + (x * y) * isum, each
-// operation correctly rounded and kept in order by `precise` (the two scales' product is the
-// same float whichever comes first).
-float scaled_step(float sumf, float x, float y, int isum) {
+// The one-scale block term of Q8_0, Q3_K, Q6_K, TQ2_0 and the IQ2 formats (kernels/iquant_types.h
+// step_q8_0, step_iq2, step_tq2_0; kquant_blocks.h scaled_tail): (x * y) * isum, each operation
+// correctly rounded and kept in order by `precise` (the two scales' product is the same float
+// whichever comes first). The step adds it to the running sum (linear_main.glsl add_term).
+float scaled_term(float x, float y, int isum) {
   precise float dd = x * y;
   precise float t = dd * float(isum);
-  precise float r = sumf + t;
-  return r;
+  return t;
 }
 
 void store_out(uint r, uint t, float v) { y[p.y_off + t * p.y_stride + r] = p.round_out != 0u ? round_bf16(v) : v; }

@@ -3,28 +3,32 @@
 // Q2_0 weights x Q8_0 activations (kernels/iquant_types.cpp dot_q2_0_scalar): a 64-element Q2_0
 // block (d fp16 @0, 2-bit codes @2, value (code - 1) * d; 18 bytes) spans two Q8_0 blocks, whose
 // scaled integer sums are accumulated from +0 (k = 0 then 1) before the weight scale is applied.
+// A unit is one of the two Q8_0 blocks (its sum in .x for k = 0, .y for k = 1).
 #include "linear_common.glsl"
 
-void main() {
-  const uint r = gl_GlobalInvocationID.x, t = gl_GlobalInvocationID.y;
-  if (r >= p.rows || t >= p.n) return;
-  uint wo = p.w_off + (p.row0 + r) * p.w_row_bytes, ao = t * p.a_stride;
-  precise float sumf = 0.0;
-  for (uint b = 0u; b < p.cols / 64u; ++b, wo += 18u, ao += 68u) {
-    int s[2] = int[2](0, 0);
-    for (uint k = 0u; k < 2u; ++k)
-      for (uint j = 0u; j < 32u; ++j) {
-        const uint c = 32u * k + j;
-        const int code = int((w_byte(wo + 2u + c / 4u) >> (2u * (c % 4u))) & 3u);
-        s[k] += (code - 1) * a_sbyte(ao + 34u * k + 2u + j);
-      }
-    precise float acc = 0.0;
-    precise float t0 = half_to_float(a_u16(ao)) * float(s[0]);
-    acc = acc + t0;
-    precise float t1 = half_to_float(a_u16(ao + 34u)) * float(s[1]);
-    acc = acc + t1;
-    precise float term = half_to_float(w_u16(wo)) * acc;
-    sumf = sumf + term;
+#define BLOCK_COLS 64u
+#define W_BLOCK 18u
+#define A_BLOCK 68u
+#define UNITS 2
+
+ivec2 unit_sums(uint wo, uint ao, uint k) {
+  int s = 0;
+  for (uint j = 0u; j < 32u; ++j) {
+    const uint c = 32u * k + j;
+    const int code = int((w_byte(wo + 2u + c / 4u) >> (2u * (c % 4u))) & 3u);
+    s += (code - 1) * a_sbyte(ao + 34u * k + 2u + j);
   }
-  store_out(r, t, sumf);
+  return k == 0u ? ivec2(s, 0) : ivec2(0, s);
 }
+
+float block_term(uint wo, uint ao, ivec2 s) {
+  precise float acc = 0.0;
+  precise float t0 = half_to_float(a_u16(ao)) * float(s.x);
+  acc = acc + t0;
+  precise float t1 = half_to_float(a_u16(ao + 34u)) * float(s.y);
+  acc = acc + t1;
+  precise float term = half_to_float(w_u16(wo)) * acc;
+  return term;
+}
+
+#include "linear_main.glsl"

@@ -1,30 +1,35 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 // Q2_K weights x Q8_K activations (kernels/kquant_types.cpp dot_q2_k_scalar): per 256-element
-// super-block the exact integer sums, then min_tail in super-block order.
+// super-block the exact integer sums, then min_term, added in super-block order. A unit is two
+// of the 16-element sub-blocks.
 // Q2_K: scales[16] @0 (min << 4 | scale), qs[64] @16, d fp16 @80, dmin fp16 @82 (84 bytes).
 // Q8_K: d f32 @0, qs int8[256] @4, bsums int16[16] @260 (292 bytes).
 #include "linear_common.glsl"
 #include "kquant_tail.glsl"
 
-void main() {
-  const uint r = gl_GlobalInvocationID.x, t = gl_GlobalInvocationID.y;
-  if (r >= p.rows || t >= p.n) return;
-  uint wo = p.w_off + (p.row0 + r) * p.w_row_bytes, ao = t * p.a_stride;
-  float sumf = 0.0;
-  for (uint b = 0u; b < p.cols / 256u; ++b, wo += 84u, ao += 292u) {
-    int summs = 0, isum = 0;
-    for (uint k = 0u; k < 16u; ++k) {
-      const uint sc = w_byte(wo + k);
-      summs += a_s16(ao + 260u + 2u * k) * int(sc >> 4);
-      int s = 0;
-      for (uint e = 16u * k; e < 16u * k + 16u; ++e) {
-        const uint h = e / 128u, j = (e % 128u) / 32u, l = e % 32u;
-        s += a_sbyte(ao + 4u + e) * int((w_byte(wo + 16u + 32u * h + l) >> (2u * j)) & 3u);
-      }
-      isum += int(sc & 15u) * s;
+#define BLOCK_COLS 256u
+#define W_BLOCK 84u
+#define A_BLOCK 292u
+#define UNITS 8
+
+ivec2 unit_sums(uint wo, uint ao, uint u) {
+  int summs = 0, isum = 0;
+  for (uint k = 2u * u; k < 2u * u + 2u; ++k) {
+    const uint sc = w_byte(wo + k);
+    summs += a_s16(ao + 260u + 2u * k) * int(sc >> 4);
+    int s = 0;
+    for (uint e = 16u * k; e < 16u * k + 16u; ++e) {
+      const uint h = e / 128u, j = (e % 128u) / 32u, l = e % 32u;
+      s += a_sbyte(ao + 4u + e) * int((w_byte(wo + 16u + 32u * h + l) >> (2u * j)) & 3u);
     }
-    sumf = min_tail(sumf, a_f32(ao), half_to_float(w_u16(wo + 80u)), half_to_float(w_u16(wo + 82u)), isum, summs);
+    isum += int(sc & 15u) * s;
   }
-  store_out(r, t, sumf);
+  return ivec2(isum, summs);
 }
+
+float block_term(uint wo, uint ao, ivec2 s) {
+  return min_term(a_f32(ao), half_to_float(w_u16(wo + 80u)), half_to_float(w_u16(wo + 82u)), s.x, s.y);
+}
+
+#include "linear_main.glsl"

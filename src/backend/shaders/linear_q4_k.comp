@@ -1,6 +1,7 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-// Q4_K weights x Q8_K activations (kernels/kquant_types.cpp dot_q4_k_scalar).
+// Q4_K weights x Q8_K activations (kernels/kquant_types.cpp dot_q4_k_scalar). A unit is one of
+// the eight 32-element sub-blocks with its min over two bsums.
 // Q4_K: d fp16 @0, dmin fp16 @2, scales[12] @4 (8 scales + 8 mins, 6 bits), qs[128] @16 (144 bytes).
 #include "linear_common.glsl"
 #include "kquant_tail.glsl"
@@ -12,23 +13,24 @@ uint q4k_scale(uint off, uint k, uint m) {
                  : ((w_byte(off + k + 4u) >> 4) | ((w_byte(off + k) >> 6) << 4));
 }
 
-void main() {
-  const uint r = gl_GlobalInvocationID.x, t = gl_GlobalInvocationID.y;
-  if (r >= p.rows || t >= p.n) return;
-  uint wo = p.w_off + (p.row0 + r) * p.w_row_bytes, ao = t * p.a_stride;
-  float sumf = 0.0;
-  for (uint b = 0u; b < p.cols / 256u; ++b, wo += 144u, ao += 292u) {
-    int sumi_min = 0, isum = 0;
-    for (uint j = 0u; j < 16u; ++j) sumi_min += a_s16(ao + 260u + 2u * j) * int(q4k_scale(wo + 4u, j / 2u, 1u));
-    for (uint k = 0u; k < 8u; ++k) {
-      int acc = 0;
-      for (uint e = 32u * k; e < 32u * k + 32u; ++e) {
-        const uint byte = w_byte(wo + 16u + 32u * (e / 64u) + e % 32u);
-        acc += a_sbyte(ao + 4u + e) * int(e % 64u < 32u ? (byte & 15u) : (byte >> 4));
-      }
-      isum += int(q4k_scale(wo + 4u, k, 0u)) * acc;
-    }
-    sumf = min_tail(sumf, a_f32(ao), half_to_float(w_u16(wo)), half_to_float(w_u16(wo + 2u)), isum, sumi_min);
+#define BLOCK_COLS 256u
+#define W_BLOCK 144u
+#define A_BLOCK 292u
+#define UNITS 8
+
+ivec2 unit_sums(uint wo, uint ao, uint k) {
+  int sumi_min = 0;
+  for (uint j = 2u * k; j < 2u * k + 2u; ++j) sumi_min += a_s16(ao + 260u + 2u * j) * int(q4k_scale(wo + 4u, k, 1u));
+  int acc = 0;
+  for (uint e = 32u * k; e < 32u * k + 32u; ++e) {
+    const uint byte = w_byte(wo + 16u + 32u * (e / 64u) + e % 32u);
+    acc += a_sbyte(ao + 4u + e) * int(e % 64u < 32u ? (byte & 15u) : (byte >> 4));
   }
-  store_out(r, t, sumf);
+  return ivec2(int(q4k_scale(wo + 4u, k, 0u)) * acc, sumi_min);
 }
+
+float block_term(uint wo, uint ao, ivec2 s) {
+  return min_term(a_f32(ao), half_to_float(w_u16(wo)), half_to_float(w_u16(wo + 2u)), s.x, s.y);
+}
+
+#include "linear_main.glsl"
