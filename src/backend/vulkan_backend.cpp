@@ -63,7 +63,8 @@ const uint32_t kLinearTq2_0[] = {
 const uint32_t kLinearQ2_0[] = {
 #include "linear_q2_0.spv.inc"
 };
-// Their subgroup builds (shaders/linear_main.glsl: a subgroup per output).
+// Their subgroup builds (shaders/linear_main.glsl): a subgroup per output, and per row and tile of
+// kTokenTile tokens.
 const uint32_t kLinearQ8_0Sg[] = {
 #include "linear_q8_0_sg.spv.inc"
 };
@@ -91,6 +92,33 @@ const uint32_t kLinearTq2_0Sg[] = {
 const uint32_t kLinearQ2_0Sg[] = {
 #include "linear_q2_0_sg.spv.inc"
 };
+const uint32_t kLinearQ8_0Sgt[] = {
+#include "linear_q8_0_sgt.spv.inc"
+};
+const uint32_t kLinearQ2_KSgt[] = {
+#include "linear_q2_k_sgt.spv.inc"
+};
+const uint32_t kLinearQ3_KSgt[] = {
+#include "linear_q3_k_sgt.spv.inc"
+};
+const uint32_t kLinearQ4_KSgt[] = {
+#include "linear_q4_k_sgt.spv.inc"
+};
+const uint32_t kLinearQ6_KSgt[] = {
+#include "linear_q6_k_sgt.spv.inc"
+};
+const uint32_t kLinearIq2XxsSgt[] = {
+#include "linear_iq2_xxs_sgt.spv.inc"
+};
+const uint32_t kLinearIq2XsSgt[] = {
+#include "linear_iq2_xs_sgt.spv.inc"
+};
+const uint32_t kLinearTq2_0Sgt[] = {
+#include "linear_tq2_0_sgt.spv.inc"
+};
+const uint32_t kLinearQ2_0Sgt[] = {
+#include "linear_q2_0_sgt.spv.inc"
+};
 const uint32_t kQuantizeQ8_0[] = {
 #include "quantize_q8_0.spv.inc"
 };
@@ -108,23 +136,37 @@ struct QuantShader {
   const uint32_t* code;
   size_t bytes;
   const char* name;
-  const uint32_t* sg_code;  // the subgroup build
+  const uint32_t* sg_code;  // the subgroup build, one token
   size_t sg_bytes;
+  const uint32_t* sgt_code;  // the subgroup build, a tile of kTokenTile tokens
+  size_t sgt_bytes;
 };
 const QuantShader kQuantShaders[] = {
-    {GgmlType::Q8_0, kLinearQ8_0, sizeof kLinearQ8_0, "linear_q8_0", kLinearQ8_0Sg, sizeof kLinearQ8_0Sg},
-    {GgmlType::Q2_K, kLinearQ2_K, sizeof kLinearQ2_K, "linear_q2_k", kLinearQ2_KSg, sizeof kLinearQ2_KSg},
-    {GgmlType::Q3_K, kLinearQ3_K, sizeof kLinearQ3_K, "linear_q3_k", kLinearQ3_KSg, sizeof kLinearQ3_KSg},
-    {GgmlType::Q4_K, kLinearQ4_K, sizeof kLinearQ4_K, "linear_q4_k", kLinearQ4_KSg, sizeof kLinearQ4_KSg},
-    {GgmlType::Q6_K, kLinearQ6_K, sizeof kLinearQ6_K, "linear_q6_k", kLinearQ6_KSg, sizeof kLinearQ6_KSg},
-    {GgmlType::IQ2_XXS, kLinearIq2Xxs, sizeof kLinearIq2Xxs, "linear_iq2_xxs", kLinearIq2XxsSg, sizeof kLinearIq2XxsSg},
-    {GgmlType::IQ2_XS, kLinearIq2Xs, sizeof kLinearIq2Xs, "linear_iq2_xs", kLinearIq2XsSg, sizeof kLinearIq2XsSg},
-    {GgmlType::TQ2_0, kLinearTq2_0, sizeof kLinearTq2_0, "linear_tq2_0", kLinearTq2_0Sg, sizeof kLinearTq2_0Sg},
-    {GgmlType::Q2_0, kLinearQ2_0, sizeof kLinearQ2_0, "linear_q2_0", kLinearQ2_0Sg, sizeof kLinearQ2_0Sg},
+    {GgmlType::Q8_0, kLinearQ8_0, sizeof kLinearQ8_0, "linear_q8_0", kLinearQ8_0Sg, sizeof kLinearQ8_0Sg,
+     kLinearQ8_0Sgt, sizeof kLinearQ8_0Sgt},
+    {GgmlType::Q2_K, kLinearQ2_K, sizeof kLinearQ2_K, "linear_q2_k", kLinearQ2_KSg, sizeof kLinearQ2_KSg,
+     kLinearQ2_KSgt, sizeof kLinearQ2_KSgt},
+    {GgmlType::Q3_K, kLinearQ3_K, sizeof kLinearQ3_K, "linear_q3_k", kLinearQ3_KSg, sizeof kLinearQ3_KSg,
+     kLinearQ3_KSgt, sizeof kLinearQ3_KSgt},
+    {GgmlType::Q4_K, kLinearQ4_K, sizeof kLinearQ4_K, "linear_q4_k", kLinearQ4_KSg, sizeof kLinearQ4_KSg,
+     kLinearQ4_KSgt, sizeof kLinearQ4_KSgt},
+    {GgmlType::Q6_K, kLinearQ6_K, sizeof kLinearQ6_K, "linear_q6_k", kLinearQ6_KSg, sizeof kLinearQ6_KSg,
+     kLinearQ6_KSgt, sizeof kLinearQ6_KSgt},
+    {GgmlType::IQ2_XXS, kLinearIq2Xxs, sizeof kLinearIq2Xxs, "linear_iq2_xxs", kLinearIq2XxsSg, sizeof kLinearIq2XxsSg,
+     kLinearIq2XxsSgt, sizeof kLinearIq2XxsSgt},
+    {GgmlType::IQ2_XS, kLinearIq2Xs, sizeof kLinearIq2Xs, "linear_iq2_xs", kLinearIq2XsSg, sizeof kLinearIq2XsSg,
+     kLinearIq2XsSgt, sizeof kLinearIq2XsSgt},
+    {GgmlType::TQ2_0, kLinearTq2_0, sizeof kLinearTq2_0, "linear_tq2_0", kLinearTq2_0Sg, sizeof kLinearTq2_0Sg,
+     kLinearTq2_0Sgt, sizeof kLinearTq2_0Sgt},
+    {GgmlType::Q2_0, kLinearQ2_0, sizeof kLinearQ2_0, "linear_q2_0", kLinearQ2_0Sg, sizeof kLinearQ2_0Sg,
+     kLinearQ2_0Sgt, sizeof kLinearQ2_0Sgt},
 };
 constexpr size_t kQuantShaderCount = std::size(kQuantShaders);
 
 constexpr uint32_t kGroup = 64;  // local_size_x of the linear shaders
+// Tokens a subgroup of a quantized linear takes together (CMakeLists.txt SLUICE_GPU_TOKEN_TILE,
+// the shaders' TOKENS).
+constexpr uint32_t kTokenTile = SLUICE_GPU_TOKEN_TILE;
 constexpr uint32_t kBindings = 4;  // weights, activations, outputs, tables (linear_common.glsl)
 constexpr uint64_t kSlabBytes = 256ull << 20;  // routed-expert slots are allocated this many bytes at a time
 constexpr uint32_t kSets = 64;  // descriptor sets: the most dispatches one submission records
@@ -1137,9 +1179,11 @@ class VulkanBackend final : public CpuBackend {
     da.descriptorSetCount = kSets;
     da.pSetLayouts = layouts.data();
     check(vkAllocateDescriptorSets(dev_, &da, sets_), "allocating descriptor sets");
-    for (size_t i = 0; i < kQuantShaderCount; ++i)
-      quant_[i] = subgroup_ ? pipeline(kQuantShaders[i].sg_code, kQuantShaders[i].sg_bytes, kQuantShaders[i].name)
-                            : pipeline(kQuantShaders[i].code, kQuantShaders[i].bytes, kQuantShaders[i].name);
+    for (size_t i = 0; i < kQuantShaderCount; ++i) {
+      const QuantShader& q = kQuantShaders[i];
+      quant_[i] = subgroup_ ? pipeline(q.sg_code, q.sg_bytes, q.name) : pipeline(q.code, q.bytes, q.name);
+      if (subgroup_) quant_tiled_[i] = pipeline(q.sgt_code, q.sgt_bytes, q.name);
+    }
     if (float64_) float_ = pipeline(kLinearFloat, sizeof kLinearFloat, "linear_float");
     // The activation quantizers divide exactly with doubles (quantize_common.glsl); without them
     // the host quantizes.
@@ -1280,7 +1324,8 @@ class VulkanBackend final : public CpuBackend {
       ensure(act_, (VkDeviceSize)n * stride);
       ensure(out_, (VkDeviceSize)n * out_row);
       for (size_t t = 0; t < n; ++t) std::memcpy(static_cast<uint8_t*>(act_.map) + t * stride, acts[t0 + t], stride);
-      const Dispatch d{wt, 0, 0, 0, push_for(wt, W, row0, n, stride, rows, round), linear_grid(wt, rows), (uint32_t)n};
+      Dispatch d{wt, 0, 0, 0, push_for(wt, W, row0, n, stride, rows, round)};
+      shape_linear(d, rows, n);
       s = add_seconds(s, dispatch(std::span<const Dispatch>(&d, 1)));
       const float* out = static_cast<const float*>(out_.map);
       for (size_t t = 0; t < n; ++t) std::memcpy(y + (t0 + t) * ldy, out + t * rows, out_row);
@@ -1294,14 +1339,6 @@ class VulkanBackend final : public CpuBackend {
                 (uint32_t)stride, wt.kind, round ? 1u : 0u, wt.w_off, 0, (uint32_t)rows};
   }
   static uint32_t grid_x(size_t rows) { return (uint32_t)((rows + kGroup - 1) / kGroup); }
-  // Workgroups of a linear dispatch over `rows` outputs per token: 64 outputs each, or with the
-  // quantized linears' subgroup build a row per subgroup. That shader strides over the rows, so a
-  // count capped at the device's limit still covers them all.
-  uint32_t linear_grid(const DeviceWeight& wt, size_t rows) const {
-    if (!subgroup_ || wt.pipe == float_) return grid_x(rows);
-    const uint64_t per = kGroup / info_.subgroup_size;
-    return (uint32_t)std::min<uint64_t>((rows + per - 1) / per, max_groups_x_);
-  }
   VkDeviceSize aligned(VkDeviceSize b) const {
     const VkDeviceSize a = std::max<VkDeviceSize>(4, offset_align_);
     return (b + a - 1) / a * a;
@@ -1339,6 +1376,23 @@ class VulkanBackend final : public CpuBackend {
     // dispatches of earlier stages wrote.
     uint32_t stage = 1;
   };
+
+  // The shader and grid of a linear dispatch over `rows` outputs for n tokens: 64 outputs per
+  // workgroup, or with the quantized linears' subgroup builds a row per subgroup, and with at
+  // least kTokenTile tokens a tile of them per subgroup (each weight value decoded once for the
+  // tile). That shader strides over the rows, so a count capped at the device's limit still
+  // covers them all.
+  void shape_linear(Dispatch& d, size_t rows, size_t n) const {
+    d.gx = grid_x(rows);
+    d.gy = (uint32_t)n;
+    if (!subgroup_ || d.wt.pipe == float_) return;
+    const uint64_t per = kGroup / info_.subgroup_size;
+    d.gx = (uint32_t)std::min<uint64_t>((rows + per - 1) / per, max_groups_x_);
+    if (n < kTokenTile) return;
+    for (size_t i = 0; i < kQuantShaderCount; ++i)
+      if (quant_[i] == d.wt.pipe) d.wt.pipe = quant_tiled_[i];
+    d.gy = (uint32_t)((n + kTokenTile - 1) / kTokenTile);
+  }
 
   // One projection of a batch: rows of the weight at `wt` against the activation rows `acts`
   // (`stride` bytes each), written BF16-rounded to y[t * rows + r].
@@ -1435,8 +1489,8 @@ class VulkanBackend final : public CpuBackend {
           last_act = sub.act_used;
         }
         sub.act_used += f + a;
-        Dispatch d{it.wt, last_act, 0, 0, push_for(it.wt, *it.W, it.row0, n, it.stride, it.rows, it.round),
-                   linear_grid(it.wt, it.rows), (uint32_t)n};
+        Dispatch d{it.wt, last_act, 0, 0, push_for(it.wt, *it.W, it.row0, n, it.stride, it.rows, it.round)};
+        shape_linear(d, it.rows, n);
         d.stage = last_stage = stage;
         if (it.tensor) {
           if (!into) {
@@ -1966,6 +2020,8 @@ class VulkanBackend final : public CpuBackend {
     free_buffer(tables_);
     for (VkPipeline& q : quant_)
       if (q) vkDestroyPipeline(dev_, q, nullptr);
+    for (VkPipeline& q : quant_tiled_)
+      if (q) vkDestroyPipeline(dev_, q, nullptr);
     for (VkPipeline p : {float_, quantize_q8_0_, quantize_q8_k_, rms_norm_})
       if (p) vkDestroyPipeline(dev_, p, nullptr);
     if (desc_pool_) vkDestroyDescriptorPool(dev_, desc_pool_, nullptr);
@@ -2007,6 +2063,7 @@ class VulkanBackend final : public CpuBackend {
   VkDescriptorPool desc_pool_ = VK_NULL_HANDLE;
   VkDescriptorSet sets_[kSets] = {};
   VkPipeline quant_[kQuantShaderCount] = {};  // kQuantShaders' pipelines, in its order
+  VkPipeline quant_tiled_[kQuantShaderCount] = {};  // their token-tile builds (subgroup_ only)
   VkPipeline float_ = VK_NULL_HANDLE;
   VkPipeline quantize_q8_0_ = VK_NULL_HANDLE, quantize_q8_k_ = VK_NULL_HANDLE;
   VkPipeline rms_norm_ = VK_NULL_HANDLE;  // on rows deferred linears write (rms_norm())

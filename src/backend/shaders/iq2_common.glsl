@@ -7,15 +7,15 @@ int grid_byte(uint grid, uint entry, uint j) {
   return int((tables[grid + 2u * entry + (j >> 2)] >> ((j & 3u) << 3)) & 0xffu);
 }
 
-// The exact integer dot of one group with the 8 activation codes at byte offset q8 of Acts.
-int group_dot(uint grid, uint entry, uint sign_index, uint q8) {
+// Adds the exact integer dot of one group with the 8 activation codes at byte offset q8 of each
+// tile token's row (linear_common.glsl tok) to sums[t]; the group's values are decoded once.
+void group_dot(uint grid, uint entry, uint sign_index, uint q8, inout int sums[TOKENS]) {
   const uint signs = sign_index | ((uint(bitCount(sign_index)) & 1u) << 7);
-  int s = 0;
   for (uint j = 0u; j < 8u; ++j) {
-    const int pr = grid_byte(grid, entry, j) * a_sbyte(q8 + j);
-    s += ((signs >> j) & 1u) != 0u ? -pr : pr;
+    const int g = grid_byte(grid, entry, j);
+    const int wv = ((signs >> j) & 1u) != 0u ? -g : g;
+    for (uint t = 0u; t < TOKENS; ++t) sums[t] += wv * a_tok(t, q8 + j);
   }
-  return s;
 }
 
 // The IQ2 formats' last operation: the row's sum times 1/8 (kernels/iquant_types.cpp).

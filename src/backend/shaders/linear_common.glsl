@@ -74,4 +74,14 @@ float scaled_term(float x, float y, int isum) {
   return t;
 }
 
+// The tokens a quantized linear's invocation or subgroup computes (linear_main.glsl): one, or a
+// tile of TOKENS, each weight value decoded once for all of them. Where each token's activation
+// row starts (bytes into Acts), and its codes.
+#ifndef TOKENS
+#define TOKENS 1
+#endif
+uint tok[TOKENS];
+int a_tok(uint t, uint off) { return a_sbyte(tok[t] + off); }
+int a16_tok(uint t, uint off) { return a_s16(tok[t] + off); }
+
 void store_out(uint r, uint t, float v) { y[p.y_off + t * p.y_stride + r] = p.round_out != 0u ? round_bf16(v) : v; }

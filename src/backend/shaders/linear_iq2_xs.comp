@@ -13,14 +13,20 @@
 #define UNITS 8
 #define FINISH(v) iq2_finish(v)
 
-ivec2 unit_sums(uint wo, uint ao, uint ib) {
+void unit_sums(uint wo, uint ab, uint ib, inout ivec2 s[TOKENS]) {
   const uint sc = w_byte(wo + 66u + ib);
-  int half_sum[2] = int[2](0, 0);
-  for (uint l = 0u; l < 4u; ++l) {
+  int lo[TOKENS], hi[TOKENS];
+  for (uint t = 0u; t < TOKENS; ++t) lo[t] = hi[t] = 0;
+  for (uint l = 0u; l < 2u; ++l) {
     const uint q = w_u16(wo + 2u + 2u * (4u * ib + l));
-    half_sum[l / 2u] += group_dot(512u, q & 511u, q >> 9, ao + 4u + 32u * ib + 8u * l);
+    group_dot(512u, q & 511u, q >> 9, ab + 4u + 32u * ib + 8u * l, lo);
   }
-  return ivec2(half_sum[0] * int(2u * (sc & 15u) + 1u) + half_sum[1] * int(2u * (sc >> 4) + 1u), 0);
+  for (uint l = 2u; l < 4u; ++l) {
+    const uint q = w_u16(wo + 2u + 2u * (4u * ib + l));
+    group_dot(512u, q & 511u, q >> 9, ab + 4u + 32u * ib + 8u * l, hi);
+  }
+  const int s_lo = int(2u * (sc & 15u) + 1u), s_hi = int(2u * (sc >> 4) + 1u);
+  for (uint t = 0u; t < TOKENS; ++t) s[t].x += lo[t] * s_lo + hi[t] * s_hi;
 }
 
 float block_term(uint wo, uint ao, ivec2 s) { return scaled_term(half_to_float(w_u16(wo)), a_f32(ao), s.x); }  // step_iq2

@@ -13,12 +13,14 @@
 #define UNITS 8
 #define FINISH(v) iq2_finish(v)
 
-ivec2 unit_sums(uint wo, uint ao, uint ib) {
+void unit_sums(uint wo, uint ab, uint ib, inout ivec2 s[TOKENS]) {
   const uint w0 = w_u32(wo + 2u + 8u * ib), w1 = w_u32(wo + 6u + 8u * ib);
-  int sumi = 0;
+  int sumi[TOKENS];
+  for (uint t = 0u; t < TOKENS; ++t) sumi[t] = 0;
   for (uint l = 0u; l < 4u; ++l)
-    sumi += group_dot(0u, (w0 >> (8u * l)) & 255u, (w1 >> (7u * l)) & 127u, ao + 4u + 32u * ib + 8u * l);
-  return ivec2(sumi * int(2u * (w1 >> 28) + 1u), 0);
+    group_dot(0u, (w0 >> (8u * l)) & 255u, (w1 >> (7u * l)) & 127u, ab + 4u + 32u * ib + 8u * l, sumi);
+  const int sc = int(2u * (w1 >> 28) + 1u);
+  for (uint t = 0u; t < TOKENS; ++t) s[t].x += sumi[t] * sc;
 }
 
 float block_term(uint wo, uint ao, ivec2 s) { return scaled_term(half_to_float(w_u16(wo)), a_f32(ao), s.x); }  // step_iq2

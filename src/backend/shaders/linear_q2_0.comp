@@ -11,14 +11,15 @@
 #define A_BLOCK 68u
 #define UNITS 2
 
-ivec2 unit_sums(uint wo, uint ao, uint k) {
-  int s = 0;
+void unit_sums(uint wo, uint ab, uint k, inout ivec2 s[TOKENS]) {
+  int acc[TOKENS];
+  for (uint t = 0u; t < TOKENS; ++t) acc[t] = 0;
   for (uint j = 0u; j < 32u; ++j) {
     const uint c = 32u * k + j;
-    const int code = int((w_byte(wo + 2u + c / 4u) >> (2u * (c % 4u))) & 3u);
-    s += (code - 1) * a_sbyte(ao + 34u * k + 2u + j);
+    const int wv = int((w_byte(wo + 2u + c / 4u) >> (2u * (c % 4u))) & 3u) - 1;
+    for (uint t = 0u; t < TOKENS; ++t) acc[t] += wv * a_tok(t, ab + 34u * k + 2u + j);
   }
-  return k == 0u ? ivec2(s, 0) : ivec2(0, s);
+  for (uint t = 0u; t < TOKENS; ++t) s[t] += k == 0u ? ivec2(acc[t], 0) : ivec2(0, acc[t]);
 }
 
 float block_term(uint wo, uint ao, ivec2 s) {

@@ -13,19 +13,21 @@
 #define A_BLOCK 292u
 #define UNITS 8
 
-ivec2 unit_sums(uint wo, uint ao, uint u) {
-  int summs = 0, isum = 0;
+void unit_sums(uint wo, uint ab, uint u, inout ivec2 s[TOKENS]) {
   for (uint k = 2u * u; k < 2u * u + 2u; ++k) {
     const uint sc = w_byte(wo + k);
-    summs += a_s16(ao + 260u + 2u * k) * int(sc >> 4);
-    int s = 0;
+    int acc[TOKENS];
+    for (uint t = 0u; t < TOKENS; ++t) {
+      s[t].y += a16_tok(t, ab + 260u + 2u * k) * int(sc >> 4);
+      acc[t] = 0;
+    }
     for (uint e = 16u * k; e < 16u * k + 16u; ++e) {
       const uint h = e / 128u, j = (e % 128u) / 32u, l = e % 32u;
-      s += a_sbyte(ao + 4u + e) * int((w_byte(wo + 16u + 32u * h + l) >> (2u * j)) & 3u);
+      const int wv = int((w_byte(wo + 16u + 32u * h + l) >> (2u * j)) & 3u);
+      for (uint t = 0u; t < TOKENS; ++t) acc[t] += a_tok(t, ab + 4u + e) * wv;
     }
-    isum += int(sc & 15u) * s;
+    for (uint t = 0u; t < TOKENS; ++t) s[t].x += int(sc & 15u) * acc[t];
   }
-  return ivec2(isum, summs);
 }
 
 float block_term(uint wo, uint ao, ivec2 s) {

@@ -18,15 +18,19 @@ uint q4k_scale(uint off, uint k, uint m) {
 #define A_BLOCK 292u
 #define UNITS 8
 
-ivec2 unit_sums(uint wo, uint ao, uint k) {
-  int sumi_min = 0;
-  for (uint j = 2u * k; j < 2u * k + 2u; ++j) sumi_min += a_s16(ao + 260u + 2u * j) * int(q4k_scale(wo + 4u, k, 1u));
-  int acc = 0;
+void unit_sums(uint wo, uint ab, uint k, inout ivec2 s[TOKENS]) {
+  const int mn = int(q4k_scale(wo + 4u, k, 1u)), sc = int(q4k_scale(wo + 4u, k, 0u));
+  int acc[TOKENS];
+  for (uint t = 0u; t < TOKENS; ++t) {
+    for (uint j = 2u * k; j < 2u * k + 2u; ++j) s[t].y += a16_tok(t, ab + 260u + 2u * j) * mn;
+    acc[t] = 0;
+  }
   for (uint e = 32u * k; e < 32u * k + 32u; ++e) {
     const uint byte = w_byte(wo + 16u + 32u * (e / 64u) + e % 32u);
-    acc += a_sbyte(ao + 4u + e) * int(e % 64u < 32u ? (byte & 15u) : (byte >> 4));
+    const int wv = int(e % 64u < 32u ? (byte & 15u) : (byte >> 4));
+    for (uint t = 0u; t < TOKENS; ++t) acc[t] += a_tok(t, ab + 4u + e) * wv;
   }
-  return ivec2(int(q4k_scale(wo + 4u, k, 0u)) * acc, sumi_min);
+  for (uint t = 0u; t < TOKENS; ++t) s[t].x += sc * acc[t];
 }
 
 float block_term(uint wo, uint ao, ivec2 s) {

@@ -12,10 +12,11 @@
 #define A_BLOCK 34u
 #define UNITS 1
 
-ivec2 unit_sums(uint wo, uint ao, uint u) {
-  int sumi = 0;
-  for (uint j = 2u; j < 34u; ++j) sumi += w_sbyte(wo + j) * a_sbyte(ao + j);
-  return ivec2(sumi, 0);
+void unit_sums(uint wo, uint ab, uint u, inout ivec2 s[TOKENS]) {
+  for (uint j = 2u; j < 34u; ++j) {
+    const int wv = w_sbyte(wo + j);
+    for (uint t = 0u; t < TOKENS; ++t) s[t].x += wv * a_tok(t, ab + j);
+  }
 }
 
 float block_term(uint wo, uint ao, ivec2 s) { return scaled_term(half_to_float(w_u16(wo)), half_to_float(a_u16(ao)), s.x); }

@@ -10,13 +10,12 @@
 #define A_BLOCK 292u
 #define UNITS 8
 
-ivec2 unit_sums(uint wo, uint ao, uint u) {
-  int sumi = 0;
+void unit_sums(uint wo, uint ab, uint u, inout ivec2 s[TOKENS]) {
   for (uint e = 32u * u; e < 32u * u + 32u; ++e) {
     const uint code = (w_byte(wo + 32u * (e / 128u) + e % 32u) >> (2u * ((e % 128u) / 32u))) & 3u;
-    sumi += (int(code) - 1) * a_sbyte(ao + 4u + e);
+    const int wv = int(code) - 1;
+    for (uint t = 0u; t < TOKENS; ++t) s[t].x += wv * a_tok(t, ab + 4u + e);
   }
-  return ivec2(sumi, 0);
 }
 
 float block_term(uint wo, uint ao, ivec2 s) { return scaled_term(half_to_float(w_u16(wo + 64u)), a_f32(ao), s.x); }  // step_tq2_0
