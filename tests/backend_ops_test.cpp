@@ -64,13 +64,16 @@ std::vector<BackendCase> backends() {
                    },
                    exact});
   // The same with routed-expert slots on the device, fewer than the op tests' experts: the routed
-  // FFN runs there and evicts (vulkan_backend_test counts the hits and the reads).
+  // FFN runs there and evicts (vulkan_backend_test counts the hits and the reads); and the
+  // quantized linears a subgroup per output where the device can (auto leaves lavapipe, a CPU
+  // device, with an invocation per output).
   if (vulkan_built())
     out.push_back({"vulkan_slots",
                    [] {
                      GpuOptions o;
                      o.threads = 2;
                      o.expert_slots = 3;
+                     if (vulkan_devices()[0].subgroup_linears) o.linears = GpuLinears::Subgroup;
                      return make_vulkan_backend(o);
                    },
                    exact});

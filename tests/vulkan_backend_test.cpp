@@ -94,7 +94,16 @@ TEST(Vulkan, LinearOnTheDeviceHasTheCpuBits) {
                  (plain ? ", an invocation per output" : ", a subgroup per output where the device can"));
     GpuOptions go;
     go.no_import = no_import;
-    go.plain_linears = plain;
+    go.linears = plain ? GpuLinears::Plain : GpuLinears::Subgroup;
+    if (!plain && !vulkan_devices()[0].subgroup_linears) {  // refused, naming why
+      try {
+        make_vulkan_backend(go);
+        ADD_FAILURE() << "a device without the subgroup operations was asked for the subgroup linears";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("--gpu-linears plain or auto"), std::string::npos) << e.what();
+      }
+      continue;
+    }
     const std::unique_ptr<Backend> gpu = make_vulkan_backend(go);
     const CpuBackend cpu(1);
     std::mt19937_64 rng(42);
@@ -146,7 +155,7 @@ TEST(Vulkan, LinearOnTheDeviceHasTheCpuBits) {
     const bool can_import = vulkan_devices()[0].uma && vulkan_devices()[0].host_import;
     EXPECT_EQ(st.weights_imported, !no_import && can_import ? std::size(cases) : 0u);
     EXPECT_EQ(st.bytes_on_device == 0, !no_import && can_import) << "imported weights were copied too";
-    EXPECT_EQ(st.subgroup_linears, !plain && vulkan_devices()[0].subgroup_linears);
+    EXPECT_EQ(st.subgroup_linears, !plain);
   }
 }
 
@@ -986,6 +995,7 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
     bool cpu_auto = false;
     bool in_place = false;
     uint32_t cache_experts = 0;  // the host store's (0: the plan's)
+    GpuLinears linears = GpuLinears::Auto;
   };
   auto rows_of = [&](const std::string& backend, SessionStats* st, GpuStats* gs, Experts x = {}) {
     const uint64_t slots = x.slots;
@@ -1003,6 +1013,7 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
     so.cpu_experts = x.cpu_share;
     so.cpu_experts_auto = x.cpu_auto;
     so.gpu_experts_in_place = x.in_place;
+    so.gpu_linears = x.linears;
     Session s(so);
     std::vector<float> rows;
     EvalObserver o;
@@ -1052,15 +1063,19 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
   EXPECT_EQ(gg.expert_hits + gg.expert_misses, 0u) << "routed experts ran on the device without slots";
   // The routed experts in device slots: one slot (every expert evicts the one before), 7 in front
   // of the streaming expert store (which refuses an expert it was not asked to prepare), and one
-  // per expert of the model give the CPU's logits.
+  // per expert of the model give the CPU's logits. The last two with the quantized linears a
+  // subgroup per output (and a tile of tokens in the prefill), where the device can.
+  const GpuLinears subgroup = vulkan_devices()[0].subgroup_linears ? GpuLinears::Subgroup : GpuLinears::Auto;
   for (const uint64_t slots : {1u, 7u, 100000u}) {
     SessionStats ss;
     GpuStats sg;
-    const std::vector<float> got = rows_of("vulkan", &ss, &sg, {.slots = slots, .stream = slots == 7});
+    const std::vector<float> got = rows_of(
+        "vulkan", &ss, &sg, {.slots = slots, .stream = slots == 7, .linears = slots == 1 ? GpuLinears::Auto : subgroup});
     ASSERT_EQ(got.size(), cpu.size());
     EXPECT_EQ(std::memcmp(got.data(), cpu.data(), cpu.size() * sizeof(float)), 0) << slots << " slots: logits differ";
     EXPECT_GT(sg.expert_misses, 0u);
     EXPECT_EQ(sg.expert_calls_on_host, 0u);
+    EXPECT_EQ(sg.subgroup_linears, slots == 1 ? auto_subgroup_linears(vulkan_devices()[0]) : subgroup == GpuLinears::Subgroup);
     // The session's stats carry the device's, and /metrics shows the slot tier.
     ASSERT_TRUE(ss.gpu);
     EXPECT_EQ(ss.gpu_stats.expert_hits, sg.expert_hits);
@@ -1124,7 +1139,8 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
     SessionStats ss;
     GpuStats sg;
     const std::vector<float> got =
-        rows_of("vulkan", &ss, &sg, {.stream = mode > 0, .in_place = true, .cache_experts = mode == 2 ? 48u : 0u});
+        rows_of("vulkan", &ss, &sg, {.stream = mode > 0, .in_place = true, .cache_experts = mode == 2 ? 48u : 0u,
+                                      .linears = mode == 1 ? subgroup : GpuLinears::Auto});
     ASSERT_EQ(got.size(), cpu.size());
     EXPECT_EQ(std::memcmp(got.data(), cpu.data(), cpu.size() * sizeof(float)), 0) << "logits differ";
     EXPECT_GT(sg.expert_in_place, 0u);
@@ -1329,6 +1345,9 @@ TEST(Vulkan, CommandLine) {
       << "the plan does not count the host rows of a group of experts: " << slots.err;
   EXPECT_EQ(test::run_sluice(dir, "run -m " + test::q(model) + " --tokens 5 -n 1 --gpu-experts 4").rc, 2)
       << "--gpu-experts without --backend vulkan was accepted";
+  EXPECT_EQ(test::run_sluice(dir, "run -m " + test::q(model) + " --tokens 5 -n 1 --gpu-linears subgroup").rc, 2)
+      << "--gpu-linears without --backend vulkan was accepted";
+  EXPECT_EQ(test::run_sluice(dir, "run -m " + test::q(model) + " --tokens 5 -n 1 --backend vulkan --gpu-linears fast").rc, 2);
   // Half of the slot misses on the CPU: the same tokens, the share in the summary; the option
   // needs slots and a share from 0 to 1.
   const test::CmdResult half = test::run_sluice(

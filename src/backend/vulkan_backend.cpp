@@ -396,7 +396,11 @@ class VulkanBackend final : public CpuBackend {
       ts_period_ns_ = props.limits.timestampPeriod;
       max_groups_x_ = props.limits.maxComputeWorkGroupCount[0];
     }
-    subgroup_ = info_.subgroup_linears && !o.plain_linears;
+    if (o.linears == GpuLinears::Subgroup && !info_.subgroup_linears)
+      throw Error("vulkan: device " + info_.name + " cannot run the linears a subgroup per output (it needs ballots "
+                  "and shuffles in compute shaders and subgroups of 8 to 64 lanes; it has " +
+                  std::to_string(info_.subgroup_size) + "); use --gpu-linears plain or auto");
+    subgroup_ = o.linears == GpuLinears::Subgroup || (o.linears == GpuLinears::Auto && auto_subgroup_linears(info_));
     st_.subgroup_linears = subgroup_;
     st_.subgroup_size = info_.subgroup_size;
     staging_bytes_ = o.staging_bytes ? o.staging_bytes : kGpuStagingBytes;
@@ -2163,5 +2167,7 @@ void gpu_rms_norm(const Backend&, float*, size_t, size_t, const float*, float) {
 void release_gpu_imports(const Backend&) {}
 
 #endif
+
+bool auto_subgroup_linears(const GpuDevice& d) { return d.subgroup_linears && d.kind != "cpu"; }
 
 }  // namespace sluice

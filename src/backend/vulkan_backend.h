@@ -31,7 +31,8 @@ struct GpuDevice {
   std::vector<GpuHeap> heaps;
   uint32_t subgroup_size = 0;
   // The quantized linears can run a subgroup per output (shaders/linear_main.glsl): compute
-  // shaders have ballots and shuffles, and subgroups of 8 to 64 lanes divide 64.
+  // shaders have ballots and shuffles, and subgroups of 8 to 64 lanes divide 64. GpuLinears::Auto
+  // uses it on a GPU, not on a CPU device (docs/backends.md: lavapipe runs the plain build faster).
   bool subgroup_linears = false;
   bool int_dot = false;  // VK_KHR_shader_integer_dot_product
   bool host_import = false;  // VK_EXT_external_memory_host: host memory usable as device memory
@@ -106,6 +107,13 @@ inline constexpr uint64_t kGpuStagingBuffers = 3;
 // the plan charges twice it for them and their quantized rows.
 inline constexpr uint64_t kGpuExpertGroupBytes = kGpuStagingBytes / 2;
 
+// How the quantized linear shaders spread their work (docs/backends.md "A subgroup per output"):
+// an invocation per output (Plain), or a subgroup per output and per row and tile of tokens
+// (Subgroup: a device without GpuDevice::subgroup_linears is refused, naming why); Auto: Subgroup
+// where the device has it and is a GPU, else Plain.
+enum class GpuLinears { Auto, Plain, Subgroup };
+bool auto_subgroup_linears(const GpuDevice& d);
+
 struct GpuOptions {
   uint32_t device = 0;
   int threads = 0;               // the CPU backend's threads (0: all cores)
@@ -125,9 +133,8 @@ struct GpuOptions {
   // Tests: the host quantizes every linear's activations and runs every rms_norm, as for a device
   // without shaderFloat64.
   bool host_quantize = false;
-  // An invocation per output for the quantized linears even where the device could run their
-  // subgroup build (GpuDevice::subgroup_linears); the same bits either way.
-  bool plain_linears = false;
+  // How the quantized linears run (--gpu-linears); the same bits either way.
+  GpuLinears linears = GpuLinears::Auto;
   // Copy the weights even where the device could import their pages (tests; force_staging too).
   bool no_import = false;
   // Routed-expert slots on the device (--gpu-experts N): the routed FFN runs there, each expert

@@ -32,6 +32,7 @@ int run_devices(const DevicesOptions& o) {
       j["uma"] = d.uma;
       j["subgroup_size"] = d.subgroup_size;
       j["subgroup_linears"] = d.subgroup_linears;
+      j["linears_auto"] = auto_subgroup_linears(d) ? "subgroup" : "plain";
       j["integer_dot_product"] = d.int_dot;
       j["host_import"] = d.host_import;
       j["max_storage_buffer"] = d.max_storage_buffer;
@@ -54,7 +55,10 @@ int run_devices(const DevicesOptions& o) {
                (h.has_budget ? " (budget " + format_bytes(h.budget) + ", in use " + format_bytes(h.usage) + ")" : "");
     std::printf("   memory heaps: %s\n", heaps.c_str());
     std::printf("   subgroup %u (%s), integer dot product %s, largest storage binding %s, imports host memory %s\n",
-                d.subgroup_size, d.subgroup_linears ? "linears a subgroup per output" : "linears an invocation per output",
+                d.subgroup_size,
+                auto_subgroup_linears(d) ? "linears a subgroup per output"
+                : d.subgroup_linears     ? "linears an invocation per output on a CPU device; --gpu-linears subgroup can"
+                                         : "linears an invocation per output",
                 d.int_dot ? "yes" : "no", format_bytes(d.max_storage_buffer).c_str(), d.host_import ? "yes" : "no");
   }
   return 0;

@@ -264,9 +264,11 @@ void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
                   "memory while the device runs the rest, instead of uploading them; auto: the share that a cost "
                   "model of measured upload, device and CPU times says finishes first (same results either way; "
                   "default 0)");
-  sub->add_flag("--gpu-plain-linears", o.gpu_plain_linears,
-                "with --backend vulkan: the quantized linears run an invocation per output even where the device "
-                "runs them a subgroup per output (`sluice devices` says which; the same results, to compare the two)");
+  sub->add_option("--gpu-linears", o.gpu_linears,
+                  "with --backend vulkan: how the quantized linears spread their work: plain (an invocation per "
+                  "output), subgroup (a subgroup per output, and per tile of 4 tokens) or auto (subgroup on a GPU "
+                  "that can, plain on a CPU device; `sluice devices` says which); the same results (default auto)")
+      ->check(CLI::IsMember({"auto", "plain", "subgroup"}));
   sub->add_option("--route-bias", o.route_bias,
                   "LOSSY, off by default: add D to the routing score of experts already in the cache, so near-ties "
                   "cost no read (mixing weights stay exact; `sluice bench --route-bias D` measures what it buys and "
@@ -347,9 +349,11 @@ SessionOptions session_options(const EngineCliOptions& e, const std::string& mod
       throw UsageError("--gpu-experts must be a slot count or in-place (got '" + e.gpu_experts + "')");
   }
   const bool gpu_experts = so.gpu_experts != 0 || so.gpu_experts_in_place;
-  if ((e.gpu_mem != "auto" || e.device != 0 || gpu_experts || e.gpu_plain_linears) && e.backend != "vulkan")
-    throw UsageError("--device, --gpu-mem, --gpu-experts and --gpu-plain-linears need --backend vulkan");
-  so.gpu_plain_linears = e.gpu_plain_linears;
+  if ((e.gpu_mem != "auto" || e.device != 0 || gpu_experts || e.gpu_linears != "auto") && e.backend != "vulkan")
+    throw UsageError("--device, --gpu-mem, --gpu-experts and --gpu-linears need --backend vulkan");
+  so.gpu_linears = e.gpu_linears == "plain"      ? GpuLinears::Plain
+                   : e.gpu_linears == "subgroup" ? GpuLinears::Subgroup
+                                                 : GpuLinears::Auto;
   if (!e.cpu_experts.empty()) {
     if (so.gpu_experts_in_place)
       throw UsageError("--cpu-experts shares out slot misses, and --gpu-experts in-place copies no expert");

@@ -32,7 +32,7 @@ struct EngineCliOptions {
   std::string gpu_mem = "auto"; // --gpu-mem BYTES|auto: the weights the device holds at most
   std::string gpu_experts;      // --gpu-experts N|in-place: routed-expert slots on the device, or none and in place
   std::string cpu_experts;      // --cpu-experts F|auto: the CPU's share of the slot misses
-  bool gpu_plain_linears = false;  // --gpu-plain-linears: an invocation per output (GpuOptions::plain_linears)
+  std::string gpu_linears = "auto";  // --gpu-linears auto|plain|subgroup (GpuOptions::linears)
   uint32_t checkpoint_every = 1024;   // prefix checkpoints every N tokens (0: only at prompt ends)
   std::string checkpoint_budget;      // their byte budget (0: none; empty: kDefaultCheckpointBudget)
   std::string watchdog;        // SOFT:HARD; handled in main() (re-executes under the watchdog)

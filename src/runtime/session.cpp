@@ -623,7 +623,7 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
     s.gpu_slots = go.expert_slots;
     go.cpu_experts = opt.cpu_experts;
     go.cpu_experts_auto = opt.cpu_experts_auto;
-    go.plain_linears = opt.gpu_plain_linears;
+    go.linears = opt.gpu_linears;
     go.experts_in_place = opt.gpu_experts_in_place;
     s.backend = make_vulkan_backend(go);
   } else if (opt.backend != "cpu") {

@@ -73,7 +73,7 @@ struct SessionOptions {
   // --cpu-experts F|auto: the CPU's share of the slot misses (GpuOptions::cpu_experts, _auto).
   double cpu_experts = 0;
   bool cpu_experts_auto = false;
-  bool gpu_plain_linears = false;  // --gpu-plain-linears (GpuOptions::plain_linears)
+  GpuLinears gpu_linears = GpuLinears::Auto;  // --gpu-linears (GpuOptions::linears)
   // Prefix checkpoints: one each time the sequence passes a multiple of checkpoint_interval
   // tokens (at the end of the prefill chunk or decode step that passes it; 0: none) and two at
   // the end of each prompt's prefill: before its last token and after it (with that prompt's
