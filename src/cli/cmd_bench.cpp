@@ -556,6 +556,8 @@ int run_bench(const BenchOptions& o) {
       j["gpu_linear_on_device"] = gs.linear_on_device;
       j["gpu_linear_on_host"] = gs.linear_on_host;
       j["gpu_submissions"] = gs.submissions;
+      j["gpu_linears"] = gs.subgroup_linears ? "subgroup" : "plain";
+      j["gpu_subgroup_size"] = gs.subgroup_size;
       j["gpu_expert_slots"] = gs.expert_slots;
       j["gpu_expert_hit_rate"] = gpu_hit;
       j["gpu_expert_upload_bytes"] = gs.expert_upload_bytes;
@@ -663,8 +665,11 @@ int run_bench(const BenchOptions& o) {
                 gc.median_gbps, gc.min_gbps, gc.max_gbps, std::to_string(gc.bytes >> 20).c_str(),
                 gc.staged ? "through the staging buffer" : "into mapped device memory", gc.memcpy_gbps,
                 gc.memcpy_gbps > 0 ? gc.median_gbps / gc.memcpy_gbps : 0.0);
-    std::printf("GPU share     linear %llu on the device, %llu on the CPU; routed experts %s\n",
-                (unsigned long long)gs.linear_on_device, (unsigned long long)gs.linear_on_host,
+    std::printf("GPU share     linear %llu on the device (quantized ones %s), %llu on the CPU; routed experts %s\n",
+                (unsigned long long)gs.linear_on_device,
+                gs.subgroup_linears ? ("a subgroup of " + std::to_string(gs.subgroup_size) + " per output").c_str()
+                                    : "an invocation per output",
+                (unsigned long long)gs.linear_on_host,
                 gs.expert_slots ? ("in " + std::to_string(gs.expert_slots) + " device slots, hit rate " +
                                    std::to_string((int)std::lround(100 * gpu_hit)) + "% (" + std::to_string(gs.expert_hits) +
                                    "/" + std::to_string(gpu_looks) + "), " + format_bytes(gs.expert_upload_bytes) +
