@@ -1412,6 +1412,7 @@ TEST(Vulkan, CommandLine) {
   EXPECT_NE(bench.out.find("GPU copy      host -> device "), std::string::npos) << bench.out;
   EXPECT_NE(bench.out.find("host memcpy "), std::string::npos) << bench.out;
   EXPECT_NE(bench.out.find("routed experts in 8 device slots, hit rate "), std::string::npos) << bench.out;
+  EXPECT_NE(bench.out.find(" on the device (quantized ones "), std::string::npos) << bench.out;
   const test::CmdResult none = test::run_sluice(
       dir, "run -m " + test::q(model) + " --tokens 5,6,7 -n 2 --backend vulkan --gpu-experts 4 --gpu-mem 1");
   EXPECT_EQ(none.rc, 0) << none.err;
