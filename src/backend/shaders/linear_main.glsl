@@ -25,6 +25,7 @@
 #ifndef FINISH
 #define FINISH(v) (v)
 #endif
+
 float add_term(float sumf, float term) {
   precise float r = sumf + term;
   return r;
@@ -58,7 +59,7 @@ ivec2 cluster_sums(ivec2 s) {
 
 void main() {
   const uint t0 = gl_WorkGroupID.y * TOKENS;
-  const uint tiles = min(uint(TOKENS), p.n - t0);  // the tile's tokens that exist
+  const uint present = min(uint(TOKENS), p.n - t0);  // the tile's tokens that exist
   for (uint t = 0u; t < TOKENS; ++t) tok[t] = min(t0 + t, p.n - 1u) * p.a_stride;
   const uint lane = gl_SubgroupInvocationID, size = gl_SubgroupSize;
   const bool whole = subgroupBallotBitCount(subgroupBallot(true)) == size;
@@ -71,7 +72,7 @@ void main() {
     if (!whole) {
       if (subgroupElect()) {
         row_sums(wo, sumf);
-        for (uint t = 0u; t < tiles; ++t) store_out(r, t0 + t, FINISH(sumf[t]));
+        for (uint t = 0u; t < present; ++t) store_out(r, t0 + t, FINISH(sumf[t]));
       }
       continue;
     }
@@ -92,7 +93,7 @@ void main() {
         for (uint t = 0u; t < TOKENS; ++t) sumf[t] = add_term(sumf[t], subgroupShuffle(term[t], i * UNITS));
     }
     if (subgroupElect())
-      for (uint t = 0u; t < tiles; ++t) store_out(r, t0 + t, FINISH(sumf[t]));
+      for (uint t = 0u; t < present; ++t) store_out(r, t0 + t, FINISH(sumf[t]));
   }
 }
 #endif
