@@ -129,38 +129,35 @@ const uint32_t kRmsNorm[] = {
 #include "rms_norm.spv.inc"
 };
 
+// A SPIR-V module embedded above: its words and size.
+struct Spirv {
+  const uint32_t* code;
+  size_t bytes;
+};
+#define SLUICE_SPIRV(words) Spirv{words, sizeof words}
 // The quantized weight types with a shader of their own: each gives the CPU's bits (the shader's
 // header says why). The float formats share linear_float (kind 0/1/2), which needs shaderFloat64.
 struct QuantShader {
   GgmlType type;
-  const uint32_t* code;
-  size_t bytes;
   const char* name;
-  const uint32_t* sg_code;  // the subgroup build, one token
-  size_t sg_bytes;
-  const uint32_t* sgt_code;  // the subgroup build, a tile of kTokenTile tokens
-  size_t sgt_bytes;
+  Spirv plain;  // an invocation per output
+  Spirv sg;     // the subgroup build, one token
+  Spirv sgt;    // the subgroup build, a tile of kTokenTile tokens
 };
 const QuantShader kQuantShaders[] = {
-    {GgmlType::Q8_0, kLinearQ8_0, sizeof kLinearQ8_0, "linear_q8_0", kLinearQ8_0Sg, sizeof kLinearQ8_0Sg,
-     kLinearQ8_0Sgt, sizeof kLinearQ8_0Sgt},
-    {GgmlType::Q2_K, kLinearQ2_K, sizeof kLinearQ2_K, "linear_q2_k", kLinearQ2_KSg, sizeof kLinearQ2_KSg,
-     kLinearQ2_KSgt, sizeof kLinearQ2_KSgt},
-    {GgmlType::Q3_K, kLinearQ3_K, sizeof kLinearQ3_K, "linear_q3_k", kLinearQ3_KSg, sizeof kLinearQ3_KSg,
-     kLinearQ3_KSgt, sizeof kLinearQ3_KSgt},
-    {GgmlType::Q4_K, kLinearQ4_K, sizeof kLinearQ4_K, "linear_q4_k", kLinearQ4_KSg, sizeof kLinearQ4_KSg,
-     kLinearQ4_KSgt, sizeof kLinearQ4_KSgt},
-    {GgmlType::Q6_K, kLinearQ6_K, sizeof kLinearQ6_K, "linear_q6_k", kLinearQ6_KSg, sizeof kLinearQ6_KSg,
-     kLinearQ6_KSgt, sizeof kLinearQ6_KSgt},
-    {GgmlType::IQ2_XXS, kLinearIq2Xxs, sizeof kLinearIq2Xxs, "linear_iq2_xxs", kLinearIq2XxsSg, sizeof kLinearIq2XxsSg,
-     kLinearIq2XxsSgt, sizeof kLinearIq2XxsSgt},
-    {GgmlType::IQ2_XS, kLinearIq2Xs, sizeof kLinearIq2Xs, "linear_iq2_xs", kLinearIq2XsSg, sizeof kLinearIq2XsSg,
-     kLinearIq2XsSgt, sizeof kLinearIq2XsSgt},
-    {GgmlType::TQ2_0, kLinearTq2_0, sizeof kLinearTq2_0, "linear_tq2_0", kLinearTq2_0Sg, sizeof kLinearTq2_0Sg,
-     kLinearTq2_0Sgt, sizeof kLinearTq2_0Sgt},
-    {GgmlType::Q2_0, kLinearQ2_0, sizeof kLinearQ2_0, "linear_q2_0", kLinearQ2_0Sg, sizeof kLinearQ2_0Sg,
-     kLinearQ2_0Sgt, sizeof kLinearQ2_0Sgt},
+    {GgmlType::Q8_0, "linear_q8_0", SLUICE_SPIRV(kLinearQ8_0), SLUICE_SPIRV(kLinearQ8_0Sg), SLUICE_SPIRV(kLinearQ8_0Sgt)},
+    {GgmlType::Q2_K, "linear_q2_k", SLUICE_SPIRV(kLinearQ2_K), SLUICE_SPIRV(kLinearQ2_KSg), SLUICE_SPIRV(kLinearQ2_KSgt)},
+    {GgmlType::Q3_K, "linear_q3_k", SLUICE_SPIRV(kLinearQ3_K), SLUICE_SPIRV(kLinearQ3_KSg), SLUICE_SPIRV(kLinearQ3_KSgt)},
+    {GgmlType::Q4_K, "linear_q4_k", SLUICE_SPIRV(kLinearQ4_K), SLUICE_SPIRV(kLinearQ4_KSg), SLUICE_SPIRV(kLinearQ4_KSgt)},
+    {GgmlType::Q6_K, "linear_q6_k", SLUICE_SPIRV(kLinearQ6_K), SLUICE_SPIRV(kLinearQ6_KSg), SLUICE_SPIRV(kLinearQ6_KSgt)},
+    {GgmlType::IQ2_XXS, "linear_iq2_xxs", SLUICE_SPIRV(kLinearIq2Xxs), SLUICE_SPIRV(kLinearIq2XxsSg),
+     SLUICE_SPIRV(kLinearIq2XxsSgt)},
+    {GgmlType::IQ2_XS, "linear_iq2_xs", SLUICE_SPIRV(kLinearIq2Xs), SLUICE_SPIRV(kLinearIq2XsSg),
+     SLUICE_SPIRV(kLinearIq2XsSgt)},
+    {GgmlType::TQ2_0, "linear_tq2_0", SLUICE_SPIRV(kLinearTq2_0), SLUICE_SPIRV(kLinearTq2_0Sg), SLUICE_SPIRV(kLinearTq2_0Sgt)},
+    {GgmlType::Q2_0, "linear_q2_0", SLUICE_SPIRV(kLinearQ2_0), SLUICE_SPIRV(kLinearQ2_0Sg), SLUICE_SPIRV(kLinearQ2_0Sgt)},
 };
+#undef SLUICE_SPIRV
 constexpr size_t kQuantShaderCount = std::size(kQuantShaders);
 
 constexpr uint32_t kGroup = 64;  // local_size_x of the linear shaders
@@ -1185,16 +1182,16 @@ class VulkanBackend final : public CpuBackend {
     check(vkAllocateDescriptorSets(dev_, &da, sets_), "allocating descriptor sets");
     for (size_t i = 0; i < kQuantShaderCount; ++i) {
       const QuantShader& q = kQuantShaders[i];
-      quant_[i] = subgroup_ ? pipeline(q.sg_code, q.sg_bytes, q.name) : pipeline(q.code, q.bytes, q.name);
-      if (subgroup_) quant_tiled_[i] = pipeline(q.sgt_code, q.sgt_bytes, q.name);
+      quant_[i] = pipeline(subgroup_ ? q.sg : q.plain, q.name);
+      if (subgroup_) quant_tiled_[i] = pipeline(q.sgt, q.name);
     }
-    if (float64_) float_ = pipeline(kLinearFloat, sizeof kLinearFloat, "linear_float");
+    if (float64_) float_ = pipeline(Spirv{kLinearFloat, sizeof kLinearFloat}, "linear_float");
     // The activation quantizers divide exactly with doubles (quantize_common.glsl); without them
     // the host quantizes.
     if (float64_ && !host_quantize_) {
-      quantize_q8_0_ = pipeline(kQuantizeQ8_0, sizeof kQuantizeQ8_0, "quantize_q8_0");
-      quantize_q8_k_ = pipeline(kQuantizeQ8_K, sizeof kQuantizeQ8_K, "quantize_q8_k");
-      rms_norm_ = pipeline(kRmsNorm, sizeof kRmsNorm, "rms_norm");
+      quantize_q8_0_ = pipeline(Spirv{kQuantizeQ8_0, sizeof kQuantizeQ8_0}, "quantize_q8_0");
+      quantize_q8_k_ = pipeline(Spirv{kQuantizeQ8_K, sizeof kQuantizeQ8_K}, "quantize_q8_k");
+      rms_norm_ = pipeline(Spirv{kRmsNorm, sizeof kRmsNorm}, "rms_norm");
     }
     // The IQ2 grids, read by linear_iq2_xxs / linear_iq2_xs (shaders/linear_common.glsl Tables).
     tables_ = make_buffer(sizeof iq2xxs_grid + sizeof iq2xs_grid);
@@ -1202,11 +1199,11 @@ class VulkanBackend final : public CpuBackend {
     std::memcpy(static_cast<uint8_t*>(tables_.map) + sizeof iq2xxs_grid, iq2xs_grid, sizeof iq2xs_grid);
   }
 
-  VkPipeline pipeline(const uint32_t* code, size_t bytes, const char* what) {
+  VkPipeline pipeline(Spirv spv, const char* what) {
     VkShaderModuleCreateInfo sm{};
     sm.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO;
-    sm.codeSize = bytes;
-    sm.pCode = code;
+    sm.codeSize = spv.bytes;
+    sm.pCode = spv.code;
     VkShaderModule mod = VK_NULL_HANDLE;
     VkResult r = vkCreateShaderModule(dev_, &sm, nullptr, &mod);
     if (r != VK_SUCCESS) throw Error(std::string("vulkan: the driver refused shader ") + what + ": " + result_name(r));
@@ -2169,5 +2166,9 @@ void release_gpu_imports(const Backend&) {}
 #endif
 
 bool auto_subgroup_linears(const GpuDevice& d) { return d.subgroup_linears && d.kind != "cpu"; }
+
+std::string gpu_linears_text(const GpuStats& g) {
+  return g.subgroup_linears ? "a subgroup of " + std::to_string(g.subgroup_size) + " per output" : "an invocation per output";
+}
 
 }  // namespace sluice

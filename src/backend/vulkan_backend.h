@@ -165,6 +165,9 @@ inline uint64_t gpu_expert_slot_bytes(uint64_t gate, uint64_t up, uint64_t down)
   return a(gate) + a(up) + a(down);
 }
 
+// How the quantized linears ran, for summaries: "a subgroup of S per output" or "an invocation per output".
+std::string gpu_linears_text(const GpuStats& g);
+
 // True when this binary was built with the Vulkan backend.
 bool vulkan_built();
 // Every Vulkan device the loader finds. Throws Error when Vulkan is not built in or no driver

@@ -667,8 +667,7 @@ int run_bench(const BenchOptions& o) {
                 gc.memcpy_gbps > 0 ? gc.median_gbps / gc.memcpy_gbps : 0.0);
     std::printf("GPU share     linear %llu on the device (quantized ones %s), %llu on the CPU; routed experts %s\n",
                 (unsigned long long)gs.linear_on_device,
-                gs.subgroup_linears ? ("a subgroup of " + std::to_string(gs.subgroup_size) + " per output").c_str()
-                                    : "an invocation per output",
+                gpu_linears_text(gs).c_str(),
                 (unsigned long long)gs.linear_on_host,
                 gs.expert_slots ? ("in " + std::to_string(gs.expert_slots) + " device slots, hit rate " +
                                    std::to_string((int)std::lround(100 * gpu_hit)) + "% (" + std::to_string(gs.expert_hits) +

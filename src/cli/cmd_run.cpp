@@ -452,8 +452,7 @@ std::string session_summary(const Session& s, uint64_t tokens_evaluated) {
                   format_bytes(g.bytes_on_device + g.bytes_imported).c_str(), format_bytes(g.device_budget).c_str(),
                   imported.c_str(), (unsigned long long)g.weights_on_host, (unsigned long long)g.linear_on_device,
                   (unsigned long long)g.linear_on_host, (unsigned long long)g.inputs_quantized_on_device,
-                  g.subgroup_linears ? ("a subgroup of " + std::to_string(g.subgroup_size) + " per output").c_str()
-                                     : "an invocation per output",
+                  gpu_linears_text(g).c_str(),
                   (unsigned long long)g.submissions);
     out += buf;
     // The expert tiers: device slots, then the host store (the expert cache figures above).
