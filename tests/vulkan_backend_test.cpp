@@ -11,8 +11,10 @@
 
 #include <atomic>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <span>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -126,20 +128,22 @@ TEST(Vulkan, LinearOnTheDeviceHasTheCpuBits) {
                           {GgmlType::TQ2_0, 13, 512},   {GgmlType::Q2_0, 13, 192},
                           // Several rounds of a subgroup's blocks, the last one partial.
                           {GgmlType::Q2_0, 7, 1408},    {GgmlType::Q4_K, 3, 2304}};
-    uint64_t on_device = 0;
+    uint64_t on_device = 0, gemm_calls = 0;
     for (const Case& c : cases) {
       HostWeight hw = random_weight(c.type, c.rows, c.cols, rng());
       Weight gw = hw.w, cw = hw.w;
       gpu->prepare_weight(gw);
       cpu.prepare_weight(cw);
       ASSERT_NE(gw.device, nullptr) << type_traits(c.type).name << " was not uploaded";
-      for (const size_t n : {1u, 3u, 7u})
+      // 1 token, a token tile and a part of one (4 + 3), a GEMM tile and a part of one (16 + 3).
+      for (const size_t n : {1u, 3u, 7u, 19u})
         for (const bool round : {false, true}) {
           const uint64_t row0 = c.rows > 2 ? 1 : 0, nrows = c.rows - row0 - (c.rows > 2 ? 1 : 0);
           const std::vector<float> x = randoms(rng, n * c.cols);
           const std::vector<float> want = run_linear(cpu, cw, x, n, round, row0, nrows);
           const std::vector<float> got = run_linear(*gpu, gw, x, n, round, row0, nrows);
           ++on_device;
+          gemm_calls += n >= 16 && c.type != GgmlType::F16 && c.type != GgmlType::BF16 && c.type != GgmlType::F32;
           size_t bad = 0;
           for (size_t i = 0; i < got.size(); ++i)
             if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0 && bad++ < 3)
@@ -156,6 +160,11 @@ TEST(Vulkan, LinearOnTheDeviceHasTheCpuBits) {
     EXPECT_EQ(st.weights_imported, !no_import && can_import ? std::size(cases) : 0u);
     EXPECT_EQ(st.bytes_on_device == 0, !no_import && can_import) << "imported weights were copied too";
     EXPECT_EQ(st.subgroup_linears, !plain);
+    // Every quantized format's GEMM tile fits 20 KiB of workgroup memory (lavapipe has 32).
+    if (vulkan_devices()[0].max_workgroup_memory >= 20u << 10) {
+      EXPECT_EQ(st.gemm_formats, 9u);
+      EXPECT_EQ(st.gemm_dispatches, gemm_calls);
+    }
   }
 }
 
@@ -503,25 +512,31 @@ TEST(Vulkan, ReleasedImportsRunOnTheCpu) {
 // each row a workgroup of its own would run out of workgroups in x.
 TEST(Vulkan, RowsBeyondOneDispatchDimensionHaveTheCpuBits) {
   if (!kBuilt) return;
-  const std::unique_ptr<Backend> gpu = make_vulkan_backend({});
+  // More rows than the workgroups a dispatch is given (capped at 1,000 here; a device allows at
+  // least 65,535): the subgroup build's rows in turn (70,001 rows at lavapipe's 8 per workgroup,
+  // one token) and the GEMM build's (64 per workgroup, 17 tokens) cover them all.
+  GpuOptions go;
+  go.max_groups_x = 1000;
+  if (vulkan_devices()[0].subgroup_linears) go.linears = GpuLinears::Subgroup;
+  const std::unique_ptr<Backend> gpu = make_vulkan_backend(go);
   const CpuBackend cpu(1);
   std::mt19937_64 rng(17);
-  // 600,001 Q8_0 rows: with a subgroup per row, more rows than workgroups the device may be
-  // given at once (65,535 of lavapipe's 8 rows each), so the shader's rows-in-turn loop covers them.
-  const std::tuple<GgmlType, uint64_t, uint64_t> cases[] = {
-      {GgmlType::Q8_0, 70001, 32}, {GgmlType::F16, 262147, 16}, {GgmlType::Q8_0, 600001, 32}};
-  for (const auto& [type, rows, cols] : cases) {
-    HostWeight h = random_weight(type, rows, cols, rng());
-    Weight gw = h.w, cw = h.w;
-    gpu->prepare_weight(gw);
-    cpu.prepare_weight(cw);
-    ASSERT_NE(gw.device, nullptr);
-    const std::vector<float> x = randoms(rng, cols);
-    const std::vector<float> got = run_linear(*gpu, gw, x, 1, false, 0, rows);
-    const std::vector<float> want = run_linear(cpu, cw, x, 1, false, 0, rows);
-    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << type_traits(type).name;
-  }
-  EXPECT_EQ(gpu_stats(*gpu).linear_on_device, 3u);
+  const std::tuple<GgmlType, uint64_t, uint64_t> cases[] = {{GgmlType::Q8_0, 70001, 32}, {GgmlType::F16, 262147, 16}};
+  for (const auto& [type, rows, cols] : cases)
+    for (const size_t n : {1u, 17u}) {
+      HostWeight h = random_weight(type, rows, cols, rng());
+      Weight gw = h.w, cw = h.w;
+      gpu->prepare_weight(gw);
+      cpu.prepare_weight(cw);
+      ASSERT_NE(gw.device, nullptr);
+      const std::vector<float> x = randoms(rng, n * cols);
+      const std::vector<float> got = run_linear(*gpu, gw, x, n, false, 0, rows);
+      const std::vector<float> want = run_linear(cpu, cw, x, n, false, 0, rows);
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << type_traits(type).name << " n=" << n;
+    }
+  const GpuStats st = gpu_stats(*gpu);
+  EXPECT_EQ(st.linear_on_device, 4u);
+  EXPECT_EQ(st.gemm_dispatches, 1u);
 }
 
 // Q8_0 blocks at the edges: -128 against -128 (the product a 16-bit pair sum cannot hold),
@@ -996,13 +1011,14 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
     bool in_place = false;
     uint32_t cache_experts = 0;  // the host store's (0: the plan's)
     GpuLinears linears = GpuLinears::Auto;
+    uint32_t chunk = 8;
   };
   auto rows_of = [&](const std::string& backend, SessionStats* st, GpuStats* gs, Experts x = {}) {
     const uint64_t slots = x.slots;
     SessionOptions so;
     so.model_path = model;
     so.ctx = 64;
-    so.chunk = 8;
+    so.chunk = x.chunk;
     so.threads = 2;
     so.budget = BudgetSpec{false, 2ull << 30};
     so.allow_swap = true;
@@ -1061,6 +1077,17 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
   EXPECT_GT(gg.weights_on_device, 0u);
   EXPECT_GT(gg.linear_on_device, 0u) << "no linear layer ran on the device";
   EXPECT_EQ(gg.expert_hits + gg.expert_misses, 0u) << "routed experts ran on the device without slots";
+  EXPECT_EQ(gg.gemm_dispatches, 0u) << "a chunk of 8 tokens ran the GEMM build";
+  {
+    // The prompt's 21 tokens in one chunk: the dense linears run the GEMM build (a tile of 16
+    // tokens and a part of one), and the logits are still the CPU's (whose chunks are 8 tokens).
+    SessionStats ss;
+    GpuStats sg;
+    const std::vector<float> got = rows_of("vulkan", &ss, &sg, {.slots = 100000u, .chunk = 32});
+    ASSERT_EQ(got.size(), cpu.size());
+    EXPECT_EQ(std::memcmp(got.data(), cpu.data(), cpu.size() * sizeof(float)), 0) << "one chunk of 21: logits differ";
+    EXPECT_GT(sg.gemm_dispatches, 0u);
+  }
   // The routed experts in device slots: one slot (every expert evicts the one before), 7 in front
   // of the streaming expert store (which refuses an expert it was not asked to prepare), and one
   // per expert of the model give the CPU's logits. The last two with the quantized linears a
@@ -1348,6 +1375,18 @@ TEST(Vulkan, CommandLine) {
   EXPECT_EQ(test::run_sluice(dir, "run -m " + test::q(model) + " --tokens 5 -n 1 --gpu-linears subgroup").rc, 2)
       << "--gpu-linears without --backend vulkan was accepted";
   EXPECT_EQ(test::run_sluice(dir, "run -m " + test::q(model) + " --tokens 5 -n 1 --backend vulkan --gpu-linears fast").rc, 2);
+  EXPECT_EQ(test::run_sluice(dir, "run -m " + test::q(model) + " --tokens 5 -n 1 --gpu-gemm off").rc, 2)
+      << "--gpu-gemm without --backend vulkan was accepted";
+  EXPECT_EQ(test::run_sluice(dir, "run -m " + test::q(model) + " --tokens 5 -n 1 --backend vulkan --gpu-gemm maybe").rc, 2);
+  // A prompt of 17 tokens in one chunk runs the GEMM build, and says so; off, the same tokens.
+  const std::string prompt17 = " --tokens 5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21 -n 2 -c 32 --chunk 32 --backend vulkan";
+  const test::CmdResult mm = test::run_sluice(dir, "run -m " + test::q(model) + prompt17);
+  const test::CmdResult no_mm = test::run_sluice(dir, "run -m " + test::q(model) + prompt17 + " --gpu-gemm off");
+  EXPECT_EQ(mm.rc, 0) << mm.err;
+  EXPECT_EQ(no_mm.rc, 0) << no_mm.err;
+  EXPECT_EQ(mm.out, no_mm.out);
+  EXPECT_NE(mm.err.find(", prefill GEMM tiles of 16 tokens)"), std::string::npos) << mm.err;
+  EXPECT_NE(no_mm.err.find(", no GEMM)"), std::string::npos) << no_mm.err;
   // Half of the slot misses on the CPU: the same tokens, the share in the summary; the option
   // needs slots and a share from 0 to 1.
   const test::CmdResult half = test::run_sluice(
@@ -1413,6 +1452,26 @@ TEST(Vulkan, CommandLine) {
   EXPECT_NE(bench.out.find("host memcpy "), std::string::npos) << bench.out;
   EXPECT_NE(bench.out.find("routed experts in 8 device slots, hit rate "), std::string::npos) << bench.out;
   EXPECT_NE(bench.out.find(" on the device (quantized ones "), std::string::npos) << bench.out;
+  // bench --ops --backend vulkan: the device's linear at the model's shapes, each figure naming
+  // the build that ran it (the GEMM from 16 tokens on, for the quantized types).
+  const test::CmdResult ops = test::run_sluice(
+      dir, "bench --ops -m " + test::q(model) + " -n 1,17 -r 1 --op-seconds 0 --read-mib 64 --json --backend vulkan");
+  EXPECT_EQ(ops.rc, 0) << ops.err;
+  size_t figures = 0, gemm = 0;
+  std::istringstream lines(ops.out);
+  for (std::string line; std::getline(lines, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    ++figures;
+    EXPECT_EQ(j["backend"], "vulkan") << line;
+    const bool quantized = j["type"] != "F16" && j["type"] != "BF16" && j["type"] != "F32";
+    const bool want_gemm = quantized && j["n"] == 17;
+    gemm += want_gemm;
+    EXPECT_EQ(j["gpu_build"], want_gemm ? "gemm" : auto_subgroup_linears(vulkan_devices()[0]) && quantized ? "subgroup" : "plain")
+        << line;
+  }
+  EXPECT_GT(figures, 4u) << ops.out;
+  EXPECT_GT(gemm, 0u) << ops.out;
+  EXPECT_EQ(test::run_sluice(dir, "bench --ops -n 1 --read-mib 64 --backend vulkan --gpu-experts 4").rc, 2);
   const test::CmdResult none = test::run_sluice(
       dir, "run -m " + test::q(model) + " --tokens 5,6,7 -n 2 --backend vulkan --gpu-experts 4 --gpu-mem 1");
   EXPECT_EQ(none.rc, 0) << none.err;

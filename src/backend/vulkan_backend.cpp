@@ -119,6 +119,34 @@ const uint32_t kLinearTq2_0Sgt[] = {
 const uint32_t kLinearQ2_0Sgt[] = {
 #include "linear_q2_0_sgt.spv.inc"
 };
+// Their GEMM builds: a workgroup per 64 rows and tile of kGemmTile tokens.
+const uint32_t kLinearQ8_0Mm[] = {
+#include "linear_q8_0_mm.spv.inc"
+};
+const uint32_t kLinearQ2_KMm[] = {
+#include "linear_q2_k_mm.spv.inc"
+};
+const uint32_t kLinearQ3_KMm[] = {
+#include "linear_q3_k_mm.spv.inc"
+};
+const uint32_t kLinearQ4_KMm[] = {
+#include "linear_q4_k_mm.spv.inc"
+};
+const uint32_t kLinearQ6_KMm[] = {
+#include "linear_q6_k_mm.spv.inc"
+};
+const uint32_t kLinearIq2XxsMm[] = {
+#include "linear_iq2_xxs_mm.spv.inc"
+};
+const uint32_t kLinearIq2XsMm[] = {
+#include "linear_iq2_xs_mm.spv.inc"
+};
+const uint32_t kLinearTq2_0Mm[] = {
+#include "linear_tq2_0_mm.spv.inc"
+};
+const uint32_t kLinearQ2_0Mm[] = {
+#include "linear_q2_0_mm.spv.inc"
+};
 const uint32_t kQuantizeQ8_0[] = {
 #include "quantize_q8_0.spv.inc"
 };
@@ -143,19 +171,20 @@ struct QuantShader {
   Spirv plain;  // an invocation per output
   Spirv sg;     // the subgroup build, one token
   Spirv sgt;    // the subgroup build, a tile of kTokenTile tokens
+  Spirv mm;     // the GEMM build, 64 rows and a tile of kGemmTile tokens per workgroup
 };
 const QuantShader kQuantShaders[] = {
-    {GgmlType::Q8_0, "linear_q8_0", SLUICE_SPIRV(kLinearQ8_0), SLUICE_SPIRV(kLinearQ8_0Sg), SLUICE_SPIRV(kLinearQ8_0Sgt)},
-    {GgmlType::Q2_K, "linear_q2_k", SLUICE_SPIRV(kLinearQ2_K), SLUICE_SPIRV(kLinearQ2_KSg), SLUICE_SPIRV(kLinearQ2_KSgt)},
-    {GgmlType::Q3_K, "linear_q3_k", SLUICE_SPIRV(kLinearQ3_K), SLUICE_SPIRV(kLinearQ3_KSg), SLUICE_SPIRV(kLinearQ3_KSgt)},
-    {GgmlType::Q4_K, "linear_q4_k", SLUICE_SPIRV(kLinearQ4_K), SLUICE_SPIRV(kLinearQ4_KSg), SLUICE_SPIRV(kLinearQ4_KSgt)},
-    {GgmlType::Q6_K, "linear_q6_k", SLUICE_SPIRV(kLinearQ6_K), SLUICE_SPIRV(kLinearQ6_KSg), SLUICE_SPIRV(kLinearQ6_KSgt)},
+    {GgmlType::Q8_0, "linear_q8_0", SLUICE_SPIRV(kLinearQ8_0), SLUICE_SPIRV(kLinearQ8_0Sg), SLUICE_SPIRV(kLinearQ8_0Sgt), SLUICE_SPIRV(kLinearQ8_0Mm)},
+    {GgmlType::Q2_K, "linear_q2_k", SLUICE_SPIRV(kLinearQ2_K), SLUICE_SPIRV(kLinearQ2_KSg), SLUICE_SPIRV(kLinearQ2_KSgt), SLUICE_SPIRV(kLinearQ2_KMm)},
+    {GgmlType::Q3_K, "linear_q3_k", SLUICE_SPIRV(kLinearQ3_K), SLUICE_SPIRV(kLinearQ3_KSg), SLUICE_SPIRV(kLinearQ3_KSgt), SLUICE_SPIRV(kLinearQ3_KMm)},
+    {GgmlType::Q4_K, "linear_q4_k", SLUICE_SPIRV(kLinearQ4_K), SLUICE_SPIRV(kLinearQ4_KSg), SLUICE_SPIRV(kLinearQ4_KSgt), SLUICE_SPIRV(kLinearQ4_KMm)},
+    {GgmlType::Q6_K, "linear_q6_k", SLUICE_SPIRV(kLinearQ6_K), SLUICE_SPIRV(kLinearQ6_KSg), SLUICE_SPIRV(kLinearQ6_KSgt), SLUICE_SPIRV(kLinearQ6_KMm)},
     {GgmlType::IQ2_XXS, "linear_iq2_xxs", SLUICE_SPIRV(kLinearIq2Xxs), SLUICE_SPIRV(kLinearIq2XxsSg),
-     SLUICE_SPIRV(kLinearIq2XxsSgt)},
+     SLUICE_SPIRV(kLinearIq2XxsSgt), SLUICE_SPIRV(kLinearIq2XxsMm)},
     {GgmlType::IQ2_XS, "linear_iq2_xs", SLUICE_SPIRV(kLinearIq2Xs), SLUICE_SPIRV(kLinearIq2XsSg),
-     SLUICE_SPIRV(kLinearIq2XsSgt)},
-    {GgmlType::TQ2_0, "linear_tq2_0", SLUICE_SPIRV(kLinearTq2_0), SLUICE_SPIRV(kLinearTq2_0Sg), SLUICE_SPIRV(kLinearTq2_0Sgt)},
-    {GgmlType::Q2_0, "linear_q2_0", SLUICE_SPIRV(kLinearQ2_0), SLUICE_SPIRV(kLinearQ2_0Sg), SLUICE_SPIRV(kLinearQ2_0Sgt)},
+     SLUICE_SPIRV(kLinearIq2XsSgt), SLUICE_SPIRV(kLinearIq2XsMm)},
+    {GgmlType::TQ2_0, "linear_tq2_0", SLUICE_SPIRV(kLinearTq2_0), SLUICE_SPIRV(kLinearTq2_0Sg), SLUICE_SPIRV(kLinearTq2_0Sgt), SLUICE_SPIRV(kLinearTq2_0Mm)},
+    {GgmlType::Q2_0, "linear_q2_0", SLUICE_SPIRV(kLinearQ2_0), SLUICE_SPIRV(kLinearQ2_0Sg), SLUICE_SPIRV(kLinearQ2_0Sgt), SLUICE_SPIRV(kLinearQ2_0Mm)},
 };
 #undef SLUICE_SPIRV
 constexpr size_t kQuantShaderCount = std::size(kQuantShaders);
@@ -164,6 +193,16 @@ constexpr uint32_t kGroup = 64;  // local_size_x of the linear shaders
 // Tokens a subgroup of a quantized linear takes together (CMakeLists.txt SLUICE_GPU_TOKEN_TILE,
 // the shaders' TOKENS).
 constexpr uint32_t kTokenTile = SLUICE_GPU_TOKEN_TILE;
+// Tokens and rows a workgroup of a GEMM build computes (CMakeLists.txt SLUICE_GPU_GEMM_TILE;
+// linear_common.glsl TOKENS and GEMM_ROWS), and the workgroup memory its tile takes: a block of
+// each row and token, each in its size in words plus two (linear_common.glsl W_WORDS, A_WORDS).
+constexpr uint32_t kGemmTile = SLUICE_GPU_GEMM_TILE;
+constexpr uint32_t kGemmRows = 64;
+uint64_t gemm_shared_bytes(GgmlType t) {
+  const TypeTraits& w = type_traits(t);
+  const uint64_t a_block = activation_bytes(w.act, w.block_elems);
+  return 4 * (kGemmRows * ((uint64_t)w.block_bytes / 4 + 2) + kGemmTile * (a_block / 4 + 2));
+}
 constexpr uint32_t kBindings = 4;  // weights, activations, outputs, tables (linear_common.glsl)
 constexpr uint64_t kSlabBytes = 256ull << 20;  // routed-expert slots are allocated this many bytes at a time
 constexpr uint32_t kSets = 64;  // descriptor sets: the most dispatches one submission records
@@ -279,6 +318,7 @@ GpuDevice describe(VkPhysicalDevice d, uint32_t index) {
   g.int_dot = has_extension(d, "VK_KHR_shader_integer_dot_product");
   g.host_import = has_extension(d, VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME);
   g.max_storage_buffer = p.limits.maxStorageBufferRange;
+  g.max_workgroup_memory = p.limits.maxComputeSharedMemorySize;
   // The heaps, and what the driver says this process may still allocate from each where it has
   // VK_EXT_memory_budget (a snapshot: other processes move it).
   VkPhysicalDeviceMemoryBudgetPropertiesEXT budget{};
@@ -392,7 +432,9 @@ class VulkanBackend final : public CpuBackend {
       offset_align_ = props.limits.minStorageBufferOffsetAlignment;
       ts_period_ns_ = props.limits.timestampPeriod;
       max_groups_x_ = props.limits.maxComputeWorkGroupCount[0];
+      if (o.max_groups_x) max_groups_x_ = std::min(max_groups_x_, o.max_groups_x);
     }
+    gemm_ = o.gemm;
     if (o.linears == GpuLinears::Subgroup && !info_.subgroup_linears)
       throw Error("vulkan: device " + info_.name + " cannot run the linears a subgroup per output (it needs ballots "
                   "and shuffles in compute shaders and subgroups of 8 to 64 lanes; it has " +
@@ -1184,6 +1226,11 @@ class VulkanBackend final : public CpuBackend {
       const QuantShader& q = kQuantShaders[i];
       quant_[i] = pipeline(subgroup_ ? q.sg : q.plain, q.name);
       if (subgroup_) quant_tiled_[i] = pipeline(q.sgt, q.name);
+      // A format whose GEMM tile does not fit the device's workgroup memory keeps the build above.
+      if (gemm_ && gemm_shared_bytes(q.type) <= info_.max_workgroup_memory) {
+        quant_mm_[i] = pipeline(q.mm, q.name);
+        ++st_.gemm_formats;
+      }
     }
     if (float64_) float_ = pipeline(Spirv{kLinearFloat, sizeof kLinearFloat}, "linear_float");
     // The activation quantizers divide exactly with doubles (quantize_common.glsl); without them
@@ -1386,7 +1433,17 @@ class VulkanBackend final : public CpuBackend {
   void shape_linear(Dispatch& d, size_t rows, size_t n) const {
     d.gx = grid_x(rows);
     d.gy = (uint32_t)n;
-    if (!subgroup_ || d.wt.pipe == float_) return;
+    if (d.wt.pipe == float_) return;
+    if (n >= kGemmTile)
+      for (size_t i = 0; i < kQuantShaderCount; ++i)
+        if (quant_[i] == d.wt.pipe && quant_mm_[i]) {
+          d.wt.pipe = quant_mm_[i];
+          d.gx = (uint32_t)std::min<uint64_t>((rows + kGemmRows - 1) / kGemmRows, max_groups_x_);
+          d.gy = (uint32_t)((n + kGemmTile - 1) / kGemmTile);
+          ++st_.gemm_dispatches;
+          return;
+        }
+    if (!subgroup_) return;
     const uint64_t per = kGroup / info_.subgroup_size;
     d.gx = (uint32_t)std::min<uint64_t>((rows + per - 1) / per, max_groups_x_);
     if (n < kTokenTile) return;
@@ -2023,6 +2080,8 @@ class VulkanBackend final : public CpuBackend {
       if (q) vkDestroyPipeline(dev_, q, nullptr);
     for (VkPipeline& q : quant_tiled_)
       if (q) vkDestroyPipeline(dev_, q, nullptr);
+    for (VkPipeline& q : quant_mm_)
+      if (q) vkDestroyPipeline(dev_, q, nullptr);
     for (VkPipeline p : {float_, quantize_q8_0_, quantize_q8_k_, rms_norm_})
       if (p) vkDestroyPipeline(dev_, p, nullptr);
     if (desc_pool_) vkDestroyDescriptorPool(dev_, desc_pool_, nullptr);
@@ -2047,6 +2106,7 @@ class VulkanBackend final : public CpuBackend {
   bool float64_ = false;  // shaderFloat64: the float formats' shader can run
   bool subgroup_ = false;  // the quantized linears run their subgroup build (GpuDevice::subgroup_linears)
   uint32_t max_groups_x_ = 65535;  // maxComputeWorkGroupCount[0]
+  bool gemm_ = true;               // GpuOptions::gemm
   bool import_ = false;   // weights are imported host pages, never copies (import_pages)
   VkDeviceSize import_align_ = 4096;  // minImportedHostPointerAlignment
   PFN_vkGetMemoryHostPointerPropertiesEXT host_ptr_props_ = nullptr;
@@ -2065,6 +2125,7 @@ class VulkanBackend final : public CpuBackend {
   VkDescriptorSet sets_[kSets] = {};
   VkPipeline quant_[kQuantShaderCount] = {};  // kQuantShaders' pipelines, in its order
   VkPipeline quant_tiled_[kQuantShaderCount] = {};  // their token-tile builds (subgroup_ only)
+  VkPipeline quant_mm_[kQuantShaderCount] = {};     // their GEMM builds (gemm_, where the tile fits)
   VkPipeline float_ = VK_NULL_HANDLE;
   VkPipeline quantize_q8_0_ = VK_NULL_HANDLE, quantize_q8_k_ = VK_NULL_HANDLE;
   VkPipeline rms_norm_ = VK_NULL_HANDLE;  // on rows deferred linears write (rms_norm())
@@ -2168,7 +2229,9 @@ void release_gpu_imports(const Backend&) {}
 bool auto_subgroup_linears(const GpuDevice& d) { return d.subgroup_linears && d.kind != "cpu"; }
 
 std::string gpu_linears_text(const GpuStats& g) {
-  return g.subgroup_linears ? "a subgroup of " + std::to_string(g.subgroup_size) + " per output" : "an invocation per output";
+  return (g.subgroup_linears ? "a subgroup of " + std::to_string(g.subgroup_size) + " per output"
+                             : std::string("an invocation per output")) +
+         (g.gemm_formats ? ", prefill GEMM tiles of " + std::to_string(kGemmTile) + " tokens" : std::string(", no GEMM"));
 }
 
 }  // namespace sluice

@@ -37,6 +37,7 @@ struct GpuDevice {
   bool int_dot = false;  // VK_KHR_shader_integer_dot_product
   bool host_import = false;  // VK_EXT_external_memory_host: host memory usable as device memory
   uint64_t max_storage_buffer = 0;  // maxStorageBufferRange: the largest weight one binding can hold
+  uint32_t max_workgroup_memory = 0;  // maxComputeSharedMemorySize: room for a GEMM build's tile
 };
 
 // What ran where, for summaries and tests.
@@ -62,6 +63,10 @@ struct GpuStats {
   // invocation per output; the device's subgroup size.
   bool subgroup_linears = false;
   uint32_t subgroup_size = 0;
+  // The quantized formats with a GEMM build on this device (GpuOptions::gemm, and their tile fits
+  // its workgroup memory), and the linear dispatches that ran it.
+  uint32_t gemm_formats = 0;
+  uint64_t gemm_dispatches = 0;
   uint64_t device_budget = 0;    // bytes of weights the device may hold (GpuOptions::weight_budget)
   std::string budget_why;        // how device_budget was chosen (gpu_weight_budget)
   // The weight copies live in memory the host pays for: an integrated GPU or a CPU device (one
@@ -135,6 +140,11 @@ struct GpuOptions {
   bool host_quantize = false;
   // How the quantized linears run (--gpu-linears); the same bits either way.
   GpuLinears linears = GpuLinears::Auto;
+  // --gpu-gemm on|off: calls of at least the GEMM tile's 16 tokens (prefill) run the GEMM build
+  // (shaders/linear_main.glsl: a workgroup per 64 rows and tile of tokens, the blocks staged in
+  // workgroup memory) for each format whose tile fits the device's workgroup memory; off: the
+  // build --gpu-linears chose. The same bits either way.
+  bool gemm = true;
   // Copy the weights even where the device could import their pages (tests; force_staging too).
   bool no_import = false;
   // Routed-expert slots on the device (--gpu-experts N): the routed FFN runs there, each expert
@@ -153,6 +163,9 @@ struct GpuOptions {
   // cpu_experts, and on any other device (make_vulkan_backend throws naming why).
   bool experts_in_place = false;
   uint64_t staging_bytes = 0;
+  // Tests: at most this many workgroups in x per dispatch of the subgroup and GEMM builds (0: the
+  // device's maxComputeWorkGroupCount[0]), so their rows-in-turn loops take several turns.
+  uint32_t max_groups_x = 0;
   // Tests: the activation and output staging buffers hold at most this many bytes (0:
   // kGpuStagingBytes), so batches split and large calls run in token groups.
   uint64_t io_staging_bytes = 0;
@@ -165,7 +178,8 @@ inline uint64_t gpu_expert_slot_bytes(uint64_t gate, uint64_t up, uint64_t down)
   return a(gate) + a(up) + a(down);
 }
 
-// How the quantized linears ran, for summaries: "a subgroup of S per output" or "an invocation per output".
+// How the quantized linears ran, for summaries: "a subgroup of S per output" or "an invocation per
+// output", then whether calls of many tokens ran the GEMM build.
 std::string gpu_linears_text(const GpuStats& g);
 
 // True when this binary was built with the Vulkan backend.

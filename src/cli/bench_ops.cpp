@@ -1,5 +1,6 @@
-// `sluice bench --ops`: the CPU backend's linear op (activation quantization included, as the
-// forward pass calls it) at the model's real shapes.
+// `sluice bench --ops`: the linear op of the CPU backend, or with --backend vulkan the device's
+// (activation quantization included, and on the device the staging in and out and the wait: as
+// the forward pass calls it), at the model's real shapes.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -12,6 +13,8 @@
 #include <vector>
 
 #include "backend/cpu_backend.h"
+#include "backend/vulkan_backend.h"
+#include "cli/cmd_run.h"
 #include "backend/read_bandwidth.h"
 #include "cli/bench_stats.h"
 #include "cli/cmd_bench.h"
@@ -99,11 +102,30 @@ int run_bench_ops(const BenchOptions& o) {
       }
     shapes = typed;
   }
-  const CpuBackend be(threads);
+  // The backend: the CPU's, or the device's with the options a session would give it.
+  std::unique_ptr<Backend> gpu;
+  if (o.engine.backend == "vulkan") {
+    const SessionOptions so = session_options(o.engine, o.model, 0);
+    if (so.gpu_experts || so.gpu_experts_in_place) throw UsageError("--gpu-experts has no effect with --ops");
+    gpu = make_vulkan_backend(gpu_options(so));
+  } else if (o.engine.backend != "cpu") {
+    throw UsageError("--backend must be cpu or vulkan (got '" + o.engine.backend + "')");
+  }
+  const CpuBackend cpu(threads);
+  const Backend& be = gpu ? *gpu : static_cast<const Backend&>(cpu);
+  // On a device, what ran where: the build of its quantized linears, and the host memory's read
+  // rate stands as the limit only where the device reads host memory (an integrated GPU, a CPU
+  // device); a card's own memory bandwidth is not measured here.
+  std::string where = "the CPU backend: isa " + std::string(isa_name(active_isa())) + ", threads " + std::to_string(threads);
+  if (gpu) {
+    const GpuStats g = gpu_stats(*gpu);
+    where = "device " + vulkan_devices()[o.engine.device].name + " (quantized linears " + gpu_linears_text(g) + ")" +
+            (g.weights_in_host_memory ? "" : "; /read compares with host memory, not the card's");
+  }
   if (!o.json)
-    std::printf("linear on the CPU backend: isa %s, threads %d; memory read %.2f GB/s (min %.2f, max %.2f)\n"
+    std::printf("linear on %s; memory read %.2f GB/s (min %.2f, max %.2f)\n"
                 "%-34s %-8s %6s %6s %5s %9s %8s %6s\n",
-                std::string(isa_name(active_isa())).c_str(), threads, rb.median_gbps, rb.min_gbps, rb.max_gbps,
+                where.c_str(), rb.median_gbps, rb.min_gbps, rb.max_gbps,
                 "tensor", "type", "rows", "cols", "n", "GFLOPS", "GB/s", "/read");
   for (const Shape& s : shapes) {
     const TypeTraits& t = type_traits(s.type);
@@ -125,6 +147,12 @@ int run_bench_ops(const BenchOptions& o) {
       ws[k].data = bytes.data() + k * one;
       be.prepare_weight(ws[k]);
     }
+    // On a device: the copies it holds (a weight past its budget or its largest binding runs on
+    // the CPU, and is reported so, never mixed into a device figure).
+    const bool on_device = !gpu || ws[0].device != nullptr;
+    if (gpu)
+      ws.erase(std::find_if(ws.begin() + 1, ws.end(), [&](const Weight& w) { return (w.device != nullptr) != on_device; }),
+               ws.end());
     for (uint32_t n : ns) {
       if (s.name == "output.weight" && n > 1) continue;
       std::vector<float> x((size_t)n * s.cols), y((size_t)n * s.rows);
@@ -133,6 +161,7 @@ int run_bench_ops(const BenchOptions& o) {
       const CMat xm(x.data(), n, s.cols, s.cols);
       const Mat ym{y.data(), n, s.rows, s.rows};
       be.linear(ws[0], xm, ym, true, 0);  // warm-up (the copies were written, so their pages exist)
+      const uint64_t gemm_before = gpu ? gpu_stats(*gpu).gemm_dispatches : 0;
       std::vector<double> secs;
       double total = 0;
       size_t next = 0;
@@ -145,6 +174,14 @@ int run_bench_ops(const BenchOptions& o) {
         total += dt;
       }
       const Figure f = figure(secs);
+      // The device's build for this figure: the GEMM, or the one --gpu-linears chose (the float
+      // formats have one build, an invocation per output).
+      const bool float_type = s.type == GgmlType::F32 || s.type == GgmlType::F16 || s.type == GgmlType::BF16;
+      const std::string build = !gpu ? std::string()
+                                : !on_device ? std::string("on the CPU")
+                                : gpu_stats(*gpu).gemm_dispatches > gemm_before ? std::string("gemm")
+                                : gpu_stats(*gpu).subgroup_linears && !float_type ? std::string("subgroup")
+                                                                                   : std::string("plain");
       const double gflops = 2.0 * (double)s.rows * (double)s.cols * n / f.median / 1e9;
       const double gbps = (double)one / f.median / 1e9;
       if (o.json) {
@@ -156,6 +193,8 @@ int run_bench_ops(const BenchOptions& o) {
         j["cols"] = s.cols;
         j["threads"] = threads;
         j["isa"] = std::string(isa_name(active_isa()));
+        j["backend"] = std::string(be.name());
+        if (gpu) j["gpu_build"] = build;
         j["gflops"] = gflops;
         j["gflops_min"] = 2.0 * (double)s.rows * (double)s.cols * n / f.max / 1e9;
         j["gflops_max"] = 2.0 * (double)s.rows * (double)s.cols * n / f.min / 1e9;
@@ -165,8 +204,9 @@ int run_bench_ops(const BenchOptions& o) {
         j["runs"] = secs.size();
         std::printf("%s\n", j.dump().c_str());
       } else {
-        std::printf("%-34s %-8s %6llu %6llu %5u %9.1f %8.2f %6.2f\n", s.name.c_str(), std::string(t.name).c_str(),
-                    (unsigned long long)s.rows, (unsigned long long)s.cols, n, gflops, gbps, gbps / rb.median_gbps);
+        std::printf("%-34s %-8s %6llu %6llu %5u %9.1f %8.2f %6.2f%s\n", s.name.c_str(), std::string(t.name).c_str(),
+                    (unsigned long long)s.rows, (unsigned long long)s.cols, n, gflops, gbps, gbps / rb.median_gbps,
+                    build.empty() ? "" : ("  " + build).c_str());
       }
       std::fflush(stdout);
     }

@@ -558,6 +558,7 @@ int run_bench(const BenchOptions& o) {
       j["gpu_submissions"] = gs.submissions;
       j["gpu_linears"] = gs.subgroup_linears ? "subgroup" : "plain";
       j["gpu_subgroup_size"] = gs.subgroup_size;
+      j["gpu_gemm_dispatches"] = gs.gemm_dispatches;
       j["gpu_expert_slots"] = gs.expert_slots;
       j["gpu_expert_hit_rate"] = gpu_hit;
       j["gpu_expert_upload_bytes"] = gs.expert_upload_bytes;

@@ -36,6 +36,7 @@ int run_devices(const DevicesOptions& o) {
       j["integer_dot_product"] = d.int_dot;
       j["host_import"] = d.host_import;
       j["max_storage_buffer"] = d.max_storage_buffer;
+      j["max_workgroup_memory"] = d.max_workgroup_memory;
       nlohmann::json heaps = nlohmann::json::array();
       for (const GpuHeap& h : d.heaps) {
         nlohmann::json hj = {{"bytes", h.bytes}, {"device_local", h.device_local}};
@@ -54,12 +55,14 @@ int run_devices(const DevicesOptions& o) {
       heaps += (heaps.empty() ? "" : ", ") + format_bytes(h.bytes) + (h.device_local ? " device-local" : " host") +
                (h.has_budget ? " (budget " + format_bytes(h.budget) + ", in use " + format_bytes(h.usage) + ")" : "");
     std::printf("   memory heaps: %s\n", heaps.c_str());
-    std::printf("   subgroup %u (%s), integer dot product %s, largest storage binding %s, imports host memory %s\n",
+    std::printf("   subgroup %u (%s), integer dot product %s, largest storage binding %s, workgroup memory %s, "
+                "imports host memory %s\n",
                 d.subgroup_size,
                 auto_subgroup_linears(d) ? "linears a subgroup per output"
                 : d.subgroup_linears     ? "linears an invocation per output on a CPU device; --gpu-linears subgroup can"
                                          : "linears an invocation per output",
-                d.int_dot ? "yes" : "no", format_bytes(d.max_storage_buffer).c_str(), d.host_import ? "yes" : "no");
+                d.int_dot ? "yes" : "no", format_bytes(d.max_storage_buffer).c_str(),
+                format_bytes(d.max_workgroup_memory).c_str(), d.host_import ? "yes" : "no");
   }
   return 0;
 }

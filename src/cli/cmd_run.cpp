@@ -269,6 +269,11 @@ void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
                   "output), subgroup (a subgroup per output, and per tile of 4 tokens) or auto (subgroup on a GPU "
                   "that can, plain on a CPU device; `sluice devices` says which); the same results (default auto)")
       ->check(CLI::IsMember({"auto", "plain", "subgroup"}));
+  sub->add_option("--gpu-gemm", o.gpu_gemm,
+                  "with --backend vulkan: calls of 16 tokens or more (prefill) run the quantized linears as a GEMM "
+                  "(64 rows and 16 tokens per workgroup, blocks staged in workgroup memory) where the device's "
+                  "workgroup memory holds the tile; off: the --gpu-linears build; the same results (default on)")
+      ->check(CLI::IsMember({"on", "off"}));
   sub->add_option("--route-bias", o.route_bias,
                   "LOSSY, off by default: add D to the routing score of experts already in the cache, so near-ties "
                   "cost no read (mixing weights stay exact; `sluice bench --route-bias D` measures what it buys and "
@@ -349,8 +354,10 @@ SessionOptions session_options(const EngineCliOptions& e, const std::string& mod
       throw UsageError("--gpu-experts must be a slot count or in-place (got '" + e.gpu_experts + "')");
   }
   const bool gpu_experts = so.gpu_experts != 0 || so.gpu_experts_in_place;
-  if ((e.gpu_mem != "auto" || e.device != 0 || gpu_experts || e.gpu_linears != "auto") && e.backend != "vulkan")
-    throw UsageError("--device, --gpu-mem, --gpu-experts and --gpu-linears need --backend vulkan");
+  if ((e.gpu_mem != "auto" || e.device != 0 || gpu_experts || e.gpu_linears != "auto" || e.gpu_gemm != "on") &&
+      e.backend != "vulkan")
+    throw UsageError("--device, --gpu-mem, --gpu-experts, --gpu-linears and --gpu-gemm need --backend vulkan");
+  so.gpu_gemm = e.gpu_gemm == "on";
   so.gpu_linears = e.gpu_linears == "plain"      ? GpuLinears::Plain
                    : e.gpu_linears == "subgroup" ? GpuLinears::Subgroup
                                                  : GpuLinears::Auto;

@@ -597,6 +597,20 @@ storage::StoreOptions session_store_options(const SessionOptions& o) {
   return so;
 }
 
+GpuOptions gpu_options(const SessionOptions& o) {
+  GpuOptions go;
+  go.device = o.gpu_device;
+  go.threads = o.threads;
+  go.weight_budget = o.gpu_mem;
+  go.expert_slots = o.gpu_experts;
+  go.cpu_experts = o.cpu_experts;
+  go.cpu_experts_auto = o.cpu_experts_auto;
+  go.linears = o.gpu_linears;
+  go.gemm = o.gpu_gemm;
+  go.experts_in_place = o.gpu_experts_in_place;
+  return go;
+}
+
 Session::Session(SessionOptions o) : Session(o, open_model_header(o.model_path)) {}
 
 Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_unique<Impl>()) {
@@ -612,19 +626,12 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
   // The device before the plan: planning measures this process's overhead, the driver included.
   // Its errors are about the device, not the model file.
   if (opt.backend == "vulkan") {
-    GpuOptions go;
-    go.device = opt.gpu_device;
-    go.threads = opt.threads;
-    go.weight_budget = opt.gpu_mem;
+    GpuOptions go = gpu_options(opt);
     // No more slots than there are experts to hold: the target's, and a drafter's stages (the
     // published count; the support file is read after the backend exists).
     const uint64_t stages = opt.dspark_path.empty() ? 0 : DsparkConfig{}.stages;
     go.expert_slots = std::min<uint64_t>(opt.gpu_experts, (cfg.num_hidden_layers + stages) * (uint64_t)cfg.n_routed_experts);
     s.gpu_slots = go.expert_slots;
-    go.cpu_experts = opt.cpu_experts;
-    go.cpu_experts_auto = opt.cpu_experts_auto;
-    go.linears = opt.gpu_linears;
-    go.experts_in_place = opt.gpu_experts_in_place;
     s.backend = make_vulkan_backend(go);
   } else if (opt.backend != "cpu") {
     throw Error("unknown backend '" + opt.backend + "' (cpu or vulkan)");

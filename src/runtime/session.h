@@ -74,6 +74,7 @@ struct SessionOptions {
   double cpu_experts = 0;
   bool cpu_experts_auto = false;
   GpuLinears gpu_linears = GpuLinears::Auto;  // --gpu-linears (GpuOptions::linears)
+  bool gpu_gemm = true;                       // --gpu-gemm (GpuOptions::gemm)
   // Prefix checkpoints: one each time the sequence passes a multiple of checkpoint_interval
   // tokens (at the end of the prefill chunk or decode step that passes it; 0: none) and two at
   // the end of each prompt's prefill: before its last token and after it (with that prompt's
@@ -261,6 +262,9 @@ ModelHeader open_model_header(const std::string& path);
 // The expert store's options the session's select (--cache-policy, --io-depth, --no-direct-io);
 // its cache's size comes from the plan (store_options_for).
 storage::StoreOptions session_store_options(const SessionOptions& o);
+// The Vulkan backend's options the session's select (--device, --gpu-mem, --gpu-experts,
+// --cpu-experts, --gpu-linears, --gpu-gemm); the session caps the slots at the experts there are.
+GpuOptions gpu_options(const SessionOptions& o);
 
 class Session {
  public:

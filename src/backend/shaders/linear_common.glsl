@@ -32,8 +32,32 @@ layout(push_constant) uniform Push {
   uint y_stride;     // floats from one token's outputs to the next's
 } p;
 
+// The tokens a quantized linear's invocation or subgroup computes (linear_main.glsl): one, or a
+// tile of TOKENS, each weight value decoded once for all of them.
+#ifndef TOKENS
+#define TOKENS 1
+#endif
+
+#ifdef LINEAR_GEMM
+// The GEMM build (linear_main.glsl) reads the formats' bytes from workgroup memory, where the
+// workgroup stages one block of GEMM_ROWS rows and of the tile's TOKENS tokens at a time: a
+// block's bytes start anywhere in a word, so each takes its size in words plus two.
+#define GEMM_ROWS 64u
+#define W_WORDS (W_BLOCK / 4u + 2u)
+#define A_WORDS (A_BLOCK / 4u + 2u)
+shared uint sw[GEMM_ROWS * W_WORDS];
+shared uint sa[TOKENS * A_WORDS];
+uint w_byte(uint off) { return (sw[off >> 2] >> ((off & 3u) << 3)) & 0xffu; }
+uint a_byte(uint off) { return (sa[off >> 2] >> ((off & 3u) << 3)) & 0xffu; }
+int w_sbyte(uint off) { return bitfieldExtract(int(sw[off >> 2]), int((off & 3u) << 3), 8); }
+int a_sbyte(uint off) { return bitfieldExtract(int(sa[off >> 2]), int((off & 3u) << 3), 8); }
+#else
 uint w_byte(uint off) { return (w[off >> 2] >> ((off & 3u) << 3)) & 0xffu; }
 uint a_byte(uint off) { return (a[off >> 2] >> ((off & 3u) << 3)) & 0xffu; }
+// Signed bytes (Q8_0 codes), sign-extended by bitfieldExtract.
+int w_sbyte(uint off) { return bitfieldExtract(int(w[off >> 2]), int((off & 3u) << 3), 8); }
+int a_sbyte(uint off) { return bitfieldExtract(int(a[off >> 2]), int((off & 3u) << 3), 8); }
+#endif
 uint w_u16(uint off) { return w_byte(off) | (w_byte(off + 1u) << 8); }
 uint a_u16(uint off) { return a_byte(off) | (a_byte(off + 1u) << 8); }
 uint w_u32(uint off) { return w_u16(off) | (w_u16(off + 2u) << 16); }
@@ -41,9 +65,6 @@ uint a_u32(uint off) { return a_u16(off) | (a_u16(off + 2u) << 16); }
 int a_s16(uint off) { return bitfieldExtract(int(a_u16(off)), 0, 16); }
 // A Q8_K row's f32 scale (its bits, whatever the alignment).
 float a_f32(uint off) { return uintBitsToFloat(a_u32(off)); }
-// Signed bytes (Q8_0 codes), sign-extended by bitfieldExtract.
-int w_sbyte(uint off) { return bitfieldExtract(int(w[off >> 2]), int((off & 3u) << 3), 8); }
-int a_sbyte(uint off) { return bitfieldExtract(int(a[off >> 2]), int((off & 3u) << 3), 8); }
 
 // fp16 bits -> f32, exact for every value (subnormals built from their integer significand, so a
 // device that flushes denormals in arithmetic still converts them right).
@@ -74,12 +95,8 @@ float scaled_term(float x, float y, int isum) {
   return t;
 }
 
-// The tokens a quantized linear's invocation or subgroup computes (linear_main.glsl): one, or a
-// tile of TOKENS, each weight value decoded once for all of them. Where each token's activation
-// row starts (bytes into Acts), and its codes.
-#ifndef TOKENS
-#define TOKENS 1
-#endif
+// Where each token of the tile has its activation row (bytes into Acts; in the GEMM build, its
+// staged block in workgroup memory), and its codes.
 uint tok[TOKENS];
 int a_tok(uint t, uint off) { return a_sbyte(tok[t] + off); }
 int a16_tok(uint t, uint off) { return a_s16(tok[t] + off); }

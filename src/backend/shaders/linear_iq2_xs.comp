@@ -4,13 +4,13 @@
 // IQ2_XS: d fp16 @0, qs u16[32] @2 (9-bit grid index, 7-bit sign index), scales u8[8] @66
 // (two 4-bit scales per 32-element sub-block: groups {0,1} low nibble, {2,3} high), 74 bytes.
 // A unit is one sub-block.
-#include "linear_common.glsl"
-#include "iq2_common.glsl"
-
 #define BLOCK_COLS 256u
 #define W_BLOCK 74u
 #define A_BLOCK 292u
 #define UNITS 8
+#include "linear_common.glsl"
+#include "iq2_common.glsl"
+
 #define FINISH(v) iq2_finish(v)
 
 void unit_sums(uint wo, uint ab, uint ib, inout ivec2 s[TOKENS]) {

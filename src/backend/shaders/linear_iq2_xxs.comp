@@ -4,13 +4,13 @@
 // IQ2_XXS: d fp16 @0, then per 32-element sub-block two u32 words: w0 = four 8-bit grid indices,
 // w1 = four 7-bit sign indices and a 4-bit scale s in the top bits (66 bytes per 256). A unit is
 // one sub-block.
-#include "linear_common.glsl"
-#include "iq2_common.glsl"
-
 #define BLOCK_COLS 256u
 #define W_BLOCK 66u
 #define A_BLOCK 292u
 #define UNITS 8
+#include "linear_common.glsl"
+#include "iq2_common.glsl"
+
 #define FINISH(v) iq2_finish(v)
 
 void unit_sums(uint wo, uint ab, uint ib, inout ivec2 s[TOKENS]) {

@@ -21,7 +21,15 @@
 //    weight bytes read by adjacent lanes together. The workgroup's subgroups take rows in turn
 //    (grid-stride, so the host's group count only has to be at least one). A subgroup that is
 //    not whole (a driver may split a workgroup unevenly) runs the plain sequence on its first
-//    lane instead. A tile past the last token repeats the last token's row and stores nothing.
+//    lane instead. A tile past the last token repeats the last token's row and stores nothing;
+//  - LINEAR_GEMM build (prefill: tiles of TOKENS tokens, 16): an invocation per row of a
+//    workgroup's GEMM_ROWS rows, computing the whole tile. Block by block, the workgroup stages
+//    the rows' block and the tile's activation blocks in workgroup memory (each invocation
+//    copies words of them: adjacent invocations read adjacent words), then every invocation
+//    runs the plain sequence on its row for every token of the tile: a weight block is read from
+//    memory once per 16 tokens, an activation block once per 64 rows, and each output's float
+//    chain is still the CPU's. Needs no subgroup operations, only the device's workgroup memory
+//    (the backend leaves a format on the token-tile build when its tile does not fit).
 #ifndef FINISH
 #define FINISH(v) (v)
 #endif
@@ -42,7 +50,50 @@ void row_sums(uint wo, out float sumf[TOKENS]) {
   }
 }
 
-#ifndef LINEAR_SUBGROUP
+#if defined(LINEAR_GEMM)
+// Where a block starts: row rb + i's block b (bytes into Weights; one past the last row repeats
+// it), and token t0 + t's (into Acts; one past the last token repeats it).
+uint w_start(uint rb, uint i, uint b) { return p.w_off + (p.row0 + min(rb + i, p.rows - 1u)) * p.w_row_bytes + b * W_BLOCK; }
+uint a_start(uint t0, uint t, uint b) { return min(t0 + t, p.n - 1u) * p.a_stride + b * A_BLOCK; }
+// Words of a block starting at byte `start`: the last may lie past the block, never past its row.
+uint block_words(uint start, uint bytes) { return ((start & 3u) + bytes + 3u) / 4u; }
+
+void main() {
+  const uint lid = gl_LocalInvocationID.x;
+  const uint t0 = gl_WorkGroupID.y * TOKENS;
+  const uint present = min(uint(TOKENS), p.n - t0);  // the tile's tokens that exist
+  const uint blocks = p.cols / BLOCK_COLS;
+  // Rows in turn (grid-stride), GEMM_ROWS per workgroup; every invocation stays for the
+  // barriers, one past the last row repeating the last row's bytes.
+  for (uint rb = gl_WorkGroupID.x * GEMM_ROWS; rb < p.rows; rb += gl_NumWorkGroups.x * GEMM_ROWS) {
+    const uint r = rb + lid;
+    float sumf[TOKENS];
+    for (uint t = 0u; t < TOKENS; ++t) sumf[t] = 0.0;
+    for (uint b = 0u; b < blocks; ++b) {
+      // Staging: adjacent invocations copy adjacent words.
+      for (uint i = lid; i < GEMM_ROWS * W_WORDS; i += GEMM_ROWS) {
+        const uint start = w_start(rb, i / W_WORDS, b);
+        if (i % W_WORDS < block_words(start, W_BLOCK)) sw[i] = w[(start >> 2) + i % W_WORDS];
+      }
+      for (uint i = lid; i < TOKENS * A_WORDS; i += GEMM_ROWS) {
+        const uint start = a_start(t0, i / A_WORDS, b);
+        if (i % A_WORDS < block_words(start, A_BLOCK)) sa[i] = a[(start >> 2) + i % A_WORDS];
+      }
+      for (uint t = 0u; t < TOKENS; ++t) tok[t] = t * A_WORDS * 4u + (a_start(t0, t, b) & 3u);
+      memoryBarrierShared();
+      barrier();
+      const uint wo = lid * W_WORDS * 4u + (w_start(rb, lid, b) & 3u);
+      ivec2 s[TOKENS];
+      for (uint t = 0u; t < TOKENS; ++t) s[t] = ivec2(0);
+      for (uint u = 0u; u < UNITS; ++u) unit_sums(wo, 0u, u, s);
+      for (uint t = 0u; t < TOKENS; ++t) sumf[t] = add_term(sumf[t], block_term(wo, tok[t], s[t]));
+      barrier();  // the next block's staging overwrites what this one read
+    }
+    if (r < p.rows)
+      for (uint t = 0u; t < present; ++t) store_out(r, t0 + t, FINISH(sumf[t]));
+  }
+}
+#elif !defined(LINEAR_SUBGROUP)
 void main() {
   const uint r = gl_GlobalInvocationID.x, t = gl_GlobalInvocationID.y;
   if (r >= p.rows || t >= p.n) return;

@@ -4,12 +4,11 @@
 // block (d fp16 @0, 2-bit codes @2, value (code - 1) * d; 18 bytes) spans two Q8_0 blocks, whose
 // scaled integer sums are accumulated from +0 (k = 0 then 1) before the weight scale is applied.
 // A unit is one of the two Q8_0 blocks (its sum in .x for k = 0, .y for k = 1).
-#include "linear_common.glsl"
-
 #define BLOCK_COLS 64u
 #define W_BLOCK 18u
 #define A_BLOCK 68u
 #define UNITS 2
+#include "linear_common.glsl"
 
 void unit_sums(uint wo, uint ab, uint k, inout ivec2 s[TOKENS]) {
   int acc[TOKENS];

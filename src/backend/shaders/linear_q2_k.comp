@@ -5,13 +5,12 @@
 // of the 16-element sub-blocks.
 // Q2_K: scales[16] @0 (min << 4 | scale), qs[64] @16, d fp16 @80, dmin fp16 @82 (84 bytes).
 // Q8_K: d f32 @0, qs int8[256] @4, bsums int16[16] @260 (292 bytes).
-#include "linear_common.glsl"
-#include "kquant_tail.glsl"
-
 #define BLOCK_COLS 256u
 #define W_BLOCK 84u
 #define A_BLOCK 292u
 #define UNITS 8
+#include "linear_common.glsl"
+#include "kquant_tail.glsl"
 
 void unit_sums(uint wo, uint ab, uint u, inout ivec2 s[TOKENS]) {
   for (uint k = 2u * u; k < 2u * u + 2u; ++k) {

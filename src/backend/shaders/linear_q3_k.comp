@@ -3,12 +3,11 @@
 // Q3_K weights x Q8_K activations (kernels/kquant_types.cpp dot_q3_k_scalar). A unit is two of
 // the 16-element sub-blocks.
 // Q3_K: hmask[32] @0, qs[64] @32, scales[12] @96 (16 packed signed 6-bit), d fp16 @108 (110 bytes).
-#include "linear_common.glsl"
-
 #define BLOCK_COLS 256u
 #define W_BLOCK 110u
 #define A_BLOCK 292u
 #define UNITS 8
+#include "linear_common.glsl"
 
 void unit_sums(uint wo, uint ab, uint u, inout ivec2 s[TOKENS]) {
   for (uint k = 2u * u; k < 2u * u + 2u; ++k) {

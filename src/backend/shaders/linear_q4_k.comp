@@ -3,6 +3,10 @@
 // Q4_K weights x Q8_K activations (kernels/kquant_types.cpp dot_q4_k_scalar). A unit is one of
 // the eight 32-element sub-blocks with its min over two bsums.
 // Q4_K: d fp16 @0, dmin fp16 @2, scales[12] @4 (8 scales + 8 mins, 6 bits), qs[128] @16 (144 bytes).
+#define BLOCK_COLS 256u
+#define W_BLOCK 144u
+#define A_BLOCK 292u
+#define UNITS 8
 #include "linear_common.glsl"
 #include "kquant_tail.glsl"
 
@@ -12,11 +16,6 @@ uint q4k_scale(uint off, uint k, uint m) {
   return m == 0u ? ((w_byte(off + k + 4u) & 15u) | ((w_byte(off + k - 4u) >> 6) << 4))
                  : ((w_byte(off + k + 4u) >> 4) | ((w_byte(off + k) >> 6) << 4));
 }
-
-#define BLOCK_COLS 256u
-#define W_BLOCK 144u
-#define A_BLOCK 292u
-#define UNITS 8
 
 void unit_sums(uint wo, uint ab, uint k, inout ivec2 s[TOKENS]) {
   const int mn = int(q4k_scale(wo + 4u, k, 1u)), sc = int(q4k_scale(wo + 4u, k, 0u));

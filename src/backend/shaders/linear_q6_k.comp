@@ -3,14 +3,13 @@
 // Q6_K weights x Q8_K activations (kernels/kquant_types.cpp dot_q6_k_scalar). A unit is two of
 // the 16-element sub-blocks.
 // Q6_K: ql[128] @0, qh[64] @128, scales int8[16] @192, d fp16 @208 (210 bytes).
-#include "linear_common.glsl"
-
-int w_sbyte_at(uint off) { return bitfieldExtract(int(w_byte(off)), 0, 8); }
-
 #define BLOCK_COLS 256u
 #define W_BLOCK 210u
 #define A_BLOCK 292u
 #define UNITS 8
+#include "linear_common.glsl"
+
+int w_sbyte_at(uint off) { return bitfieldExtract(int(w_byte(off)), 0, 8); }
 
 void unit_sums(uint wo, uint ab, uint u, inout ivec2 s[TOKENS]) {
   for (uint k = 2u * u; k < 2u * u + 2u; ++k) {

@@ -5,12 +5,11 @@
 // rounds f32 add and mul correctly, `precise` forbids fusing or reordering them, and no operand
 // or result can be an f32 denormal (fp16 scales are at least 2^-24, so dx * dy >= 2^-48), so the
 // result has the CPU's bits on every conformant device.
-#include "linear_common.glsl"
-
 #define BLOCK_COLS 32u
 #define W_BLOCK 34u
 #define A_BLOCK 34u
 #define UNITS 1
+#include "linear_common.glsl"
 
 void unit_sums(uint wo, uint ab, uint u, inout ivec2 s[TOKENS]) {
   for (uint j = 2u; j < 34u; ++j) {

@@ -3,12 +3,11 @@
 // TQ2_0 weights x Q8_K activations (kernels/iquant_types.cpp dot_tq2_0_scalar): element e has
 // code (qs[32 * (e / 128) + e % 32] >> 2 * ((e % 128) / 32)) & 3, value (code - 1) * d.
 // TQ2_0: qs u8[64] @0, d fp16 @64 (66 bytes per 256). A unit is 32 elements of the one sum.
-#include "linear_common.glsl"
-
 #define BLOCK_COLS 256u
 #define W_BLOCK 66u
 #define A_BLOCK 292u
 #define UNITS 8
+#include "linear_common.glsl"
 
 void unit_sums(uint wo, uint ab, uint u, inout ivec2 s[TOKENS]) {
   for (uint e = 32u * u; e < 32u * u + 32u; ++e) {
