@@ -1218,6 +1218,32 @@ TEST(Vulkan, ExpertsHeldInSlotsAreNotReadAhead) {
   EXPECT_LE(read, 2 * all) << "experts the device holds were read ahead again";
 }
 
+// The weights that only ops run on the host read (the token table for embed, the hyper-connection
+// projections for hc_mix) get no device copy and take none of the device budget; the linears' do.
+TEST(Vulkan, WeightsOnlyHostOpsReadStayOffTheDevice) {
+  if (!kBuilt) return;
+  const test::TempDir dir("sluice_vulkan_uses");
+  const std::string path = dir / "tiny.gguf";
+  ASSERT_EQ(test::run_sluice(dir, "make-model --preset tiny -o " + test::q(path)).rc, 0);
+  GpuOptions go;
+  go.no_import = true;  // copies, so the bytes on the device count them
+  const std::unique_ptr<Backend> gpu = make_vulkan_backend(go);
+  LoadOptions lo;
+  lo.backend = gpu.get();
+  const std::unique_ptr<Model> m = load_model(path, lo);
+  EXPECT_EQ(m->token_embd.device, nullptr) << "the token table was copied to the device";
+  EXPECT_NE(m->output.device, nullptr);
+  uint64_t linear_bytes = m->output.rows * m->output.row_bytes;
+  for (const LayerWeights& w : m->layers) {
+    EXPECT_EQ(w.hc_attn_fn.device, nullptr);
+    EXPECT_EQ(w.hc_ffn_fn.device, nullptr);
+    EXPECT_NE(w.q_a.device, nullptr);
+    EXPECT_NE(w.q_b.device, nullptr);
+    linear_bytes += w.q_a.rows * w.q_a.row_bytes + w.q_b.rows * w.q_b.row_bytes;
+  }
+  EXPECT_GE(gpu_stats(*gpu).bytes_on_device, linear_bytes);
+}
+
 TEST(Vulkan, AFailedDispatchLeavesTheSequenceAsItWas) {
   if (!kBuilt) return;
   const test::TempDir dir("sluice_vulkan_fault");

@@ -96,6 +96,10 @@ struct RopeTable {
 
 enum class FakeQuant : uint8_t { Fp8Window, Nvfp4, Mxfp4 };  // numerics.md 5
 
+// The op that reads a weight (Backend::prepare_weight_for): linear (the FFNs through it), embed
+// (the token table, a drafter's Markov table), or hc_mix (the hyper-connection projections).
+enum class WeightUse : uint8_t { Linear, Embed, HcMix };
+
 struct HcParams {
   uint32_t hc = 4, sinkhorn_iters = 20;
   float hc_eps = 1e-6f, norm_eps = 1e-6f;
@@ -171,6 +175,12 @@ class Backend {
   // --- memory ---------------------------------------------------------------------------------
   // Called once per weight as the model is loaded.
   virtual void prepare_weight(Weight& w) const = 0;
+  // Instead, for a weight that another op than linear reads (WeightUse): a backend that runs that
+  // op on the host keeps the weight there (a device copy would take memory no dispatch reads).
+  virtual void prepare_weight_for(Weight& w, WeightUse use) const {
+    (void)use;
+    prepare_weight(w);
+  }
   virtual Tensor tensor(size_t n, size_t width) const = 0;
   // Waits until every op issued so far has finished and its outputs are host-visible.
   virtual void sync() const = 0;

@@ -660,6 +660,15 @@ class VulkanBackend final : public CpuBackend {
     st_.bytes_on_device += bytes;
   }
 
+  // embed() and hc_mix() run on the CPU: their weights stay out of the device budget (the
+  // published token table alone is 1.3 GB of F16, the room of some 140 expert slots).
+  void prepare_weight_for(Weight& w, WeightUse use) const override {
+    if (use == WeightUse::Linear)
+      prepare_weight(w);
+    else
+      CpuBackend::prepare_weight(w);
+  }
+
   void linear(const Weight& W, CMat x, Mat y, bool round, uint64_t row0) const override {
     const LinearCall c{&W, x, y, round, row0};
     linears(std::span<const LinearCall>(&c, 1));

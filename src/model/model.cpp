@@ -107,7 +107,7 @@ std::unique_ptr<Model> load_model(const std::string& gguf_path, const LoadOption
     }
     return model;
   }
-  m.token_embd = ld.weight("token_embd.weight");
+  m.token_embd = ld.weight("token_embd.weight", WeightUse::Embed);
   m.output = ld.weight("output.weight");
   m.output_norm = ld.floats("output_norm.weight");
   for (uint32_t L = 0; L < c.num_hidden_layers; ++L) {

@@ -4,8 +4,8 @@ namespace sluice {
 
 void load_block(TensorLoader& ld, const std::string& b, LayerWeights& w, ResidentExperts::Layer& resident,
                 bool read_experts, bool image_bias) {
-  w.hc_attn_fn = ld.weight(b + "hc_attn_fn.weight");
-  w.hc_ffn_fn = ld.weight(b + "hc_ffn_fn.weight");
+  w.hc_attn_fn = ld.weight(b + "hc_attn_fn.weight", WeightUse::HcMix);
+  w.hc_ffn_fn = ld.weight(b + "hc_ffn_fn.weight", WeightUse::HcMix);
   w.hc_attn_base = ld.floats(b + "hc_attn_base.weight");
   w.hc_attn_scale = ld.floats(b + "hc_attn_scale.weight");
   w.hc_ffn_base = ld.floats(b + "hc_ffn_base.weight");

@@ -75,7 +75,8 @@ class TensorLoader {
     if (progress_) progress_(0, total_);
   }
 
-  Weight view(const gguf::TensorInfo& t, const uint8_t* data) const {
+  // use: the op that reads the weight (Backend::prepare_weight_for).
+  Weight view(const gguf::TensorInfo& t, const uint8_t* data, WeightUse use = WeightUse::Linear) const {
     Weight w;
     w.type = t.type;
     w.traits = &type_traits(t.type);
@@ -84,16 +85,18 @@ class TensorLoader {
     w.rows = t.ne[1] * t.ne[2] * t.ne[3];
     w.row_bytes = row_bytes(t.type, t.ne[0]);
     w.data = data;
-    if (backend_)
+    if (!backend_)
+      prepare_cpu_weight(w);
+    else if (use == WeightUse::Linear)
       backend_->prepare_weight(w);
     else
-      prepare_cpu_weight(w);
+      backend_->prepare_weight_for(w, use);
     return w;
   }
 
-  Weight weight(const std::string& name) {
+  Weight weight(const std::string& name, WeightUse use = WeightUse::Linear) {
     const gguf::TensorInfo& t = info(name);
-    return view(t, read(t));
+    return view(t, read(t), use);
   }
 
   std::vector<float> floats(const std::string& name) {

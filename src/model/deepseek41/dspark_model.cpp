@@ -35,7 +35,7 @@ std::unique_ptr<DsparkModel> load_dspark(const std::string& path, const Model& t
   m.main_proj = ld.weight("mtp.0.main_proj.weight");
   m.main_norm = ld.floats("mtp.0.main_norm.weight");
   m.norm = ld.floats(last + "norm.weight");
-  m.markov_w1 = ld.weight(last + "markov_head.markov_w1.weight");
+  m.markov_w1 = ld.weight(last + "markov_head.markov_w1.weight", WeightUse::Embed);
   m.markov_w2 = ld.weight(last + "markov_head.markov_w2.weight");
   m.confidence = ld.weight(last + "confidence_head.proj.weight");
   return dm;
