@@ -661,7 +661,7 @@ class VulkanBackend final : public CpuBackend {
   }
 
   // embed() and hc_mix() run on the CPU: their weights stay out of the device budget (the
-  // published token table alone is 1.3 GB of F16, the room of some 140 expert slots).
+  // published token table alone is 1.32 GB of F16, the room of some 130 expert slots).
   void prepare_weight_for(Weight& w, WeightUse use) const override {
     if (use == WeightUse::Linear)
       prepare_weight(w);
