@@ -13,11 +13,11 @@
 #include <vector>
 
 #include "backend/cpu_backend.h"
-#include "backend/vulkan_backend.h"
-#include "cli/cmd_run.h"
 #include "backend/read_bandwidth.h"
+#include "backend/vulkan_backend.h"
 #include "cli/bench_stats.h"
 #include "cli/cmd_bench.h"
+#include "cli/cmd_run.h"
 #include "kernels/cpu.h"
 #include "model/deepseek41/schema.h"
 #include "runtime/session.h"
