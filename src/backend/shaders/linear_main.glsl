@@ -29,7 +29,7 @@
 //    runs the plain sequence on its row for every token of the tile: a weight block is read from
 //    memory once per 16 tokens, an activation block once per 64 rows, and each output's float
 //    chain is still the CPU's. Needs no subgroup operations, only the device's workgroup memory
-//    (the backend leaves a format on the token-tile build when its tile does not fit).
+//    (a format whose tile does not fit stays on the build --gpu-linears chose).
 #ifndef FINISH
 #define FINISH(v) (v)
 #endif
