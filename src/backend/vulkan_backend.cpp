@@ -1435,29 +1435,28 @@ class VulkanBackend final : public CpuBackend {
   };
 
   // The shader and grid of a linear dispatch over `rows` outputs for n tokens: 64 outputs per
-  // workgroup, or with the quantized linears' subgroup builds a row per subgroup, and with at
+  // workgroup; for a quantized format with at least kGemmTile tokens its GEMM build (64 rows and a
+  // tile of tokens per workgroup); else with the subgroup builds a row per subgroup, and with at
   // least kTokenTile tokens a tile of them per subgroup (each weight value decoded once for the
-  // tile). That shader strides over the rows, so a count capped at the device's limit still
-  // covers them all.
+  // tile). The GEMM and subgroup builds stride over the rows, so a count capped at the device's
+  // limit still covers them all.
   void shape_linear(Dispatch& d, size_t rows, size_t n) const {
     d.gx = grid_x(rows);
     d.gy = (uint32_t)n;
-    if (d.wt.pipe == float_) return;
-    if (n >= kGemmTile)
-      for (size_t i = 0; i < kQuantShaderCount; ++i)
-        if (quant_[i] == d.wt.pipe && quant_mm_[i]) {
-          d.wt.pipe = quant_mm_[i];
-          d.gx = (uint32_t)std::min<uint64_t>((rows + kGemmRows - 1) / kGemmRows, max_groups_x_);
-          d.gy = (uint32_t)((n + kGemmTile - 1) / kGemmTile);
-          ++st_.gemm_dispatches;
-          return;
-        }
+    const size_t i = (size_t)(std::find(quant_, quant_ + kQuantShaderCount, d.wt.pipe) - quant_);
+    if (i == kQuantShaderCount) return;  // linear_float: an invocation per output
+    if (n >= kGemmTile && quant_mm_[i]) {
+      d.wt.pipe = quant_mm_[i];
+      d.gx = (uint32_t)std::min<uint64_t>((rows + kGemmRows - 1) / kGemmRows, max_groups_x_);
+      d.gy = (uint32_t)((n + kGemmTile - 1) / kGemmTile);
+      ++st_.gemm_dispatches;
+      return;
+    }
     if (!subgroup_) return;
     const uint64_t per = kGroup / info_.subgroup_size;
     d.gx = (uint32_t)std::min<uint64_t>((rows + per - 1) / per, max_groups_x_);
     if (n < kTokenTile) return;
-    for (size_t i = 0; i < kQuantShaderCount; ++i)
-      if (quant_[i] == d.wt.pipe) d.wt.pipe = quant_tiled_[i];
+    d.wt.pipe = quant_tiled_[i];
     d.gy = (uint32_t)((n + kTokenTile - 1) / kTokenTile);
   }
 
