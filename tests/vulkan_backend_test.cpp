@@ -1498,6 +1498,9 @@ TEST(Vulkan, CommandLine) {
   EXPECT_GT(figures, 4u) << ops.out;
   EXPECT_GT(gemm, 0u) << ops.out;
   EXPECT_EQ(test::run_sluice(dir, "bench --ops -n 1 --read-mib 64 --backend vulkan --gpu-experts 4").rc, 2);
+  const test::CmdResult ignored = test::run_sluice(dir, "bench --ops -n 1 --read-mib 64 --gpu-gemm off");
+  EXPECT_EQ(ignored.rc, 2) << "--gpu-gemm without --backend vulkan was ignored by bench --ops";
+  EXPECT_NE(ignored.err.find("need --backend vulkan"), std::string::npos) << ignored.err;
   const test::CmdResult none = test::run_sluice(
       dir, "run -m " + test::q(model) + " --tokens 5,6,7 -n 2 --backend vulkan --gpu-experts 4 --gpu-mem 1");
   EXPECT_EQ(none.rc, 0) << none.err;

@@ -102,10 +102,11 @@ int run_bench_ops(const BenchOptions& o) {
       }
     shapes = typed;
   }
-  // The backend: the CPU's, or the device's with the options a session would give it.
+  // The backend: the CPU's, or the device's with the options a session would give it (checked as
+  // a session's are: the device's options without --backend vulkan are refused, not ignored).
+  const SessionOptions so = session_options(o.engine, o.model, 0);
   std::unique_ptr<Backend> gpu;
   if (o.engine.backend == "vulkan") {
-    const SessionOptions so = session_options(o.engine, o.model, 0);
     if (so.gpu_experts || so.gpu_experts_in_place) throw UsageError("--gpu-experts has no effect with --ops");
     gpu = make_vulkan_backend(gpu_options(so));
   } else if (o.engine.backend != "cpu") {
