@@ -175,8 +175,8 @@ class Backend {
   // --- memory ---------------------------------------------------------------------------------
   // Called once per weight as the model is loaded.
   virtual void prepare_weight(Weight& w) const = 0;
-  // Instead, for a weight that another op than linear reads (WeightUse): a backend that runs that
-  // op on the host keeps the weight there (a device copy would take memory no dispatch reads).
+  // The same for a weight the loader says which op reads (WeightUse): a backend that runs other ops
+  // than linear on the host keeps their weights there (a device copy no dispatch would read).
   virtual void prepare_weight_for(Weight& w, WeightUse use) const {
     (void)use;
     prepare_weight(w);

@@ -85,12 +85,10 @@ class TensorLoader {
     w.rows = t.ne[1] * t.ne[2] * t.ne[3];
     w.row_bytes = row_bytes(t.type, t.ne[0]);
     w.data = data;
-    if (!backend_)
-      prepare_cpu_weight(w);
-    else if (use == WeightUse::Linear)
-      backend_->prepare_weight(w);
-    else
+    if (backend_)
       backend_->prepare_weight_for(w, use);
+    else
+      prepare_cpu_weight(w);
     return w;
   }
 
