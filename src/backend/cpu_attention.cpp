@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "backend/cpu_backend.h"
+#include "kernels/exp_f32.h"
 #include "kernels/fp.h"
 #include "kernels/numerics.h"
 
@@ -38,7 +39,7 @@ std::vector<uint32_t> CpuBackend::compress_pool(CMat k, CMat g, uint32_t ratio, 
         for (uint32_t a = 1; a < ratio; ++a) mx = std::max(mx, s_of(a)[d]);
         float den = 0.0f;
         for (uint32_t a = 0; a < ratio; ++a) {
-          ex[(size_t)a * hd + d] = std::exp(s_of(a)[d] - mx);
+          ex[(size_t)a * hd + d] = exp_f32(s_of(a)[d] - mx);
           den += ex[(size_t)a * hd + d];
         }
         float acc = 0.0f;
@@ -193,12 +194,12 @@ void CpuBackend::attend_group(const SparseAttention& a, uint32_t i0, uint32_t gn
       float den = 0.0f;
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (size_t k = 0; k < rw.size(); ++k) {
-        const float p = std::exp(sc[k] - mx);
+        const float p = exp_f32(sc[k] - mx);
         den += p;
         const float pb = round_bf16(p);  // BF16 probability in the numerator only
         for (uint32_t d = 0; d < hd; ++d) acc[d] += pb * bf16_to_f32(rw[k][d]);
       }
-      den += std::exp(a.sinks[h] - mx);
+      den += exp_f32(a.sinks[h] - mx);
       float* oh = o.row(i) + h * hd;
       for (uint32_t d = 0; d < hd; ++d) oh[d] = round_bf16(acc[d] / den);
     }

@@ -12,15 +12,16 @@
 
 #include "kernels/cpu.h"
 #include "kernels/engram_row.h"
+#include "kernels/exp_f32.h"
 #include "kernels/fp.h"
 #include "kernels/topk_collect.h"
 
 namespace sluice {
 
 // numerics.md 4
-float silu(float g) { return g / (1.0f + std::exp(-g)); }
-float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
-float softplus(float x) { return std::max(x, 0.0f) + std::log1p(std::exp(-std::fabs(x))); }
+float silu(float g) { return g / (1.0f + exp_f32(-g)); }
+float sigmoid(float x) { return 1.0f / (1.0f + exp_f32(-x)); }
+float softplus(float x) { return std::max(x, 0.0f) + std::log1p(exp_f32(-std::fabs(x))); }
 
 float rms_factor(const float* x, size_t n, float eps) {
   float ss = 0.0f;  // sequential sum (numerics.md 4)
@@ -187,7 +188,7 @@ HcMix hc_mix_from_projections(const float* m, const float* base, const float* sc
     for (uint32_t j = 1; j < hc; ++j) mx = std::max(mx, row[j]);
     float s = 0.0f;
     for (uint32_t j = 0; j < hc; ++j) {
-      row[j] = std::exp(row[j] - mx);
+      row[j] = exp_f32(row[j] - mx);
       s += row[j];
     }
     for (uint32_t j = 0; j < hc; ++j) row[j] = row[j] / s + hc_eps;
