@@ -10,7 +10,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <bit>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <span>
@@ -20,6 +23,8 @@
 #include <vector>
 
 #include "backend/cpu_backend.h"
+#include "backend/swiglu.h"
+#include "kernels/exp_f32.h"
 #include "backend/vulkan_backend.h"
 #include "format/tensor_type.h"
 #include "kernels/fp.h"
@@ -314,6 +319,73 @@ TEST(Vulkan, RmsNormOnTheDeviceHasTheCpuBits) {
         if (std::memcmp(&got[i], &want[i], 4) != 0) first = i;
       EXPECT_EQ(first, want.size()) << "first differing value " << first << ": " << got[first] << " vs " << want[first];
     }
+}
+
+// The device's exp_f32 (exp_f32.glsl) against the CPU's, bit for bit, on every 613th f32 of each
+// sign up to 90 in magnitude (every binade), the edges of the range, infinities and a NaN.
+TEST(Vulkan, ExpOnTheDeviceHasTheCpuBits) {
+  if (!kBuilt) return;
+  const std::unique_ptr<Backend> gpu = make_vulkan_backend(GpuOptions{});
+  std::vector<float> x = {0.0f, -0.0f, 88.72283f, 88.7229f, 89.0f, 89.5f, -87.33f, -87.4f, -88.0f, -88.5f,
+                          std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
+  for (const float sign : {1.0f, -1.0f})
+    for (uint32_t b = 0; b <= std::bit_cast<uint32_t>(90.0f); b += 613) x.push_back(sign * std::bit_cast<float>(b));
+  std::vector<float> got = x;
+  gpu_exp(*gpu, got.data(), got.size());
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float want = exp_f32(x[i]);
+    if (std::memcmp(&got[i], &want, 4) != 0 && bad++ == 0) first = i;
+  }
+  EXPECT_EQ(bad, 0u) << "of " << x.size() << "; first: exp(" << x[first] << ") = " << got[first] << ", the CPU's "
+                     << exp_f32(x[first]);
+  EXPECT_GT(x.size(), 3000000u);
+  float nan = std::numeric_limits<float>::quiet_NaN();
+  gpu_exp(*gpu, &nan, 1);
+  EXPECT_TRUE(std::isnan(nan));
+}
+
+// The device's SwiGLU (swiglu.comp, with exp_f32.glsl) against the CPU's swiglu(), bit for bit:
+// odd widths; BF16 gates and ups over many orders of magnitude, both signs, beyond the limit on
+// either side, zeros, gates so negative that exp overflows (silu is then a signed zero); weight 1
+// and random weights per row. No input so small that a result would be an f32 denormal (the
+// device may flush those).
+TEST(Vulkan, SwigluOnTheDeviceHasTheCpuBits) {
+  if (!kBuilt) return;
+  const std::unique_ptr<Backend> gpu = make_vulkan_backend(GpuOptions{});
+  std::mt19937_64 rng(29);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> ex(-20, 12), pick(0, 31);
+  auto value = [&] {
+    const int k = pick(rng);
+    if (k == 0) return 0.0f;
+    if (k == 1) return -0.0f;
+    if (k == 2) return round_bf16(-100.0f - 1000.0f * std::fabs(unit(rng)));  // exp(-g) overflows
+    return round_bf16(unit(rng) * std::ldexp(1.0f, ex(rng)));
+  };
+  size_t checked = 0;
+  for (const size_t width : {1u, 7u, 65u, 300u})
+    for (const float limit : {7.0f, 10.0f})
+      for (const bool weighted : {false, true}) {
+        SCOPED_TRACE("width " + std::to_string(width) + " limit " + std::to_string(limit) + (weighted ? " weighted" : ""));
+        const size_t n = 20000 / width + 1;
+        std::vector<float> gu(n * 2 * width), wk(n);
+        for (float& v : gu) v = value();
+        for (float& w : wk) w = 0.05f + std::fabs(unit(rng));
+        std::vector<float> got = gu;
+        gpu_swiglu(*gpu, got.data(), n, width, limit, weighted ? wk.data() : nullptr);
+        size_t bad = 0, first = 0;
+        for (size_t t = 0; t < n; ++t)
+          for (size_t i = 0; i < 2 * width; ++i) {
+            const float* row = &gu[t * 2 * width];
+            const float want = i < width ? swiglu(row[i], row[width + i], limit, weighted ? wk[t] : 1.0f) : row[i];
+            if (std::memcmp(&got[t * 2 * width + i], &want, 4) != 0 && bad++ == 0) first = t * 2 * width + i;
+            ++checked;
+          }
+        EXPECT_EQ(bad, 0u) << "first at " << first << ": g " << gu[first] << " u " << gu[first + width] << " got "
+                           << got[first];
+      }
+  EXPECT_GT(checked, 300000u);
 }
 
 // Linears whose outputs are the backend's tensors wait for the next submission (deferred
@@ -611,6 +683,33 @@ TEST(Vulkan, SharedExpertRunsItsProjectionsOnTheDevice) {
   gpu->shared_ffn(gg, gu, gd, 7.0f, CMat{x.data(), n, H, H}, Mat{got.data(), n, H, H});
   EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
   EXPECT_EQ(gpu_stats(*gpu).linear_on_device, 3u) << "the shared expert's projections did not run on the device";
+  // Above, up is F16 (no device quantizer) and down reads f32 rows, so the SwiGLU and the down
+  // projection waited for the gate and up. With every projection in a quantized format the whole
+  // expert is recorded: gate and up, the SwiGLU on the device, down chained after it, into a
+  // tensor of the backend; nothing is submitted until something reads the output.
+  const uint64_t H2 = 256;
+  const HostWeight g2 = random_weight(GgmlType::Q8_0, F, H2, 14), u2 = random_weight(GgmlType::Q2_K, F, H2, 15),
+                   d2 = random_weight(GgmlType::Q8_0, H2, F, 16);
+  Weight wg = g2.w, wu = u2.w, wd = d2.w, cg2 = g2.w, cu2 = u2.w, cd2 = d2.w;
+  for (Weight* w : {&wg, &wu, &wd}) gpu->prepare_weight(*w);
+  for (Weight* w : {&cg2, &cu2, &cd2}) cpu.prepare_weight(*w);
+  for (const size_t tokens : {1u, 5u, 17u}) {
+    SCOPED_TRACE(std::to_string(tokens) + " tokens");
+    std::vector<float> x2 = randoms(rng, tokens * H2);
+    for (float& v : x2) v = round_bf16(v);
+    std::vector<float> want2(tokens * H2);
+    cpu.shared_ffn(cg2, cu2, cd2, 7.0f, CMat{x2.data(), tokens, H2, H2}, Mat{want2.data(), tokens, H2, H2});
+    const Tensor out = gpu->tensor(tokens, H2);
+    const GpuStats s0 = gpu_stats(*gpu);
+    gpu->shared_ffn(wg, wu, wd, 7.0f, CMat{x2.data(), tokens, H2, H2}, out.m());
+    const GpuStats s1 = gpu_stats(*gpu);
+    EXPECT_EQ(s1.submissions - s0.submissions, 0u) << "the shared expert was submitted before anything read it";
+    EXPECT_EQ(s1.ops_on_device - s0.ops_on_device, 1u) << "the SwiGLU ran on the host";
+    EXPECT_EQ(s1.inputs_chained - s0.inputs_chained, 1u) << "the down projection did not chain after the SwiGLU";
+    gpu->sync();
+    EXPECT_EQ(gpu_stats(*gpu).submissions - s1.submissions, 1u);
+    EXPECT_EQ(std::memcmp(out.m().p, want2.data(), want2.size() * sizeof(float)), 0);
+  }
 }
 
 // The upload path of a discrete card (device-local memory the host cannot map): forced on

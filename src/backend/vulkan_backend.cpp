@@ -23,6 +23,7 @@
 #include "backend/live_tensors.h"
 #include "backend/routed_terms.h"
 #include "backend/swiglu.h"
+#include "kernels/exp_f32.h"
 #include "kernels/iq_tables.h"
 #endif
 
@@ -155,6 +156,12 @@ const uint32_t kQuantizeQ8_K[] = {
 };
 const uint32_t kRmsNorm[] = {
 #include "rms_norm.spv.inc"
+};
+const uint32_t kSwiglu[] = {
+#include "swiglu.spv.inc"
+};
+const uint32_t kExpF32[] = {
+#include "exp_f32.spv.inc"
 };
 
 // A SPIR-V module embedded above: its words and size.
@@ -788,17 +795,32 @@ class VulkanBackend final : public CpuBackend {
                   [&](size_t j, const float* d) { std::copy(d, d + x.width, rows.row(j)); });
   }
 
-  // The shared expert's three projections on the device where their weights are (gate and up in
-  // one batch, down after), the SwiGLU between them on the host: the CPU backend's shared_ffn,
-  // operation for operation.
+  // The shared expert: the CPU backend's shared_ffn, operation for operation. Gate and up go
+  // into one tensor of this backend ([g | u] per token), so their batch is deferred; the SwiGLU
+  // then runs on the device in that batch (swiglu.comp, the CPU's bits), and the down projection
+  // chains after it: the whole expert waits for the next submission (the routed experts' first
+  // group, or whatever settles). Where a step cannot run on the device (a weight the CPU runs, a
+  // device without shaderFloat64), the host takes over from there, after the batch has run.
   void shared_ffn(const Weight& gate, const Weight& up, const Weight& down, float limit, CMat x,
                   Mat out) const override {
     const size_t n = x.n, F = gate.rows;
-    std::vector<float> g(n * F), u(n * F);
-    const LinearCall gate_up[2] = {{&gate, x, Mat{g.data(), n, F, F}, true, 0}, {&up, x, Mat{u.data(), n, F, F}, true, 0}};
+    const Tensor gu = tensor(n, 2 * F);
+    const Mat g = gu.m().cols(0, F), u = gu.m().cols(F, F);
+    const LinearCall gate_up[2] = {{&gate, x, g, true, 0}, {&up, x, u, true, 0}};
     linears(gate_up);
-    for (size_t k = 0; k < g.size(); ++k) g[k] = swiglu(g[k], u[k], limit, 1.0f);
-    linear(down, CMat{g.data(), n, F, F}, out, true, 0);
+    {
+      const std::lock_guard<std::mutex> lk(mu_);
+      // The batch reads and writes gu's rows on the device: it keeps the tensor (its address is
+      // not reused while a deferred region names it).
+      if (defer_swiglu(g, u, limit)) {
+        deferred_.keep.push_back(gu);
+      } else {
+        flush_deferred();
+        for (size_t t = 0; t < n; ++t)
+          for (size_t k = 0; k < F; ++k) g.row(t)[k] = swiglu(g.row(t)[k], u.row(t)[k], limit, 1.0f);
+      }
+    }
+    linear(down, g, out, true, 0);
   }
 
   std::vector<uint32_t> unheld_experts(const ExpertSource& src, uint32_t layer,
@@ -1084,6 +1106,40 @@ class VulkanBackend final : public CpuBackend {
     std::memcpy(x, out_.map, n * width * sizeof(float));
   }
 
+  // The device's SwiGLU alone (gpu_swiglu): rows [g | u] staged in the output buffer as a region
+  // of deferred linears would be, h written over g there and read back; wk (null: 1) per row.
+  void swiglu_alone(float* gu, size_t n, size_t width, float limit, const float* wk) const {
+    const std::lock_guard<std::mutex> lk(mu_);
+    flush_deferred();
+    if (swiglu_ == VK_NULL_HANDLE) throw Error("gpu_swiglu: the device has no swiglu shader (no shaderFloat64)");
+    ensure(act_, io_limit_);
+    ensure(out_, io_limit_);
+    if (n * 2 * width * sizeof(float) > out_.size || n * sizeof(float) > act_.size)
+      throw Error("gpu_swiglu: the rows do not fit the staging buffers");
+    std::memcpy(out_.map, gu, n * 2 * width * sizeof(float));
+    if (wk) std::memcpy(act_.map, wk, n * sizeof(float));
+    const Region r{0, gu, n, 2 * width, 0, 0, {}};
+    Dispatch d = swiglu_dispatch(r, CMat{gu, n, width, 2 * width}, CMat{gu + width, n, width, 2 * width}, limit);
+    d.push.kind = wk ? 1 : 0;  // the shader's row_weights
+    (void)dispatch(std::span<const Dispatch>(&d, 1));
+    std::memcpy(gu, out_.map, n * 2 * width * sizeof(float));
+  }
+
+  // The device's exp_f32 alone (gpu_exp), in place on n values staged in the output buffer.
+  void exp_alone(float* x, size_t n) const {
+    const std::lock_guard<std::mutex> lk(mu_);
+    flush_deferred();
+    if (exp_ == VK_NULL_HANDLE) throw Error("gpu_exp: the device has no exp_f32 shader (no shaderFloat64)");
+    ensure(out_, io_limit_);
+    if (n * sizeof(float) > out_.size) throw Error("gpu_exp: the values do not fit the staging buffer");
+    std::memcpy(out_.map, x, n * sizeof(float));
+    const uint32_t groups = grid_x(n), gx = std::min<uint32_t>(groups, 32768);
+    Dispatch d{DeviceWeight{exp_, exp_consts_.buf, 0, exp_consts_.size, 0, 0}, 0, 0, (VkDeviceSize)(n * sizeof(float)),
+               Push{(uint32_t)n, 0, 0, 0, 0, 0, 0, 0, 0}, gx, (groups + gx - 1) / gx};
+    (void)dispatch(std::span<const Dispatch>(&d, 1));
+    std::memcpy(x, out_.map, n * sizeof(float));
+  }
+
   // The device's quantizer alone (gpu_quantize): n rows of cols floats -> n rows of the format's
   // bytes, unpadded.
   std::vector<uint8_t> quantize_alone(ActType a, const float* x, size_t n, size_t cols) const {
@@ -1248,6 +1304,12 @@ class VulkanBackend final : public CpuBackend {
       quantize_q8_0_ = pipeline(Spirv{kQuantizeQ8_0, sizeof kQuantizeQ8_0}, "quantize_q8_0");
       quantize_q8_k_ = pipeline(Spirv{kQuantizeQ8_K, sizeof kQuantizeQ8_K}, "quantize_q8_k");
       rms_norm_ = pipeline(Spirv{kRmsNorm, sizeof kRmsNorm}, "rms_norm");
+      swiglu_ = pipeline(Spirv{kSwiglu, sizeof kSwiglu}, "swiglu");
+      exp_ = pipeline(Spirv{kExpF32, sizeof kExpF32}, "exp_f32");
+      // exp_f32's constants (kernels/exp_f32.h), which the shaders' exp reads (exp_f32.glsl).
+      const std::span<const double> ec = exp_f32_constants();
+      exp_consts_ = make_buffer(ec.size_bytes());
+      std::memcpy(exp_consts_.map, ec.data(), ec.size_bytes());
     }
     // The IQ2 grids, read by linear_iq2_xxs / linear_iq2_xs (shaders/linear_common.glsl Tables).
     tables_ = make_buffer(sizeof iq2xxs_grid + sizeof iq2xs_grid);
@@ -1689,6 +1751,7 @@ class VulkanBackend final : public CpuBackend {
   };
   struct Deferred {
     std::vector<Dispatch> ds;
+    std::vector<Tensor> keep;  // this backend's scratch tensors the batch's regions name (shared_ffn)
     std::vector<CopyOut> outs;
     // A vector, not a deque (which allocates even empty, and a Deferred is made per call): a
     // pointer into it is used only before the next region is added.
@@ -1740,6 +1803,29 @@ class VulkanBackend final : public CpuBackend {
   bool deferred_writes(CMat m) const {
     if (m.n == 0 || m.width == 0) return false;
     return std::any_of(deferred_.outs.begin(), deferred_.outs.end(), [&](const CopyOut& c) { return c.overlaps(m); });
+  }
+
+  // Records the SwiGLU h = swiglu(g, u) into g in place (mu_ held), like defer_rms_norm: false
+  // when g and u are not columns of one region the batch's linears write whole, or the batch has
+  // no room. Weight 1 per row (the shared expert).
+  bool defer_swiglu(Mat g, CMat u, float limit) const {
+    if (swiglu_ == VK_NULL_HANDLE || g.n == 0 || g.width == 0 || deferred_.ds.size() >= kSets) return false;
+    Region* r = const_cast<Region*>(deferred_.source_of(g));
+    if (!r || deferred_.source_of(u) != r || u.width != g.width) return false;
+    deferred_.ds.push_back(swiglu_dispatch(*r, g, u, limit));
+    r->stage = deferred_.ds.back().stage;  // readers of h come after it
+    ++st_.ops_on_device;
+    return true;
+  }
+  // The swiglu dispatch on g and u, columns of region r's rows, a stage after r's writers.
+  Dispatch swiglu_dispatch(const Region& r, CMat g, CMat u, float limit) const {
+    Dispatch d{DeviceWeight{swiglu_, exp_consts_.buf, 0, exp_consts_.size, 0, 0}, 0, r.off,
+               (VkDeviceSize)r.n * r.stride * sizeof(float),
+               Push{(uint32_t)g.n, (uint32_t)g.width, (uint32_t)(g.p - r.row), (uint32_t)r.stride,
+                    std::bit_cast<uint32_t>(limit), (uint32_t)(u.p - r.row), 0, 0, 0},
+               grid_x(g.width), (uint32_t)g.n};
+    d.stage = r.stage + 1;
+    return d;
   }
 
   // --- Routed experts in place ---------------------------------------------------------------------
@@ -2084,13 +2170,14 @@ class VulkanBackend final : public CpuBackend {
     free_buffer(out_);
     free_buffer(stage_);
     free_buffer(tables_);
+    free_buffer(exp_consts_);
     for (VkPipeline& q : quant_)
       if (q) vkDestroyPipeline(dev_, q, nullptr);
     for (VkPipeline& q : quant_tiled_)
       if (q) vkDestroyPipeline(dev_, q, nullptr);
     for (VkPipeline& q : quant_mm_)
       if (q) vkDestroyPipeline(dev_, q, nullptr);
-    for (VkPipeline p : {float_, quantize_q8_0_, quantize_q8_k_, rms_norm_})
+    for (VkPipeline p : {float_, quantize_q8_0_, quantize_q8_k_, rms_norm_, swiglu_, exp_})
       if (p) vkDestroyPipeline(dev_, p, nullptr);
     if (desc_pool_) vkDestroyDescriptorPool(dev_, desc_pool_, nullptr);
     if (layout_) vkDestroyPipelineLayout(dev_, layout_, nullptr);
@@ -2137,8 +2224,11 @@ class VulkanBackend final : public CpuBackend {
   VkPipeline float_ = VK_NULL_HANDLE;
   VkPipeline quantize_q8_0_ = VK_NULL_HANDLE, quantize_q8_k_ = VK_NULL_HANDLE;
   VkPipeline rms_norm_ = VK_NULL_HANDLE;  // on rows deferred linears write (rms_norm())
+  VkPipeline swiglu_ = VK_NULL_HANDLE;    // on the gate and up rows deferred linears write (shared_ffn)
+  VkPipeline exp_ = VK_NULL_HANDLE;       // exp_f32 alone (gpu_exp, tests)
   bool host_quantize_ = false;  // GpuOptions::host_quantize
   Buffer tables_;
+  Buffer exp_consts_;  // exp_f32_constants(), binding 0 of swiglu
 
   // One queue, one command buffer and one descriptor set: linear() calls take turns (the forward
   // pass issues ops from one thread; the lock keeps a second engine on the backend safe).
@@ -2196,6 +2286,18 @@ void release_gpu_imports(const Backend& b) {
   if (const auto* v = dynamic_cast<const VulkanBackend*>(&b)) v->release_imports();
 }
 
+void gpu_swiglu(const Backend& b, float* gu, size_t n, size_t width, float limit, const float* wk) {
+  const auto* v = dynamic_cast<const VulkanBackend*>(&b);
+  if (!v) throw Error("gpu_swiglu: not a Vulkan backend");
+  v->swiglu_alone(gu, n, width, limit, wk);
+}
+
+void gpu_exp(const Backend& b, float* x, size_t n) {
+  const auto* v = dynamic_cast<const VulkanBackend*>(&b);
+  if (!v) throw Error("gpu_exp: not a Vulkan backend");
+  v->exp_alone(x, n);
+}
+
 void gpu_rms_norm(const Backend& b, float* x, size_t n, size_t width, const float* w, float eps) {
   const auto* v = dynamic_cast<const VulkanBackend*>(&b);
   if (!v) throw Error("gpu_rms_norm: not a Vulkan backend");
@@ -2230,6 +2332,8 @@ GpuStats gpu_stats(const Backend&) { return {}; }
 GpuCopyBandwidth measure_gpu_copy(const Backend&, uint64_t, int) { not_built(); }
 std::vector<uint8_t> gpu_quantize(const Backend&, ActType, const float*, size_t, size_t) { not_built(); }
 void gpu_rms_norm(const Backend&, float*, size_t, size_t, const float*, float) { not_built(); }
+void gpu_swiglu(const Backend&, float*, size_t, size_t, float, const float*) { not_built(); }
+void gpu_exp(const Backend&, float*, size_t) { not_built(); }
 void release_gpu_imports(const Backend&) {}
 
 #endif

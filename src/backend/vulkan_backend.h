@@ -207,6 +207,15 @@ std::vector<uint8_t> gpu_quantize(const Backend& b, ActType a, const float* x, s
 // Throws Error for a backend not made by make_vulkan_backend, or a device without shaderFloat64.
 void gpu_rms_norm(const Backend& b, float* x, size_t n, size_t width, const float* w, float eps);
 
+// Tests: the device's SwiGLU alone on n rows of [g | u] (2 * width floats each): h = swiglu(g, u,
+// limit, wk[row] or 1 without wk) written over g (the CPU's bits, backend/swiglu.h). Throws Error
+// for a backend not made by make_vulkan_backend, or a device without shaderFloat64.
+void gpu_swiglu(const Backend& b, float* gu, size_t n, size_t width, float limit, const float* wk);
+
+// Tests: the device's exp_f32 (shaders/exp_f32.glsl) alone on n values in place (the CPU's
+// exp_f32 bits, kernels/exp_f32.h). Throws Error as gpu_swiglu does.
+void gpu_exp(const Backend& b, float* x, size_t n);
+
 // Host -> device copy rate, the path experts and weights take into device memory (PCIe on a
 // discrete card, a memcpy on UMA), beside a plain host memcpy of the same bytes in the same run.
 struct GpuCopyBandwidth {
