@@ -9,7 +9,10 @@
 // outputs and, after the SwiGLU, `down(jobs)` its down outputs: row r of the part dotted with
 // each token's activation row, rounded to BF16, with the CPU's bits. Each expert's sums are its
 // own, so how many share a group changes no bit. A handle with a true `ends_group` member is
-// the last of its group.
+// the last of its group. A handle with a true `fused` member is an expert whose gate_up() call
+// also computes the SwiGLU (with `weights`, `limit`), the down projection's activations and the
+// down projection itself, writing down_y: the host's SwiGLU and quantization skip it, and down()
+// has nothing left to do for it.
 #pragma once
 #include <algorithm>
 #include <span>
@@ -42,7 +45,8 @@ struct ExpertJob {
   float* y[2] = {nullptr, nullptr};
   std::span<const uint8_t* const> down_acts;
   size_t down_stride = 0;
-  float* down_y = nullptr;
+  float* down_y = nullptr;   // n x H, set with the job (a fused expert writes it in gate_up)
+  std::span<const float> weights;  // each token's routing weight
 };
 
 // How many experts a backend takes at once: at most max_experts, whose float intermediates
@@ -64,7 +68,7 @@ void routed_terms(ExpertTensors t, std::span<const ExpertTriple> triples, float 
   const ActRows xu = same ? ActRows{} : quantize_rows(t.up->act(), x.p, x.stride, x.n, H);
   struct Rows {  // one job's buffers, reused group after group
     std::vector<const uint8_t*> ag, au, ad;
-    std::vector<float> eg, eu, ed;
+    std::vector<float> eg, eu, ed, w;
     ActRows hq;
   };
   const size_t max_experts = std::max<size_t>(1, grouping.max_experts);
@@ -101,6 +105,11 @@ void routed_terms(ExpertTensors t, std::span<const ExpertTriple> triples, float 
       j.strides[1] = same ? xg.stride : xu.stride;
       j.y[0] = r.eg.data();
       j.y[1] = r.eu.data();
+      r.ed.resize(ne * H);
+      j.down_y = r.ed.data();
+      r.w.resize(ne);
+      for (size_t k = 0; k < ne; ++k) r.w[k] = triples[b + k].weight;
+      j.weights = r.w;
       b = e_end;
       // A handle that holds the source's own pointers (the CPU's share of a device's misses)
       // ends its group: the next expert's get() may move a windowed source on.
@@ -111,16 +120,16 @@ void routed_terms(ExpertTensors t, std::span<const ExpertTriple> triples, float 
     for (size_t i = 0; i < jobs.size(); ++i) {
       Rows& r = rows[i];
       ExpertJob<Handle>& j = jobs[i];
+      if constexpr (requires { j.h.fused; })
+        if (j.h.fused) continue;
       for (size_t k = 0; k < j.n; ++k)
         for (size_t c = 0; c < F; ++c)
           r.eg[k * F + c] = swiglu(r.eg[k * F + c], r.eu[k * F + c], limit, triples[first[i] + k].weight);
       r.hq = quantize_rows(t.down->act(), r.eg.data(), F, j.n, F);
       r.ad.resize(j.n);
       for (size_t k = 0; k < j.n; ++k) r.ad[k] = r.hq.row(k);
-      r.ed.resize(j.n * H);
       j.down_acts = r.ad;
       j.down_stride = r.hq.stride;
-      j.down_y = r.ed.data();
     }
     down(std::span<ExpertJob<Handle>>(jobs));
     for (size_t i = 0; i < jobs.size(); ++i)

@@ -212,7 +212,10 @@ uint64_t gemm_shared_bytes(GgmlType t) {
 }
 constexpr uint32_t kBindings = 4;  // weights, activations, outputs, tables (linear_common.glsl)
 constexpr uint64_t kSlabBytes = 256ull << 20;  // routed-expert slots are allocated this many bytes at a time
-constexpr uint32_t kSets = 64;  // descriptor sets: the most dispatches one submission records
+// Descriptor sets: the most dispatches one submission records. A fused group of routed experts
+// takes five per expert (gate, up, SwiGLU, quantizer, down), 32 of them 160, beside a deferred batch.
+constexpr uint32_t kSets = 192;
+constexpr size_t kGroupExperts = 32;  // the most routed experts one group takes
 // A dispatch that has not finished after this long means the device is gone or hung.
 constexpr uint64_t kFenceTimeoutNs = 120ull * 1000 * 1000 * 1000;
 
@@ -907,7 +910,7 @@ class VulkanBackend final : public CpuBackend {
     const bool ends_group = !src.holds_union();
     // Groups of experts no larger than the slots (placing one never evicts another of its
     // group) or than a submission's descriptor sets allow: two round trips per group.
-    const ExpertGrouping grouping{in_place_ ? kSets / 2 : std::max<size_t>(1, std::min<size_t>(slots_.size(), kSets / 2)),
+    const ExpertGrouping grouping{in_place_ ? kGroupExperts : std::max<size_t>(1, std::min<size_t>(slots_.size(), kGroupExperts)),
                                   std::min<uint64_t>(kGpuExpertGroupBytes, io_limit_ / 2)};
     if (st_.expert_layers.size() <= layer) st_.expert_layers.resize(layer + 1);
     GpuLayerStats& ls = st_.expert_layers[layer];
@@ -916,7 +919,17 @@ class VulkanBackend final : public CpuBackend {
       DeviceWeight part[3]{};  // gate, up, down where the dispatches read them
       ExpertWeights host{};
       bool ends_group = false;
+      bool fused = false;  // on the device, SwiGLU and down projection in the gate-and-up submission
     };
+    // An expert on the device runs whole in one submission (routed_terms.h `fused`): gate and up
+    // into one scratch tensor [g | u] per token, the SwiGLU with its tokens' routing weights a
+    // stage after them (swiglu.comp), the down projection's activations quantized from it and the
+    // down projection, chained, as the shared expert's are. Where the device cannot (no
+    // shaderFloat64, a down projection whose activations it does not quantize), the SwiGLU and
+    // the quantization run on the host between two submissions.
+    const size_t F = t.gate->rows;
+    const bool fuse = swiglu_ != VK_NULL_HANDLE && quantizes(t.down->act(), F);
+    std::vector<Tensor> scratch;  // the fused experts' [g | u] rows, until their submission has run
     using Job = ExpertJob<Handle>;
     using clock = std::chrono::steady_clock;
     std::vector<LinearItem> items;
@@ -957,16 +970,32 @@ class VulkanBackend final : public CpuBackend {
     // One phase of a group: the device's projections submitted, the CPU's computed meanwhile.
     auto phase = [&](std::span<Job> jobs, bool down) {
       items.clear();
+      scratch.clear();
       for (const Job& j : jobs) {
-        if (!j.h.on_device) continue;
-        if (down)
+        if (!j.h.on_device || (down && j.h.fused)) continue;
+        if (down) {
           items.push_back({j.h.part[2], parts[2], j.down_acts, j.down_stride, j.down_y, parts[2]->rows});
-        else
+        } else if (!j.h.fused) {
           for (int p = 0; p < 2; ++p)
             items.push_back({j.h.part[p], parts[p], j.acts[p], j.strides[p], j.y[p], parts[p]->rows});
+        } else {
+          float* gu = scratch.emplace_back(tensor(j.n, 2 * F)).m().p;
+          const uint64_t id = live_->holder(gu, j.n * 2 * F).id;
+          for (int p = 0; p < 2; ++p)
+            items.push_back({j.h.part[p], parts[p], j.acts[p], j.strides[p], gu + p * F, F, 2 * F, 0, true, id, gu});
+          LinearItem d{j.h.part[2], parts[2], {}, quantized_row_bytes(parts[2]->act(), F), j.down_y, parts[2]->rows};
+          d.x = gu;
+          d.x_stride = 2 * F;
+          d.n_x = j.n;
+          d.glu_g = gu;
+          d.glu_u = gu + F;
+          d.glu_w = j.weights.data();
+          d.glu_limit = limit;
+          items.push_back(d);
+        }
       }
       std::function<void()> meanwhile;
-      const bool cpu_jobs = items.size() < (down ? 1 : 2) * jobs.size();
+      const bool cpu_jobs = std::any_of(jobs.begin(), jobs.end(), [](const Job& j) { return !j.h.on_device; });
       if (cpu_jobs || (!down && ahead_next < ahead.size()))
         meanwhile = [&, cpu_jobs, down] {
           if (cpu_jobs) run_cpu_jobs(jobs, down);
@@ -982,6 +1011,7 @@ class VulkanBackend final : public CpuBackend {
             h.host = src.get(layer, e);
             h.ends_group = ends_group;
             h.on_device = view_in_place(src, h.host, parts, pipes, kinds, h.part);
+            h.fused = h.on_device && fuse;
             ++(h.on_device ? st_.expert_in_place : st_.expert_in_place_refused);
             ++(h.on_device ? ls.in_place : ls.on_cpu);
             ++(h.on_device ? n_dev : n_cpu);
@@ -1009,6 +1039,7 @@ class VulkanBackend final : public CpuBackend {
           while (ahead_next < ahead.size() && ahead[ahead_next] <= e) ++ahead_next;
           slot_used(*slot);
           h.on_device = true;
+          h.fused = fuse;
           for (int p = 0; p < 3; ++p) h.part[p] = slot_part(*slot, p, pipes[p], kinds[p]);
           ++n_dev;
           return h;
@@ -1540,6 +1571,13 @@ class VulkanBackend final : public CpuBackend {
     // `stride` bytes (W->act(), padded to whole words) in the same submission.
     const float* x = nullptr;
     size_t x_stride = 0, n_x = 0;
+    // Set with x (a routed expert's down projection): x's rows are first replaced by h = swiglu(x,
+    // u, glu_limit, glu_w[t]), u the same rows at glu_u (x_stride apart), on the device when both
+    // are columns of one region of the same submission, else on the host before x is staged.
+    float* glu_g = nullptr;  // == x
+    const float* glu_u = nullptr;
+    const float* glu_w = nullptr;
+    float glu_limit = 0;
     size_t y_step() const { return ldy ? ldy : rows; }
     size_t tokens() const { return x ? n_x : acts.size(); }
   };
@@ -1584,6 +1622,17 @@ class VulkanBackend final : public CpuBackend {
         const bool quantize = it.x && !reuse;
         const Region* from = quantize ? sub.source_of(CMat{it.x, n, it.W->cols, it.x_stride}) : nullptr;
         const size_t cols = it.W->cols;
+        // A SwiGLU before the quantizer: on the device when g and u are this submission's, else
+        // on the host, once their writers have run (submitted first when they are in this one).
+        const bool glu = quantize && it.glu_g;
+        bool glu_host = false;
+        if (glu && (!from || sub.source_of(CMat{it.glu_u, n, cols, it.x_stride}) != from || swiglu_ == VK_NULL_HANDLE)) {
+          if (k > i && sub_writes(sub, CMat{it.x, n, cols, it.x_stride}, CMat{it.glu_u, n, cols, it.x_stride})) break;
+          from = nullptr;
+          glu_host = true;  // once the item has room below (a retry must not apply it twice)
+        }
+        const bool glu_device = glu && from;
+        const VkDeviceSize wb = glu_device ? aligned((VkDeviceSize)n * sizeof(float)) : 0;
         const VkDeviceSize f = quantize && !from ? aligned((VkDeviceSize)n * cols * sizeof(float)) : 0;
         const VkDeviceSize a = reuse ? 0 : aligned((VkDeviceSize)n * it.stride);
         // The output: a region of the deferred batch laid out as the tensor's rows (a new one, or
@@ -1591,9 +1640,23 @@ class VulkanBackend final : public CpuBackend {
         Region* into = it.tensor ? sub.region_of(it) : nullptr;
         const VkDeviceSize o = into ? 0
                                : aligned((VkDeviceSize)n * (it.tensor ? it.y_step() : it.rows) * sizeof(float));
-        if (sub.ds.size() + (quantize ? 2 : 1) > kSets || sub.act_used + f + a > limit || sub.out_used + o > limit)
+        if (sub.ds.size() + (quantize ? 2 : 1) + (glu_device ? 1 : 0) > kSets || sub.act_used + wb + f + a > limit ||
+            sub.out_used + o > limit)
           break;
         uint32_t stage = reuse ? last_stage : 1;
+        if (glu_host) host_glu(it);
+        if (glu_device) {  // the routing weights beside the rows' codes, the SwiGLU a stage after g and u
+          std::memcpy(abuf + sub.act_used, it.glu_w, n * sizeof(float));
+          Region* r = const_cast<Region*>(from);
+          Dispatch sw = swiglu_dispatch(*r, CMat{it.x, n, cols, it.x_stride}, CMat{it.glu_u, n, cols, it.x_stride},
+                                        it.glu_limit);
+          sw.act_off = sub.act_used;
+          sw.push.kind = 1;  // the shader's row_weights
+          r->stage = sw.stage;
+          sub.ds.push_back(sw);
+          sub.act_used += wb;
+          ++st_.ops_on_device;
+        }
         if (quantize) {  // the f32 rows (staged now, or a region of this submission), then their codes after them
           if (!from)
             for (size_t t = 0; t < n; ++t)
@@ -1649,6 +1712,7 @@ class VulkanBackend final : public CpuBackend {
         }
         if (meanwhile) std::exchange(meanwhile, nullptr)();  // alone, in token groups
         const LinearItem& it = items[i];
+        if (it.glu_g) host_glu(it);  // what it reads ran in the submissions before
         if (it.x) {  // too large to share a submission: the host quantizes, as for any such call
           const ActRows r = quantize_rows(it.W->act(), it.x, it.x_stride, it.n_x, it.W->cols);
           std::vector<const uint8_t*> rows(it.n_x);
@@ -1797,6 +1861,20 @@ class VulkanBackend final : public CpuBackend {
     if (deferred_.ds.empty()) return;
     const Deferred sub = std::exchange(deferred_, Deferred{});
     (void)submit_batch(sub, {});
+  }
+
+  // True when batch `sub` writes any of a's or b's floats.
+  static bool sub_writes(const Deferred& sub, CMat a, CMat b) {
+    return std::any_of(sub.outs.begin(), sub.outs.end(), [&](const CopyOut& c) { return c.overlaps(a) || c.overlaps(b); });
+  }
+  // An item's SwiGLU on the host (LinearItem::glu_g), the CPU's swiglu() per element.
+  static void host_glu(const LinearItem& it) {
+    const size_t F = it.W->cols;
+    for (size_t t = 0; t < it.n_x; ++t) {
+      float* g = it.glu_g + t * it.x_stride;
+      const float* u = it.glu_u + t * it.x_stride;
+      for (size_t c = 0; c < F; ++c) g[c] = swiglu(g[c], u[c], it.glu_limit, it.glu_w[t]);
+    }
   }
 
   // True when the deferred batch writes any of m's floats (mu_ held).
@@ -2011,7 +2089,8 @@ class VulkanBackend final : public CpuBackend {
   // the device works (a throw waits for the device before it leaves). Returns the device's
   // seconds (finish_submit).
   double dispatch(std::span<const Dispatch> ds, const std::function<void()>& meanwhile = {}) const {
-    if (ds.empty() || ds.size() > kSets) throw Error("vulkan: a submission takes 1 to 64 dispatches");
+    if (ds.empty() || ds.size() > kSets)
+      throw Error("vulkan: a submission takes 1 to " + std::to_string(kSets) + " dispatches");
     std::vector<VkDescriptorBufferInfo> bi(ds.size() * kBindings);
     std::vector<VkWriteDescriptorSet> wr(ds.size() * kBindings);
     for (size_t d = 0; d < ds.size(); ++d) {
