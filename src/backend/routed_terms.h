@@ -97,14 +97,17 @@ void routed_terms(ExpertTensors t, std::span<const ExpertTriple> triples, float 
         r.ag[k] = xg.row(triples[b + k].token);
         if (!same) r.au[k] = xu.row(triples[b + k].token);
       }
-      r.eg.resize(ne * F);
-      r.eu.resize(ne * F);
+      // A fused expert's gate and up outputs stay with the backend (the same bytes, its scratch).
+      bool fused = false;
+      if constexpr (requires { j.h.fused; }) fused = j.h.fused;
+      r.eg.resize(fused ? 0 : ne * F);
+      r.eu.resize(fused ? 0 : ne * F);
       j.acts[0] = r.ag;
       j.acts[1] = same ? std::span<const uint8_t* const>(r.ag) : std::span<const uint8_t* const>(r.au);
       j.strides[0] = xg.stride;
       j.strides[1] = same ? xg.stride : xu.stride;
-      j.y[0] = r.eg.data();
-      j.y[1] = r.eu.data();
+      j.y[0] = fused ? nullptr : r.eg.data();
+      j.y[1] = fused ? nullptr : r.eu.data();
       r.ed.resize(ne * H);
       j.down_y = r.ed.data();
       r.w.resize(ne);

@@ -297,6 +297,10 @@ Eval evaluate(const ModelFootprint& fp, const PlanOptions& o, uint32_t chunk, in
   }
 
   if (o.device_bytes) add("GPU weight copies", o.device_bytes, o.device_detail);
+  if (o.device_held_bytes)
+    add("GPU deferred rows", o.device_held_bytes(chunk),
+        "the shared expert's gate and up rows of up to " + num(chunk) +
+            " tokens, held until the deferred batch that reads them on the device has run");
   if (o.fabric_bytes)
     add("fabric exchange", o.fabric_bytes(chunk),
         "one layer's exchange of up to " + num(chunk) + " rows and " + num((uint64_t)chunk * c.num_experts_per_tok) +

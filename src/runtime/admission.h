@@ -170,6 +170,9 @@ struct PlanOptions {
   // host pays for in this first slice (backend/vulkan_backend.h). 0: none.
   uint64_t device_bytes = 0;
   std::string device_detail;
+  // Host rows a device backend holds across ops for a chunk (the Vulkan backend's shared expert
+  // gate and up, kept for the deferred batch that reads them on the device). Unset: none.
+  std::function<uint64_t(uint32_t chunk)> device_held_bytes;
   // Auto: resident when that plan is admitted with a verify depth of at least 2; otherwise
   // streamed when that is (the plan says which and why). --dspark-experts resident|stream.
   DsparkExperts dspark_experts = DsparkExperts::Auto;

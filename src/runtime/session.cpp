@@ -686,6 +686,10 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
       // memory: nothing more to count).
       const uint64_t group_scratch = slots || g.experts_in_place ? 2 * kGpuExpertGroupBytes : 0;
       spo.plan.device_bytes = copies + kGpuStagingBuffers * kGpuStagingBytes + group_scratch;
+      // The shared expert's [g | u] rows (VulkanBackend::shared_ffn) outlive the op until its
+      // deferred batch runs, beside the routed op's own temporaries.
+      spo.plan.device_held_bytes = [Fs = (uint64_t)cfg.moe_intermediate_size * std::max<uint32_t>(1, cfg.n_shared_experts)](
+                                       uint32_t chunk) { return (uint64_t)chunk * 2 * Fs * sizeof(float); };
       const std::string slot_text =
           slots ? ", " + std::to_string(slots) + " routed-expert slots x " + format_bytes(slot) + " among them"
           : g.experts_in_place ? ", routed experts in place" : "";
