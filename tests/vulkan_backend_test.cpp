@@ -321,6 +321,32 @@ TEST(Vulkan, RmsNormOnTheDeviceHasTheCpuBits) {
     }
 }
 
+// --gpu-experts auto chooses by the device's kind (no device needed: the choice is a rule).
+TEST(Vulkan, AutoExpertsFollowTheDeviceKind) {
+  GpuDevice d;
+  d.kind = "discrete";
+  GpuExpertsChoice c = auto_gpu_experts(d, 15360);
+  EXPECT_EQ(c.slots, 15360u);
+  EXPECT_FALSE(c.in_place);
+  EXPECT_NE(c.why.find("memory of its own"), std::string::npos) << c.why;
+  d.kind = "integrated";
+  d.uma = true;
+  d.host_import = true;
+  c = auto_gpu_experts(d, 15360);
+  EXPECT_EQ(c.slots, 0u);
+  EXPECT_TRUE(c.in_place);
+  d.host_import = false;
+  c = auto_gpu_experts(d, 15360);
+  EXPECT_EQ(c.slots, 0u);
+  EXPECT_FALSE(c.in_place);
+  EXPECT_NE(c.why.find("VK_EXT_external_memory_host"), std::string::npos) << c.why;
+  d.kind = "cpu";
+  d.host_import = true;
+  c = auto_gpu_experts(d, 15360);
+  EXPECT_EQ(c.slots, 0u);
+  EXPECT_FALSE(c.in_place) << "lavapipe would run the experts in place";
+}
+
 // The device's exp_f32 (exp_f32.glsl) against the CPU's, bit for bit, on every 613th f32 of each
 // sign up to 90 in magnitude (every binade), the edges of the range, infinities and a NaN.
 TEST(Vulkan, ExpOnTheDeviceHasTheCpuBits) {
@@ -1490,6 +1516,17 @@ TEST(Vulkan, CommandLine) {
   EXPECT_NE(r.err.find(" inputs quantized on the device; quantized linears "), std::string::npos) << r.err;
   const test::CmdResult c = test::run_sluice(dir, "run -m " + test::q(model) + " --tokens 5,6,7 -n 4 --resident-experts");
   EXPECT_EQ(c.out, r.out) << "the Vulkan run generated other tokens";
+  // --gpu-experts auto (the default) on lavapipe, a CPU device: the routed experts on the CPU, and
+  // the summary says why; an explicit 0 says nothing of auto; auto is accepted without the device.
+  EXPECT_NE(r.err.find("routed experts on the CPU (--gpu-experts auto: a CPU device"), std::string::npos) << r.err;
+  const test::CmdResult zero = test::run_sluice(
+      dir, "run -m " + test::q(model) + " --tokens 5,6,7 -n 4 --resident-experts --backend vulkan --gpu-experts 0");
+  EXPECT_EQ(zero.rc, 0) << zero.err;
+  EXPECT_EQ(zero.out, c.out);
+  EXPECT_NE(zero.err.find("routed experts on the CPU"), std::string::npos) << zero.err;
+  EXPECT_EQ(zero.err.find("--gpu-experts auto"), std::string::npos) << zero.err;
+  EXPECT_EQ(test::run_sluice(dir, "run -m " + test::q(model) + " --tokens 5 -n 1 --gpu-experts auto").rc, 0);
+
   // --gpu-mem caps the copies: with room for none, every linear runs on the CPU, same tokens.
   const test::CmdResult capped = test::run_sluice(
       dir, "run -m " + test::q(model) + " --tokens 5,6,7 -n 4 --resident-experts --backend vulkan --gpu-mem 1 --print-plan");
@@ -1588,7 +1625,7 @@ TEST(Vulkan, CommandLine) {
     const test::CmdResult r =
         test::run_sluice(dir, "run -m " + test::q(model) + " --tokens 5 -n 1 --backend vulkan " + bad_count);
     EXPECT_EQ(r.rc, 2) << bad_count;
-    EXPECT_NE(r.err.find("--gpu-experts must be a slot count or in-place"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("--gpu-experts must be a slot count, in-place or auto"), std::string::npos) << r.err;
   }
   // bench --backend vulkan: the copy rate into device memory beside a memcpy, and the device's share.
   const test::CmdResult bench = test::run_sluice(

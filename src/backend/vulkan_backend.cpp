@@ -482,6 +482,7 @@ class VulkanBackend final : public CpuBackend {
                                           : " is told not to import here (staging or no-import forced)"));
     }
     st_.experts_in_place = in_place_;
+    st_.experts_auto = o.experts_auto;
     const char* const exts[] = {VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME};
     VkDeviceCreateInfo dci{};
     dci.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO;
@@ -2418,6 +2419,22 @@ void release_gpu_imports(const Backend&) {}
 #endif
 
 bool auto_subgroup_linears(const GpuDevice& d) { return d.subgroup_linears && d.kind != "cpu"; }
+
+GpuExpertsChoice auto_gpu_experts(const GpuDevice& d, uint64_t max_slots) {
+  GpuExpertsChoice c;
+  if (d.kind == "cpu") {
+    c.why = "a CPU device: the CPU backend runs the routed experts on the same cores";
+  } else if (!d.uma) {
+    c.slots = max_slots;
+    c.why = "a " + d.kind + " device with memory of its own: slots, as many as the device budget holds";
+  } else if (d.host_import) {
+    c.in_place = true;
+    c.why = "an integrated GPU that imports host memory: in place, no copies";
+  } else {
+    c.why = "an integrated GPU without VK_EXT_external_memory_host: slots would copy what the host store holds";
+  }
+  return c;
+}
 
 std::string gpu_linears_text(const GpuStats& g) {
   return (g.subgroup_linears ? "a subgroup of " + std::to_string(g.subgroup_size) + " per output"

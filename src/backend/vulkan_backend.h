@@ -98,6 +98,7 @@ struct GpuStats {
   // source states no memory, a slice lies outside it or is not word-aligned, or the driver
   // refused a chunk.
   bool experts_in_place = false;
+  std::string experts_auto;  // GpuOptions::experts_auto: how --gpu-experts auto chose
   uint64_t expert_in_place = 0, expert_chunks_mapped = 0, expert_bytes_mapped = 0;
   uint64_t expert_in_place_refused = 0;
 };
@@ -118,6 +119,19 @@ inline constexpr uint64_t kGpuExpertGroupBytes = kGpuStagingBytes / 2;
 // where the device has it and is a GPU, else Plain.
 enum class GpuLinears { Auto, Plain, Subgroup };
 bool auto_subgroup_linears(const GpuDevice& d);
+
+// What --gpu-experts auto (the default) runs the routed experts with on device d, and why: on a
+// card with memory of its own (discrete, virtual or other), slots, up to `max_slots`, as many as
+// the device budget holds after the dense weights (the backend makes fewer when fewer fit); on an
+// integrated GPU that imports host memory, in place (no copies); on an integrated GPU that cannot
+// import, none (a slot would copy what the host store holds in the same memory); on a CPU device,
+// none (the CPU backend runs them on the same cores without the dispatch overhead).
+struct GpuExpertsChoice {
+  uint64_t slots = 0;
+  bool in_place = false;
+  std::string why;
+};
+GpuExpertsChoice auto_gpu_experts(const GpuDevice& d, uint64_t max_slots);
 
 struct GpuOptions {
   uint32_t device = 0;
@@ -162,6 +176,9 @@ struct GpuOptions {
   // expert the source cannot show that way runs on the CPU. Refused with expert_slots, with
   // cpu_experts, and on any other device (make_vulkan_backend throws naming why).
   bool experts_in_place = false;
+  // Set when --gpu-experts auto chose the two above: "auto: " and auto_gpu_experts' why, which the
+  // backend keeps for summaries (GpuStats::experts_auto).
+  std::string experts_auto;
   uint64_t staging_bytes = 0;
   // Tests: at most this many workgroups in x per dispatch of the subgroup and GEMM builds (0: the
   // device's maxComputeWorkGroupCount[0]), so their rows-in-turn loops take several turns.

@@ -564,6 +564,7 @@ int run_bench(const BenchOptions& o) {
       j["gpu_expert_upload_bytes"] = gs.expert_upload_bytes;
       j["gpu_expert_on_cpu"] = gs.expert_on_cpu;
       j["gpu_experts_in_place"] = gs.experts_in_place;
+      j["gpu_experts_auto"] = gs.experts_auto;  // how --gpu-experts auto chose ("" when given)
       j["gpu_expert_in_place"] = gs.expert_in_place;
       j["gpu_expert_in_place_refused"] = gs.expert_in_place_refused;
     }

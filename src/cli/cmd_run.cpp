@@ -258,7 +258,8 @@ void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
                   "out of --gpu-mem after the dense weights); the routed FFN then runs on the device, an expert "
                   "read from the host store only when it has no slot; in-place: on a device that shares the host's "
                   "memory (an integrated GPU), no slots and no copies, the device reads each expert where the host "
-                  "store holds it (default 0: routed experts on the CPU)");
+                  "store holds it; 0: routed experts on the CPU; auto: slots on a discrete card, in place on an "
+                  "integrated GPU that imports host memory, else 0 (default auto)");
   sub->add_option("--cpu-experts", o.cpu_experts,
                   "with --gpu-experts: the share (0 to 1) of each layer's slot misses the CPU computes from host "
                   "memory while the device runs the rest, instead of uploading them; auto: the share that a cost "
@@ -345,13 +346,14 @@ SessionOptions session_options(const EngineCliOptions& e, const std::string& mod
     }
     if (so.gpu_mem == 0) throw UsageError("--gpu-mem must be at least 1 byte (or auto)");
   }
+  so.gpu_experts_auto = e.gpu_experts.empty() || e.gpu_experts == "auto";
   if (e.gpu_experts == "in-place") {
     so.gpu_experts_in_place = true;
-  } else if (!e.gpu_experts.empty()) {
+  } else if (!so.gpu_experts_auto) {
     const char* end = e.gpu_experts.data() + e.gpu_experts.size();
     const auto [at, ec] = std::from_chars(e.gpu_experts.data(), end, so.gpu_experts);
     if (ec != std::errc() || at != end)
-      throw UsageError("--gpu-experts must be a slot count or in-place (got '" + e.gpu_experts + "')");
+      throw UsageError("--gpu-experts must be a slot count, in-place or auto (got '" + e.gpu_experts + "')");
   }
   const bool gpu_experts = so.gpu_experts != 0 || so.gpu_experts_in_place;
   if ((e.gpu_mem != "auto" || e.device != 0 || gpu_experts || e.gpu_linears != "auto" || e.gpu_gemm != "on") &&
@@ -364,7 +366,8 @@ SessionOptions session_options(const EngineCliOptions& e, const std::string& mod
   if (!e.cpu_experts.empty()) {
     if (so.gpu_experts_in_place)
       throw UsageError("--cpu-experts shares out slot misses, and --gpu-experts in-place copies no expert");
-    if (so.gpu_experts == 0) throw UsageError("--cpu-experts needs --gpu-experts (without slots every routed expert runs on the CPU)");
+    if (so.gpu_experts == 0)
+      throw UsageError("--cpu-experts needs --gpu-experts N (without slots every routed expert runs on the CPU)");
     if (e.cpu_experts == "auto") {
       so.cpu_experts_auto = true;
     } else {
@@ -496,6 +499,7 @@ std::string session_summary(const Session& s, uint64_t tokens_evaluated) {
       out += g.expert_slots_refused ? "; routed experts on the CPU (--gpu-experts: the device budget left no room for a slot)"
                                     : "; routed experts on the CPU";
     }
+    if (!g.experts_auto.empty()) out += " (--gpu-experts " + g.experts_auto + ")";
   }
   if (st.dspark) {
     std::snprintf(buf, sizeof buf,

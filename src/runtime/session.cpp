@@ -110,6 +110,7 @@ struct Session::Impl {
   std::shared_ptr<const text::Tokenizer> tokenizer;
   std::unique_ptr<Backend> backend;  // --backend other than cpu; null: the Engine's own CPU backend. Outlives the model
   uint64_t gpu_slots = 0;  // routed-expert slots asked of the device (SessionOptions::gpu_experts, capped)
+  bool gpu_slots_auto = false;  // by --gpu-experts auto: every expert, fewer when the budget holds fewer
   std::unique_ptr<Model> model;
   std::unique_ptr<storage::ExpertStore> store;
   std::unique_ptr<StreamedExperts> streamed;
@@ -630,8 +631,19 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
     // No more slots than there are experts to hold: the target's, and a drafter's stages (the
     // published count; the support file is read after the backend exists).
     const uint64_t stages = opt.dspark_path.empty() ? 0 : DsparkConfig{}.stages;
-    go.expert_slots = std::min<uint64_t>(opt.gpu_experts, (cfg.num_hidden_layers + stages) * (uint64_t)cfg.n_routed_experts);
+    const uint64_t max_slots = (cfg.num_hidden_layers + stages) * (uint64_t)cfg.n_routed_experts;
+    go.expert_slots = std::min<uint64_t>(opt.gpu_experts, max_slots);
+    if (opt.gpu_experts_auto && opt.gpu_experts == 0 && !opt.gpu_experts_in_place) {
+      const std::vector<GpuDevice> devs = vulkan_devices();
+      if (opt.gpu_device < devs.size()) {  // else make_vulkan_backend names the missing device
+        const GpuExpertsChoice c = auto_gpu_experts(devs[opt.gpu_device], max_slots);
+        go.expert_slots = c.slots;
+        go.experts_in_place = c.in_place;
+        go.experts_auto = "auto: " + c.why;
+      }
+    }
     s.gpu_slots = go.expert_slots;
+    s.gpu_slots_auto = !go.experts_auto.empty() && go.expert_slots != 0;
     s.backend = make_vulkan_backend(go);
   } else if (opt.backend != "cpu") {
     throw Error("unknown backend '" + opt.backend + "' (cpu or vulkan)");
@@ -691,7 +703,8 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
       spo.plan.device_held_bytes = [Fs = (uint64_t)cfg.moe_intermediate_size * std::max<uint32_t>(1, cfg.n_shared_experts)](
                                        uint32_t chunk) { return (uint64_t)chunk * 2 * Fs * sizeof(float); };
       const std::string slot_text =
-          slots ? ", " + std::to_string(slots) + " routed-expert slots x " + format_bytes(slot) + " among them"
+          s.gpu_slots_auto ? ", routed-expert slots of " + format_bytes(slot) + " as many as it holds after them (auto)"
+          : slots ? ", " + std::to_string(slots) + " routed-expert slots x " + format_bytes(slot) + " among them"
           : g.experts_in_place ? ", routed experts in place" : "";
       spo.plan.device_detail = "vulkan: " +
                                (g.weights_in_host_memory

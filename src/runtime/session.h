@@ -70,6 +70,9 @@ struct SessionOptions {
   uint64_t gpu_mem = 0;  // --gpu-mem: the device's weight budget (GpuOptions::weight_budget; 0: auto)
   uint64_t gpu_experts = 0;  // --gpu-experts: routed-expert slots on the device (GpuOptions::expert_slots)
   bool gpu_experts_in_place = false;  // --gpu-experts in-place (GpuOptions::experts_in_place)
+  // --gpu-experts auto (the default): with neither of the two above, the device's kind chooses
+  // (auto_gpu_experts). false: --gpu-experts 0, the routed experts on the CPU.
+  bool gpu_experts_auto = true;
   // --cpu-experts F|auto: the CPU's share of the slot misses (GpuOptions::cpu_experts, _auto).
   double cpu_experts = 0;
   bool cpu_experts_auto = false;
