@@ -768,7 +768,8 @@ class VulkanBackend final : public CpuBackend {
   // without a slot are asked of the source (its prepare() and get()), so a slot hit reads nothing
   // from the host store or the disk. The operations are the CPU backend's routed_terms, in its
   // order (experts ascending, tokens in order, the SwiGLU and the down projection's activation
-  // quantization on the host), so the sums have its bits. Every dispatch finishes before the next
+  // quantization with the CPU's bits, on the device in the group's one submission: `fused`
+  // below), so the sums have its bits. Every dispatch finishes before the next
   // expert is placed, so a slot is never replaced while a submitted command still reads it.
   //
   // In place (GpuOptions::experts_in_place, a device that shares the host's memory): no slots.
@@ -910,7 +911,8 @@ class VulkanBackend final : public CpuBackend {
     // may move on at the next get(), it is the last of its group.
     const bool ends_group = !src.holds_union();
     // Groups of experts no larger than the slots (placing one never evicts another of its
-    // group) or than a submission's descriptor sets allow: two round trips per group.
+    // group) or than a submission's descriptor sets allow: one round trip per group (two where
+    // the SwiGLU runs on the host).
     const ExpertGrouping grouping{in_place_ ? kGroupExperts : std::max<size_t>(1, std::min<size_t>(slots_.size(), kGroupExperts)),
                                   std::min<uint64_t>(kGpuExpertGroupBytes, io_limit_ / 2)};
     if (st_.expert_layers.size() <= layer) st_.expert_layers.resize(layer + 1);
