@@ -18,7 +18,7 @@ void CpuBackend::shared_ffn(const Weight& gate, const Weight& up, const Weight& 
   std::vector<float> g(n * F), u(n * F);
   lin(pool_, gate, x.p, x.stride, n, g.data(), F, true, 0, F);
   lin(pool_, up, x.p, x.stride, n, u.data(), F, true, 0, F);
-  for (size_t k = 0; k < g.size(); ++k) g[k] = swiglu(g[k], u[k], limit, 1.0f);
+  swiglu_rows(g.data(), F, u.data(), F, n, F, limit, nullptr);
   lin(pool_, down, g.data(), F, n, out.p, out.stride, true, 0, down.rows);
 }
 

@@ -125,9 +125,7 @@ void routed_terms(ExpertTensors t, std::span<const ExpertTriple> triples, float 
       ExpertJob<Handle>& j = jobs[i];
       if constexpr (requires { j.h.fused; })
         if (j.h.fused) continue;
-      for (size_t k = 0; k < j.n; ++k)
-        for (size_t c = 0; c < F; ++c)
-          r.eg[k * F + c] = swiglu(r.eg[k * F + c], r.eu[k * F + c], limit, triples[first[i] + k].weight);
+      swiglu_rows(r.eg.data(), F, r.eu.data(), F, j.n, F, limit, j.weights.data());
       r.hq = quantize_rows(t.down->act(), r.eg.data(), F, j.n, F);
       r.ad.resize(j.n);
       for (size_t k = 0; k < j.n; ++k) r.ad[k] = r.hq.row(k);

@@ -15,4 +15,13 @@ inline float swiglu(float g, float u, float lim, float wk) {
   return round_bf16((silu(g) * u) * wk);
 }
 
+// n rows: h = swiglu(g, u, lim, w[t]) written over g (w null: weight 1), `width` values a row,
+// g's rows g_stride floats apart, u's u_stride. The host's SwiGLU wherever a backend runs it.
+inline void swiglu_rows(float* g, size_t g_stride, const float* u, size_t u_stride, size_t n, size_t width, float lim,
+                        const float* w) {
+  for (size_t t = 0; t < n; ++t)
+    for (size_t k = 0; k < width; ++k)
+      g[t * g_stride + k] = swiglu(g[t * g_stride + k], u[t * u_stride + k], lim, w ? w[t] : 1.0f);
+}
+
 }  // namespace sluice

@@ -821,8 +821,7 @@ class VulkanBackend final : public CpuBackend {
         deferred_.keep.push_back(gu);
       } else {
         flush_deferred();
-        for (size_t t = 0; t < n; ++t)
-          for (size_t k = 0; k < F; ++k) g.row(t)[k] = swiglu(g.row(t)[k], u.row(t)[k], limit, 1.0f);
+        swiglu_rows(g.p, g.stride, u.p, u.stride, n, F, limit, nullptr);
       }
     }
     linear(down, g, out, true, 0);
@@ -1870,14 +1869,9 @@ class VulkanBackend final : public CpuBackend {
   static bool sub_writes(const Deferred& sub, CMat a, CMat b) {
     return std::any_of(sub.outs.begin(), sub.outs.end(), [&](const CopyOut& c) { return c.overlaps(a) || c.overlaps(b); });
   }
-  // An item's SwiGLU on the host (LinearItem::glu_g), the CPU's swiglu() per element.
+  // An item's SwiGLU on the host (LinearItem::glu_g).
   static void host_glu(const LinearItem& it) {
-    const size_t F = it.W->cols;
-    for (size_t t = 0; t < it.n_x; ++t) {
-      float* g = it.glu_g + t * it.x_stride;
-      const float* u = it.glu_u + t * it.x_stride;
-      for (size_t c = 0; c < F; ++c) g[c] = swiglu(g[c], u[c], it.glu_limit, it.glu_w[t]);
-    }
+    swiglu_rows(it.glu_g, it.x_stride, it.glu_u, it.x_stride, it.n_x, it.W->cols, it.glu_limit, it.glu_w);
   }
 
   // True when the deferred batch writes any of m's floats (mu_ held).
