@@ -487,8 +487,8 @@ TEST(Vulkan, LinearsIntoTensorsWaitForTheNextSubmission) {
   EXPECT_TRUE(same(yz_b, cb));
   EXPECT_TRUE(same(yz_h, c_h)) << "a chained read of a row's second half";
 
-  // Rows only partly written by deferred linears (the rest the host's), or read in a format no
-  // shader quantizes (F32 activations), submit the deferred linears first.
+  // Rows only partly written by deferred linears (the rest the host's) submit the deferred linears
+  // first; a float weight's linear reads the f32 rows a deferred linear writes where it writes them.
   const Tensor yh = gpu->tensor(n, 64), yh_b = gpu->tensor(n, 40), ye = gpu->tensor(n, 8);
   gpu->fill_rows(yh.m(), std::vector<float>(64, 0.5f));
   const Tensor ch = cpu.tensor(n, 64), ch_b = cpu.tensor(n, 40);
@@ -499,10 +499,13 @@ TEST(Vulkan, LinearsIntoTensorsWaitForTheNextSubmission) {
   gpu->linear(a.w, xt.c(), yh.m().cols(0, 32), true, 0);
   gpu->linear(b.w, yh.c(), yh_b.m(), true);
   EXPECT_EQ(submissions() - s0, 1u) << "rows partly written on the host were read on the device";
+  const uint64_t ops_in = gpu_stats(*gpu).linear_on_device;
   gpu->linear(a.w, xt.c(), ya.m(), true);
   gpu->linear(e.w, ya.c(), ye.m(), true);
-  EXPECT_EQ(submissions() - s0, 2u) << "a linear reading f32 rows did not submit what writes them";
+  EXPECT_EQ(submissions() - s0, 1u) << "a linear reading f32 rows in place submitted what writes them";
+  EXPECT_EQ(gpu_stats(*gpu).linear_on_device - ops_in, 2u);
   gpu->sync();
+  EXPECT_EQ(submissions() - s0, 2u);
   EXPECT_TRUE(same(yh, ch));
   EXPECT_TRUE(same(yh_b, ch_b));
   EXPECT_TRUE(same(ye, ce));
@@ -1364,8 +1367,8 @@ TEST(Vulkan, ExpertsHeldInSlotsAreNotReadAhead) {
   EXPECT_LE(read, 2 * all) << "experts the device holds were read ahead again";
 }
 
-// The weights that only ops run on the host read (the token table for embed, the hyper-connection
-// projections for hc_mix) get no device copy and take none of the device budget; the linears' do.
+// The weights that only ops run on the host read (the token table for embed) get no device copy
+// and take none of the device budget; the linears' and hc_mix's (which runs on the device) do.
 TEST(Vulkan, WeightsOnlyHostOpsReadStayOffTheDevice) {
   if (!kBuilt) return;
   const test::TempDir dir("sluice_vulkan_uses");
@@ -1381,11 +1384,12 @@ TEST(Vulkan, WeightsOnlyHostOpsReadStayOffTheDevice) {
   EXPECT_NE(m->output.device, nullptr);
   uint64_t linear_bytes = m->output.rows * m->output.row_bytes;
   for (const LayerWeights& w : m->layers) {
-    EXPECT_EQ(w.hc_attn_fn.device, nullptr);
-    EXPECT_EQ(w.hc_ffn_fn.device, nullptr);
+    EXPECT_NE(w.hc_attn_fn.device, nullptr);
+    EXPECT_NE(w.hc_ffn_fn.device, nullptr);
     EXPECT_NE(w.q_a.device, nullptr);
     EXPECT_NE(w.q_b.device, nullptr);
     linear_bytes += w.q_a.rows * w.q_a.row_bytes + w.q_b.rows * w.q_b.row_bytes;
+    linear_bytes += w.hc_attn_fn.rows * w.hc_attn_fn.row_bytes + w.hc_ffn_fn.rows * w.hc_ffn_fn.row_bytes;
   }
   EXPECT_GE(gpu_stats(*gpu).bytes_on_device, linear_bytes);
 }

@@ -6,6 +6,7 @@
 #include <vulkan/vulkan.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <chrono>
 #include <cstring>
@@ -162,6 +163,15 @@ const uint32_t kSwiglu[] = {
 };
 const uint32_t kExpF32[] = {
 #include "exp_f32.spv.inc"
+};
+const uint32_t kHcPre[] = {
+#include "hc_pre.spv.inc"
+};
+const uint32_t kHcPost[] = {
+#include "hc_post.spv.inc"
+};
+const uint32_t kHcMix[] = {
+#include "hc_mix.spv.inc"
 };
 
 // A SPIR-V module embedded above: its words and size.
@@ -577,16 +587,37 @@ class VulkanBackend final : public CpuBackend {
     settle();
     CpuBackend::add_rows(terms, tokens, out);
   }
+  // The hyper-connection ops join the deferred batch (below: "Row ops in the deferred batch") when
+  // their output lies in a live tensor, reading their inputs where the batch's earlier dispatches
+  // write them or staged from the host now; else the CPU's, once the deferred linears have run.
   void hc_mix(const Weight& fn, const float* base, const float* scale, HcParams p, CMat X, Mat mixes) const override {
-    settle();
+    {
+      const std::lock_guard<std::mutex> lk(mu_);
+      if (defer_hc_mix(fn, base, scale, p, X, mixes)) return;
+      flush_deferred();
+    }
     CpuBackend::hc_mix(fn, base, scale, p, X, mixes);
   }
   void hc_pre_norm(CMat X, CMat pre, const float* norm_w, HcParams p, Mat y) const override {
-    settle();
+    {
+      const std::lock_guard<std::mutex> lk(mu_);
+      if (defer_hc_pre(X, pre, p.hc, y)) {
+        // The norm a stage after, in place; where the batch has no room for it, the host's.
+        if (defer_rms_norm(y, norm_w, p.norm_eps)) return;
+        flush_deferred();
+        CpuBackend::rms_norm(y, norm_w, p.norm_eps);
+        return;
+      }
+      flush_deferred();
+    }
     CpuBackend::hc_pre_norm(X, pre, norm_w, p, y);
   }
   void hc_pre(CMat X, CMat pre, HcParams p, Mat y) const override {
-    settle();
+    {
+      const std::lock_guard<std::mutex> lk(mu_);
+      if (defer_hc_pre(X, pre, p.hc, y)) return;
+      flush_deferred();
+    }
     CpuBackend::hc_pre(X, pre, p, y);
   }
   void hc_mean(CMat X, uint32_t hc, Mat y) const override {
@@ -594,7 +625,11 @@ class VulkanBackend final : public CpuBackend {
     CpuBackend::hc_mean(X, hc, y);
   }
   void hc_post(CMat F, CMat X, CMat mixes, uint32_t hc, Mat Y) const override {
-    settle();
+    {
+      const std::lock_guard<std::mutex> lk(mu_);
+      if (defer_hc_post(F, X, mixes, hc, Y)) return;
+      flush_deferred();
+    }
     CpuBackend::hc_post(F, X, mixes, hc, Y);
   }
   std::vector<uint32_t> compress_pool(CMat k, CMat g, uint32_t ratio, uint32_t p0, float* carry_k, float* carry_s,
@@ -671,10 +706,11 @@ class VulkanBackend final : public CpuBackend {
     st_.bytes_on_device += bytes;
   }
 
-  // embed() and hc_mix() run on the CPU: their weights stay out of the device budget (the
-  // published token table alone is 1.32 GB of F16, the room of some 130 expert slots).
+  // embed() runs on the CPU: its tables stay out of the device budget (the published token table
+  // alone is 1.32 GB of F16, the room of some 130 expert slots). hc_mix() runs on the device where
+  // it has the shader (its projections, 79 MB of F16 in the published model, with it).
   void prepare_weight_for(Weight& w, WeightUse use) const override {
-    if (use == WeightUse::Linear)
+    if (use == WeightUse::Linear || (use == WeightUse::HcMix && hc_mix_ != VK_NULL_HANDLE))
       prepare_weight(w);
     else
       CpuBackend::prepare_weight(w);
@@ -701,20 +737,26 @@ class VulkanBackend final : public CpuBackend {
     // linears write, unless it chains after them, submits them first; so does one writing what
     // they write (its dispatch could otherwise run before one that reads or normalizes the old
     // rows), and one the CPU runs.
+    // A float weight reads its f32 rows where a region of the deferred batch holds them (in_place).
+    std::vector<char> in_place(calls.size(), 0);
     {
       const std::lock_guard<std::mutex> lk(mu_);
       if (std::any_of(calls.begin(), calls.end(), [&](const LinearCall& c) {
             return !linear_fits(*c.W, c.x, c.y) || deferred_writes(c.y) ||
-                   (deferred_writes(c.x) && !(device_quantizes(*c.W) && deferred_.source_of(c.x)));
+                   (deferred_writes(c.x) && !((device_quantizes(*c.W) || reads_rows_in_place(*c.W, c.x)) &&
+                                              deferred_.source_of(c.x)));
           }))
         flush_deferred();
+      for (size_t i = 0; i < calls.size(); ++i)
+        in_place[i] = linear_fits(*calls[i].W, calls[i].x, calls[i].y) && reads_rows_in_place(*calls[i].W, calls[i].x);
     }
     std::vector<Quantized> quantized;
     quantized.reserve(calls.size());  // items point into it: never reallocated
     std::vector<LinearItem> items;
     uint64_t on_host = 0;
     bool defer = true;  // every output in a live tensor: the batch may wait for the next submission
-    for (const LinearCall& c : calls) {
+    for (size_t ci = 0; ci < calls.size(); ++ci) {
+      const LinearCall& c = calls[ci];
       const Weight& W = *c.W;
       if (!linear_fits(W, c.x, c.y)) {
         ++on_host;
@@ -734,6 +776,15 @@ class VulkanBackend final : public CpuBackend {
       const uint64_t tensor = held.id && c0 + c.y.width <= c.y.stride ? held.id : 0;
       const float* y_row = c.y.p - c0;
       defer = defer && tensor != 0;
+      if (in_place[ci]) {  // stride: set where it is placed (device_linears)
+        LinearItem it{DeviceWeight{gw.pipe, gw.b.buf, 0, gw.b.size, gw.kind, gw.w_off}, &W, {}, 0,
+                      c.y.p, c.y.width, c.y.stride, c.row0, c.round, tensor, y_row};
+        it.xf = c.x.p;
+        it.x_stride = c.x.stride;
+        it.n_x = c.x.n;
+        items.push_back(it);
+        continue;
+      }
       if (device_quantizes(W)) {
         LinearItem it{DeviceWeight{gw.pipe, gw.b.buf, 0, gw.b.size, gw.kind, gw.w_off}, &W, {}, quantized_row_bytes(type, W.cols),
                       c.y.p, c.y.width, c.y.stride, c.row0, c.round, tensor, y_row};
@@ -1151,7 +1202,7 @@ class VulkanBackend final : public CpuBackend {
       throw Error("gpu_swiglu: the rows do not fit the staging buffers");
     std::memcpy(out_.map, gu, n * 2 * width * sizeof(float));
     if (wk) std::memcpy(act_.map, wk, n * sizeof(float));
-    const Region r{0, gu, n, 2 * width, 0, 0, {}};
+    const Region r{0, gu, n, 2 * width, 0, 0, 0, {}};
     Dispatch d = swiglu_dispatch(r, CMat{gu, n, width, 2 * width}, CMat{gu + width, n, width, 2 * width}, limit);
     d.push.kind = wk ? 1 : 0;  // the shader's row_weights
     (void)dispatch(std::span<const Dispatch>(&d, 1));
@@ -1339,6 +1390,9 @@ class VulkanBackend final : public CpuBackend {
       rms_norm_ = pipeline(Spirv{kRmsNorm, sizeof kRmsNorm}, "rms_norm");
       swiglu_ = pipeline(Spirv{kSwiglu, sizeof kSwiglu}, "swiglu");
       exp_ = pipeline(Spirv{kExpF32, sizeof kExpF32}, "exp_f32");
+      hc_pre_ = pipeline(Spirv{kHcPre, sizeof kHcPre}, "hc_pre");
+      hc_post_ = pipeline(Spirv{kHcPost, sizeof kHcPost}, "hc_post");
+      hc_mix_ = pipeline(Spirv{kHcMix, sizeof kHcMix}, "hc_mix");
       // exp_f32's constants (kernels/exp_f32.h), which the shaders' exp reads (exp_f32.glsl).
       const std::span<const double> ec = exp_f32_constants();
       exp_consts_ = make_buffer(ec.size_bytes());
@@ -1512,6 +1566,13 @@ class VulkanBackend final : public CpuBackend {
     return quantizer(a) != VK_NULL_HANDLE && cols % (a == ActType::Q8_0 ? 32 : 256) == 0;
   }
   bool device_quantizes(const Weight& W) const { return quantizes(W.act(), W.cols); }
+  // A float weight's linear reads its f32 rows x where a region of the deferred batch holds them
+  // whole, when their start suits a binding offset (mu_ held).
+  bool reads_rows_in_place(const Weight& W, CMat x) const {
+    const Region* r = W.device && float_ ? deferred_.source_of(x) : nullptr;
+    return r && static_cast<const GpuWeight*>(W.device)->pipe == float_ &&
+           (r->off + (VkDeviceSize)(x.p - r->row) * sizeof(float)) % std::max<VkDeviceSize>(4, offset_align_) == 0;
+  }
 
   // One dispatch of a linear shader: its weight range, where its activations and outputs lie in
   // the staging buffers, its push constants and grid.
@@ -1580,8 +1641,11 @@ class VulkanBackend final : public CpuBackend {
     const float* glu_u = nullptr;
     const float* glu_w = nullptr;
     float glu_limit = 0;
+    // Set instead of acts (a float weight): its f32 rows x_stride apart, read where a region of the
+    // submission holds them (chained), else staged from the host when the item is placed.
+    const float* xf = nullptr;
     size_t y_step() const { return ldy ? ldy : rows; }
-    size_t tokens() const { return x ? n_x : acts.size(); }
+    size_t tokens() const { return x || xf ? n_x : acts.size(); }
   };
 
   // A linear's weight has a copy on the device, and one token's activations and outputs fit the
@@ -1618,7 +1682,7 @@ class VulkanBackend final : public CpuBackend {
         const LinearItem& it = items[k];
         const size_t n = it.tokens();
         const LinearItem* prev = k > i ? &items[k - 1] : nullptr;
-        const bool reuse = prev && n == prev->tokens() && it.stride == prev->stride &&
+        const bool reuse = prev && !it.xf && !prev->xf && n == prev->tokens() && it.stride == prev->stride &&
                            (it.x ? it.x == prev->x && it.x_stride == prev->x_stride && it.W->act() == prev->W->act()
                                  : !prev->x && it.acts.data() == prev->acts.data());
         const bool quantize = it.x && !reuse;
@@ -1636,7 +1700,10 @@ class VulkanBackend final : public CpuBackend {
         const bool glu_device = glu && from;
         const VkDeviceSize wb = glu_device ? aligned((VkDeviceSize)n * sizeof(float)) : 0;
         const VkDeviceSize f = quantize && !from ? aligned((VkDeviceSize)n * cols * sizeof(float)) : 0;
-        const VkDeviceSize a = reuse ? 0 : aligned((VkDeviceSize)n * it.stride);
+        // A float weight's rows: in a region of this submission, else staged (cols floats a token).
+        const Region* rows_at = it.xf ? sub.source_of(CMat{it.xf, n, cols, it.x_stride}) : nullptr;
+        const size_t stride = !it.xf ? it.stride : rows_at ? rows_at->stride * sizeof(float) : cols * sizeof(float);
+        const VkDeviceSize a = reuse || rows_at ? 0 : aligned((VkDeviceSize)n * stride);
         // The output: a region of the deferred batch laid out as the tensor's rows (a new one, or
         // the one another item writes other columns of), else n rows of its own.
         Region* into = it.tensor ? sub.region_of(it) : nullptr;
@@ -1672,22 +1739,32 @@ class VulkanBackend final : public CpuBackend {
           q.quantize = true;
           q.chained = from != nullptr;
           q.stage = from ? from->stage + 1 : 0;
+          if (from) const_cast<Region*>(from)->read = std::max(from->read, q.stage);
           stage = q.stage + 1;
           sub.ds.push_back(q);
           ++st_.inputs_quantized_on_device;
           if (from) ++st_.inputs_chained;
           last_act = sub.act_used + f;
+        } else if (rows_at) {
+          last_act = rows_at->off + (VkDeviceSize)(it.xf - rows_at->row) * sizeof(float);
+          stage = rows_at->stage + 1;
+          const_cast<Region*>(rows_at)->read = std::max(rows_at->read, stage);
+        } else if (it.xf) {
+          for (size_t t = 0; t < n; ++t)
+            std::memcpy(abuf + sub.act_used + t * stride, it.xf + t * it.x_stride, cols * sizeof(float));
+          last_act = sub.act_used;
         } else if (!reuse) {
           for (size_t t = 0; t < n; ++t) std::memcpy(abuf + sub.act_used + t * it.stride, it.acts[t], it.stride);
           last_act = sub.act_used;
         }
         sub.act_used += f + a;
-        Dispatch d{it.wt, last_act, 0, 0, push_for(it.wt, *it.W, it.row0, n, it.stride, it.rows, it.round)};
+        Dispatch d{it.wt, last_act, 0, 0, push_for(it.wt, *it.W, it.row0, n, stride, it.rows, it.round)};
+        d.chained = rows_at != nullptr;
         shape_linear(d, it.rows, n);
         d.stage = last_stage = stage;
         if (it.tensor) {
           if (!into) {
-            sub.regions.push_back(Region{it.tensor, it.y_row, n, it.y_step(), sub.out_used, 0, {}});
+            sub.regions.push_back(Region{it.tensor, it.y_row, n, it.y_step(), sub.out_used, 0, 0, {}});
             into = &sub.regions.back();
             sub.out_used += o;
           }
@@ -1715,8 +1792,8 @@ class VulkanBackend final : public CpuBackend {
         if (meanwhile) std::exchange(meanwhile, nullptr)();  // alone, in token groups
         const LinearItem& it = items[i];
         if (it.glu_g) host_glu(it);  // what it reads ran in the submissions before
-        if (it.x) {  // too large to share a submission: the host quantizes, as for any such call
-          const ActRows r = quantize_rows(it.W->act(), it.x, it.x_stride, it.n_x, it.W->cols);
+        if (const float* xs = it.x ? it.x : it.xf) {  // too large to share a submission: the host quantizes, as for any such call
+          const ActRows r = quantize_rows(it.W->act(), xs, it.x_stride, it.n_x, it.W->cols);
           std::vector<const uint8_t*> rows(it.n_x);
           for (size_t t = 0; t < it.n_x; ++t) rows[t] = r.row(t);
           s = add_seconds(s, device_linear(it.wt, *it.W, it.row0, rows, r.stride, it.y, it.y_step(), it.rows, it.round));
@@ -1751,7 +1828,7 @@ class VulkanBackend final : public CpuBackend {
                Push{(uint32_t)x.n, (uint32_t)x.width, (uint32_t)(x.p - r->row), (uint32_t)r->stride,
                     std::bit_cast<uint32_t>(eps), 0, 0, 0, 0},
                (uint32_t)x.n, 1};
-    d.stage = r->stage + 1;
+    d.stage = std::max(r->stage, r->read) + 1;
     r->stage = d.stage;  // readers of the rows come after it
     deferred_.act_used += wb;
     deferred_.ds.push_back(d);
@@ -1781,6 +1858,7 @@ class VulkanBackend final : public CpuBackend {
     size_t n = 0, stride = 0;     // rows, floats a row
     VkDeviceSize off = 0;         // in the output buffer
     uint32_t stage = 0;           // the latest stage writing it
+    uint32_t read = 0;            // the latest stage reading it (an op rewriting it in place comes after)
     std::vector<std::pair<size_t, size_t>> cols;  // (first column, count) written
     // True when every column of [c0, c0 + w) is written.
     bool covers(size_t c0, size_t w) const {
@@ -1833,7 +1911,7 @@ class VulkanBackend final : public CpuBackend {
     // The region whose written columns hold x whole (a chained input), if any.
     const Region* source_of(CMat x) const {
       for (const Region& r : regions) {
-        if (x.p < r.row || x.n != r.n || x.stride != r.stride) continue;
+        if (!r.row || x.p < r.row || x.n != r.n || x.stride != r.stride) continue;
         const size_t c0 = (size_t)(x.p - r.row);
         if (c0 + x.width <= r.stride && r.covers(c0, x.width)) return &r;
       }
@@ -1899,8 +1977,167 @@ class VulkanBackend final : public CpuBackend {
                Push{(uint32_t)g.n, (uint32_t)g.width, (uint32_t)(g.p - r.row), (uint32_t)r.stride,
                     std::bit_cast<uint32_t>(limit), (uint32_t)(u.p - r.row), 0, 0, 0},
                grid_x(g.width), (uint32_t)g.n};
-    d.stage = r.stage + 1;
+    d.stage = std::max(r.stage, r.read) + 1;
     return d;
+  }
+
+  // --- Row ops in the deferred batch ---------------------------------------------------------------
+  // hc_pre, hc_post and hc_mix are recorded into the deferred batch like rms_norm and the SwiGLU, so
+  // the hyper-connection steps between two sublayers ride in one submission with the linears around
+  // them (the attention's grouped output before, the FFN's router after). Each reads an input where
+  // the batch holds it (a region, a stage after its writers) or, for rows the host has, staged now
+  // into the activation buffer; it writes a new region laid out as its output tensor's rows, copied
+  // out when the batch has run. An op whose output is in no live tensor, whose input the batch
+  // writes only in part, or for which the buffers or the descriptor sets have no room, runs on the
+  // host after the batch instead (the callers above).
+  static constexpr uint32_t kInOut = 0x80000000u;  // rows_io.glsl: the place is in the output buffer
+  struct Operand {
+    uint32_t at = 0, stride = 0;  // rows_io.glsl's place of the first row, and floats a row
+    uint32_t stage = 0;           // the stage that last wrote it (0: staged)
+    int region = -1;              // its deferred_.regions index; -1: staged
+  };
+  // Where a row op reads m (mu_ held): false when the batch writes some of m but no region holds
+  // it whole, or the activation buffer has no room.
+  bool operand(CMat m, Operand& o) const {
+    if (const Region* r = deferred_.source_of(m)) {
+      o = Operand{kInOut | (uint32_t)(r->off / sizeof(float) + (size_t)(m.p - r->row)), (uint32_t)r->stride, r->stage,
+                  (int)(r - deferred_.regions.data())};
+      return true;
+    }
+    if (deferred_writes(m)) return false;
+    const uint32_t at = stage_rows(m);
+    if (at == UINT32_MAX) return false;
+    o = Operand{at, (uint32_t)m.width, 0, -1};
+    return true;
+  }
+  // Copies rows into the activation buffer after the batch's other inputs (mu_ held): the float
+  // index of the first, UINT32_MAX when there is no room.
+  uint32_t stage_rows(CMat m) const {
+    ensure(act_, io_limit_);
+    ensure(out_, io_limit_);  // at their full size, as device_linears makes them
+    const VkDeviceSize b = aligned((VkDeviceSize)m.n * m.width * sizeof(float));
+    if (deferred_.act_used + b > io_limit_) return UINT32_MAX;
+    uint8_t* const a = static_cast<uint8_t*>(act_.map) + deferred_.act_used;
+    for (size_t t = 0; t < m.n; ++t) std::memcpy(a + t * m.width * sizeof(float), m.row(t), m.width * sizeof(float));
+    const uint32_t at = (uint32_t)(deferred_.act_used / sizeof(float));
+    deferred_.act_used += b;
+    return at;
+  }
+  // A new region for the rows y of a live tensor, copied out to y once the batch has run (mu_
+  // held): its index, or -1 when y is in none, the batch writes some of it, or the output buffer
+  // has no room.
+  int output_region(Mat y) const {
+    const LiveTensors::Held held = live_->holder(y.p, (y.n - 1) * y.stride + y.width);
+    if (!held.id) return -1;
+    ensure(act_, io_limit_);
+    ensure(out_, io_limit_);
+    const size_t c0 = (size_t)(y.p - held.start) % y.stride;
+    const VkDeviceSize o = aligned((VkDeviceSize)y.n * y.stride * sizeof(float));
+    if (c0 + y.width > y.stride || deferred_writes(y) || deferred_.out_used + o > io_limit_) return -1;
+    deferred_.regions.push_back(Region{held.id, y.p - c0, y.n, y.stride, deferred_.out_used, 0, 0, {{c0, y.width}}});
+    deferred_.outs.push_back({deferred_.out_used + c0 * sizeof(float), y.p, y.n, y.width, y.stride, y.stride, held.id});
+    deferred_.out_used += o;
+    return (int)deferred_.regions.size() - 1;
+  }
+  // The place of y's first float in its region r (in the output buffer).
+  static uint32_t out_place(const Region& r, CMat y) { return (uint32_t)(r.off / sizeof(float) + (size_t)(y.p - r.row)); }
+  void mark_read(const Operand& o, uint32_t stage) const {
+    if (o.region < 0) return;
+    Region& r = deferred_.regions[(size_t)o.region];
+    r.read = std::max(r.read, stage);
+  }
+  // A row op's dispatch: binding 0 exp_f32's constants (hc_mix's), 1 and 2 the whole staging buffers.
+  Dispatch row_op(VkPipeline pipe, const std::array<uint32_t, sizeof(Push) / sizeof(uint32_t)>& push, uint32_t gx,
+                  uint32_t gy, uint32_t stage) const {
+    Dispatch d{DeviceWeight{pipe, exp_consts_.buf, 0, exp_consts_.size, 0, 0}, 0, 0, 0, std::bit_cast<Push>(push), gx, gy};
+    d.stage = stage;
+    ++st_.ops_on_device;
+    return d;
+  }
+
+  // y = hc_pre(X, pre) (mu_ held); two descriptor sets are kept free for hc_pre_norm's norm.
+  bool defer_hc_pre(CMat X, CMat pre, uint32_t hc, Mat y) const {
+    const size_t H = y.width, n = y.n;
+    if (hc_pre_ == VK_NULL_HANDLE || n == 0 || H == 0 || hc == 0 || X.n != n || pre.n != n || X.width != hc * H ||
+        pre.width < hc || deferred_.ds.size() + 2 > kSets)
+      return false;
+    Operand x, w;
+    if (!operand(X, x) || !operand(pre.cols(0, hc), w)) return false;
+    const int yr = output_region(y);
+    if (yr < 0) return false;
+    Region& r = deferred_.regions[(size_t)yr];
+    const uint32_t stage = std::max(x.stage, w.stage) + 1;
+    deferred_.ds.push_back(row_op(hc_pre_,
+                                  {(uint32_t)n, (uint32_t)H, hc, x.at, x.stride, w.at, w.stride, out_place(r, y), (uint32_t)r.stride},
+                                  grid_x(H), (uint32_t)n, stage));
+    r.stage = stage;
+    mark_read(x, stage);
+    mark_read(w, stage);
+    return true;
+  }
+
+  // Y = hc_post(F, X, mixes) (mu_ held).
+  bool defer_hc_post(CMat F, CMat X, CMat mixes, uint32_t hc, Mat Y) const {
+    const size_t H = F.width, n = Y.n, nmix = hc_mix_width(hc);
+    if (hc_post_ == VK_NULL_HANDLE || n == 0 || H == 0 || hc == 0 || F.n != n || X.n != n || mixes.n != n ||
+        X.width != hc * H || Y.width != hc * H || mixes.width < nmix || deferred_.ds.size() + 1 > kSets)
+      return false;
+    Operand f, x, m;
+    if (!operand(F, f) || !operand(X, x) || !operand(mixes.cols(0, nmix), m)) return false;
+    const int yr = output_region(Y);
+    if (yr < 0) return false;
+    Region& r = deferred_.regions[(size_t)yr];
+    const uint32_t stage = std::max({f.stage, x.stage, m.stage}) + 1;
+    deferred_.ds.push_back(row_op(hc_post_,
+                                  {(uint32_t)n, (uint32_t)H, hc, f.at, f.stride, x.at, x.stride, m.at, m.stride,
+                                   out_place(r, Y), (uint32_t)r.stride},
+                                  grid_x(H), (uint32_t)n, stage));
+    r.stage = stage;
+    for (const Operand* o : {&f, &x, &m}) mark_read(*o, stage);
+    return true;
+  }
+
+  // mixes = hc_mix(X) (mu_ held): the projections by the linear_float shader (the CPU's linear,
+  // unrounded) into rows of no tensor, then hc_mix.comp a stage after. The projection weight must
+  // be a float format on the device (the published model's is F16).
+  bool defer_hc_mix(const Weight& fn, const float* base, const float* scale, HcParams p, CMat X, Mat mixes) const {
+    const size_t n = X.n, nmix = fn.rows;
+    if (hc_mix_ == VK_NULL_HANDLE || n == 0 || p.hc == 0 || p.hc > 8 || nmix != hc_mix_width(p.hc) || mixes.n != n ||
+        mixes.width < nmix || X.width != fn.cols || !linear_fits(fn, X, mixes) ||
+        static_cast<const GpuWeight*>(fn.device)->pipe != float_ || deferred_.ds.size() + 2 > kSets)
+      return false;
+    const GpuWeight& gw = *static_cast<const GpuWeight*>(fn.device);
+    Operand x;
+    if (!operand(X, x)) return false;
+    // The linear binds X's rows at an offset: a region's must suit one (a whole tensor's rows do).
+    const VkDeviceSize x_off = (VkDeviceSize)(x.at & ~kInOut) * sizeof(float);
+    if (x_off % std::max<VkDeviceSize>(4, offset_align_) != 0) return false;
+    std::vector<float> prm(base, base + nmix);
+    prm.insert(prm.end(), scale, scale + 3);
+    prm.push_back(p.hc_eps);
+    prm.push_back(p.norm_eps);
+    const uint32_t pa = stage_rows(CMat{prm.data(), 1, prm.size(), prm.size()});
+    const VkDeviceSize rb = aligned((VkDeviceSize)n * nmix * sizeof(float)), raw_off = deferred_.out_used;
+    if (pa == UINT32_MAX || raw_off + rb > io_limit_) return false;
+    deferred_.out_used += rb;
+    const int mr = output_region(mixes.cols(0, nmix));
+    if (mr < 0) return false;
+    const DeviceWeight wt{float_, gw.b.buf, 0, gw.b.size, gw.kind, gw.w_off};
+    Dispatch lin{wt, x_off, raw_off, rb, push_for(wt, fn, 0, n, (size_t)x.stride * sizeof(float), nmix, false)};
+    lin.chained = x.region >= 0;
+    shape_linear(lin, nmix, n);
+    lin.stage = x.stage + 1;
+    deferred_.ds.push_back(lin);
+    ++st_.linear_on_device;
+    Region& r = deferred_.regions[(size_t)mr];
+    const uint32_t stage = lin.stage + 1;
+    deferred_.ds.push_back(row_op(hc_mix_,
+                                  {(uint32_t)n, (uint32_t)X.width, p.hc, p.sinkhorn_iters, kInOut | (uint32_t)(raw_off / sizeof(float)),
+                                   (uint32_t)nmix, x.at, x.stride, pa, out_place(r, mixes), (uint32_t)r.stride},
+                                  (uint32_t)((n + kGroup - 1) / kGroup), 1, stage));
+    r.stage = stage;
+    mark_read(x, stage);
+    return true;
   }
 
   // --- Routed experts in place ---------------------------------------------------------------------
@@ -2253,7 +2490,7 @@ class VulkanBackend final : public CpuBackend {
       if (q) vkDestroyPipeline(dev_, q, nullptr);
     for (VkPipeline& q : quant_mm_)
       if (q) vkDestroyPipeline(dev_, q, nullptr);
-    for (VkPipeline p : {float_, quantize_q8_0_, quantize_q8_k_, rms_norm_, swiglu_, exp_})
+    for (VkPipeline p : {float_, quantize_q8_0_, quantize_q8_k_, rms_norm_, swiglu_, exp_, hc_pre_, hc_post_, hc_mix_})
       if (p) vkDestroyPipeline(dev_, p, nullptr);
     if (desc_pool_) vkDestroyDescriptorPool(dev_, desc_pool_, nullptr);
     if (layout_) vkDestroyPipelineLayout(dev_, layout_, nullptr);
@@ -2302,6 +2539,8 @@ class VulkanBackend final : public CpuBackend {
   VkPipeline rms_norm_ = VK_NULL_HANDLE;  // on rows deferred linears write (rms_norm())
   VkPipeline swiglu_ = VK_NULL_HANDLE;    // on the gate and up rows deferred linears write (shared_ffn)
   VkPipeline exp_ = VK_NULL_HANDLE;       // exp_f32 alone (gpu_exp, tests)
+  // The hyper-connection ops on rows a deferred batch holds or stages (hc_pre_norm, hc_post, hc_mix).
+  VkPipeline hc_pre_ = VK_NULL_HANDLE, hc_post_ = VK_NULL_HANDLE, hc_mix_ = VK_NULL_HANDLE;
   bool host_quantize_ = false;  // GpuOptions::host_quantize
   Buffer tables_;
   Buffer exp_consts_;  // exp_f32_constants(), binding 0 of swiglu

@@ -78,12 +78,7 @@ float half_to_float(uint h) {
   return uintBitsToFloat(s | ((e + 112u) << 23) | (m << 13));
 }
 
-// kernels/fp.h f32_to_bf16 (round to nearest even, NaN kept quiet), on the bits.
-float round_bf16(float f) {
-  const uint x = floatBitsToUint(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return uintBitsToFloat(((x >> 16) | 0x40u) << 16);
-  return uintBitsToFloat(((x + 0x7fffu + ((x >> 16) & 1u)) >> 16) << 16);
-}
+#include "bf16.glsl"
 
 // The one-scale block term of Q8_0, Q3_K, Q6_K, TQ2_0 and the IQ2 formats (kernels/iquant_types.h
 // step_q8_0, step_iq2, step_tq2_0; kquant_blocks.h scaled_tail): (x * y) * isum, each operation

@@ -4,6 +4,7 @@
 // ss the sequential f32 sum of x * x (one invocation, in element order, each step rounded), mean =
 // ss / n, r = 1 / sqrt(mean + eps) with the division and root correctly rounded (exact_div.glsl),
 // then y = bf16((x * r) * w) per element. One workgroup per row.
+#include "bf16.glsl"
 #include "exact_div.glsl"
 layout(local_size_x = 64) in;
 
@@ -20,13 +21,6 @@ layout(push_constant) uniform Push {
 } p;
 
 shared float factor;
-
-// kernels/fp.h f32_to_bf16 (round to nearest even, NaN kept quiet), on the bits.
-float round_bf16(float f) {
-  const uint b = floatBitsToUint(f);
-  if ((b & 0x7fffffffu) > 0x7f800000u) return uintBitsToFloat(((b >> 16) | 0x40u) << 16);
-  return uintBitsToFloat(((b + 0x7fffu + ((b >> 16) & 1u)) >> 16) << 16);
-}
 
 void main() {
   const uint row = gl_WorkGroupID.x;

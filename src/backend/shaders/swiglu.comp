@@ -5,6 +5,7 @@
 // exp_f32 restated (exp_f32.glsl) and the division correctly rounded (exact_div.glsl). g and u are
 // columns of the same rows (a region of the output buffer the gate and up projections wrote); h
 // replaces g. wk is 1, or per row from binding 1. An invocation per element, a row per y.
+#include "bf16.glsl"
 #include "exact_div.glsl"
 #define EXP_BINDING 0
 #include "exp_f32.glsl"
@@ -23,13 +24,6 @@ layout(push_constant) uniform Push {
   uint row_weights;  // 1: wk[row], else 1
   uint unused0, unused1, unused2, unused3;
 } p;
-
-// kernels/fp.h f32_to_bf16 (round to nearest even, NaN kept quiet), on the bits.
-float round_bf16(float f) {
-  const uint b = floatBitsToUint(f);
-  if ((b & 0x7fffffffu) > 0x7f800000u) return uintBitsToFloat(((b >> 16) | 0x40u) << 16);
-  return uintBitsToFloat(((b + 0x7fffu + ((b >> 16) & 1u)) >> 16) << 16);
-}
 
 void main() {
   const uint i = gl_GlobalInvocationID.x, row = gl_WorkGroupID.y;
