@@ -1498,6 +1498,10 @@ TEST(Vulkan, AFailedDispatchLeavesTheSequenceAsItWas) {
 }
 
 TEST(Vulkan, CommandLine) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "runs the binary on the device some twenty times (95 s under the sanitizer, the longest "
+                  "test there); the in-process Vulkan tests run the same backend code under it";
+#endif
   const test::TempDir dir("sluice_vulkan_cli");
   const test::CmdResult d = test::run_sluice(dir, "devices");
   if (!kBuilt) {
