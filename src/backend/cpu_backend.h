@@ -64,6 +64,8 @@ class CpuBackend : public Backend {
   // rounded to BF16, y[t * part.rows + r].
   void expert_projection(const Weight& part, const uint8_t* data, std::span<const uint8_t* const> acts,
                          float* y) const;
+  // The unpacker of packed compressed rows to BF16 that sparse_attention uses (kernels/fp4_rows.h).
+  Fp4UnpackFn fp4_unpacker() const { return unpack_fp4_; }
 
  private:
   // Each triple's term (expert output rows, f32) handed to `take(j, row)` in triple order

@@ -26,6 +26,7 @@
 #include "backend/swiglu.h"
 #include "kernels/exp_f32.h"
 #include "kernels/iq_tables.h"
+#include "kernels/numerics.h"
 #endif
 
 namespace sluice {
@@ -173,6 +174,12 @@ const uint32_t kHcPost[] = {
 const uint32_t kHcMix[] = {
 #include "hc_mix.spv.inc"
 };
+const uint32_t kRope[] = {
+#include "rope.spv.inc"
+};
+const uint32_t kAttention[] = {
+#include "attention.spv.inc"
+};
 
 // A SPIR-V module embedded above: its words and size.
 struct Spirv {
@@ -207,6 +214,9 @@ const QuantShader kQuantShaders[] = {
 constexpr size_t kQuantShaderCount = std::size(kQuantShaders);
 
 constexpr uint32_t kGroup = 64;  // local_size_x of the linear shaders
+// The most rows one query of the device's attention attends (attention.comp kMaxRows: its scores
+// in workgroup memory); a query with more runs on the CPU. The published model's is 640.
+constexpr uint32_t kAttentionRows = 2048;
 // Tokens a subgroup of a quantized linear takes together (CMakeLists.txt SLUICE_GPU_TOKEN_TILE,
 // the shaders' TOKENS).
 constexpr uint32_t kTokenTile = SLUICE_GPU_TOKEN_TILE;
@@ -551,8 +561,14 @@ class VulkanBackend final : public CpuBackend {
     }
     CpuBackend::rms_norm(x, w, eps);
   }
+  // On the device in place when the deferred batch writes x whole (the queries, the window row,
+  // the index keys, the attention's output); else the CPU's, once the batch has run.
   void rope(Mat x, uint32_t head_dim, RopeTable t, std::span<const uint64_t> pos, bool inverse) const override {
-    settle();
+    {
+      const std::lock_guard<std::mutex> lk(mu_);
+      if (defer_rope(x, head_dim, t, pos, inverse)) return;
+      flush_deferred();
+    }
     CpuBackend::rope(x, head_dim, t, pos, inverse);
   }
   void fake_quant(Mat x, FakeQuant kind) const override {
@@ -642,12 +658,26 @@ class VulkanBackend final : public CpuBackend {
     settle();
     CpuBackend::index_select(a, cand, sel);
   }
+  // Recorded into the deferred batch (attention.comp) with the rows each query attends staged from
+  // the host now, when the output lies in one of the backend's tensors and the rows fit; else the
+  // CPU's, once the batch has run.
   void sparse_attention(const SparseAttention& a, Mat o) const override {
-    settle();
+    {
+      const std::lock_guard<std::mutex> lk(mu_);
+      if (defer_sparse_attention(a, o)) return;
+      flush_deferred();
+    }
     CpuBackend::sparse_attention(a, o);
   }
   void attend_rows(const RowAttention& a, Mat o) const override {
-    settle();
+    {
+      const std::lock_guard<std::mutex> lk(mu_);
+      std::vector<uint32_t> one(a.rows.size());
+      for (uint32_t k = 0; k < one.size(); ++k) one[k] = k;
+      if (defer_attention(a.q, a.heads, a.head_dim, a.sinks, o, a.rows, [&](uint32_t) -> const std::vector<uint32_t>& { return one; }))
+        return;
+      flush_deferred();
+    }
     CpuBackend::attend_rows(a, o);
   }
   void engram_gate(Mat X, uint32_t hc, CMat kv, const float* q_norm, const float* k_norm, float eps,
@@ -1393,6 +1423,10 @@ class VulkanBackend final : public CpuBackend {
       hc_pre_ = pipeline(Spirv{kHcPre, sizeof kHcPre}, "hc_pre");
       hc_post_ = pipeline(Spirv{kHcPost, sizeof kHcPost}, "hc_post");
       hc_mix_ = pipeline(Spirv{kHcMix, sizeof kHcMix}, "hc_mix");
+      rope_ = pipeline(Spirv{kRope, sizeof kRope}, "rope");
+      // Its scores live in workgroup memory (attention.comp kMaxRows floats).
+      if (info_.max_workgroup_memory >= kAttentionRows * sizeof(float) + 16)
+        attention_ = pipeline(Spirv{kAttention, sizeof kAttention}, "attention");
       // exp_f32's constants (kernels/exp_f32.h), which the shaders' exp reads (exp_f32.glsl).
       const std::span<const double> ec = exp_f32_constants();
       exp_consts_ = make_buffer(ec.size_bytes());
@@ -2140,6 +2174,129 @@ class VulkanBackend final : public CpuBackend {
     return true;
   }
 
+  // RoPE on x in place (mu_ held): x must be columns of a region the batch writes whole; the
+  // angles' cos and sin per token go in the activation buffer (rope_angles, the CPU's floats).
+  bool defer_rope(Mat x, uint32_t head_dim, RopeTable t, std::span<const uint64_t> pos, bool inverse) const {
+    const size_t n = x.n, half = t.pairs;
+    if (rope_ == VK_NULL_HANDLE || n == 0 || half == 0 || head_dim == 0 || x.width % head_dim != 0 || 2 * half > head_dim ||
+        pos.size() < n || deferred_.ds.size() + 1 > kSets)
+      return false;
+    Region* r = const_cast<Region*>(deferred_.source_of(x));
+    if (!r) return false;
+    const std::span<const double> freqs(t.freqs, t.pairs);
+    std::vector<float> tab(n * 2 * half);
+    for (size_t i = 0; i < n; ++i) {
+      const RopeAngles a = rope_angles(freqs, pos[i]);
+      std::copy(a.cos.begin(), a.cos.end(), tab.begin() + (ptrdiff_t)(i * 2 * half));
+      std::copy(a.sin.begin(), a.sin.end(), tab.begin() + (ptrdiff_t)(i * 2 * half + half));
+    }
+    const uint32_t at = stage_rows(CMat{tab.data(), 1, tab.size(), tab.size()});
+    if (at == UINT32_MAX) return false;
+    const uint32_t heads = (uint32_t)(x.width / head_dim), stage = std::max(r->stage, r->read) + 1;
+    deferred_.ds.push_back(row_op(rope_,
+                                  {(uint32_t)n, (uint32_t)half, head_dim, heads, out_place(*r, x), (uint32_t)r->stride, at,
+                                   inverse ? 1u : 0u},
+                                  (uint32_t)((heads * half + kGroup - 1) / kGroup), (uint32_t)n, stage));
+    r->stage = stage;
+    return true;
+  }
+
+  // sparse_attention's rows per query, as CpuBackend::sparse_attention lists them: the window's
+  // ascending, then the selected compressed rows below the query's visible count, ascending, these
+  // unpacked to BF16 (the cached values) once per chunk.
+  bool defer_sparse_attention(const SparseAttention& a, Mat o) const {
+    if (attention_ == VK_NULL_HANDLE || a.q.n == 0) return false;
+    const uint32_t n = (uint32_t)a.q.n, hd = a.head_dim, W = a.window.window;
+    std::vector<const uint16_t*> rows;            // distinct rows, in first-use order
+    std::vector<std::vector<uint32_t>> lists(n);  // per query, indices into rows
+    std::map<const uint16_t*, uint32_t> window_ids;
+    std::map<int32_t, uint32_t> comp_ids;
+    std::vector<int32_t> comp_rows;  // the compressed rows to unpack, by their index in rows (else -1)
+    for (uint32_t i = 0; i < n; ++i) {
+      const uint32_t t = a.p0 + i;
+      for (uint32_t p = t + 1 > W ? t + 1 - W : 0; p <= t; ++p) {
+        const uint16_t* r = a.window.row(p);
+        auto [it, fresh] = window_ids.emplace(r, (uint32_t)rows.size());
+        if (fresh) {
+          rows.push_back(r);
+          comp_rows.push_back(-1);
+        }
+        lists[i].push_back(it->second);
+      }
+      if (!a.sel) continue;
+      const uint32_t n_vis = (t + 1) / a.comp_ratio;
+      for (int32_t g : (*a.sel)[i]) {
+        if ((uint32_t)g >= n_vis) continue;
+        auto [it, fresh] = comp_ids.emplace(g, (uint32_t)rows.size());
+        if (fresh) {
+          rows.push_back(nullptr);
+          comp_rows.push_back(g);
+        }
+        lists[i].push_back(it->second);
+      }
+    }
+    return defer_attention(a.q, a.heads, hd, a.sinks, o, rows, [&](uint32_t i) -> const std::vector<uint32_t>& { return lists[i]; },
+                           [&](uint32_t k, uint16_t* dst) {
+                             if (comp_rows[k] >= 0) fp4_unpacker()(a.comp.grid, a.comp.row((uint32_t)comp_rows[k]), hd, dst);
+                             else std::memcpy(dst, rows[k], hd * sizeof(uint16_t));
+                           });
+  }
+
+  // Attention of the queries q (heads x head_dim each) over rows[list(i)] per query i (mu_ held):
+  // the rows and lists staged into the activation buffer (`fill` writes row k's BF16 values; by
+  // default a copy of rows[k]), q read where the batch holds it or staged, o a new region.
+  template <class List>
+  bool defer_attention(CMat q, uint32_t heads, uint32_t hd, const float* sinks, Mat o,
+                       std::span<const uint16_t* const> rows, List&& list,
+                       const std::function<void(uint32_t, uint16_t*)>& fill = {}) const {
+    const size_t n = q.n;
+    if (attention_ == VK_NULL_HANDLE || n == 0 || heads == 0 || hd == 0 || hd % 2 != 0 || o.n != n ||
+        q.width != (size_t)heads * hd || o.width != q.width || deferred_.ds.size() + 1 > kSets)
+      return false;
+    size_t ids = 0;
+    for (uint32_t i = 0; i < n; ++i) {
+      if (list(i).size() > kAttentionRows) return false;
+      ids += list(i).size();
+    }
+    // [scale][sinks][first, count per query][ids], then the rows.
+    const size_t words = 1 + heads + 2 * n + ids;
+    const VkDeviceSize lb = aligned(words * 4), rb = aligned((VkDeviceSize)rows.size() * hd * sizeof(uint16_t));
+    Operand x;
+    if (!operand(q, x)) return false;
+    if (deferred_.act_used + lb + rb > io_limit_) return false;
+    const int yr = output_region(o);
+    if (yr < 0) return false;
+    uint8_t* const abuf = static_cast<uint8_t*>(act_.map);
+    uint32_t* const w = reinterpret_cast<uint32_t*>(abuf + deferred_.act_used);
+    const uint32_t list_at = (uint32_t)(deferred_.act_used / 4), kv_at = (uint32_t)((deferred_.act_used + lb) / 4);
+    w[0] = std::bit_cast<uint32_t>((float)(1.0 / std::sqrt((double)hd)));  // the CPU's scale
+    for (uint32_t h = 0; h < heads; ++h) w[1 + h] = std::bit_cast<uint32_t>(sinks[h]);
+    uint32_t first = 0;
+    for (uint32_t i = 0; i < n; ++i) {
+      const std::vector<uint32_t>& l = list(i);
+      w[1 + heads + 2 * i] = first;
+      w[1 + heads + 2 * i + 1] = (uint32_t)l.size();
+      std::copy(l.begin(), l.end(), w + 1 + heads + 2 * n + first);
+      first += (uint32_t)l.size();
+    }
+    uint16_t* const kv = reinterpret_cast<uint16_t*>(abuf + deferred_.act_used + lb);
+    for (uint32_t k = 0; k < rows.size(); ++k) {
+      if (fill)
+        fill(k, kv + (size_t)k * hd);
+      else
+        std::memcpy(kv + (size_t)k * hd, rows[k], hd * sizeof(uint16_t));
+    }
+    deferred_.act_used += lb + rb;
+    Region& r = deferred_.regions[(size_t)yr];
+    const uint32_t stage = x.stage + 1;
+    deferred_.ds.push_back(row_op(attention_,
+                                  {(uint32_t)n, heads, hd, x.at, x.stride, kv_at, list_at, out_place(r, o), (uint32_t)r.stride},
+                                  heads, (uint32_t)n, stage));
+    r.stage = stage;
+    mark_read(x, stage);
+    return true;
+  }
+
   // --- Routed experts in place ---------------------------------------------------------------------
   // A mapped chunk of a source's memory (held_chunk.h): [lo, hi) imported as `b`, lo at `at` in it;
   // b.buf null: the driver refused it (not asked again).
@@ -2490,7 +2647,7 @@ class VulkanBackend final : public CpuBackend {
       if (q) vkDestroyPipeline(dev_, q, nullptr);
     for (VkPipeline& q : quant_mm_)
       if (q) vkDestroyPipeline(dev_, q, nullptr);
-    for (VkPipeline p : {float_, quantize_q8_0_, quantize_q8_k_, rms_norm_, swiglu_, exp_, hc_pre_, hc_post_, hc_mix_})
+    for (VkPipeline p : {float_, quantize_q8_0_, quantize_q8_k_, rms_norm_, swiglu_, exp_, hc_pre_, hc_post_, hc_mix_, rope_, attention_})
       if (p) vkDestroyPipeline(dev_, p, nullptr);
     if (desc_pool_) vkDestroyDescriptorPool(dev_, desc_pool_, nullptr);
     if (layout_) vkDestroyPipelineLayout(dev_, layout_, nullptr);
@@ -2541,6 +2698,8 @@ class VulkanBackend final : public CpuBackend {
   VkPipeline exp_ = VK_NULL_HANDLE;       // exp_f32 alone (gpu_exp, tests)
   // The hyper-connection ops on rows a deferred batch holds or stages (hc_pre_norm, hc_post, hc_mix).
   VkPipeline hc_pre_ = VK_NULL_HANDLE, hc_post_ = VK_NULL_HANDLE, hc_mix_ = VK_NULL_HANDLE;
+  VkPipeline rope_ = VK_NULL_HANDLE;       // on rows the deferred batch holds, in place
+  VkPipeline attention_ = VK_NULL_HANDLE;  // sparse_attention and attend_rows over rows staged with the batch
   bool host_quantize_ = false;  // GpuOptions::host_quantize
   Buffer tables_;
   Buffer exp_consts_;  // exp_f32_constants(), binding 0 of swiglu

@@ -1,0 +1,95 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// Sparse attention with sinks (CpuBackend::attend_group; spec 3.4.4, numerics.md 6), the CPU's
+// bits, for one (head, token) per workgroup over the BF16 rows the host staged for that token (its
+// window rows ascending, then its selected compressed rows ascending; one shared KV head, keys =
+// values): scores s_k = dot(row_k, q_h) * scale by the canonical dot (16 fma lanes, fma_rn.glsl),
+// a score per invocation; then one invocation takes the max, p_k = exp_f32(s_k - max) summed in
+// order into the denominator and kept as bf16(p_k), and adds the sink's exp_f32(sink - max); then
+// an invocation per output value sums bf16(p_k) * row_k[d] in row order and writes
+// bf16(sum / denominator), the division correctly rounded.
+#include "bf16.glsl"
+#include "exact_div.glsl"
+#include "fma_rn.glsl"
+#define EXP_BINDING 0
+#include "exp_f32.glsl"
+layout(local_size_x = 64) in;
+
+// The activation buffer as words: the staged rows (BF16, two a word, low half first) and lists;
+// staged queries are f32 bits there too.
+layout(std430, set = 0, binding = 1) readonly buffer Staged { uint su[]; };
+layout(std430, set = 0, binding = 2) buffer Rows { float rows[]; };
+
+layout(push_constant) uniform Push {
+  uint n, heads, head_dim;
+  uint q_at, q_stride;  // token t's queries at q_at + t * q_stride, bit 31 set: in the output buffer
+  uint kv_at;           // word index of the staged rows, head_dim values each
+  uint list_at;         // [scale bits][sinks: heads][per token: first, count][row ids], words
+  uint y_off, y_stride; // token t's output at y_off + t * y_stride of the output buffer
+  uint unused0, unused1;
+} p;
+
+const uint kMaxRows = 2048u;  // VulkanBackend::kAttentionRows
+shared float sc[kMaxRows];    // the scores, then bf16(p_k)
+shared float den_s;
+
+float query(uint i) {
+  return (i & 0x80000000u) != 0u ? rows[i & 0x7fffffffu] : uintBitsToFloat(su[i]);
+}
+float kv(uint r, uint d) {
+  const uint w = su[p.kv_at + (r * p.head_dim + d) / 2u];
+  return uintBitsToFloat(((d & 1u) != 0u ? (w >> 16) : (w & 0xffffu)) << 16);
+}
+
+void main() {
+  const uint h = gl_WorkGroupID.x, t = gl_WorkGroupID.y, lid = gl_LocalInvocationID.x;
+  if (h >= p.heads || t >= p.n) return;
+  const uint hd = p.head_dim, lists = p.list_at + 1u + p.heads;
+  const float scale = uintBitsToFloat(su[p.list_at]), sink = uintBitsToFloat(su[p.list_at + 1u + h]);
+  const uint first = su[lists + 2u * t], count = min(su[lists + 2u * t + 1u], kMaxRows);
+  const uint ids = lists + 2u * p.n + first;
+  const uint q = p.q_at + t * p.q_stride + h * hd;
+  for (uint k = lid; k < count; k += 64u) {
+    const uint r = su[ids + k];
+    precise float acc[16];
+    for (uint l = 0u; l < 16u; ++l) acc[l] = 0.0;
+    const uint padded = (hd + 15u) / 16u * 16u;
+    for (uint i = 0u; i < padded; ++i) {
+      const float w = i < hd ? kv(r, i) : 0.0;
+      const float a = i < hd ? query(q + i) : 0.0;
+      acc[i % 16u] = fma_rn(w, a, acc[i % 16u]);
+    }
+    for (uint width = 8u; width >= 2u; width /= 2u)
+      for (uint i = 0u; i < width; ++i) acc[i] = acc[i] + acc[i + width];
+    precise float s = acc[0] + acc[1];
+    precise float v = s * scale;
+    sc[k] = v;
+  }
+  barrier();
+  if (lid == 0u) {
+    float mx = uintBitsToFloat(0xff800000u);  // -inf
+    for (uint k = 0u; k < count; ++k) mx = mx < sc[k] ? sc[k] : mx;  // std::max
+    float den = 0.0;
+    for (uint k = 0u; k < count; ++k) {
+      precise float z = sc[k] - mx;
+      const float e = exp_f32(z);
+      precise float d = den + e;
+      den = d;
+      sc[k] = round_bf16(e);  // the probability in the numerator only, BF16
+    }
+    precise float zs = sink - mx;
+    precise float ds = den + exp_f32(zs);
+    den_s = ds;
+  }
+  barrier();
+  const float den = den_s;
+  for (uint d = lid; d < hd; d += 64u) {
+    float acc = 0.0;
+    for (uint k = 0u; k < count; ++k) {
+      precise float m = sc[k] * kv(su[ids + k], d);
+      precise float a = acc + m;
+      acc = a;
+    }
+    rows[p.y_off + t * p.y_stride + h * hd + d] = round_bf16(div_rn(acc, den));
+  }
+}

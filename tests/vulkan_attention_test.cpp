@@ -1,0 +1,183 @@
+// RoPE and the attention on the Vulkan device (rope, sparse_attention, attend_rows): recorded into
+// the deferred batch, the rows each query attends staged from the host, with the CPU backend's
+// bits (docs/backends.md).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu_backend.h"
+#include "backend/vulkan_backend.h"
+#include "kernels/fp.h"
+#include "kernels/fp4_rows.h"
+#include "test_weights.h"
+
+namespace sluice {
+namespace {
+
+#if SLUICE_TEST_VULKAN_EXPECTED
+constexpr bool kBuilt = true;
+#else
+constexpr bool kBuilt = false;
+#endif
+
+std::vector<float> bf16_values(std::mt19937_64& rng, size_t n, float spread) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> ex(-3, 3);
+  std::vector<float> v(n);
+  for (float& x : v) x = round_bf16(u(rng) * spread * std::ldexp(1.0f, ex(rng)));
+  return v;
+}
+
+void fill(const Tensor& t, const std::vector<float>& v) {
+  for (size_t i = 0; i < t.n(); ++i) std::memcpy(t.m().row(i), v.data() + i * t.width(), t.width() * sizeof(float));
+}
+
+long first_difference(const Tensor& a, const Tensor& b) {
+  for (size_t i = 0; i < a.n() * a.width(); ++i)
+    if (std::memcmp(a.c().p + i, b.c().p + i, sizeof(float)) != 0) return (long)i;
+  return -1;
+}
+
+// RoPE on the rows a deferred linear writes runs on the device, in place, for odd head shapes
+// (the rotated pairs the last of each head), far positions and both directions.
+TEST(VulkanAttention, RopeOnTheDeviceHasTheCpuBits) {
+  if (!kBuilt) return;
+  const std::unique_ptr<Backend> gpu = make_vulkan_backend(GpuOptions{});
+  const CpuBackend cpu(1);
+  std::mt19937_64 rng(51);
+  const uint32_t head_dim = 10, heads = 3;
+  const std::vector<double> freqs = {1.0, 0.1, 1e-3};  // three pairs of the ten
+  const RopeTable tab{freqs.data(), freqs.size()};
+  test::HostWeight w = test::random_host_weight(GgmlType::Q8_0, heads * head_dim, 64, rng());
+  Weight cw = w.w;
+  cpu.prepare_weight(cw);
+  gpu->prepare_weight(w.w);
+  for (const size_t n : {1u, 7u})
+    for (const bool inverse : {false, true}) {
+      SCOPED_TRACE("n " + std::to_string(n) + (inverse ? " inverse" : ""));
+      std::vector<uint64_t> pos(n);
+      for (size_t i = 0; i < n; ++i) pos[i] = i == 0 ? 0 : (uint64_t)std::pow(9.0, (double)i) + i;
+      const std::vector<float> x = bf16_values(rng, n * 64, 2.0f);
+      const Tensor cx = cpu.tensor(n, 64), cy = cpu.tensor(n, heads * head_dim);
+      const Tensor gx = gpu->tensor(n, 64), gy = gpu->tensor(n, heads * head_dim);
+      fill(cx, x);
+      fill(gx, x);
+      cpu.linear(cw, cx.c(), cy.m(), true, 0);
+      cpu.rope(cy.m(), head_dim, tab, pos, inverse);
+      const GpuStats s0 = gpu_stats(*gpu);
+      gpu->linear(w.w, gx.c(), gy.m(), true, 0);
+      gpu->rope(gy.m(), head_dim, tab, pos, inverse);
+      EXPECT_EQ(gpu_stats(*gpu).ops_on_device - s0.ops_on_device, 1u) << "RoPE ran on the host";
+      gpu->sync();
+      EXPECT_EQ(gpu_stats(*gpu).submissions - s0.submissions, 1u);
+      EXPECT_EQ(first_difference(gy, cy), -1);
+    }
+}
+
+// One query chunk's attention as the forward pass calls it: a window ring and the chunk's fresh
+// rows, compressed rows packed on the NVFP4 grid with per-query selections (some past the query's
+// visible count), sinks; queries from the host and from a deferred linear. And the drafter's
+// attend_rows over one list.
+TEST(VulkanAttention, SparseAttentionOnTheDeviceHasTheCpuBits) {
+  if (!kBuilt) return;
+  const std::unique_ptr<Backend> gpu = make_vulkan_backend(GpuOptions{});
+  const CpuBackend cpu(1);
+  std::mt19937_64 rng(53);
+  const uint32_t hd = 32, heads = 3, W = 5, ratio = 2;
+  test::HostWeight wq = test::random_host_weight(GgmlType::Q8_0, heads * hd, 64, rng());
+  Weight cwq = wq.w;
+  cpu.prepare_weight(cwq);
+  gpu->prepare_weight(wq.w);
+  for (const uint32_t p0 : {0u, 9u})
+    for (const uint32_t n : {1u, 6u})
+      for (const float spread : {0.5f, 8.0f}) {
+        SCOPED_TRACE("p0 " + std::to_string(p0) + " n " + std::to_string(n) + " spread " + std::to_string(spread));
+        auto bits = [&](size_t count) {
+          std::vector<uint16_t> b(count);
+          for (uint16_t& v : b) v = f32_to_bf16(bf16_values(rng, 1, spread)[0]);
+          return b;
+        };
+        const std::vector<uint16_t> ring = bits((size_t)W * hd), fresh = bits((size_t)n * hd);
+        // Compressed rows: (p0 + n) / ratio of them, packed; the first `first` are old.
+        const uint32_t ncomp = (p0 + n) / ratio + 1, first = ncomp / 2;
+        const std::vector<float> comp_vals = bf16_values(rng, (size_t)ncomp * hd, spread);
+        const size_t rb = fp4_row_bytes(Fp4Grid::Nvfp4, hd);
+        std::vector<uint8_t> packed((size_t)ncomp * rb);
+        for (uint32_t g = 0; g < ncomp; ++g) fp4_pack_row(Fp4Grid::Nvfp4, comp_vals.data() + (size_t)g * hd, hd, packed.data() + g * rb);
+        std::vector<std::vector<int32_t>> sel(n);
+        for (uint32_t i = 0; i < n; ++i)
+          for (uint32_t g = 0; g < ncomp; ++g)
+            if ((g + i) % 3 != 1) sel[i].push_back((int32_t)g);  // ascending, the last beyond the visible count
+        const std::vector<float> sinks = bf16_values(rng, heads, 4.0f);
+        SparseAttention a;
+        a.heads = heads;
+        a.head_dim = hd;
+        a.p0 = p0;
+        a.window = WindowRows{ring.data(), fresh.data(), W, p0, hd};
+        a.comp = CacheRows{packed.data(), packed.data() + first * rb, first, hd, Fp4Grid::Nvfp4};
+        a.comp_ratio = ratio;
+        a.sel = &sel;
+        a.sinks = sinks.data();
+
+        // Queries from the host.
+        const std::vector<float> qv = bf16_values(rng, (size_t)n * heads * hd, spread);
+        const Tensor cq = cpu.tensor(n, heads * hd), co = cpu.tensor(n, heads * hd);
+        const Tensor gq = gpu->tensor(n, heads * hd), go = gpu->tensor(n, heads * hd);
+        fill(cq, qv);
+        fill(gq, qv);
+        a.q = cq.c();
+        cpu.sparse_attention(a, co.m());
+        a.q = gq.c();
+        GpuStats s0 = gpu_stats(*gpu);
+        gpu->sparse_attention(a, go.m());
+        EXPECT_EQ(gpu_stats(*gpu).ops_on_device - s0.ops_on_device, 1u) << "the attention ran on the host";
+        gpu->sync();
+        EXPECT_EQ(first_difference(go, co), -1) << "queries from the host";
+
+        // Queries a deferred linear writes, the output turned back by RoPE: one submission.
+        const std::vector<float> x = bf16_values(rng, (size_t)n * 64, 1.0f);
+        const Tensor cx = cpu.tensor(n, 64), gx = gpu->tensor(n, 64), co2 = cpu.tensor(n, heads * hd),
+                     go2 = gpu->tensor(n, heads * hd);
+        fill(cx, x);
+        fill(gx, x);
+        const std::vector<double> freqs = {0.5, 0.01};
+        const RopeTable tab{freqs.data(), freqs.size()};
+        std::vector<uint64_t> pos(n);
+        for (uint32_t i = 0; i < n; ++i) pos[i] = p0 + i;
+        cpu.linear(cwq, cx.c(), cq.m(), true, 0);
+        a.q = cq.c();
+        cpu.sparse_attention(a, co2.m());
+        cpu.rope(co2.m(), hd, tab, pos, true);
+        s0 = gpu_stats(*gpu);
+        gpu->linear(wq.w, gx.c(), gq.m(), true, 0);
+        a.q = gq.c();
+        gpu->sparse_attention(a, go2.m());
+        gpu->rope(go2.m(), hd, tab, pos, true);
+        EXPECT_EQ(gpu_stats(*gpu).submissions, s0.submissions);
+        gpu->sync();
+        EXPECT_EQ(gpu_stats(*gpu).submissions - s0.submissions, 1u);
+        EXPECT_EQ(first_difference(go2, co2), -1) << "queries from a deferred linear";
+
+        // The drafter's attention: every query over one list (here the window's ring).
+        std::vector<const uint16_t*> list;
+        for (uint32_t k = 0; k < W; ++k) list.push_back(ring.data() + (size_t)((k * 2) % W) * hd);
+        const RowAttention ra{cq.c(), heads, hd, list, sinks.data()};
+        const Tensor co3 = cpu.tensor(n, heads * hd), go3 = gpu->tensor(n, heads * hd);
+        cpu.attend_rows(ra, co3.m());
+        RowAttention rg = ra;
+        rg.q = gq.c();
+        s0 = gpu_stats(*gpu);
+        gpu->attend_rows(rg, go3.m());
+        EXPECT_EQ(gpu_stats(*gpu).ops_on_device - s0.ops_on_device, 1u);
+        gpu->sync();
+        EXPECT_EQ(first_difference(go3, co3), -1) << "attend_rows";
+      }
+}
+
+}  // namespace
+}  // namespace sluice
