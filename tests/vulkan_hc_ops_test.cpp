@@ -13,6 +13,7 @@
 #include "backend/cpu_backend.h"
 #include "backend/vulkan_backend.h"
 #include "kernels/fp.h"
+#include "kernels/numerics.h"
 #include "test_weights.h"
 
 namespace sluice {
@@ -155,6 +156,75 @@ TEST(VulkanHc, StepsOutsideTheBackendsTensorsRunOnTheHost) {
   gpu->hc_mix(a.fn.w, a.base.data(), a.scale.data(), hp, gX.c(), Mat{mixes.data(), n, hc_mix_width(hc), hc_mix_width(hc)});
   EXPECT_EQ(gpu_stats(*gpu).ops_on_device, s0.ops_on_device);
   EXPECT_EQ(std::memcmp(mixes.data(), cA.c().p, mixes.size() * sizeof(float)), 0);
+}
+
+// The Engram gate before a layer's mixes (forward_engram.cpp): its keys and value from a deferred
+// linear, the streams in place where the batch wrote them (hc_post) or staged from the host, some
+// tokens masked, gates from the floor of |dot| to saturation.
+TEST(VulkanHc, EngramGateOnTheDeviceHasTheCpuBits) {
+  if (!kBuilt) return;
+  const std::unique_ptr<Backend> gpu = make_vulkan_backend(GpuOptions{});
+  const CpuBackend cpu(1);
+  std::mt19937_64 rng(47);
+  const uint32_t hc = 4;
+  std::deque<test::HostWeight> keep;
+  for (const size_t H : {32u, 96u})
+    for (const size_t n : {1u, 5u})
+      for (const float spread : {0.01f, 1.0f, 50.0f})
+        for (const bool from_batch : {false, true}) {
+          SCOPED_TRACE("H " + std::to_string(H) + " n " + std::to_string(n) + " spread " + std::to_string(spread) +
+                       (from_batch ? " streams from the batch" : " streams from the host"));
+          test::HostWeight& wkv = keep.emplace_back(test::random_host_weight(GgmlType::Q8_0, (hc + 1) * H, 64, rng()));
+          Weight ckv = wkv.w;
+          cpu.prepare_weight(ckv);
+          gpu->prepare_weight(wkv.w);
+          const std::vector<float> rows = streams(rng, n * 64, spread), x = streams(rng, n * hc * H, spread),
+                                   out = streams(rng, n * H, spread), mix = streams(rng, n * hc_mix_width(hc), 1.0f),
+                                   qn0 = streams(rng, hc * H, 1.0f), kn0 = streams(rng, hc * H, 1.0f);
+          // Norm weights with all 24 bits, so that each product rounds (BF16 ones multiply exactly).
+          std::vector<float> qn(qn0), kn(kn0);
+          for (size_t i = 0; i < qn.size(); ++i) {
+            qn[i] *= 1.0f + 0x1.5p-12f * (float)(i % 7);
+            kn[i] *= 1.0f - 0x1.3p-13f * (float)(i % 5);
+          }
+          std::vector<uint8_t> masked(n, 0);
+          if (n > 1) masked[1] = 1;
+          const Tensor cr = cpu.tensor(n, 64), ckvt = cpu.tensor(n, (hc + 1) * H), cX = cpu.tensor(n, hc * H),
+                       cF = cpu.tensor(n, H), cA = cpu.tensor(n, hc_mix_width(hc)), cY = cpu.tensor(n, hc * H);
+          const Tensor gr = gpu->tensor(n, 64), gkvt = gpu->tensor(n, (hc + 1) * H), gX = gpu->tensor(n, hc * H),
+                       gF = gpu->tensor(n, H), gA = gpu->tensor(n, hc_mix_width(hc)), gY = gpu->tensor(n, hc * H);
+          for (const Tensor* t : {&cr, &gr}) fill(*t, rows);
+          for (const Tensor* t : {&cX, &gX}) fill(*t, x);
+          for (const Tensor* t : {&cF, &gF}) fill(*t, out);
+          for (const Tensor* t : {&cA, &gA}) fill(*t, mix);
+          // The streams the gate reads: X itself, or hc_post's output Y.
+          cpu.hc_post(cF.c(), cX.c(), cA.c(), hc, cY.m());
+          cpu.linear(ckv, cr.c(), ckvt.m(), true, 0);
+          const Tensor& ct = from_batch ? cY : cX;
+          cpu.engram_gate(ct.m(), hc, ckvt.c(), qn.data(), kn.data(), 1e-6f, masked.data());
+          const GpuStats s0 = gpu_stats(*gpu);
+          if (from_batch) gpu->hc_post(gF.c(), gX.c(), gA.c(), hc, gY.m());
+          gpu->linear(wkv.w, gr.c(), gkvt.m(), true, 0);
+          const Tensor& gt = from_batch ? gY : gX;
+          gpu->engram_gate(gt.m(), hc, gkvt.c(), qn.data(), kn.data(), 1e-6f, masked.data());
+          EXPECT_EQ(gpu_stats(*gpu).ops_on_device - s0.ops_on_device, from_batch ? 2u : 1u) << "the gate ran on the host";
+          gpu->sync();
+          EXPECT_EQ(gpu_stats(*gpu).submissions - s0.submissions, 1u);
+          EXPECT_EQ(first_difference(gt, ct), -1);
+
+          // The gates themselves, which the BF16 rounding of the streams mostly hides.
+          std::vector<float> want(n * hc), wq(H);
+          const float inv_sqrt_h = (float)(1.0 / std::sqrt((double)H));
+          for (uint32_t h = 0; h < hc; ++h) {
+            for (size_t k = 0; k < H; ++k) wq[k] = qn[h * H + k] * kn[h * H + k];
+            for (size_t i = 0; i < n; ++i)
+              want[i * hc + h] = engram_gate_value(x.data() + i * hc * H + h * H, ckvt.c().row(i) + h * H, wq.data(), H,
+                                                   1e-6f, inv_sqrt_h);
+          }
+          const std::vector<float> got =
+              gpu_engram_gates(*gpu, x.data(), ckvt.c().p, n, hc, H, qn.data(), kn.data(), 1e-6f);
+          EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0) << "gate 0: " << got[0] << " vs " << want[0];
+        }
 }
 
 }  // namespace

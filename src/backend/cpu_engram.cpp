@@ -21,13 +21,7 @@ void CpuBackend::engram_gate(Mat X, uint32_t hc, CMat kv, const float* q_norm, c
       float* x = X.row(i) + (size_t)h * H;
       const float* key = kv.row(i) + (size_t)h * H;
       const float* val = kv.row(i) + (size_t)hc * H;
-      float dot = 0.0f;
-      for (size_t k = 0; k < H; ++k) dot += (x[k] * wq[k]) * key[k];
-      dot *= rms_factor(x, H, eps);
-      dot *= rms_factor(key, H, eps);
-      dot *= inv_sqrt_h;
-      const float sgn = dot > 0.0f ? 1.0f : (dot < 0.0f ? -1.0f : 0.0f);
-      const float gate = masked && masked[i] ? 0.0f : sigmoid(sgn * std::sqrt(std::max(std::fabs(dot), 1e-6f)));
+      const float gate = masked && masked[i] ? 0.0f : engram_gate_value(x, key, wq.data(), H, eps, inv_sqrt_h);
       for (size_t k = 0; k < H; ++k) x[k] = round_bf16(x[k] + gate * val[k]);
     }
   }

@@ -180,6 +180,9 @@ const uint32_t kRope[] = {
 const uint32_t kAttention[] = {
 #include "attention.spv.inc"
 };
+const uint32_t kEngramGate[] = {
+#include "engram_gate.spv.inc"
+};
 
 // A SPIR-V module embedded above: its words and size.
 struct Spirv {
@@ -680,9 +683,15 @@ class VulkanBackend final : public CpuBackend {
     }
     CpuBackend::attend_rows(a, o);
   }
+  // Recorded into the deferred batch like the hyper-connection ops (the streams in place where the
+  // batch writes them, else staged and written to a new region); else the CPU's.
   void engram_gate(Mat X, uint32_t hc, CMat kv, const float* q_norm, const float* k_norm, float eps,
                    const uint8_t* masked) const override {
-    settle();
+    {
+      const std::lock_guard<std::mutex> lk(mu_);
+      if (defer_engram_gate(X, hc, kv, q_norm, k_norm, eps, masked)) return;
+      flush_deferred();
+    }
     CpuBackend::engram_gate(X, hc, kv, q_norm, k_norm, eps, masked);
   }
 
@@ -1239,6 +1248,20 @@ class VulkanBackend final : public CpuBackend {
     std::memcpy(gu, out_.map, n * 2 * width * sizeof(float));
   }
 
+  // The device's Engram gates alone (gpu_engram_gates): X [n][hc * H], kv [n][(hc + 1) * H].
+  std::vector<float> engram_gates_alone(const float* X, const float* kv, size_t n, uint32_t hc, size_t H,
+                                        const float* q_norm, const float* k_norm, float eps) const {
+    const Tensor xt = tensor(n, hc * H), kt = tensor(n, (hc + 1) * H), gt = tensor(n, hc);
+    std::memcpy(xt.m().p, X, xt.bytes());
+    std::memcpy(kt.m().p, kv, kt.bytes());
+    const std::lock_guard<std::mutex> lk(mu_);
+    flush_deferred();
+    if (!defer_engram_gate(xt.m(), hc, kt.c(), q_norm, k_norm, eps, nullptr, gt.m()))
+      throw Error("gpu_engram_gates: the device has no engram_gate shader (no shaderFloat64) or the rows do not fit");
+    flush_deferred();
+    return std::vector<float>(gt.c().p, gt.c().p + n * hc);
+  }
+
   // The device's exp_f32 alone (gpu_exp), in place on n values staged in the output buffer.
   void exp_alone(float* x, size_t n) const {
     const std::lock_guard<std::mutex> lk(mu_);
@@ -1424,6 +1447,7 @@ class VulkanBackend final : public CpuBackend {
       hc_post_ = pipeline(Spirv{kHcPost, sizeof kHcPost}, "hc_post");
       hc_mix_ = pipeline(Spirv{kHcMix, sizeof kHcMix}, "hc_mix");
       rope_ = pipeline(Spirv{kRope, sizeof kRope}, "rope");
+      engram_gate_ = pipeline(Spirv{kEngramGate, sizeof kEngramGate}, "engram_gate");
       // Its scores live in workgroup memory (attention.comp kMaxRows floats).
       if (info_.max_workgroup_memory >= kAttentionRows * sizeof(float) + 16)
         attention_ = pipeline(Spirv{kAttention, sizeof kAttention}, "attention");
@@ -2174,6 +2198,41 @@ class VulkanBackend final : public CpuBackend {
     return true;
   }
 
+  // X = engram_gate(X, kv) (mu_ held): in place on the region holding X, else X staged and a new
+  // region for it; the norms' weights, the mask and the scalars staged beside.
+  // With `gates` (tests: gpu_engram_gates) the gates alone go there, [n][hc], and X is left as it is.
+  bool defer_engram_gate(Mat X, uint32_t hc, CMat kv, const float* q_norm, const float* k_norm, float eps,
+                         const uint8_t* masked, Mat gates = {}) const {
+    const size_t n = X.n, H = hc ? X.width / hc : 0;
+    if (engram_gate_ == VK_NULL_HANDLE || n == 0 || H == 0 || X.width != hc * H || kv.n != n || kv.width < (hc + 1) * H ||
+        deferred_.ds.size() + 1 > kSets)
+      return false;
+    Operand x, k;
+    if (!operand(X, x) || !operand(kv.cols(0, (hc + 1) * H), k)) return false;
+    std::vector<float> prm;
+    prm.reserve(3 + 2 * hc * H + n);
+    prm.push_back((float)(1.0 / std::sqrt((double)H)));  // the CPU's inv_sqrt_h
+    prm.push_back(eps);
+    prm.push_back(masked ? 1.0f : 0.0f);
+    prm.insert(prm.end(), q_norm, q_norm + hc * H);
+    prm.insert(prm.end(), k_norm, k_norm + hc * H);
+    for (size_t i = 0; i < n; ++i) prm.push_back(masked && masked[i] ? 1.0f : 0.0f);
+    const uint32_t pa = stage_rows(CMat{prm.data(), 1, prm.size(), prm.size()});
+    if (pa == UINT32_MAX) return false;
+    // In place on its region (a stage after its last reader), or a new one.
+    int yr = gates.p ? output_region(gates) : x.region;
+    if (yr < 0 && (yr = output_region(X)) < 0) return false;
+    Region& r = deferred_.regions[(size_t)yr];
+    const uint32_t stage = std::max({x.stage, k.stage, r.read}) + 1;
+    deferred_.ds.push_back(row_op(engram_gate_,
+                                  {(uint32_t)n, (uint32_t)H, hc, x.at, x.stride, k.at, k.stride, pa,
+                                   gates.p ? out_place(r, gates) : out_place(r, X), (uint32_t)r.stride, gates.p ? 1u : 0u},
+                                  hc, (uint32_t)n, stage));
+    r.stage = stage;
+    mark_read(k, stage);
+    return true;
+  }
+
   // RoPE on x in place (mu_ held): x must be columns of a region the batch writes whole; the
   // angles' cos and sin per token go in the activation buffer (rope_angles, the CPU's floats).
   bool defer_rope(Mat x, uint32_t head_dim, RopeTable t, std::span<const uint64_t> pos, bool inverse) const {
@@ -2647,7 +2706,7 @@ class VulkanBackend final : public CpuBackend {
       if (q) vkDestroyPipeline(dev_, q, nullptr);
     for (VkPipeline& q : quant_mm_)
       if (q) vkDestroyPipeline(dev_, q, nullptr);
-    for (VkPipeline p : {float_, quantize_q8_0_, quantize_q8_k_, rms_norm_, swiglu_, exp_, hc_pre_, hc_post_, hc_mix_, rope_, attention_})
+    for (VkPipeline p : {float_, quantize_q8_0_, quantize_q8_k_, rms_norm_, swiglu_, exp_, hc_pre_, hc_post_, hc_mix_, rope_, attention_, engram_gate_})
       if (p) vkDestroyPipeline(dev_, p, nullptr);
     if (desc_pool_) vkDestroyDescriptorPool(dev_, desc_pool_, nullptr);
     if (layout_) vkDestroyPipelineLayout(dev_, layout_, nullptr);
@@ -2699,6 +2758,7 @@ class VulkanBackend final : public CpuBackend {
   // The hyper-connection ops on rows a deferred batch holds or stages (hc_pre_norm, hc_post, hc_mix).
   VkPipeline hc_pre_ = VK_NULL_HANDLE, hc_post_ = VK_NULL_HANDLE, hc_mix_ = VK_NULL_HANDLE;
   VkPipeline rope_ = VK_NULL_HANDLE;       // on rows the deferred batch holds, in place
+  VkPipeline engram_gate_ = VK_NULL_HANDLE;  // the Engram gate on the streams, in the deferred batch
   VkPipeline attention_ = VK_NULL_HANDLE;  // sparse_attention and attend_rows over rows staged with the batch
   bool host_quantize_ = false;  // GpuOptions::host_quantize
   Buffer tables_;
@@ -2772,6 +2832,13 @@ void gpu_exp(const Backend& b, float* x, size_t n) {
   v->exp_alone(x, n);
 }
 
+std::vector<float> gpu_engram_gates(const Backend& b, const float* X, const float* kv, size_t n, uint32_t hc, size_t H,
+                                    const float* q_norm, const float* k_norm, float eps) {
+  const auto* v = dynamic_cast<const VulkanBackend*>(&b);
+  if (!v) throw Error("gpu_engram_gates: not a Vulkan backend");
+  return v->engram_gates_alone(X, kv, n, hc, H, q_norm, k_norm, eps);
+}
+
 void gpu_rms_norm(const Backend& b, float* x, size_t n, size_t width, const float* w, float eps) {
   const auto* v = dynamic_cast<const VulkanBackend*>(&b);
   if (!v) throw Error("gpu_rms_norm: not a Vulkan backend");
@@ -2808,6 +2875,10 @@ std::vector<uint8_t> gpu_quantize(const Backend&, ActType, const float*, size_t,
 void gpu_rms_norm(const Backend&, float*, size_t, size_t, const float*, float) { not_built(); }
 void gpu_swiglu(const Backend&, float*, size_t, size_t, float, const float*) { not_built(); }
 void gpu_exp(const Backend&, float*, size_t) { not_built(); }
+std::vector<float> gpu_engram_gates(const Backend&, const float*, const float*, size_t, uint32_t, size_t, const float*,
+                                    const float*, float) {
+  not_built();
+}
 void release_gpu_imports(const Backend&) {}
 
 #endif

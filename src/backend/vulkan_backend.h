@@ -233,6 +233,12 @@ void gpu_swiglu(const Backend& b, float* gu, size_t n, size_t width, float limit
 // exp_f32 bits, kernels/exp_f32.h). Throws Error as gpu_swiglu does.
 void gpu_exp(const Backend& b, float* x, size_t n);
 
+// Tests: the device's Engram gates alone, [n][hc] (X: [n][hc * H] streams, kv: [n][(hc + 1) * H]
+// keys and value, unmasked): the scalar each stream's value is scaled by (engram_gate_value's bits,
+// kernels/numerics.h), which the op's BF16 rounding mostly hides. Throws Error as gpu_swiglu does.
+std::vector<float> gpu_engram_gates(const Backend& b, const float* X, const float* kv, size_t n, uint32_t hc, size_t H,
+                                    const float* q_norm, const float* k_norm, float eps);
+
 // Host -> device copy rate, the path experts and weights take into device memory (PCIe on a
 // discrete card, a memcpy on UMA), beside a plain host memcpy of the same bytes in the same run.
 struct GpuCopyBandwidth {

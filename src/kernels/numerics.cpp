@@ -30,6 +30,16 @@ float rms_factor(const float* x, size_t n, float eps) {
   return 1.0f / std::sqrt(mean + eps);
 }
 
+float engram_gate_value(const float* x, const float* key, const float* wq, size_t H, float eps, float inv_sqrt_h) {
+  float dot = 0.0f;
+  for (size_t k = 0; k < H; ++k) dot += (x[k] * wq[k]) * key[k];
+  dot *= rms_factor(x, H, eps);
+  dot *= rms_factor(key, H, eps);
+  dot *= inv_sqrt_h;
+  const float sgn = dot > 0.0f ? 1.0f : (dot < 0.0f ? -1.0f : 0.0f);
+  return sigmoid(sgn * std::sqrt(std::max(std::fabs(dot), 1e-6f)));
+}
+
 void rms_norm(const float* x, const float* w, float* y, size_t n, float eps) {
   const float r = rms_factor(x, n, eps);
   for (size_t i = 0; i < n; ++i) y[i] = round_bf16((x[i] * r) * w[i]);

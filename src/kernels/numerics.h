@@ -19,6 +19,10 @@ float softplus(float x);
 void rms_norm(const float* x, const float* w, float* y, size_t n, float eps);
 // 1/sqrt(mean(x^2) + eps) with the sequential f32 sum used by rms_norm.
 float rms_factor(const float* x, size_t n, float eps);
+// The Engram gate of one stream (spec 4.5, numerics.md 8): d = (sum over k in order of (x_k *
+// wq_k) * key_k) * rms_factor(x) * rms_factor(key) * inv_sqrt_h, then sigmoid(sign(d) *
+// sqrt(max(|d|, 1e-6))). wq is the elementwise product of the two norms' weights.
+float engram_gate_value(const float* x, const float* key, const float* wq, size_t H, float eps, float inv_sqrt_h);
 
 // cos/sin of one position for a frequency table: c = (float)cos(pos*f), s = (float)sin(pos*f),
 // angle in double.

@@ -12,6 +12,7 @@
 #include "exact_div.glsl"
 #define EXP_BINDING 0
 #include "exp_f32.glsl"
+#include "sigmoid.glsl"
 #include "rows_io.glsl"
 layout(local_size_x = 64) in;
 
@@ -25,11 +26,6 @@ layout(push_constant) uniform Push {
   uint prm_at;              // base[hc * (2 + hc)], scale[3], hc_eps, norm_eps
   uint y_off, y_stride;     // token t's mixes at y_off + t * y_stride of the output buffer
 } p;
-
-float sigmoid(float x) {
-  precise float d = 1.0 + exp_f32(-x);
-  return isinf(d) ? 0.0 : div_rn(1.0, d);
-}
 
 void main() {
   const uint t = gl_GlobalInvocationID.x;
