@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -177,6 +178,54 @@ TEST(VulkanAttention, SparseAttentionOnTheDeviceHasTheCpuBits) {
         gpu->sync();
         EXPECT_EQ(first_difference(go3, co3), -1) << "attend_rows";
       }
+}
+
+// The fake-quant grids on rows the batch holds (the window row after its RoPE, the index
+// queries): every grid on blocks whose largest value spans the binades (down to the amax floors,
+// up to past E4M3's 448 saturation), zeros and NaNs, the CPU's bits.
+TEST(VulkanAttention, FakeQuantOnTheDeviceHasTheCpuBits) {
+  if (!kBuilt) return;
+  const std::unique_ptr<Backend> gpu = make_vulkan_backend(GpuOptions{});
+  const CpuBackend cpu(1);
+  std::mt19937_64 rng(57);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> ex(-120, 120);
+  const size_t n = 64, width = 96;
+  std::vector<float> x(n * width);
+  for (size_t t = 0; t < n; ++t) {
+    const int e = ex(rng), spread = (int)(t % 9);  // a row's scale, and how far its values spread below it
+    for (size_t i = 0; i < width; ++i) x[t * width + i] = round_bf16(std::ldexp(u(rng), std::max(-125, e - (int)(i % 8) * spread)));
+  }
+  x[5] = 0.0f;
+  x[width + 3] = std::numeric_limits<float>::quiet_NaN();
+  for (size_t i = 0; i < 32; ++i) x[2 * width + i] = 0.0f;  // an all-zero block
+  // Ties on each grid: E4M3 steps of 1/8 in [1, 2) and 2 in [16, 32) under a scale of 1 (amax 448),
+  // and the E2M1 midpoints under a scale of 1 (amax 6 in every block of 16).
+  const float e4m3_ties[] = {448.0f, 1.0625f, 1.1875f, -1.3125f, 17.0f, -19.0f, 0.5f + 1.0f / 32.0f, 0.0f};
+  const float e2m1_ties[] = {6.0f, 0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, -0.25f, -0.75f, -1.25f, -1.75f, -2.5f, -3.5f, -5.0f, 0.0f};
+  for (size_t i = 0; i < width; ++i) {
+    x[3 * width + i] = e4m3_ties[i % 8];
+    x[4 * width + i] = e2m1_ties[i % 16];
+  }
+  const std::vector<float> ones(n, 1.0f);
+  for (const FakeQuant kind : {FakeQuant::Fp8Window, FakeQuant::Nvfp4, FakeQuant::Mxfp4}) {
+    SCOPED_TRACE("grid " + std::to_string((int)kind));
+    const Tensor cX = cpu.tensor(n, width), cw = cpu.tensor(n, 1), cx = cpu.tensor(n, width);
+    const Tensor gX = gpu->tensor(n, width), gw = gpu->tensor(n, 1), gy = gpu->tensor(n, width);
+    for (const Tensor* t : {&cX, &gX}) fill(*t, x);
+    for (const Tensor* t : {&cw, &gw}) fill(*t, ones);
+    // hc_pre with one stream and weight 1 copies the rows into a region of the batch (they are
+    // BF16; -0 becomes +0, on the CPU too).
+    const HcParams hp{1, 1, 0.0f, 1e-6f};
+    cpu.hc_pre(cX.c(), cw.c(), hp, cx.m());
+    cpu.fake_quant(cx.m(), kind);
+    gpu->hc_pre(gX.c(), gw.c(), hp, gy.m());
+    const GpuStats s0 = gpu_stats(*gpu);
+    gpu->fake_quant(gy.m(), kind);
+    EXPECT_EQ(gpu_stats(*gpu).ops_on_device - s0.ops_on_device, 1u) << "fake_quant ran on the host";
+    gpu->sync();
+    EXPECT_EQ(first_difference(gy, cx), -1) << "first difference at " << first_difference(gy, cx);
+  }
 }
 
 }  // namespace

@@ -183,6 +183,9 @@ const uint32_t kAttention[] = {
 const uint32_t kEngramGate[] = {
 #include "engram_gate.spv.inc"
 };
+const uint32_t kFakeQuant[] = {
+#include "fake_quant.spv.inc"
+};
 
 // A SPIR-V module embedded above: its words and size.
 struct Spirv {
@@ -574,8 +577,14 @@ class VulkanBackend final : public CpuBackend {
     }
     CpuBackend::rope(x, head_dim, t, pos, inverse);
   }
+  // On the device in place when the deferred batch writes x whole (the window row after its RoPE);
+  // else the CPU's, once the batch has run.
   void fake_quant(Mat x, FakeQuant kind) const override {
-    settle();
+    {
+      const std::lock_guard<std::mutex> lk(mu_);
+      if (defer_fake_quant(x, kind)) return;
+      flush_deferred();
+    }
     CpuBackend::fake_quant(x, kind);
   }
   void store_bf16(CMat x, uint16_t* dst, size_t dst_stride) const override {
@@ -1448,6 +1457,7 @@ class VulkanBackend final : public CpuBackend {
       hc_mix_ = pipeline(Spirv{kHcMix, sizeof kHcMix}, "hc_mix");
       rope_ = pipeline(Spirv{kRope, sizeof kRope}, "rope");
       engram_gate_ = pipeline(Spirv{kEngramGate, sizeof kEngramGate}, "engram_gate");
+      fake_quant_ = pipeline(Spirv{kFakeQuant, sizeof kFakeQuant}, "fake_quant");
       // Its scores live in workgroup memory (attention.comp kMaxRows floats).
       if (info_.max_workgroup_memory >= kAttentionRows * sizeof(float) + 16)
         attention_ = pipeline(Spirv{kAttention, sizeof kAttention}, "attention");
@@ -2233,6 +2243,23 @@ class VulkanBackend final : public CpuBackend {
     return true;
   }
 
+  // fake_quant on x in place (mu_ held): x must be columns of a region the batch writes whole, in
+  // whole blocks of its grid.
+  bool defer_fake_quant(Mat x, FakeQuant kind) const {
+    const size_t block = kind == FakeQuant::Nvfp4 ? 16 : 32;
+    if (fake_quant_ == VK_NULL_HANDLE || x.n == 0 || x.width == 0 || x.width % block != 0 || deferred_.ds.size() + 1 > kSets)
+      return false;
+    Region* r = const_cast<Region*>(deferred_.source_of(x));
+    if (!r) return false;
+    const uint32_t stage = std::max(r->stage, r->read) + 1;
+    const uint32_t k = kind == FakeQuant::Fp8Window ? 0u : kind == FakeQuant::Nvfp4 ? 1u : 2u;
+    deferred_.ds.push_back(row_op(fake_quant_,
+                                  {(uint32_t)x.n, (uint32_t)x.width, out_place(*r, x), (uint32_t)r->stride, k},
+                                  (uint32_t)((x.width / block + kGroup - 1) / kGroup), (uint32_t)x.n, stage));
+    r->stage = stage;
+    return true;
+  }
+
   // RoPE on x in place (mu_ held): x must be columns of a region the batch writes whole; the
   // angles' cos and sin per token go in the activation buffer (rope_angles, the CPU's floats).
   bool defer_rope(Mat x, uint32_t head_dim, RopeTable t, std::span<const uint64_t> pos, bool inverse) const {
@@ -2706,7 +2733,7 @@ class VulkanBackend final : public CpuBackend {
       if (q) vkDestroyPipeline(dev_, q, nullptr);
     for (VkPipeline& q : quant_mm_)
       if (q) vkDestroyPipeline(dev_, q, nullptr);
-    for (VkPipeline p : {float_, quantize_q8_0_, quantize_q8_k_, rms_norm_, swiglu_, exp_, hc_pre_, hc_post_, hc_mix_, rope_, attention_, engram_gate_})
+    for (VkPipeline p : {float_, quantize_q8_0_, quantize_q8_k_, rms_norm_, swiglu_, exp_, hc_pre_, hc_post_, hc_mix_, rope_, attention_, engram_gate_, fake_quant_})
       if (p) vkDestroyPipeline(dev_, p, nullptr);
     if (desc_pool_) vkDestroyDescriptorPool(dev_, desc_pool_, nullptr);
     if (layout_) vkDestroyPipelineLayout(dev_, layout_, nullptr);
@@ -2759,6 +2786,7 @@ class VulkanBackend final : public CpuBackend {
   VkPipeline hc_pre_ = VK_NULL_HANDLE, hc_post_ = VK_NULL_HANDLE, hc_mix_ = VK_NULL_HANDLE;
   VkPipeline rope_ = VK_NULL_HANDLE;       // on rows the deferred batch holds, in place
   VkPipeline engram_gate_ = VK_NULL_HANDLE;  // the Engram gate on the streams, in the deferred batch
+  VkPipeline fake_quant_ = VK_NULL_HANDLE;   // the fake-quant grids on rows the deferred batch holds, in place
   VkPipeline attention_ = VK_NULL_HANDLE;  // sparse_attention and attend_rows over rows staged with the batch
   bool host_quantize_ = false;  // GpuOptions::host_quantize
   Buffer tables_;
