@@ -228,5 +228,63 @@ TEST(VulkanAttention, FakeQuantOnTheDeviceHasTheCpuBits) {
   }
 }
 
+// The window row's store waits for the batch that writes it (store_bf16 of a region), and an
+// attention recorded meanwhile reads the row where the batch holds it: the forward pass's plain
+// layers run from the streams to the router in one submission. The stored bits are the CPU's.
+TEST(VulkanAttention, PendingWindowRowsAreReadWhereTheBatchHoldsThem) {
+  if (!kBuilt) return;
+  const std::unique_ptr<Backend> gpu = make_vulkan_backend(GpuOptions{});
+  const CpuBackend cpu(1);
+  std::mt19937_64 rng(59);
+  const uint32_t hd = 32, heads = 2, W = 4, n = 3, p0 = 6;
+  test::HostWeight wkv = test::random_host_weight(GgmlType::Q8_0, hd, 64, rng());
+  Weight ckv = wkv.w;
+  cpu.prepare_weight(ckv);
+  gpu->prepare_weight(wkv.w);
+  std::vector<uint16_t> ring((size_t)W * hd);
+  for (uint16_t& v : ring) v = f32_to_bf16(bf16_values(rng, 1, 1.0f)[0]);
+  const std::vector<float> x = bf16_values(rng, (size_t)n * 64, 1.0f), qv = bf16_values(rng, (size_t)n * heads * hd, 1.0f),
+                           sinks = bf16_values(rng, heads, 1.0f);
+  // The CPU: kv = linear(x), fake-quantized, stored, attended.
+  std::vector<uint16_t> cfresh((size_t)n * hd), gfresh((size_t)n * hd, 0xffff);
+  const Tensor cx = cpu.tensor(n, 64), ckvt = cpu.tensor(n, hd), cq = cpu.tensor(n, heads * hd), co = cpu.tensor(n, heads * hd);
+  const Tensor gx = gpu->tensor(n, 64), gkvt = gpu->tensor(n, hd), gq = gpu->tensor(n, heads * hd), go = gpu->tensor(n, heads * hd);
+  for (const Tensor* t : {&cx, &gx}) fill(*t, x);
+  for (const Tensor* t : {&cq, &gq}) fill(*t, qv);
+  SparseAttention a;
+  a.heads = heads;
+  a.head_dim = hd;
+  a.p0 = p0;
+  a.sinks = sinks.data();
+  cpu.linear(ckv, cx.c(), ckvt.m(), true, 0);
+  cpu.fake_quant(ckvt.m(), FakeQuant::Fp8Window);
+  cpu.store_bf16(ckvt.c(), cfresh.data(), hd);
+  a.q = cq.c();
+  a.window = WindowRows{ring.data(), cfresh.data(), W, p0, hd};
+  cpu.sparse_attention(a, co.m());
+  // The device: the same, one submission at the sync.
+  const GpuStats s0 = gpu_stats(*gpu);
+  gpu->linear(wkv.w, gx.c(), gkvt.m(), true, 0);
+  gpu->fake_quant(gkvt.m(), FakeQuant::Fp8Window);
+  for (uint32_t i = 0; i < n; ++i) gpu->store_bf16(gkvt.c().rows(i, 1), gfresh.data() + (size_t)i * hd, hd);  // row by row, as a batch of sequences would
+  EXPECT_EQ(gfresh[0], 0xffff) << "the store did not wait for the batch";
+  a.q = gq.c();
+  a.window = WindowRows{ring.data(), gfresh.data(), W, p0, hd};
+  gpu->sparse_attention(a, go.m());
+  EXPECT_EQ(gpu_stats(*gpu).submissions, s0.submissions);
+  gpu->sync();
+  EXPECT_EQ(gpu_stats(*gpu).submissions - s0.submissions, 1u);
+  EXPECT_EQ(gfresh, cfresh) << "the stored rows";
+  EXPECT_EQ(first_difference(go, co), -1) << "the attention over rows the batch held";
+
+  // Dropped with the rest of the batch (an abandoned eval): the store never lands.
+  std::vector<uint16_t> gone((size_t)n * hd, 0x1234);
+  gpu->linear(wkv.w, gx.c(), gkvt.m(), true, 0);
+  gpu->store_bf16(gkvt.c(), gone.data(), hd);
+  gpu->drop_pending();
+  gpu->sync();
+  EXPECT_EQ(gone, std::vector<uint16_t>((size_t)n * hd, 0x1234)) << "a dropped store was written";
+}
+
 }  // namespace
 }  // namespace sluice

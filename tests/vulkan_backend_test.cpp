@@ -540,15 +540,15 @@ TEST(Vulkan, LinearsIntoTensorsWaitForTheNextSubmission) {
   gpu->sync();
   EXPECT_TRUE(same(yw, cw2)) << "the rewrite did not come last";
 
-  // Any op the CPU runs submits the deferred linears first: fake_quant reads A's output on the host.
-  const Tensor yq = gpu->tensor(n, 64), cq = cpu.tensor(n, 64);
+  // Any op the CPU runs submits the deferred linears first: add_round reads A's output on the host.
+  const Tensor yq = gpu->tensor(n, 64), cq = cpu.tensor(n, 64), yq2 = gpu->tensor(n, 64), cq2 = cpu.tensor(n, 64);
   cpu.linear(ca_w, xt.c(), cq.m(), true, 0);
-  cpu.fake_quant(cq.m(), FakeQuant::Fp8Window);
+  cpu.add_round(cq.c(), cq.c(), cq2.m());
   s0 = submissions();
   gpu->linear(a.w, xt.c(), yq.m(), true);
-  gpu->fake_quant(yq.m(), FakeQuant::Fp8Window);
+  gpu->add_round(yq.c(), yq.c(), yq2.m());
   EXPECT_EQ(submissions() - s0, 1u);
-  EXPECT_TRUE(same(yq, cq)) << "fake_quant ran before the linear it reads";
+  EXPECT_TRUE(same(yq2, cq2)) << "add_round ran before the linear it reads";
 
   // Outputs outside the backend's tensors (the caller's own memory) are written before the call returns.
   std::vector<float> host(n * 24, -1.0f);
@@ -1455,7 +1455,17 @@ TEST(Vulkan, AFailedDispatchLeavesTheSequenceAsItWas) {
     SequenceState s = eng.new_sequence();
     eng.eval(s, p1, nullptr);
     const uint32_t before = s.position();
-    armed = mode == 0 ? 75 : mode == 1 ? 40 : 6;  // into p2's second chunk (of 144 submissions); the 40th upload copy
+    uint64_t p2_submissions = 0;
+    if (mode == 0) {  // how many submissions p2 takes (on a copy of the sequence), to fail one in its second chunk
+      SequenceState dry = eng.new_sequence();
+      eng.eval(dry, p1, nullptr);
+      const uint64_t s0 = gpu_stats(*gpu).submissions;
+      std::vector<float> l(p2.size() * V);
+      eng.eval(dry, p2, l.data());
+      p2_submissions = gpu_stats(*gpu).submissions - s0;
+      ASSERT_GT(p2_submissions, 6u);
+    }
+    armed = mode == 0 ? (int)(p2_submissions / 2) : mode == 1 ? 40 : 6;  // into p2's second chunk; the 40th upload copy
     std::vector<float> got(p2.size() * V);
     std::string err;
     try {

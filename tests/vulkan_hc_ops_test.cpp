@@ -135,6 +135,47 @@ TEST(VulkanHc, SublayerStepsOnTheDeviceHaveTheCpuBits) {
       }
 }
 
+// Each sublayer collapses the streams into the same tensor (xin): the second collapse writes a new
+// region of the batch, the reader before it keeps the first, the reader after it gets the second,
+// and the tensor ends with the second (one submission).
+TEST(VulkanHc, ACollapseRewritingRowsTheBatchWroteIsReadInOrder) {
+  if (!kBuilt) return;
+  const std::unique_ptr<Backend> gpu = make_vulkan_backend(GpuOptions{});
+  const CpuBackend cpu(1);
+  std::mt19937_64 rng(49);
+  const uint32_t hc = 4;
+  const size_t H = 64, n = 3;
+  const HcParams hp{hc, 20, 1e-6f, 1e-6f};
+  test::HostWeight w = test::random_host_weight(GgmlType::Q8_0, 16, H, rng());
+  Weight cw = w.w;
+  cpu.prepare_weight(cw);
+  gpu->prepare_weight(w.w);
+  const std::vector<float> x1 = streams(rng, n * hc * H, 1.0f), x2 = streams(rng, n * hc * H, 1.0f),
+                           pre = streams(rng, n * hc, 1.0f), norm = streams(rng, H, 1.0f);
+  const Tensor cX1 = cpu.tensor(n, hc * H), cX2 = cpu.tensor(n, hc * H), cP = cpu.tensor(n, hc), cin = cpu.tensor(n, H),
+               cy1 = cpu.tensor(n, 16), cy2 = cpu.tensor(n, 16);
+  const Tensor gX1 = gpu->tensor(n, hc * H), gX2 = gpu->tensor(n, hc * H), gP = gpu->tensor(n, hc), gin = gpu->tensor(n, H),
+               gy1 = gpu->tensor(n, 16), gy2 = gpu->tensor(n, 16);
+  for (const Tensor* t : {&cX1, &gX1}) fill(*t, x1);
+  for (const Tensor* t : {&cX2, &gX2}) fill(*t, x2);
+  for (const Tensor* t : {&cP, &gP}) fill(*t, pre);
+  cpu.hc_pre_norm(cX1.c(), cP.c(), norm.data(), hp, cin.m());
+  cpu.linear(cw, cin.c(), cy1.m(), true, 0);
+  cpu.hc_pre_norm(cX2.c(), cP.c(), norm.data(), hp, cin.m());
+  cpu.linear(cw, cin.c(), cy2.m(), true, 0);
+  const GpuStats s0 = gpu_stats(*gpu);
+  gpu->hc_pre_norm(gX1.c(), gP.c(), norm.data(), hp, gin.m());
+  gpu->linear(w.w, gin.c(), gy1.m(), true, 0);
+  gpu->hc_pre_norm(gX2.c(), gP.c(), norm.data(), hp, gin.m());
+  gpu->linear(w.w, gin.c(), gy2.m(), true, 0);
+  EXPECT_EQ(gpu_stats(*gpu).ops_on_device - s0.ops_on_device, 4u);
+  gpu->sync();
+  EXPECT_EQ(gpu_stats(*gpu).submissions - s0.submissions, 1u);
+  EXPECT_EQ(first_difference(gy1, cy1), -1) << "the reader of the first collapse";
+  EXPECT_EQ(first_difference(gy2, cy2), -1) << "the reader of the second collapse";
+  EXPECT_EQ(first_difference(gin, cin), -1) << "the tensor after both";
+}
+
 // Where a step cannot join the batch (its output is not in one of the backend's tensors) it runs
 // on the host after the batch, with the same bits.
 TEST(VulkanHc, StepsOutsideTheBackendsTensorsRunOnTheHost) {

@@ -184,6 +184,9 @@ class Backend {
   virtual Tensor tensor(size_t n, size_t width) const = 0;
   // Waits until every op issued so far has finished and its outputs are host-visible.
   virtual void sync() const = 0;
+  // Forgets the ops issued since the last sync() that have not run yet (a backend that holds work
+  // back): an eval abandoned by an error calls it before the memory those ops would write goes.
+  virtual void drop_pending() const noexcept {}
 
   // --- linear algebra -------------------------------------------------------------------------
   // y[t][r] = dot(W.row(row0 + r), x[t]) for r < y.width, rounded to BF16 when `round`

@@ -25,6 +25,7 @@
 #include "backend/routed_terms.h"
 #include "backend/swiglu.h"
 #include "kernels/exp_f32.h"
+#include "kernels/fp.h"
 #include "kernels/iq_tables.h"
 #include "kernels/numerics.h"
 #endif
@@ -587,9 +588,26 @@ class VulkanBackend final : public CpuBackend {
     }
     CpuBackend::fake_quant(x, kind);
   }
+  // Where the deferred batch writes x whole (the window row after its fake-quant), the store waits
+  // for the batch: the host converts the rows as it copies the batch's outputs out, and an
+  // attention recorded meanwhile reads them where the batch holds them (defer_sparse_attention).
+  // Else the CPU's, once the batch has run.
   void store_bf16(CMat x, uint16_t* dst, size_t dst_stride) const override {
-    settle();
+    {
+      const std::lock_guard<std::mutex> lk(mu_);
+      if (const Region* r = x.n && x.width ? deferred_.source_of(x) : nullptr) {
+        deferred_.stores.push_back(
+            HostStore{r->off + (VkDeviceSize)(x.p - r->row) * sizeof(float), dst, x.n, x.width, dst_stride, r->stride,
+                      out_place(*r, x), r->stage, (int)(r - deferred_.regions.data())});
+        return;
+      }
+      flush_deferred();
+    }
     CpuBackend::store_bf16(x, dst, dst_stride);
+  }
+  void drop_pending() const noexcept override {
+    const std::lock_guard<std::mutex> lk(mu_);
+    deferred_ = Deferred{};
   }
   void store_fp4(CMat x, Fp4Grid grid, uint8_t* dst) const override {
     settle();
@@ -686,7 +704,7 @@ class VulkanBackend final : public CpuBackend {
       const std::lock_guard<std::mutex> lk(mu_);
       std::vector<uint32_t> one(a.rows.size());
       for (uint32_t k = 0; k < one.size(); ++k) one[k] = k;
-      if (defer_attention(a.q, a.heads, a.head_dim, a.sinks, o, a.rows, [&](uint32_t) -> const std::vector<uint32_t>& { return one; }))
+      if (defer_attention(a.q, a.heads, a.head_dim, a.sinks, o, a.rows, [&](uint32_t) -> const std::vector<uint32_t>& { return one; }, 0))
         return;
       flush_deferred();
     }
@@ -1961,8 +1979,18 @@ class VulkanBackend final : public CpuBackend {
              (c + (ptrdiff_t)m.width > s && r + 1 < (ptrdiff_t)n && r + 1 + (ptrdiff_t)m.n > 0 && cols_meet(c - s));
     }
   };
+  // A store_bf16 waiting for the batch: n rows of `width` floats from `off` of the output buffer
+  // (src_stride floats apart, at float `place`, written by stage `stage` of region `region`) to dst.
+  struct HostStore {
+    VkDeviceSize off = 0;
+    uint16_t* dst = nullptr;
+    size_t n = 0, width = 0, dst_stride = 0, src_stride = 0;
+    uint32_t place = 0, stage = 0;
+    int region = -1;
+  };
   struct Deferred {
     std::vector<Dispatch> ds;
+    std::vector<HostStore> stores;  // done after the copies out (drop_pending forgets them with the rest)
     std::vector<Tensor> keep;  // this backend's scratch tensors the batch's regions name (shared_ffn)
     std::vector<CopyOut> outs;
     // A vector, not a deque (which allocates even empty, and a Deferred is made per call): a
@@ -1976,12 +2004,15 @@ class VulkanBackend final : public CpuBackend {
           return &r;
       return nullptr;
     }
-    // The region whose written columns hold x whole (a chained input), if any.
+    // The region whose written columns hold x whole (a chained input: its rows or some of them
+    // in order, x.p - row the offset of x's first value), if any.
+    // The latest such region: a row op may write rows again into a new region (output_region).
     const Region* source_of(CMat x) const {
-      for (const Region& r : regions) {
-        if (!r.row || x.p < r.row || x.n != r.n || x.stride != r.stride) continue;
-        const size_t c0 = (size_t)(x.p - r.row);
-        if (c0 + x.width <= r.stride && r.covers(c0, x.width)) return &r;
+      for (auto it = regions.rbegin(); it != regions.rend(); ++it) {
+        const Region& r = *it;
+        if (!r.row || x.p < r.row || (x.stride != r.stride && x.n > 1)) continue;
+        const size_t off = (size_t)(x.p - r.row), row = off / r.stride, c0 = off % r.stride;
+        if (row + x.n <= r.n && c0 + x.width <= r.stride && r.covers(c0, x.width)) return &r;
       }
       return nullptr;
     }
@@ -1989,8 +2020,13 @@ class VulkanBackend final : public CpuBackend {
 
   // Submits a batch and copies its outputs out (mu_ held).
   double submit_batch(const Deferred& sub, const std::function<void()>& meanwhile) const {
-    const double s = dispatch(sub.ds, meanwhile);
+    const double s = sub.ds.empty() ? 0 : dispatch(sub.ds, meanwhile);
     const uint8_t* out = static_cast<const uint8_t*>(out_.map);
+    for (const HostStore& h : sub.stores) {
+      const float* src = reinterpret_cast<const float*>(out + h.off);
+      for (size_t t = 0; t < h.n; ++t)
+        for (size_t k = 0; k < h.width; ++k) h.dst[t * h.dst_stride + k] = f32_to_bf16(src[t * h.src_stride + k]);
+    }
     const std::unique_lock<std::mutex> lk = live_->lock();  // no deferred target is freed meanwhile
     for (const CopyOut& c : sub.outs) {
       if (c.tensor && !live_->alive(c.tensor)) continue;
@@ -2006,7 +2042,7 @@ class VulkanBackend final : public CpuBackend {
 
   // Submits the deferred batch, if any (mu_ held).
   void flush_deferred() const {
-    if (deferred_.ds.empty()) return;
+    if (deferred_.ds.empty() && deferred_.stores.empty()) return;
     const Deferred sub = std::exchange(deferred_, Deferred{});
     (void)submit_batch(sub, {});
   }
@@ -2092,8 +2128,10 @@ class VulkanBackend final : public CpuBackend {
     return at;
   }
   // A new region for the rows y of a live tensor, copied out to y once the batch has run (mu_
-  // held): its index, or -1 when y is in none, the batch writes some of it, or the output buffer
-  // has no room.
+  // held): its index, or -1 when y is in none, the output buffer has no room, or the batch writes
+  // some of y in another way than whole columns within y's of the same rows (xin, which each
+  // sublayer's collapse writes again: the earlier copy-out comes first and the new region is the
+  // one later readers find, source_of; earlier readers keep reading the old one).
   int output_region(Mat y) const {
     const LiveTensors::Held held = live_->holder(y.p, (y.n - 1) * y.stride + y.width);
     if (!held.id) return -1;
@@ -2101,7 +2139,14 @@ class VulkanBackend final : public CpuBackend {
     ensure(out_, io_limit_);
     const size_t c0 = (size_t)(y.p - held.start) % y.stride;
     const VkDeviceSize o = aligned((VkDeviceSize)y.n * y.stride * sizeof(float));
-    if (c0 + y.width > y.stride || deferred_writes(y) || deferred_.out_used + o > io_limit_) return -1;
+    const float* const y0 = y.p - c0;  // y's first row's start
+    const bool rewrites_whole = std::all_of(deferred_.outs.begin(), deferred_.outs.end(), [&](const CopyOut& c) {
+      if (!c.overlaps(y)) return true;
+      const ptrdiff_t d = c.y - y0;
+      return c.tensor == held.id && c.step == y.stride && c.n == y.n && d >= (ptrdiff_t)c0 &&
+             (size_t)d + c.rows <= c0 + y.width;
+    });
+    if (c0 + y.width > y.stride || !rewrites_whole || deferred_.out_used + o > io_limit_) return -1;
     deferred_.regions.push_back(Region{held.id, y.p - c0, y.n, y.stride, deferred_.out_used, 0, 0, {{c0, y.width}}});
     deferred_.outs.push_back({deferred_.out_used + c0 * sizeof(float), y.p, y.n, y.width, y.stride, y.stride, held.id});
     deferred_.out_used += o;
@@ -2298,10 +2343,21 @@ class VulkanBackend final : public CpuBackend {
     std::map<const uint16_t*, uint32_t> window_ids;
     std::map<int32_t, uint32_t> comp_ids;
     std::vector<int32_t> comp_rows;  // the compressed rows to unpack, by their index in rows (else -1)
+    uint32_t after = 0;              // the stage after which the batch's rows read here are written
+    std::vector<int> read;           // and their regions
     for (uint32_t i = 0; i < n; ++i) {
       const uint32_t t = a.p0 + i;
       for (uint32_t p = t + 1 > W ? t + 1 - W : 0; p <= t; ++p) {
         const uint16_t* r = a.window.row(p);
+        // A row a store_bf16 of this batch will write (the chunk's new window rows): read where
+        // the batch holds it (its values are BF16 already, so the same).
+        if (const HostStore* h = pending_store(r)) {
+          const size_t j = (size_t)(r - h->dst) / h->dst_stride;
+          lists[i].push_back(kInOut | (uint32_t)(h->place + j * h->src_stride));
+          after = std::max(after, deferred_.regions[(size_t)h->region].stage);
+          read.push_back(h->region);
+          continue;
+        }
         auto [it, fresh] = window_ids.emplace(r, (uint32_t)rows.size());
         if (fresh) {
           rows.push_back(r);
@@ -2321,19 +2377,36 @@ class VulkanBackend final : public CpuBackend {
         lists[i].push_back(it->second);
       }
     }
-    return defer_attention(a.q, a.heads, hd, a.sinks, o, rows, [&](uint32_t i) -> const std::vector<uint32_t>& { return lists[i]; },
-                           [&](uint32_t k, uint16_t* dst) {
-                             if (comp_rows[k] >= 0) fp4_unpacker()(a.comp.grid, a.comp.row((uint32_t)comp_rows[k]), hd, dst);
-                             else std::memcpy(dst, rows[k], hd * sizeof(uint16_t));
-                           });
+    const size_t at = deferred_.ds.size();
+    if (!defer_attention(a.q, a.heads, hd, a.sinks, o, rows, [&](uint32_t i) -> const std::vector<uint32_t>& { return lists[i]; },
+                         after, [&](uint32_t k, uint16_t* dst) {
+                           if (comp_rows[k] >= 0) fp4_unpacker()(a.comp.grid, a.comp.row((uint32_t)comp_rows[k]), hd, dst);
+                           else std::memcpy(dst, rows[k], hd * sizeof(uint16_t));
+                         }))
+      return false;
+    const uint32_t stage = deferred_.ds[at].stage;
+    for (const int r : read) deferred_.regions[(size_t)r].read = std::max(deferred_.regions[(size_t)r].read, stage);
+    return true;
   }
 
-  // Attention of the queries q (heads x head_dim each) over rows[list(i)] per query i (mu_ held):
-  // the rows and lists staged into the activation buffer (`fill` writes row k's BF16 values; by
-  // default a copy of rows[k]), q read where the batch holds it or staged, o a new region.
+  // The store_bf16 of the deferred batch that will write row r (its start), if any.
+  const HostStore* pending_store(const uint16_t* r) const {
+    for (const HostStore& h : deferred_.stores) {
+      if (r < h.dst || r >= h.dst + h.n * h.dst_stride) continue;
+      const size_t off = (size_t)(r - h.dst);
+      if (off % h.dst_stride == 0) return &h;
+    }
+    return nullptr;
+  }
+
+  // Attention of the queries q (heads x head_dim each) over the rows list(i) names per query i
+  // (mu_ held): an entry k < kInOut is rows[k], staged into the activation buffer with the lists
+  // (`fill` writes row k's BF16 values; by default a copy of rows[k]); an entry kInOut | place is
+  // a row of f32 values (BF16-exact) at that place of the output buffer, written by stage `after`
+  // at the latest. q is read where the batch holds it or staged, o is a new region.
   template <class List>
   bool defer_attention(CMat q, uint32_t heads, uint32_t hd, const float* sinks, Mat o,
-                       std::span<const uint16_t* const> rows, List&& list,
+                       std::span<const uint16_t* const> rows, List&& list, uint32_t after,
                        const std::function<void(uint32_t, uint16_t*)>& fill = {}) const {
     const size_t n = q.n;
     if (attention_ == VK_NULL_HANDLE || n == 0 || heads == 0 || hd == 0 || hd % 2 != 0 || o.n != n ||
@@ -2374,7 +2447,7 @@ class VulkanBackend final : public CpuBackend {
     }
     deferred_.act_used += lb + rb;
     Region& r = deferred_.regions[(size_t)yr];
-    const uint32_t stage = x.stage + 1;
+    const uint32_t stage = std::max(x.stage, after) + 1;
     deferred_.ds.push_back(row_op(attention_,
                                   {(uint32_t)n, heads, hd, x.at, x.stride, kv_at, list_at, out_place(r, o), (uint32_t)r.stride},
                                   heads, (uint32_t)n, stage));

@@ -24,7 +24,7 @@ layout(push_constant) uniform Push {
   uint n, heads, head_dim;
   uint q_at, q_stride;  // token t's queries at q_at + t * q_stride, bit 31 set: in the output buffer
   uint kv_at;           // word index of the staged rows, head_dim values each
-  uint list_at;         // [scale bits][sinks: heads][per token: first, count][row ids], words
+  uint list_at;         // [scale bits][sinks: heads][per token: first, count][row ids (kv())], words
   uint y_off, y_stride; // token t's output at y_off + t * y_stride of the output buffer
   uint unused0, unused1;
 } p;
@@ -36,7 +36,10 @@ shared float den_s;
 float query(uint i) {
   return (i & 0x80000000u) != 0u ? rows[i & 0x7fffffffu] : uintBitsToFloat(su[i]);
 }
+// Row r's value d: a staged BF16 row, or (bit 31 set) f32 values at that place of the output
+// buffer (a row the batch writes and a store_bf16 of it will keep; BF16-exact).
 float kv(uint r, uint d) {
+  if ((r & 0x80000000u) != 0u) return rows[(r & 0x7fffffffu) + d];
   const uint w = su[p.kv_at + (r * p.head_dim + d) / 2u];
   return uintBitsToFloat(((d & 1u) != 0u ? (w >> 16) : (w & 0xffffu)) << 16);
 }

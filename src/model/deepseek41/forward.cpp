@@ -148,6 +148,17 @@ void Engine::Impl::name(const Pass& p, int L, const char* what, CMat t) const {
 // and writes its output back through post/comb (hc_post). The attention collapse uses the
 // previous FFN's pre-weights (lagged), the FFN collapse the attention's own.
 void Engine::Impl::run_pass(Pass& p, float* logits, const std::vector<uint32_t>* rows, bool capture_rows) const {
+  // A backend may hold ops back until a sync (the Vulkan backend's deferred batch, whose stores
+  // write the pass's chunk buffers): an error drops them before those buffers go.
+  try {
+    layer_loop(p, logits, rows, capture_rows);
+  } catch (...) {
+    be.drop_pending();
+    throw;
+  }
+}
+
+void Engine::Impl::layer_loop(Pass& p, float* logits, const std::vector<uint32_t>* rows, bool capture_rows) const {
   const uint32_t n = p.n, hc = c.hc_mult, nl = c.num_hidden_layers;
   const HcParams hp = hc_params();
   engram_ids(p);

@@ -46,6 +46,7 @@ struct Engine::Impl {
   // otherwise of those rows only, in that order (empty: the head is skipped).
   // capture: fill `capture` for the pass's rows (EngineOptions::capture_layers).
   void run_pass(Pass& p, float* logits, const std::vector<uint32_t>* rows = nullptr, bool capture = false) const;
+  void layer_loop(Pass& p, float* logits, const std::vector<uint32_t>* rows, bool capture) const;  // run_pass's body
   size_t capture_width() const { return opt.capture_layers.size() * c.hidden_size; }
 
   // Stages (forward_engram.cpp, forward_attention.cpp, forward_moe.cpp). X: [n][hc x hidden].
