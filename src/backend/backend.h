@@ -207,7 +207,9 @@ class Backend {
   // RoPE on every head of width head_dim of row i at position pos[i] (numerics.md 4).
   virtual void rope(Mat x, uint32_t head_dim, RopeTable t, std::span<const uint64_t> pos, bool inverse) const = 0;
   virtual void fake_quant(Mat x, FakeQuant kind) const = 0;
-  // dst row i = BF16 bits of x row i (x is BF16-exact, so this is lossless).
+  // dst row i = BF16 bits of x row i (x is BF16-exact, so this is lossless). Like a tensor, dst
+  // may be written only when the ops before have run: the caller reads it after sync() or through
+  // a backend op (sparse_attention's window), and keeps it until then (drop_pending).
   virtual void store_bf16(CMat x, uint16_t* dst, size_t dst_stride) const = 0;
   // dst row i (fp4_row_bytes(grid, x.width) bytes each, back to back) = x row i fake-quantized
   // to `grid` and packed (fp4_pack_row): the cached form of compressed rows and index keys.
