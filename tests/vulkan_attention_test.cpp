@@ -15,6 +15,7 @@
 #include "backend/vulkan_backend.h"
 #include "kernels/fp.h"
 #include "kernels/fp4_rows.h"
+#include "test_tensors.h"
 #include "test_weights.h"
 
 namespace sluice {
@@ -26,23 +27,9 @@ constexpr bool kBuilt = true;
 constexpr bool kBuilt = false;
 #endif
 
-std::vector<float> bf16_values(std::mt19937_64& rng, size_t n, float spread) {
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::uniform_int_distribution<int> ex(-3, 3);
-  std::vector<float> v(n);
-  for (float& x : v) x = round_bf16(u(rng) * spread * std::ldexp(1.0f, ex(rng)));
-  return v;
-}
-
-void fill(const Tensor& t, const std::vector<float>& v) {
-  for (size_t i = 0; i < t.n(); ++i) std::memcpy(t.m().row(i), v.data() + i * t.width(), t.width() * sizeof(float));
-}
-
-long first_difference(const Tensor& a, const Tensor& b) {
-  for (size_t i = 0; i < a.n() * a.width(); ++i)
-    if (std::memcmp(a.c().p + i, b.c().p + i, sizeof(float)) != 0) return (long)i;
-  return -1;
-}
+std::vector<float> bf16_values(std::mt19937_64& rng, size_t n, float spread) { return test::bf16_randoms(rng, n, spread, 3); }
+using test::fill;
+using test::first_difference;
 
 // RoPE on the rows a deferred linear writes runs on the device, in place, for odd head shapes
 // (the rotated pairs the last of each head), far positions and both directions.

@@ -14,6 +14,7 @@
 #include "backend/vulkan_backend.h"
 #include "kernels/fp.h"
 #include "kernels/numerics.h"
+#include "test_tensors.h"
 #include "test_weights.h"
 
 namespace sluice {
@@ -26,24 +27,9 @@ constexpr bool kBuilt = false;
 #endif
 
 // BF16-exact values over many binades, as the residual streams hold.
-std::vector<float> streams(std::mt19937_64& rng, size_t n, float spread) {
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::uniform_int_distribution<int> ex(-4, 4);
-  std::vector<float> v(n);
-  for (float& x : v) x = round_bf16(u(rng) * spread * std::ldexp(1.0f, ex(rng)));
-  return v;
-}
-
-void fill(const Tensor& t, const std::vector<float>& v) {
-  for (size_t i = 0; i < t.n(); ++i) std::memcpy(t.m().row(i), v.data() + i * t.width(), t.width() * sizeof(float));
-}
-
-// The first float where a and b differ in their bits, or -1.
-long first_difference(const Tensor& a, const Tensor& b) {
-  for (size_t i = 0; i < a.n() * a.width(); ++i)
-    if (std::memcmp(a.c().p + i, b.c().p + i, sizeof(float)) != 0) return (long)i;
-  return -1;
-}
+std::vector<float> streams(std::mt19937_64& rng, size_t n, float spread) { return test::bf16_randoms(rng, n, spread, 4); }
+using test::fill;
+using test::first_difference;
 
 struct HcWeights {
   test::HostWeight fn;       // the projections, F16 as in the published model

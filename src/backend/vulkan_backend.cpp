@@ -842,19 +842,13 @@ class VulkanBackend final : public CpuBackend {
       const uint64_t tensor = held.id && c0 + c.y.width <= c.y.stride ? held.id : 0;
       const float* y_row = c.y.p - c0;
       defer = defer && tensor != 0;
-      if (in_place[ci]) {  // stride: set where it is placed (device_linears)
-        LinearItem it{DeviceWeight{gw.pipe, gw.b.buf, 0, gw.b.size, gw.kind, gw.w_off}, &W, {}, 0,
-                      c.y.p, c.y.width, c.y.stride, c.row0, c.round, tensor, y_row};
-        it.xf = c.x.p;
-        it.x_stride = c.x.stride;
-        it.n_x = c.x.n;
-        items.push_back(it);
-        continue;
-      }
-      if (device_quantizes(W)) {
-        LinearItem it{DeviceWeight{gw.pipe, gw.b.buf, 0, gw.b.size, gw.kind, gw.w_off}, &W, {}, quantized_row_bytes(type, W.cols),
-                      c.y.p, c.y.width, c.y.stride, c.row0, c.round, tensor, y_row};
-        it.x = c.x.p;
+      // Rows the device reads from f32: in place where the batch holds them (a float weight; the
+      // stride is set where the item is placed), or quantized there.
+      if (in_place[ci] || device_quantizes(W)) {
+        LinearItem it{DeviceWeight{gw.pipe, gw.b.buf, 0, gw.b.size, gw.kind, gw.w_off}, &W, {},
+                      in_place[ci] ? 0 : quantized_row_bytes(type, W.cols), c.y.p, c.y.width, c.y.stride, c.row0, c.round,
+                      tensor, y_row};
+        (in_place[ci] ? it.xf : it.x) = c.x.p;
         it.x_stride = c.x.stride;
         it.n_x = c.x.n;
         items.push_back(it);
