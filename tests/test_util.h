@@ -20,6 +20,9 @@
 
 namespace sluice::test {
 
+// True when this build has the Vulkan backend (the Vulkan tests then expect a device).
+inline constexpr bool kVulkanBuilt = SLUICE_TEST_VULKAN_EXPECTED;
+
 // A fresh directory for one test, removed when it goes out of scope. The name carries the pid
 // and the running test's name so parallel test processes and successive tests never share one.
 struct TempDir {

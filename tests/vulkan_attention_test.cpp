@@ -16,16 +16,13 @@
 #include "kernels/fp.h"
 #include "kernels/fp4_rows.h"
 #include "test_tensors.h"
+#include "test_util.h"
 #include "test_weights.h"
 
 namespace sluice {
 namespace {
 
-#if SLUICE_TEST_VULKAN_EXPECTED
-constexpr bool kBuilt = true;
-#else
-constexpr bool kBuilt = false;
-#endif
+constexpr bool kBuilt = test::kVulkanBuilt;
 
 std::vector<float> bf16_values(std::mt19937_64& rng, size_t n, float spread) { return test::bf16_randoms(rng, n, spread, 3); }
 using test::fill;

@@ -65,11 +65,7 @@ std::vector<float> run_linear(const Backend& be, const Weight& w, const std::vec
   return y;
 }
 
-#if SLUICE_TEST_VULKAN_EXPECTED
-constexpr bool kBuilt = true;
-#else
-constexpr bool kBuilt = false;
-#endif
+constexpr bool kBuilt = test::kVulkanBuilt;
 
 TEST(Vulkan, BuildAndEntryPointsAgree) {
   EXPECT_EQ(vulkan_built(), kBuilt);

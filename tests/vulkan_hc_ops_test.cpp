@@ -15,16 +15,13 @@
 #include "kernels/fp.h"
 #include "kernels/numerics.h"
 #include "test_tensors.h"
+#include "test_util.h"
 #include "test_weights.h"
 
 namespace sluice {
 namespace {
 
-#if SLUICE_TEST_VULKAN_EXPECTED
-constexpr bool kBuilt = true;
-#else
-constexpr bool kBuilt = false;
-#endif
+constexpr bool kBuilt = test::kVulkanBuilt;
 
 // BF16-exact values over many binades, as the residual streams hold.
 std::vector<float> streams(std::mt19937_64& rng, size_t n, float spread) { return test::bf16_randoms(rng, n, spread, 4); }

@@ -597,8 +597,7 @@ class VulkanBackend final : public CpuBackend {
       const std::lock_guard<std::mutex> lk(mu_);
       if (const Region* r = x.n && x.width ? deferred_.source_of(x) : nullptr) {
         deferred_.stores.push_back(
-            HostStore{r->off + (VkDeviceSize)(x.p - r->row) * sizeof(float), dst, x.n, x.width, dst_stride, r->stride,
-                      out_place(*r, x), r->stage, (int)(r - deferred_.regions.data())});
+            HostStore{dst, x.n, x.width, dst_stride, r->stride, out_place(*r, x), (int)(r - deferred_.regions.data())});
         return;
       }
       flush_deferred();
@@ -1236,8 +1235,7 @@ class VulkanBackend final : public CpuBackend {
     const std::lock_guard<std::mutex> lk(mu_);
     flush_deferred();
     if (rms_norm_ == VK_NULL_HANDLE) throw Error("gpu_rms_norm: the device has no rms_norm shader (no shaderFloat64)");
-    ensure(act_, io_limit_);
-    ensure(out_, io_limit_);
+    ensure_io();
     if (n * width * sizeof(float) > out_.size || width * sizeof(float) > act_.size)
       throw Error("gpu_rms_norm: the rows do not fit the staging buffers");
     std::memcpy(out_.map, x, n * width * sizeof(float));
@@ -1256,8 +1254,7 @@ class VulkanBackend final : public CpuBackend {
     const std::lock_guard<std::mutex> lk(mu_);
     flush_deferred();
     if (swiglu_ == VK_NULL_HANDLE) throw Error("gpu_swiglu: the device has no swiglu shader (no shaderFloat64)");
-    ensure(act_, io_limit_);
-    ensure(out_, io_limit_);
+    ensure_io();
     if (n * 2 * width * sizeof(float) > out_.size || n * sizeof(float) > act_.size)
       throw Error("gpu_swiglu: the rows do not fit the staging buffers");
     std::memcpy(out_.map, gu, n * 2 * width * sizeof(float));
@@ -1625,9 +1622,17 @@ class VulkanBackend final : public CpuBackend {
                 (uint32_t)stride, wt.kind, round ? 1u : 0u, wt.w_off, 0, (uint32_t)rows};
   }
   static uint32_t grid_x(size_t rows) { return (uint32_t)((rows + kGroup - 1) / kGroup); }
+  // What a storage binding's offset must be a multiple of.
+  VkDeviceSize offset_align() const { return std::max<VkDeviceSize>(4, offset_align_); }
   VkDeviceSize aligned(VkDeviceSize b) const {
-    const VkDeviceSize a = std::max<VkDeviceSize>(4, offset_align_);
+    const VkDeviceSize a = offset_align();
     return (b + a - 1) / a * a;
+  }
+  // The activation and output buffers at their full size, from the first use on, so a deferred
+  // batch's bytes never move.
+  void ensure_io() const {
+    ensure(act_, io_limit_);
+    ensure(out_, io_limit_);
   }
 
   // The device's quantizer of an activation format (none: the host quantizes it).
@@ -1651,7 +1656,7 @@ class VulkanBackend final : public CpuBackend {
   bool reads_rows_in_place(const Weight& W, CMat x) const {
     const Region* r = W.device && float_ ? deferred_.source_of(x) : nullptr;
     return r && static_cast<const GpuWeight*>(W.device)->pipe == float_ &&
-           (r->off + (VkDeviceSize)(x.p - r->row) * sizeof(float)) % std::max<VkDeviceSize>(4, offset_align_) == 0;
+           (r->off + (VkDeviceSize)(x.p - r->row) * sizeof(float)) % offset_align() == 0;
   }
 
   // One dispatch of a linear shader: its weight range, where its activations and outputs lie in
@@ -1747,9 +1752,7 @@ class VulkanBackend final : public CpuBackend {
   double device_linears(std::span<const LinearItem> items, std::function<void()> meanwhile = {},
                         bool defer = false) const {
     const uint64_t limit = io_limit_;
-    // Both at their full size from the first call, so a deferred batch's bytes never move.
-    ensure(act_, limit);
-    ensure(out_, limit);
+    ensure_io();
     double s = 0;
     for (size_t i = 0; i < items.size();) {
       Deferred sub = std::exchange(deferred_, Deferred{});
@@ -1973,13 +1976,12 @@ class VulkanBackend final : public CpuBackend {
              (c + (ptrdiff_t)m.width > s && r + 1 < (ptrdiff_t)n && r + 1 + (ptrdiff_t)m.n > 0 && cols_meet(c - s));
     }
   };
-  // A store_bf16 waiting for the batch: n rows of `width` floats from `off` of the output buffer
-  // (src_stride floats apart, at float `place`, written by stage `stage` of region `region`) to dst.
+  // A store_bf16 waiting for the batch: n rows of `width` floats from float `place` of the output
+  // buffer (src_stride floats apart, in region `region`) to dst.
   struct HostStore {
-    VkDeviceSize off = 0;
     uint16_t* dst = nullptr;
     size_t n = 0, width = 0, dst_stride = 0, src_stride = 0;
-    uint32_t place = 0, stage = 0;
+    uint32_t place = 0;
     int region = -1;
   };
   struct Deferred {
@@ -2017,7 +2019,7 @@ class VulkanBackend final : public CpuBackend {
     const double s = sub.ds.empty() ? 0 : dispatch(sub.ds, meanwhile);
     const uint8_t* out = static_cast<const uint8_t*>(out_.map);
     for (const HostStore& h : sub.stores) {
-      const float* src = reinterpret_cast<const float*>(out + h.off);
+      const float* src = reinterpret_cast<const float*>(out) + h.place;
       for (size_t t = 0; t < h.n; ++t)
         for (size_t k = 0; k < h.width; ++k) h.dst[t * h.dst_stride + k] = f32_to_bf16(src[t * h.src_stride + k]);
     }
@@ -2098,8 +2100,7 @@ class VulkanBackend final : public CpuBackend {
   // it whole, or the activation buffer has no room.
   bool operand(CMat m, Operand& o) const {
     if (const Region* r = deferred_.source_of(m)) {
-      o = Operand{kInOut | (uint32_t)(r->off / sizeof(float) + (size_t)(m.p - r->row)), (uint32_t)r->stride, r->stage,
-                  (int)(r - deferred_.regions.data())};
+      o = Operand{kInOut | out_place(*r, m), (uint32_t)r->stride, r->stage, (int)(r - deferred_.regions.data())};
       return true;
     }
     if (deferred_writes(m)) return false;
@@ -2111,8 +2112,7 @@ class VulkanBackend final : public CpuBackend {
   // Copies rows into the activation buffer after the batch's other inputs (mu_ held): the float
   // index of the first, UINT32_MAX when there is no room.
   uint32_t stage_rows(CMat m) const {
-    ensure(act_, io_limit_);
-    ensure(out_, io_limit_);  // at their full size, as device_linears makes them
+    ensure_io();
     const VkDeviceSize b = aligned((VkDeviceSize)m.n * m.width * sizeof(float));
     if (deferred_.act_used + b > io_limit_) return UINT32_MAX;
     uint8_t* const a = static_cast<uint8_t*>(act_.map) + deferred_.act_used;
@@ -2129,8 +2129,7 @@ class VulkanBackend final : public CpuBackend {
   int output_region(Mat y) const {
     const LiveTensors::Held held = live_->holder(y.p, (y.n - 1) * y.stride + y.width);
     if (!held.id) return -1;
-    ensure(act_, io_limit_);
-    ensure(out_, io_limit_);
+    ensure_io();
     const size_t c0 = (size_t)(y.p - held.start) % y.stride;
     const VkDeviceSize o = aligned((VkDeviceSize)y.n * y.stride * sizeof(float));
     const float* const y0 = y.p - c0;  // y's first row's start
@@ -2218,7 +2217,7 @@ class VulkanBackend final : public CpuBackend {
     if (!operand(X, x)) return false;
     // The linear binds X's rows at an offset: a region's must suit one (a whole tensor's rows do).
     const VkDeviceSize x_off = (VkDeviceSize)(x.at & ~kInOut) * sizeof(float);
-    if (x_off % std::max<VkDeviceSize>(4, offset_align_) != 0) return false;
+    if (x_off % offset_align() != 0) return false;
     std::vector<float> prm(base, base + nmix);
     prm.insert(prm.end(), scale, scale + 3);
     prm.push_back(p.hc_eps);
@@ -2468,7 +2467,7 @@ class VulkanBackend final : public CpuBackend {
     const uint8_t* p[3] = {w.gate, w.up, w.down};
     // A chunk and the pages around it within one binding (the import widens it to whole pages).
     const uint64_t max_chunk = max_range_ > 2 * import_align_ ? max_range_ - 2 * import_align_ : 0;
-    const VkDeviceSize align = std::max<VkDeviceSize>(4, offset_align_);
+    const VkDeviceSize align = offset_align();
     for (int i = 0; i < 3; ++i) {
       const uint64_t bytes = parts[i]->rows * parts[i]->row_bytes;
       const HeldChunk c = held_chunk(held->second, p[i], bytes, max_chunk);
@@ -2506,7 +2505,7 @@ class VulkanBackend final : public CpuBackend {
   // kSlabBytes so no allocation is huge. Nothing fits: slot_stride_ stays 0 and experts run on
   // the CPU.
   void make_slots(const uint64_t part[3]) const {
-    const VkDeviceSize align = std::max<VkDeviceSize>(4, offset_align_);
+    const VkDeviceSize align = offset_align();
     VkDeviceSize off = 0;
     for (int i = 0; i < 3; ++i) {
       part_off_[i] = off;
