@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/vulkan_backend.h"
 #include "model/deepseek41/forward.h"
 #include "model/model.h"
 #include "model/streamed_experts.h"
@@ -24,6 +25,7 @@
 #include "runtime/sampler.h"
 #include "storage/expert_store.h"
 #include "util/error.h"
+#include "test_util.h"
 
 namespace sluice {
 namespace {
@@ -100,9 +102,13 @@ class BatchDecode : public ::testing::Test {
   }
 
   // All N together: one eval_batch of every prompt (chunks of different lengths), then one
-  // eval_batch per decode step holding each sequence's next token.
-  static Run together(const ExpertSource* src, uint32_t N) {
-    Engine eng(m(), options(src));
+  // eval_batch per decode step holding each sequence's next token. With `be` (and the model it
+  // prepared), on that backend, each decode step's submissions in step_subs.
+  static Run together(const ExpertSource* src, uint32_t N, const Model* model = nullptr, const Backend* be = nullptr,
+                      std::vector<uint64_t>* step_subs = nullptr) {
+    EngineOptions eo = options(src);
+    eo.backend = be;
+    Engine eng(model ? *model : m(), eo);
     const uint32_t V = c().vocab_size;
     Run r;
     r.logits.resize(N);
@@ -131,7 +137,9 @@ class BatchDecode : public ::testing::Test {
         items.push_back({&r.state[k], std::span<const TokenId>(&next[k], 1), {}, &r.trace[k]});
       }
       std::vector<float> rows((size_t)N * V);
+      const uint64_t s0 = be ? gpu_stats(*be).submissions : 0;
       eng.eval_batch(items, rows.data());
+      if (step_subs) step_subs->push_back(gpu_stats(*be).submissions - s0);
       for (uint32_t k = 0; k < N; ++k)
         r.logits[k].insert(r.logits[k].end(), rows.begin() + (ptrdiff_t)(k * V), rows.begin() + (ptrdiff_t)((k + 1) * V));
     }
@@ -178,6 +186,25 @@ TEST_F(BatchDecode, EachSequenceEqualsItselfAloneWithResidentExperts) {
     w.state.resize(N);
     expect_same(w, together(nullptr, N), N);
   }
+}
+
+// On the Vulkan backend a batch gives each sequence its CPU logits, traces and state, and a decode
+// step of N sequences costs the host-device round trips of one sequence's step: the sequences'
+// attentions are one op on the device (Backend::sparse_attentions), so the rotation back and the
+// output projection after them stay in the batch.
+TEST_F(BatchDecode, OnTheVulkanBackendABatchStepCostsTheRoundTripsOfOneSequence) {
+  if (!test::kVulkanBuilt) return;
+  const std::unique_ptr<Backend> gpu = make_vulkan_backend(GpuOptions{});
+  LoadOptions lo;
+  lo.backend = gpu.get();
+  const std::unique_ptr<Model> gm = load_model(path_, lo);
+  const uint32_t N = 3;
+  std::vector<uint64_t> one, all;
+  (void)together(nullptr, 1, gm.get(), gpu.get(), &one);
+  const Run got = together(nullptr, N, gm.get(), gpu.get(), &all);
+  expect_same(alone(nullptr, N), got, N);
+  ASSERT_EQ(all.size(), one.size());
+  for (size_t g = 0; g < all.size(); ++g) EXPECT_EQ(all[g], one[g]) << "decode step " << g;
 }
 
 TEST_F(BatchDecode, EachSequenceEqualsItselfAloneThroughTheStore) {

@@ -3,6 +3,8 @@
 // bits (docs/backends.md).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <deque>
@@ -13,6 +15,7 @@
 
 #include "backend/cpu_backend.h"
 #include "backend/vulkan_backend.h"
+#include "kernels/exp_f32.h"
 #include "kernels/fp.h"
 #include "kernels/fp4_rows.h"
 #include "test_tensors.h"
@@ -268,6 +271,151 @@ TEST(VulkanAttention, PendingWindowRowsAreReadWhereTheBatchHoldsThem) {
   gpu->drop_pending();
   gpu->sync();
   EXPECT_EQ(gone, std::vector<uint16_t>((size_t)n * hd, 0x1234)) << "a dropped store was written";
+
+  // Rows rewritten in place after their store (not in the forward pass): the store keeps the rows
+  // as they were when it was issued.
+  std::vector<uint16_t> kept((size_t)n * hd), want((size_t)n * hd);
+  gpu->linear(wkv.w, gx.c(), gkvt.m(), true, 0);
+  gpu->store_bf16(gkvt.c(), kept.data(), hd);
+  gpu->fake_quant(gkvt.m(), FakeQuant::Fp8Window);
+  gpu->sync();
+  cpu.linear(ckv, cx.c(), ckvt.m(), true, 0);
+  cpu.store_bf16(ckvt.c(), want.data(), hd);
+  cpu.fake_quant(ckvt.m(), FakeQuant::Fp8Window);
+  EXPECT_EQ(kept, want) << "the store read the rewritten rows";
+  EXPECT_EQ(first_difference(gkvt, ckvt), -1);
+}
+
+// A KV source's compressor over a run of chunks as the forward pass calls it: the projections k
+// and g from deferred float linears (or, for one chunk, the host's rows), the pooling with the
+// carry across chunks (groups open across two chunks included), then the latents' norm and RoPE
+// and their packed store, all in the one submission of the sync, with the CPU's groups, latents,
+// carry and packed rows. Gate spreads from near-uniform softmaxes to ones that underflow.
+TEST(VulkanAttention, CompressorPoolingOnTheDeviceHasTheCpuBits) {
+  if (!kBuilt) return;
+  const std::unique_ptr<Backend> gpu = make_vulkan_backend(GpuOptions{});
+  const CpuBackend cpu(1);
+  std::mt19937_64 rng(61);
+  const uint32_t hd = 80, cols = 72, maxn = 6;
+  const std::vector<double> freqs = {1.0, 0.01, 1e-4};
+  const RopeTable tab{freqs.data(), freqs.size()};
+  const std::vector<float> norm_w = bf16_values(rng, hd, 1.0f);
+  for (const uint32_t ratio : {1u, 2u, 4u})
+    for (const float spread : {0.05f, 40.0f}) {
+      SCOPED_TRACE("ratio " + std::to_string(ratio) + " spread " + std::to_string(spread));
+      test::HostWeight wk = test::random_host_weight(GgmlType::F16, hd, cols, rng());
+      test::HostWeight wg = test::random_host_weight(GgmlType::F16, hd, cols, rng(), spread);
+      Weight ck = wk.w, cg = wg.w;
+      cpu.prepare_weight(ck);
+      cpu.prepare_weight(cg);
+      gpu->prepare_weight(wk.w);
+      gpu->prepare_weight(wg.w);
+      std::vector<float> c_carry_k((size_t)(ratio - 1) * hd), c_carry_s(c_carry_k.size());
+      std::vector<float> g_carry_k(c_carry_k.size()), g_carry_s(c_carry_k.size());
+      const size_t rb = fp4_row_bytes(Fp4Grid::Nvfp4, hd);
+      std::vector<uint8_t> c_rows, g_rows;
+      uint32_t p0 = 0;
+      const uint32_t chunks[] = {3, 1, 1, 5, 1, 2, 6};
+      for (size_t c = 0; c < std::size(chunks); ++c) {
+        const uint32_t n = chunks[c];
+        SCOPED_TRACE("chunk at " + std::to_string(p0) + " of " + std::to_string(n));
+        const bool from_host = c == 3;  // k and g the host's rows: staged
+        const std::vector<float> x = bf16_values(rng, (size_t)n * cols, 1.0f);
+        const Tensor cx = cpu.tensor(n, cols), cK = cpu.tensor(n, hd), cG = cpu.tensor(n, hd), cl = cpu.tensor(maxn, hd);
+        const Tensor gx = gpu->tensor(n, cols), gK = gpu->tensor(n, hd), gG = gpu->tensor(n, hd), gl = gpu->tensor(maxn, hd);
+        fill(cx, x);
+        fill(gx, x);
+        cpu.linear(ck, cx.c(), cK.m(), false, 0);
+        cpu.linear(cg, cx.c(), cG.m(), false, 0);
+        const std::vector<uint32_t> cgroups =
+            cpu.compress_pool(cK.c(), ratio > 1 ? cG.c() : CMat{}, ratio, p0, c_carry_k.data(), c_carry_s.data(), cl.m());
+        const GpuStats s0 = gpu_stats(*gpu);
+        if (from_host) {
+          fill(gK, std::vector<float>(cK.c().p, cK.c().p + (size_t)n * hd));
+          fill(gG, std::vector<float>(cG.c().p, cG.c().p + (size_t)n * hd));
+        } else {
+          gpu->linears(std::vector<LinearCall>{{&wk.w, gx.c(), gK.m(), false}, {&wg.w, gx.c(), gG.m(), false}});
+        }
+        const std::vector<uint32_t> ggroups =
+            gpu->compress_pool(gK.c(), ratio > 1 ? gG.c() : CMat{}, ratio, p0, g_carry_k.data(), g_carry_s.data(), gl.m());
+        ASSERT_EQ(ggroups, cgroups);
+        const uint32_t G = (uint32_t)cgroups.size();
+        std::vector<uint64_t> pos(G);
+        for (uint32_t q = 0; q < G; ++q) pos[q] = (uint64_t)cgroups[q] * ratio;
+        const size_t base = c_rows.size() / rb;
+        c_rows.resize((base + G) * rb);
+        g_rows.resize((base + G) * rb, 0xee);
+        if (G) {
+          for (const Backend* b : std::initializer_list<const Backend*>{&cpu, gpu.get()}) {
+            const Mat l = (b == &cpu ? cl : gl).m().rows(0, G);
+            b->rms_norm(l, norm_w.data(), 1e-6f);
+            b->rope(l, hd, tab, pos, false);
+            b->store_fp4(l, Fp4Grid::Nvfp4, (b == &cpu ? c_rows : g_rows).data() + base * rb);
+          }
+        }
+        EXPECT_EQ(gpu_stats(*gpu).submissions, s0.submissions) << "an op waited for the device";
+        gpu->sync();
+        EXPECT_LE(gpu_stats(*gpu).submissions - s0.submissions, 1u);
+        EXPECT_EQ(gpu_stats(*gpu).ops_on_device - s0.ops_on_device, G ? 3u : 0u);
+        for (uint32_t q = 0; q < G; ++q)
+          EXPECT_EQ(std::memcmp(cl.c().row(q), gl.c().row(q), hd * sizeof(float)), 0) << "latent " << q;
+        EXPECT_EQ(g_rows, c_rows) << "the packed rows";
+        EXPECT_EQ(std::memcmp(g_carry_k.data(), c_carry_k.data(), c_carry_k.size() * sizeof(float)), 0) << "carry k";
+        EXPECT_EQ(std::memcmp(g_carry_s.data(), c_carry_s.data(), c_carry_s.size() * sizeof(float)), 0) << "carry s";
+        p0 += n;
+      }
+    }
+}
+
+// The pooled values before their BF16 rounding, against a plain scalar reference of the spec's
+// pooling, on f32 projections with all 24 bits: groups open across the chunk's start (the carry)
+// and inside it, ratios 2 to 5, softmaxes from flat to underflowing.
+TEST(VulkanAttention, CompressorPoolingUnroundedEqualsTheScalarReference) {
+  if (!kBuilt) return;
+  const std::unique_ptr<Backend> gpu = make_vulkan_backend(GpuOptions{});
+  std::mt19937_64 rng(67);
+  const uint32_t hd = 37, n = 11;
+  for (const uint32_t ratio : {2u, 3u, 4u, 5u})
+    for (const float spread : {0.01f, 3.0f, 200.0f}) {
+      SCOPED_TRACE("ratio " + std::to_string(ratio) + " spread " + std::to_string(spread));
+      std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+      const uint32_t p0 = 3 * ratio - 2;  // the first group reads ratio - 2 carried members
+      std::vector<float> carry_k((size_t)(ratio - 1) * hd), carry_s(carry_k.size());
+      for (float& v : carry_k) v = u(rng) * 4.0f;
+      for (float& v : carry_s) v = u(rng) * spread;
+      const Tensor k = gpu->tensor(n, hd), s = gpu->tensor(n, hd), lat = gpu->tensor(n, hd);
+      for (size_t i = 0; i < n * hd; ++i) {
+        k.m().p[i] = u(rng) * 4.0f;
+        s.m().p[i] = u(rng) * spread;
+      }
+      // The reference: member a of the group completing at row i is at row i - (ratio - 1) + a.
+      std::vector<std::vector<float>> want;
+      for (uint32_t i = 0; i < n; ++i) {
+        if ((p0 + i) % ratio != ratio - 1) continue;
+        auto member = [&](const Tensor& t, const std::vector<float>& carry, uint32_t a) {
+          const int64_t row = (int64_t)i - (ratio - 1) + a;
+          return row < 0 ? carry.data() + (size_t)a * hd : t.c().row((size_t)row);
+        };
+        std::vector<float> pooled(hd);
+        for (uint32_t d = 0; d < hd; ++d) {
+          float mx = -std::numeric_limits<float>::infinity();
+          for (uint32_t a = 0; a < ratio; ++a) mx = std::max(mx, member(s, carry_s, a)[d]);
+          float den = 0.0f;
+          for (uint32_t a = 0; a < ratio; ++a) den += exp_f32(member(s, carry_s, a)[d] - mx);
+          float acc = 0.0f;
+          for (uint32_t a = 0; a < ratio; ++a) acc += member(k, carry_k, a)[d] * (exp_f32(member(s, carry_s, a)[d] - mx) / den);
+          pooled[d] = acc;
+        }
+        want.push_back(pooled);
+      }
+      const std::vector<uint32_t> groups =
+          gpu_compress_pool_unrounded(*gpu, k.c(), s.c(), ratio, p0, carry_k.data(), carry_s.data(), lat.m());
+      ASSERT_EQ(groups.size(), want.size());
+      for (size_t q = 0; q < want.size(); ++q)
+        for (uint32_t d = 0; d < hd; ++d)
+          ASSERT_EQ(std::bit_cast<uint32_t>(lat.c().row(q)[d]), std::bit_cast<uint32_t>(want[q][d]))
+              << "group " << q << " channel " << d << ": " << lat.c().row(q)[d] << " for " << want[q][d];
+    }
 }
 
 }  // namespace

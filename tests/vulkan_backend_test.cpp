@@ -522,29 +522,55 @@ TEST(Vulkan, LinearsIntoTensorsWaitForTheNextSubmission) {
   EXPECT_TRUE(same(yn, cn)) << "rms_norm on the device";
   EXPECT_TRUE(same(ynb, cnb)) << "the linear after the device's rms_norm";
 
-  // A linear rewriting rows that deferred work reads or normalizes submits that work first: run
-  // in one submission, its output could land before the rms_norm of the old rows.
+  // A linear rewriting rows whole that deferred work reads and normalizes (each layer's attention
+  // output, written again by the next layer's) writes a new region in the same batch: the readers
+  // recorded before read the old rows, normalized; those after, and the tensor, the new ones.
   const std::vector<float> x2 = randoms(rng, n * cols);
   const Tensor xt2 = gpu->tensor(n, cols), yw = gpu->tensor(n, 64), cw2 = cpu.tensor(n, 64);
+  const Tensor yr1 = gpu->tensor(n, 40), yr2 = gpu->tensor(n, 40), cr2 = cpu.tensor(n, 40);
   std::memcpy(xt2.m().p, x2.data(), x2.size() * sizeof(float));
   cpu.linear(ca_w, xt2.c(), cw2.m(), true, 0);
+  cpu.linear(cb_w, cw2.c(), cr2.m(), true, 0);
   s0 = submissions();
   gpu->linear(a.w, xt.c(), yw.m(), true);
   gpu->rms_norm(yw.m(), norm_w.data(), 1e-6f);
+  gpu->linear(b.w, yw.c(), yr1.m(), true);
   gpu->linear(a.w, xt2.c(), yw.m(), true);
-  EXPECT_EQ(submissions() - s0, 1u) << "rows deferred work writes were rewritten in the same submission";
+  gpu->linear(b.w, yw.c(), yr2.m(), true);
+  EXPECT_EQ(submissions() - s0, 0u) << "rows written again whole submitted the batch";
   gpu->sync();
+  EXPECT_EQ(submissions() - s0, 1u);
+  EXPECT_TRUE(same(yr1, cnb)) << "a reader before the rewrite read the new rows";
   EXPECT_TRUE(same(yw, cw2)) << "the rewrite did not come last";
+  EXPECT_TRUE(same(yr2, cr2)) << "a reader after the rewrite read the old rows";
+  // Half of a region's columns written again: a reader of the whole rows finds no region holding
+  // them as they are now, and reads them after the batch.
+  const Tensor cmix = cpu.tensor(n, 64), cr3 = cpu.tensor(n, 40);
+  std::memcpy(cmix.m().p, ca.c().p, ca.bytes());
+  for (size_t t = 0; t < n; ++t) std::memcpy(cmix.m().row(t), cw2.c().row(t), 32 * sizeof(float));
+  cpu.linear(cb_w, cmix.c(), cr3.m(), true, 0);
+  s0 = submissions();
+  gpu->linear(a.w, xt.c(), yw.m().cols(0, 32), true, 0);
+  gpu->linear(a.w, xt.c(), yw.m().cols(32, 32), true, 32);
+  gpu->linear(a.w, xt2.c(), yw.m().cols(0, 32), true, 0);
+  EXPECT_EQ(submissions() - s0, 0u);
+  gpu->linear(b.w, yw.c(), yr2.m(), true);
+  EXPECT_EQ(submissions() - s0, 1u) << "rows partly rewritten were read in place";
+  gpu->sync();
+  EXPECT_TRUE(same(yw, cmix));
+  EXPECT_TRUE(same(yr2, cr3)) << "the reader of rows partly rewritten";
 
-  // Any op the CPU runs submits the deferred linears first: add_round reads A's output on the host.
+  // Any op the CPU runs submits the deferred linears first: gather_rows reads A's output on the host.
   const Tensor yq = gpu->tensor(n, 64), cq = cpu.tensor(n, 64), yq2 = gpu->tensor(n, 64), cq2 = cpu.tensor(n, 64);
+  std::vector<uint32_t> back(n);
+  for (size_t t = 0; t < n; ++t) back[t] = (uint32_t)(n - 1 - t);
   cpu.linear(ca_w, xt.c(), cq.m(), true, 0);
-  cpu.add_round(cq.c(), cq.c(), cq2.m());
+  cpu.gather_rows(cq.c(), back, cq2.m());
   s0 = submissions();
   gpu->linear(a.w, xt.c(), yq.m(), true);
-  gpu->add_round(yq.c(), yq.c(), yq2.m());
+  gpu->gather_rows(yq.c(), back, yq2.m());
   EXPECT_EQ(submissions() - s0, 1u);
-  EXPECT_TRUE(same(yq2, cq2)) << "add_round ran before the linear it reads";
+  EXPECT_TRUE(same(yq2, cq2)) << "gather_rows ran before the linear it reads";
 
   // Outputs outside the backend's tensors (the caller's own memory) are written before the call returns.
   std::vector<float> host(n * 24, -1.0f);
@@ -1120,6 +1146,51 @@ TEST(Vulkan, RoutedExpertsInDeviceSlotsHaveTheCpuBits) {
 TEST(Vulkan, RoutedExpertsWithUpInAnotherFormatHaveTheCpuBits) {
   if (!kBuilt) return;
   routed_experts_in_slots(GgmlType::Q8_0);
+}
+
+// The FFN's tail with the routed experts on the CPU (no slots): the shared expert waits in the
+// deferred batch while the CPU sums the routed experts (the CPU reads x and writes the sums on the
+// host: nothing to submit for it), and f_out = bf16(routed + shared) is recorded into the batch,
+// on the device: one submission at the sync for the whole FFN, with the CPU's bits.
+TEST(Vulkan, RoutedExpertsOnTheCpuLeaveTheSharedExpertInTheBatch) {
+  if (!kBuilt) return;
+  const uint64_t H = 256, F = 512;
+  const uint32_t E = 4, n = 3, layer = 1;
+  const CpuBackend cpu(1);
+  const std::unique_ptr<Backend> gpu = make_vulkan_backend({});
+  std::mt19937_64 rng(21);
+  const HostWeight g = random_weight(GgmlType::Q8_0, F, H, 31), u = random_weight(GgmlType::Q8_0, F, H, 32),
+                   d = random_weight(GgmlType::Q8_0, H, F, 33);
+  Weight gg = g.w, gu = u.w, gd = d.w, cg = g.w, cu = u.w, cd = d.w;
+  for (Weight* w : {&gg, &gu, &gd}) gpu->prepare_weight(*w);
+  for (Weight* w : {&cg, &cu, &cd}) cpu.prepare_weight(*w);
+  CountingExperts ex = published_recipe_experts(E, H, F, 300);
+  Weight lg = ex.gate[0].w, lu = ex.up[0].w, ld = ex.down[0].w;
+  lg.data = lu.data = ld.data = nullptr;
+  for (Weight* w : {&lg, &lu, &ld}) cpu.prepare_weight(*w);
+  const ExpertTensors et{&lg, &lu, &ld};
+  const std::vector<ExpertTriple> triples = {{0, 1, 0.25f}, {1, 0, 0.5f}, {1, 2, 0.75f}, {3, 0, 1.5f}};
+  std::vector<float> x = randoms(rng, n * H);
+  for (float& v : x) v = round_bf16(v);
+  auto ffn = [&](const Backend& be, const Weight& wg, const Weight& wu, const Weight& wd, uint64_t* subs) {
+    const Tensor xt = be.tensor(n, H), sh = be.tensor(n, H), routed = be.tensor(n, H), out = be.tensor(n, H);
+    for (uint32_t t = 0; t < n; ++t) std::memcpy(xt.m().row(t), x.data() + t * H, H * sizeof(float));
+    be.fill_rows(routed.m(), std::vector<float>(H, 0.0f));
+    const uint64_t s0 = gpu_stats(be).submissions;
+    be.shared_ffn(wg, wu, wd, 7.0f, xt.c(), sh.m());
+    be.routed_ffn(et, ex, layer, triples, 7.0f, xt.c(), routed.m());
+    be.add_round(routed.c(), sh.c(), out.m());
+    if (subs) *subs = gpu_stats(be).submissions - s0;
+    be.sync();
+    return std::vector<float>(out.c().p, out.c().p + n * H);
+  };
+  const std::vector<float> want = ffn(cpu, cg, cu, cd, nullptr);
+  uint64_t before_sync = 0;
+  const uint64_t ops0 = gpu_stats(*gpu).ops_on_device, s0 = gpu_stats(*gpu).submissions;
+  EXPECT_EQ(ffn(*gpu, gg, gu, gd, &before_sync), want);
+  EXPECT_EQ(before_sync, 0u) << "the CPU's routed experts or the sum submitted the shared expert";
+  EXPECT_EQ(gpu_stats(*gpu).submissions - s0, 1u);
+  EXPECT_EQ(gpu_stats(*gpu).ops_on_device - ops0, 2u) << "the SwiGLU and the sum on the device";
 }
 
 TEST(Vulkan, AMissingDeviceIsNamedWithTheCount) {

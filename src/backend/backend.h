@@ -251,6 +251,11 @@ class Backend {
   virtual void index_select(const IndexSelect& a, std::vector<std::vector<uint8_t>>& cand,
                             std::vector<std::vector<int32_t>>& sel) const = 0;
   virtual void sparse_attention(const SparseAttention& a, Mat o) const = 0;
+  // The attentions of a batch's sequences, as sparse_attention on each: their queries and outputs
+  // are consecutive rows of the pass's tensors, in order (a GPU records them as one op).
+  virtual void sparse_attentions(std::span<const SparseAttention> as, std::span<const Mat> outs) const {
+    for (size_t k = 0; k < as.size(); ++k) sparse_attention(as[k], outs[k]);
+  }
   virtual void attend_rows(const RowAttention& a, Mat o) const = 0;
 
   // --- feed-forward (spec 3.6) ----------------------------------------------------------------

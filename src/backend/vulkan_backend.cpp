@@ -184,6 +184,12 @@ const uint32_t kAttention[] = {
 const uint32_t kEngramGate[] = {
 #include "engram_gate.spv.inc"
 };
+const uint32_t kAddRound[] = {
+#include "add_round.spv.inc"
+};
+const uint32_t kCompressPool[] = {
+#include "compress_pool.spv.inc"
+};
 const uint32_t kFakeQuant[] = {
 #include "fake_quant.spv.inc"
 };
@@ -608,12 +614,31 @@ class VulkanBackend final : public CpuBackend {
     const std::lock_guard<std::mutex> lk(mu_);
     deferred_ = Deferred{};
   }
+  // Like store_bf16: where the deferred batch writes x whole (a KV source's latents and index keys
+  // after their RoPE), the host packs the rows as it copies the batch's outputs out.
   void store_fp4(CMat x, Fp4Grid grid, uint8_t* dst) const override {
-    settle();
+    {
+      const std::lock_guard<std::mutex> lk(mu_);
+      if (const Region* r = x.n && x.width ? deferred_.source_of(x) : nullptr) {
+        HostStore h{nullptr, x.n, x.width, 0, r->stride, out_place(*r, x), (int)(r - deferred_.regions.data())};
+        h.fp4 = dst;
+        h.grid = grid;
+        deferred_.stores.push_back(h);
+        return;
+      }
+      flush_deferred();
+    }
     CpuBackend::store_fp4(x, grid, dst);
   }
+  // On the device where the deferred batch writes an addend (the shared expert's output, while the
+  // CPU made the routed sums): the sum rides with the batch. Else the CPU's, after the batch only
+  // when it writes one of the rows.
   void add_round(CMat a, CMat b, Mat out) const override {
-    settle();
+    {
+      const std::lock_guard<std::mutex> lk(mu_);
+      if (defer_add_round(a, b, out)) return;
+      if (deferred_writes(a) || deferred_writes(b) || deferred_writes(out)) flush_deferred();
+    }
     CpuBackend::add_round(a, b, out);
   }
   void fill_rows(Mat x, std::span<const float> row) const override {
@@ -677,9 +702,16 @@ class VulkanBackend final : public CpuBackend {
     }
     CpuBackend::hc_post(F, X, mixes, hc, Y);
   }
+  // Recorded into the deferred batch (compress_pool.comp) reading the projections where the batch
+  // writes them; the carry is staged, and its update copied out with the batch. Else the CPU's.
   std::vector<uint32_t> compress_pool(CMat k, CMat g, uint32_t ratio, uint32_t p0, float* carry_k, float* carry_s,
                                       Mat latents) const override {
-    settle();
+    {
+      const std::lock_guard<std::mutex> lk(mu_);
+      std::vector<uint32_t> groups;
+      if (defer_compress_pool(k, g, ratio, p0, carry_k, carry_s, latents, groups)) return groups;
+      flush_deferred();
+    }
     return CpuBackend::compress_pool(k, g, ratio, p0, carry_k, carry_s, latents);
   }
   void index_select(const IndexSelect& a, std::vector<std::vector<uint8_t>>& cand,
@@ -693,10 +725,19 @@ class VulkanBackend final : public CpuBackend {
   void sparse_attention(const SparseAttention& a, Mat o) const override {
     {
       const std::lock_guard<std::mutex> lk(mu_);
-      if (defer_sparse_attention(a, o)) return;
+      if (defer_sparse_attention(std::span(&a, 1), std::span(&o, 1))) return;
       flush_deferred();
     }
     CpuBackend::sparse_attention(a, o);
+  }
+  // A batch's sequences as one op, so their outputs are one region: the inverse RoPE and the
+  // output projection after them read it on the device. Else one by one.
+  void sparse_attentions(std::span<const SparseAttention> as, std::span<const Mat> outs) const override {
+    if (as.size() > 1) {
+      const std::lock_guard<std::mutex> lk(mu_);
+      if (defer_sparse_attention(as, outs)) return;
+    }
+    Backend::sparse_attentions(as, outs);
   }
   void attend_rows(const RowAttention& a, Mat o) const override {
     {
@@ -799,15 +840,15 @@ class VulkanBackend final : public CpuBackend {
       std::vector<const uint8_t*> rows;
     };
     // Inputs are read now (staged or quantized on the host): a call reading what deferred
-    // linears write, unless it chains after them, submits them first; so does one writing what
-    // they write (its dispatch could otherwise run before one that reads or normalizes the old
-    // rows), and one the CPU runs.
+    // linears write, unless it chains after them, submits them first; so does one writing some of
+    // what they write other than whole (rows written again whole go into a new region: readers
+    // before read the old one, region_of), and one the CPU runs.
     // A float weight reads its f32 rows where a region of the deferred batch holds them (in_place).
     std::vector<char> in_place(calls.size(), 0);
     {
       const std::lock_guard<std::mutex> lk(mu_);
       if (std::any_of(calls.begin(), calls.end(), [&](const LinearCall& c) {
-            return !linear_fits(*c.W, c.x, c.y) || deferred_writes(c.y) ||
+            return !linear_fits(*c.W, c.x, c.y) || (deferred_writes(c.y) && !rewritten_whole(c.y)) ||
                    (deferred_writes(c.x) && !((device_quantizes(*c.W) || reads_rows_in_place(*c.W, c.x)) &&
                                               deferred_.source_of(c.x)));
           }))
@@ -891,7 +932,7 @@ class VulkanBackend final : public CpuBackend {
   void routed_ffn(ExpertTensors t, const ExpertSource& src, uint32_t layer, std::span<const ExpertTriple> triples,
                   float limit, CMat x, Mat routed) const override {
     const bool device = experts_on_device(t);
-    settle_for(device, x, routed);
+    settle_for(x, routed);
     if (!device) return CpuBackend::routed_ffn(t, src, layer, triples, limit, x, routed);
     const size_t H = x.width;
     device_routed(t, src, layer, triples, limit, x, [&](size_t j, const float* d) {
@@ -903,7 +944,7 @@ class VulkanBackend final : public CpuBackend {
   void routed_ffn_rows(ExpertTensors t, const ExpertSource& src, uint32_t layer, std::span<const ExpertTriple> triples,
                        float limit, CMat x, Mat rows) const override {
     const bool device = experts_on_device(t);
-    settle_for(device, x, rows);
+    settle_for(x, rows);
     if (!device) return CpuBackend::routed_ffn_rows(t, src, layer, triples, limit, x, rows);
     if (rows.n != triples.size() || rows.width != x.width) throw Error("routed_ffn_rows: shapes differ");
     device_routed(t, src, layer, triples, limit, x,
@@ -945,11 +986,13 @@ class VulkanBackend final : public CpuBackend {
     return experts;
   }
 
-  // Before a routed call: the deferred linears wait for its first group's submission unless the
-  // CPU runs the call, or it reads or adds into what they write (the host does both).
-  void settle_for(bool device, CMat x, CMat out) const {
+  // Before a routed call: the deferred linears wait for its first group's submission, or, where
+  // the CPU runs the call, for the next one (the CPU reads x and writes out on the host: neither
+  // the batch's staged inputs nor its regions are those rows), unless the call reads or adds into
+  // what they write (the host does both).
+  void settle_for(CMat x, CMat out) const {
     const std::lock_guard<std::mutex> lk(mu_);
-    if (!device || deferred_writes(x) || deferred_writes(out)) flush_deferred();
+    if (deferred_writes(x) || deferred_writes(out)) flush_deferred();
   }
 
   // True when this layer's experts can run in the slots: slots were asked for, the three types
@@ -1280,6 +1323,18 @@ class VulkanBackend final : public CpuBackend {
     return std::vector<float>(gt.c().p, gt.c().p + n * hc);
   }
 
+  // compress_pool on the device with the pooled values unrounded (gpu_compress_pool_unrounded).
+  std::vector<uint32_t> compress_pool_unrounded(CMat k, CMat g, uint32_t ratio, uint32_t p0, float* carry_k,
+                                                float* carry_s, Mat latents) const {
+    const std::lock_guard<std::mutex> lk(mu_);
+    flush_deferred();
+    std::vector<uint32_t> groups;
+    if (!defer_compress_pool(k, g, ratio, p0, carry_k, carry_s, latents, groups, true))
+      throw Error("gpu_compress_pool_unrounded: the device has no compress_pool shader (no shaderFloat64) or the rows do not fit");
+    flush_deferred();
+    return groups;
+  }
+
   // The device's exp_f32 alone (gpu_exp), in place on n values staged in the output buffer.
   void exp_alone(float* x, size_t n) const {
     const std::lock_guard<std::mutex> lk(mu_);
@@ -1466,6 +1521,8 @@ class VulkanBackend final : public CpuBackend {
       hc_mix_ = pipeline(Spirv{kHcMix, sizeof kHcMix}, "hc_mix");
       rope_ = pipeline(Spirv{kRope, sizeof kRope}, "rope");
       engram_gate_ = pipeline(Spirv{kEngramGate, sizeof kEngramGate}, "engram_gate");
+      compress_ = pipeline(Spirv{kCompressPool, sizeof kCompressPool}, "compress_pool");
+      add_round_ = pipeline(Spirv{kAddRound, sizeof kAddRound}, "add_round");
       fake_quant_ = pipeline(Spirv{kFakeQuant, sizeof kFakeQuant}, "fake_quant");
       // Its scores live in workgroup memory (attention.comp kMaxRows floats).
       if (info_.max_workgroup_memory >= kAttentionRows * sizeof(float) + 16)
@@ -1902,7 +1959,7 @@ class VulkanBackend final : public CpuBackend {
   // activation buffer beside its rows.
   bool defer_rms_norm(Mat x, const float* w, float eps) const {
     if (rms_norm_ == VK_NULL_HANDLE || x.n == 0 || x.width == 0 || deferred_.ds.size() >= kSets) return false;
-    Region* r = const_cast<Region*>(deferred_.source_of(x));
+    Region* r = in_place_region(x);
     const VkDeviceSize wb = aligned((VkDeviceSize)x.width * sizeof(float));
     if (!r || deferred_.act_used + wb > io_limit_) return false;
     std::memcpy(static_cast<uint8_t*>(act_.map) + deferred_.act_used, w, x.width * sizeof(float));
@@ -1943,6 +2000,10 @@ class VulkanBackend final : public CpuBackend {
     uint32_t stage = 0;           // the latest stage writing it
     uint32_t read = 0;            // the latest stage reading it (an op rewriting it in place comes after)
     std::vector<std::pair<size_t, size_t>> cols;  // (first column, count) written
+    // True when any column of [c0, c0 + w) is written.
+    bool touches(size_t c0, size_t w) const {
+      return std::any_of(cols.begin(), cols.end(), [&](const auto& c) { return c.first < c0 + w && c0 < c.first + c.second; });
+    }
     // True when every column of [c0, c0 + w) is written.
     bool covers(size_t c0, size_t w) const {
       std::vector<std::pair<size_t, size_t>> v = cols;
@@ -1976,13 +2037,23 @@ class VulkanBackend final : public CpuBackend {
              (c + (ptrdiff_t)m.width > s && r + 1 < (ptrdiff_t)n && r + 1 + (ptrdiff_t)m.n > 0 && cols_meet(c - s));
     }
   };
-  // A store_bf16 waiting for the batch: n rows of `width` floats from float `place` of the output
-  // buffer (src_stride floats apart, in region `region`) to dst.
+  // A store_bf16 or store_fp4 waiting for the batch: n rows of `width` floats from float `place`
+  // of the output buffer (src_stride floats apart, in region `region`) to dst, as BF16 values
+  // dst_stride apart, or (fp4) packed rows back to back on `grid`.
   struct HostStore {
     uint16_t* dst = nullptr;
     size_t n = 0, width = 0, dst_stride = 0, src_stride = 0;
     uint32_t place = 0;
     int region = -1;
+    uint8_t* fp4 = nullptr;  // set for store_fp4 (dst unused)
+    Fp4Grid grid = Fp4Grid::Nvfp4;
+    // True when it writes any of the `bytes` bytes from p.
+    bool writes(const void* p, size_t bytes) const {
+      const uint8_t* a = fp4 ? fp4 : reinterpret_cast<const uint8_t*>(dst);
+      const size_t span = fp4 ? n * fp4_row_bytes(grid, width) : ((n - 1) * dst_stride + width) * sizeof(uint16_t);
+      const uint8_t* b = static_cast<const uint8_t*>(p);
+      return b < a + span && a < b + bytes;
+    }
   };
   struct Deferred {
     std::vector<Dispatch> ds;
@@ -1993,22 +2064,33 @@ class VulkanBackend final : public CpuBackend {
     // pointer into it is used only before the next region is added.
     std::vector<Region> regions;
     VkDeviceSize act_used = 0, out_used = 0;
-    // The region an item's output goes into with others (same tensor, rows and stride), if any.
+    // The region an item's output goes into with others (same tensor, rows and stride), if any:
+    // the latest such, unless it has the item's columns already (rows written again: a new one).
     Region* region_of(const LinearItem& it) {
-      for (Region& r : regions)
-        if (r.tensor == it.tensor && r.row == it.y_row && r.n == it.tokens() && r.stride == it.y_step())
-          return &r;
+      for (auto r = regions.rbegin(); r != regions.rend(); ++r)
+        if (r->tensor == it.tensor && r->row == it.y_row && r->n == it.tokens() && r->stride == it.y_step())
+          return r->touches((size_t)(it.y - it.y_row), it.rows) ? nullptr : &*r;
       return nullptr;
     }
     // The region whose written columns hold x whole (a chained input: its rows or some of them
     // in order, x.p - row the offset of x's first value), if any.
-    // The latest such region: a row op may write rows again into a new region (output_region).
+    // The latest such region: ops may write rows again into a new region (output_region, a
+    // linear's rows written again). A later region that wrote some of x but not all of it means
+    // no region holds x as it is now.
     const Region* source_of(CMat x) const {
+      const float* const x_end = x.p + (x.n - 1) * x.stride + x.width;
       for (auto it = regions.rbegin(); it != regions.rend(); ++it) {
         const Region& r = *it;
-        if (!r.row || x.p < r.row || (x.stride != r.stride && x.n > 1)) continue;
-        const size_t off = (size_t)(x.p - r.row), row = off / r.stride, c0 = off % r.stride;
-        if (row + x.n <= r.n && c0 + x.width <= r.stride && r.covers(c0, x.width)) return &r;
+        if (!r.row || x_end <= r.row || r.row + r.n * r.stride <= x.p) continue;  // apart
+        if (x.p >= r.row && (x.stride == r.stride || x.n == 1)) {
+          const size_t off = (size_t)(x.p - r.row), row = off / r.stride, c0 = off % r.stride;
+          if (row + x.n <= r.n && c0 + x.width <= r.stride && r.covers(c0, x.width)) return &r;
+        }
+        if (x.stride != r.stride && x.n > 1) return nullptr;  // they meet, in a way not worked out here
+        // Same rows apart: x's columns within a row of r.
+        const ptrdiff_t d = x.p - r.row, st = (ptrdiff_t)r.stride;
+        const size_t c0 = (size_t)(((d % st) + st) % st);
+        if (r.touches(c0, x.width) || (c0 + x.width > r.stride && r.touches(0, c0 + x.width - r.stride))) return nullptr;
       }
       return nullptr;
     }
@@ -2020,6 +2102,11 @@ class VulkanBackend final : public CpuBackend {
     const uint8_t* out = static_cast<const uint8_t*>(out_.map);
     for (const HostStore& h : sub.stores) {
       const float* src = reinterpret_cast<const float*>(out) + h.place;
+      if (h.fp4) {  // the CPU's packing (CpuBackend::store_fp4), so its bits
+        const size_t rb = fp4_row_bytes(h.grid, h.width);
+        for (size_t t = 0; t < h.n; ++t) fp4_pack_row(h.grid, src + t * h.src_stride, h.width, h.fp4 + t * rb);
+        continue;
+      }
       for (size_t t = 0; t < h.n; ++t)
         for (size_t k = 0; k < h.width; ++k) h.dst[t * h.dst_stride + k] = f32_to_bf16(src[t * h.src_stride + k]);
     }
@@ -2038,11 +2125,16 @@ class VulkanBackend final : public CpuBackend {
 
   // Submits the deferred batch, if any (mu_ held).
   void flush_deferred() const {
-    if (deferred_.ds.empty() && deferred_.stores.empty()) return;
+    if (deferred_.ds.empty() && deferred_.stores.empty() && deferred_.outs.empty()) return;
     const Deferred sub = std::exchange(deferred_, Deferred{});
     (void)submit_batch(sub, {});
   }
 
+  // y lies in a live tensor and the batch writes its floats only within y's columns of its rows.
+  bool rewritten_whole(CMat y) const {
+    const LiveTensors::Held held = live_->holder(y.p, (y.n - 1) * y.stride + y.width);
+    return held.id && (size_t)(y.p - held.start) % y.stride + y.width <= y.stride && rewrites_whole(y, held);
+  }
   // True when batch `sub` writes any of a's or b's floats.
   static bool sub_writes(const Deferred& sub, CMat a, CMat b) {
     return std::any_of(sub.outs.begin(), sub.outs.end(), [&](const CopyOut& c) { return c.overlaps(a) || c.overlaps(b); });
@@ -2111,6 +2203,16 @@ class VulkanBackend final : public CpuBackend {
   }
   // Copies rows into the activation buffer after the batch's other inputs (mu_ held): the float
   // index of the first, UINT32_MAX when there is no room.
+  // Words (a row op's lists) into the activation buffer the same way.
+  uint32_t stage_words(std::span<const uint32_t> w) const {
+    ensure_io();
+    const VkDeviceSize b = aligned((VkDeviceSize)w.size_bytes());
+    if (deferred_.act_used + b > io_limit_) return UINT32_MAX;
+    std::memcpy(static_cast<uint8_t*>(act_.map) + deferred_.act_used, w.data(), w.size_bytes());
+    const uint32_t at = (uint32_t)(deferred_.act_used / sizeof(float));
+    deferred_.act_used += b;
+    return at;
+  }
   uint32_t stage_rows(CMat m) const {
     ensure_io();
     const VkDeviceSize b = aligned((VkDeviceSize)m.n * m.width * sizeof(float));
@@ -2132,18 +2234,33 @@ class VulkanBackend final : public CpuBackend {
     ensure_io();
     const size_t c0 = (size_t)(y.p - held.start) % y.stride;
     const VkDeviceSize o = aligned((VkDeviceSize)y.n * y.stride * sizeof(float));
+    if (c0 + y.width > y.stride || !rewrites_whole(y, held) || deferred_.out_used + o > io_limit_) return -1;
+    deferred_.regions.push_back(Region{held.id, y.p - c0, y.n, y.stride, deferred_.out_used, 0, 0, {{c0, y.width}}});
+    deferred_.outs.push_back({deferred_.out_used + c0 * sizeof(float), y.p, y.n, y.width, y.stride, y.stride, held.id});
+    deferred_.out_used += o;
+    return (int)deferred_.regions.size() - 1;
+  }
+  // The region an op rewriting x in place writes: the one holding x whole, unless a store waiting
+  // for the batch reads it (it would read the rewritten values).
+  Region* in_place_region(CMat x) const {
+    Region* r = const_cast<Region*>(deferred_.source_of(x));
+    return r && !stored_from((int)(r - deferred_.regions.data())) ? r : nullptr;
+  }
+  bool stored_from(int region) const {
+    return std::any_of(deferred_.stores.begin(), deferred_.stores.end(), [&](const HostStore& h) { return h.region == region; });
+  }
+  // True when every copy-out of the batch into y's floats lies within y's columns of the same rows
+  // of live tensor `held`: y written again whole leaves no older value in it (its copy-out comes
+  // later).
+  bool rewrites_whole(CMat y, const LiveTensors::Held& held) const {
+    const size_t c0 = (size_t)(y.p - held.start) % y.stride;
     const float* const y0 = y.p - c0;  // y's first row's start
-    const bool rewrites_whole = std::all_of(deferred_.outs.begin(), deferred_.outs.end(), [&](const CopyOut& c) {
+    return std::all_of(deferred_.outs.begin(), deferred_.outs.end(), [&](const CopyOut& c) {
       if (!c.overlaps(y)) return true;
       const ptrdiff_t d = c.y - y0;
       return c.tensor == held.id && c.step == y.stride && c.n == y.n && d >= (ptrdiff_t)c0 &&
              (size_t)d + c.rows <= c0 + y.width;
     });
-    if (c0 + y.width > y.stride || !rewrites_whole || deferred_.out_used + o > io_limit_) return -1;
-    deferred_.regions.push_back(Region{held.id, y.p - c0, y.n, y.stride, deferred_.out_used, 0, 0, {{c0, y.width}}});
-    deferred_.outs.push_back({deferred_.out_used + c0 * sizeof(float), y.p, y.n, y.width, y.stride, y.stride, held.id});
-    deferred_.out_used += o;
-    return (int)deferred_.regions.size() - 1;
   }
   // The place of y's first float in its region r (in the output buffer).
   static uint32_t out_place(const Region& r, CMat y) { return (uint32_t)(r.off / sizeof(float) + (size_t)(y.p - r.row)); }
@@ -2268,7 +2385,7 @@ class VulkanBackend final : public CpuBackend {
     const uint32_t pa = stage_rows(CMat{prm.data(), 1, prm.size(), prm.size()});
     if (pa == UINT32_MAX) return false;
     // In place on its region (a stage after its last reader), or a new one.
-    int yr = gates.p ? output_region(gates) : x.region;
+    int yr = gates.p ? output_region(gates) : x.region >= 0 && !stored_from(x.region) ? x.region : -1;
     if (yr < 0 && (yr = output_region(X)) < 0) return false;
     Region& r = deferred_.regions[(size_t)yr];
     const uint32_t stage = std::max({x.stage, k.stage, r.read}) + 1;
@@ -2281,13 +2398,113 @@ class VulkanBackend final : public CpuBackend {
     return true;
   }
 
+  // out = add_round(a, b) (mu_ held), when the batch holds a or b: the other staged, a new region.
+  bool defer_add_round(CMat a, CMat b, Mat out) const {
+    const size_t n = out.n, w = out.width;
+    if (add_round_ == VK_NULL_HANDLE || n == 0 || w == 0 || a.n != n || b.n != n || a.width != w || b.width != w ||
+        (!deferred_.source_of(a) && !deferred_.source_of(b)) || deferred_.ds.size() + 1 > kSets)
+      return false;
+    Operand oa, ob;
+    if (!operand(a, oa) || !operand(b, ob)) return false;
+    const int yr = output_region(out);
+    if (yr < 0) return false;
+    Region& r = deferred_.regions[(size_t)yr];
+    const uint32_t stage = std::max(oa.stage, ob.stage) + 1;
+    deferred_.ds.push_back(row_op(add_round_,
+                                  {(uint32_t)n, (uint32_t)w, oa.at, oa.stride, ob.at, ob.stride, out_place(r, out), (uint32_t)r.stride},
+                                  grid_x(w), (uint32_t)n, stage));
+    r.stage = stage;
+    mark_read(oa, stage);
+    mark_read(ob, stage);
+    return true;
+  }
+
+  // compress_pool (mu_ held): the groups the chunk completes pooled into a new region of latents'
+  // rows, each group's members listed for the shader (a row of k and g, or the carry's slot for a
+  // member before p0). The carry's new slots are rows of k and g: copied out with the batch where
+  // the batch writes them, else now (the shader reads the old carry staged).
+  // With `unrounded` (tests: gpu_compress_pool_unrounded) the latents are the pooled f32 values.
+  bool defer_compress_pool(CMat k, CMat g, uint32_t ratio, uint32_t p0, float* carry_k, float* carry_s, Mat latents,
+                           std::vector<uint32_t>& groups, bool unrounded = false) const {
+    const size_t n = k.n, hd = k.width;
+    if (compress_ == VK_NULL_HANDLE || n == 0 || hd == 0 || ratio == 0 || (ratio > 1 && (g.n != n || g.width != hd)) ||
+        latents.width != hd || deferred_.ds.size() + 1 > kSets)
+      return false;
+    const size_t carry_bytes = (size_t)(ratio - 1) * hd * sizeof(float);
+    // A carry the batch still writes (a second chunk of the sequence in one batch) is not staged.
+    if (ratio > 1 && (deferred_writes(CMat{carry_k, 1, carry_bytes / sizeof(float), carry_bytes / sizeof(float)}) ||
+                      deferred_writes(CMat{carry_s, 1, carry_bytes / sizeof(float), carry_bytes / sizeof(float)})))
+      return false;
+    Operand ko, go;
+    if (!operand(k, ko) || (ratio > 1 && !operand(g, go))) return false;
+    std::vector<uint32_t> done;  // the chunk's rows completing a group
+    bool reads_carry = false;
+    for (uint32_t i = 0; i < n; ++i) {
+      const uint32_t t = p0 + i;
+      if (ratio > 1 && t % ratio + 1 < ratio) continue;
+      done.push_back(i);
+      reads_carry = reads_carry || i + 1 < ratio;
+    }
+    const uint32_t G = (uint32_t)done.size();
+    if (G > latents.n) return false;
+    uint32_t ck = 0, cs = 0;
+    if (reads_carry) {
+      ck = stage_rows(CMat{carry_k, 1, (ratio - 1) * hd, (ratio - 1) * hd});
+      cs = stage_rows(CMat{carry_s, 1, (ratio - 1) * hd, (ratio - 1) * hd});
+      if (ck == UINT32_MAX || cs == UINT32_MAX) return false;
+    }
+    // Per group, per member in position order: (k place, s place).
+    std::vector<uint32_t> members;
+    members.reserve((size_t)G * 2 * ratio);
+    for (const uint32_t i : done)
+      for (uint32_t a = 0; a < ratio; ++a) {
+        const bool carried = i + a + 1 < ratio;  // position p0 + i - (ratio - 1) + a is before p0
+        const uint32_t row = i + a + 1 - ratio;
+        members.push_back(carried ? ck + a * (uint32_t)hd : ko.at + row * ko.stride);
+        members.push_back(ratio == 1 ? 0u : carried ? cs + a * (uint32_t)hd : go.at + row * go.stride);
+      }
+    const uint32_t m_at = G ? stage_words(members) : 0;
+    if (m_at == UINT32_MAX) return false;
+    // The open group's members become the carry (the latest row of each slot).
+    std::vector<int64_t> last(ratio > 1 ? ratio - 1 : 0, -1);
+    for (uint32_t i = 0; i < n && ratio > 1; ++i)
+      if ((p0 + i) % ratio + 1 < ratio) last[(p0 + i) % ratio] = i;
+    if (G) {
+      const int yr = output_region(latents.rows(0, G));
+      if (yr < 0) return false;
+      Region& r = deferred_.regions[(size_t)yr];
+      const uint32_t stage = std::max(ko.stage, go.stage) + 1;
+      deferred_.ds.push_back(row_op(compress_, {G, (uint32_t)hd, ratio, m_at, out_place(r, latents), (uint32_t)r.stride, unrounded ? 1u : 0u},
+                                    grid_x(hd), G, stage));
+      r.stage = stage;
+      mark_read(ko, stage);
+      mark_read(go, stage);
+    }
+    for (uint32_t j = 0; j < last.size(); ++j) {
+      if (last[j] < 0) continue;
+      const uint32_t i = (uint32_t)last[j];
+      for (const auto& [o, src, dst] : {std::tuple{ko, k, carry_k}, std::tuple{go, g, carry_s}}) {
+        float* const d = dst + (size_t)j * hd;
+        if (o.region < 0) {
+          std::memcpy(d, src.row(i), hd * sizeof(float));
+          continue;
+        }
+        const uint32_t place = (o.at & ~kInOut) + i * o.stride;
+        deferred_.outs.push_back({(VkDeviceSize)place * sizeof(float), d, 1, hd, hd, hd, 0});
+      }
+    }
+    groups.clear();
+    for (const uint32_t i : done) groups.push_back((p0 + i) / ratio);
+    return true;
+  }
+
   // fake_quant on x in place (mu_ held): x must be columns of a region the batch writes whole, in
   // whole blocks of its grid.
   bool defer_fake_quant(Mat x, FakeQuant kind) const {
     const size_t block = kind == FakeQuant::Nvfp4 ? 16 : 32;
     if (fake_quant_ == VK_NULL_HANDLE || x.n == 0 || x.width == 0 || x.width % block != 0 || deferred_.ds.size() + 1 > kSets)
       return false;
-    Region* r = const_cast<Region*>(deferred_.source_of(x));
+    Region* r = in_place_region(x);
     if (!r) return false;
     const uint32_t stage = std::max(r->stage, r->read) + 1;
     const uint32_t k = kind == FakeQuant::Fp8Window ? 0u : kind == FakeQuant::Nvfp4 ? 1u : 2u;
@@ -2305,7 +2522,7 @@ class VulkanBackend final : public CpuBackend {
     if (rope_ == VK_NULL_HANDLE || n == 0 || half == 0 || head_dim == 0 || x.width % head_dim != 0 || 2 * half > head_dim ||
         pos.size() < n || deferred_.ds.size() + 1 > kSets)
       return false;
-    Region* r = const_cast<Region*>(deferred_.source_of(x));
+    Region* r = in_place_region(x);
     if (!r) return false;
     const std::span<const double> freqs(t.freqs, t.pairs);
     std::vector<float> tab(n * 2 * half);
@@ -2325,55 +2542,83 @@ class VulkanBackend final : public CpuBackend {
     return true;
   }
 
-  // sparse_attention's rows per query, as CpuBackend::sparse_attention lists them: the window's
-  // ascending, then the selected compressed rows below the query's visible count, ascending, these
-  // unpacked to BF16 (the cached values) once per chunk.
-  bool defer_sparse_attention(const SparseAttention& a, Mat o) const {
-    if (attention_ == VK_NULL_HANDLE || a.q.n == 0) return false;
-    const uint32_t n = (uint32_t)a.q.n, hd = a.head_dim, W = a.window.window;
-    std::vector<const uint16_t*> rows;            // distinct rows, in first-use order
-    std::vector<std::vector<uint32_t>> lists(n);  // per query, indices into rows
-    std::map<const uint16_t*, uint32_t> window_ids;
-    std::map<int32_t, uint32_t> comp_ids;
-    std::vector<int32_t> comp_rows;  // the compressed rows to unpack, by their index in rows (else -1)
+  // sparse_attention of one or more sequences' chunks as one op (mu_ held): their queries and
+  // outputs must be consecutive rows (a batch's parts, in order) with the same heads and sinks.
+  // The rows per query, as CpuBackend::sparse_attention lists them: the window's ascending, then
+  // the selected compressed rows below the query's visible count, ascending, these unpacked to
+  // BF16 (the cached values) once per chunk.
+  bool defer_sparse_attention(std::span<const SparseAttention> as, std::span<const Mat> outs) const {
+    if (attention_ == VK_NULL_HANDLE || as.empty() || as.size() != outs.size()) return false;
+    const SparseAttention& a0 = as[0];
+    size_t n_all = 0;
+    for (size_t k = 0; k < as.size(); ++k) {
+      const SparseAttention& a = as[k];
+      if (a.q.n == 0 || outs[k].n != a.q.n || a.heads != a0.heads || a.head_dim != a0.head_dim || a.sinks != a0.sinks ||
+          a.q.p != a0.q.p + n_all * a0.q.stride || a.q.stride != a0.q.stride || a.q.width != a0.q.width ||
+          outs[k].p != outs[0].p + n_all * outs[0].stride || outs[k].stride != outs[0].stride || outs[k].width != outs[0].width)
+        return false;
+      n_all += a.q.n;
+    }
+    const uint32_t hd = a0.head_dim;
+    std::vector<const uint16_t*> rows;            // distinct rows, in first-use order (null: a compressed one)
+    std::vector<const uint8_t*> packed;           // a compressed row's bytes, by its index in rows (else null)
+    std::vector<Fp4Grid> grids;                   // and its grid
+    std::vector<std::vector<uint32_t>> lists(n_all);  // per query, indices into rows
     uint32_t after = 0;              // the stage after which the batch's rows read here are written
     std::vector<int> read;           // and their regions
-    for (uint32_t i = 0; i < n; ++i) {
-      const uint32_t t = a.p0 + i;
-      for (uint32_t p = t + 1 > W ? t + 1 - W : 0; p <= t; ++p) {
-        const uint16_t* r = a.window.row(p);
-        // A row a store_bf16 of this batch will write (the chunk's new window rows): read where
-        // the batch holds it (its values are BF16 already, so the same).
-        if (const HostStore* h = pending_store(r)) {
-          const size_t j = (size_t)(r - h->dst) / h->dst_stride;
-          lists[i].push_back(kInOut | (uint32_t)(h->place + j * h->src_stride));
-          after = std::max(after, deferred_.regions[(size_t)h->region].stage);
-          read.push_back(h->region);
-          continue;
+    size_t q0 = 0;                   // the part's first query among all
+    for (const SparseAttention& a : as) {
+      const uint32_t n = (uint32_t)a.q.n, W = a.window.window;
+      std::map<const uint16_t*, uint32_t> window_ids;
+      std::map<int32_t, uint32_t> comp_ids;
+      for (uint32_t i = 0; i < n; ++i) {
+        std::vector<uint32_t>& list = lists[q0 + i];
+        const uint32_t t = a.p0 + i;
+        for (uint32_t p = t + 1 > W ? t + 1 - W : 0; p <= t; ++p) {
+          const uint16_t* r = a.window.row(p);
+          // A row a store_bf16 of this batch will write (the chunk's new window rows): read where
+          // the batch holds it (its values are BF16 already, so the same).
+          if (const HostStore* h = pending_store(r)) {
+            const size_t j = (size_t)(r - h->dst) / h->dst_stride;
+            list.push_back(kInOut | (uint32_t)(h->place + j * h->src_stride));
+            after = std::max(after, deferred_.regions[(size_t)h->region].stage);
+            read.push_back(h->region);
+            continue;
+          }
+          auto [it, fresh] = window_ids.emplace(r, (uint32_t)rows.size());
+          if (fresh) {
+            rows.push_back(r);
+            packed.push_back(nullptr);
+            grids.push_back(a.comp.grid);
+          }
+          list.push_back(it->second);
         }
-        auto [it, fresh] = window_ids.emplace(r, (uint32_t)rows.size());
-        if (fresh) {
-          rows.push_back(r);
-          comp_rows.push_back(-1);
+        if (!a.sel) continue;
+        const uint32_t n_vis = (t + 1) / a.comp_ratio;
+        for (int32_t g : (*a.sel)[i]) {
+          if ((uint32_t)g >= n_vis) continue;
+          auto [it, fresh] = comp_ids.emplace(g, (uint32_t)rows.size());
+          if (fresh) {
+            const uint8_t* b = a.comp.row((uint32_t)g);
+            // A compressed row a store_fp4 of this batch writes (a KV source's fresh rows) is read on the host.
+            if (std::any_of(deferred_.stores.begin(), deferred_.stores.end(),
+                            [&](const HostStore& h) { return h.fp4 && h.writes(b, a.comp.row_bytes()); }))
+              return false;
+            rows.push_back(nullptr);
+            packed.push_back(b);
+            grids.push_back(a.comp.grid);
+          }
+          list.push_back(it->second);
         }
-        lists[i].push_back(it->second);
       }
-      if (!a.sel) continue;
-      const uint32_t n_vis = (t + 1) / a.comp_ratio;
-      for (int32_t g : (*a.sel)[i]) {
-        if ((uint32_t)g >= n_vis) continue;
-        auto [it, fresh] = comp_ids.emplace(g, (uint32_t)rows.size());
-        if (fresh) {
-          rows.push_back(nullptr);
-          comp_rows.push_back(g);
-        }
-        lists[i].push_back(it->second);
-      }
+      q0 += n;
     }
+    const CMat q{a0.q.p, n_all, a0.q.width, a0.q.stride};
+    const Mat o{outs[0].p, n_all, outs[0].width, outs[0].stride};
     const size_t at = deferred_.ds.size();
-    if (!defer_attention(a.q, a.heads, hd, a.sinks, o, rows, [&](uint32_t i) -> const std::vector<uint32_t>& { return lists[i]; },
+    if (!defer_attention(q, a0.heads, hd, a0.sinks, o, rows, [&](uint32_t i) -> const std::vector<uint32_t>& { return lists[i]; },
                          after, [&](uint32_t k, uint16_t* dst) {
-                           if (comp_rows[k] >= 0) fp4_unpacker()(a.comp.grid, a.comp.row((uint32_t)comp_rows[k]), hd, dst);
+                           if (packed[k]) fp4_unpacker()(grids[k], packed[k], hd, dst);
                            else std::memcpy(dst, rows[k], hd * sizeof(uint16_t));
                          }))
       return false;
@@ -2385,7 +2630,7 @@ class VulkanBackend final : public CpuBackend {
   // The store_bf16 of the deferred batch that will write row r (its start), if any.
   const HostStore* pending_store(const uint16_t* r) const {
     for (const HostStore& h : deferred_.stores) {
-      if (r < h.dst || r >= h.dst + h.n * h.dst_stride) continue;
+      if (h.fp4 || r < h.dst || r >= h.dst + h.n * h.dst_stride) continue;
       const size_t off = (size_t)(r - h.dst);
       if (off % h.dst_stride == 0) return &h;
     }
@@ -2799,7 +3044,7 @@ class VulkanBackend final : public CpuBackend {
       if (q) vkDestroyPipeline(dev_, q, nullptr);
     for (VkPipeline& q : quant_mm_)
       if (q) vkDestroyPipeline(dev_, q, nullptr);
-    for (VkPipeline p : {float_, quantize_q8_0_, quantize_q8_k_, rms_norm_, swiglu_, exp_, hc_pre_, hc_post_, hc_mix_, rope_, attention_, engram_gate_, fake_quant_})
+    for (VkPipeline p : {float_, quantize_q8_0_, quantize_q8_k_, rms_norm_, swiglu_, exp_, hc_pre_, hc_post_, hc_mix_, rope_, attention_, engram_gate_, fake_quant_, compress_, add_round_})
       if (p) vkDestroyPipeline(dev_, p, nullptr);
     if (desc_pool_) vkDestroyDescriptorPool(dev_, desc_pool_, nullptr);
     if (layout_) vkDestroyPipelineLayout(dev_, layout_, nullptr);
@@ -2852,6 +3097,8 @@ class VulkanBackend final : public CpuBackend {
   VkPipeline hc_pre_ = VK_NULL_HANDLE, hc_post_ = VK_NULL_HANDLE, hc_mix_ = VK_NULL_HANDLE;
   VkPipeline rope_ = VK_NULL_HANDLE;       // on rows the deferred batch holds, in place
   VkPipeline engram_gate_ = VK_NULL_HANDLE;  // the Engram gate on the streams, in the deferred batch
+  VkPipeline compress_ = VK_NULL_HANDLE;     // the compressor's pooling, in the deferred batch
+  VkPipeline add_round_ = VK_NULL_HANDLE;    // add_round where the batch writes an addend
   VkPipeline fake_quant_ = VK_NULL_HANDLE;   // the fake-quant grids on rows the deferred batch holds, in place
   VkPipeline attention_ = VK_NULL_HANDLE;  // sparse_attention and attend_rows over rows staged with the batch
   bool host_quantize_ = false;  // GpuOptions::host_quantize
@@ -2933,6 +3180,13 @@ std::vector<float> gpu_engram_gates(const Backend& b, const float* X, const floa
   return v->engram_gates_alone(X, kv, n, hc, H, q_norm, k_norm, eps);
 }
 
+std::vector<uint32_t> gpu_compress_pool_unrounded(const Backend& b, CMat k, CMat g, uint32_t ratio, uint32_t p0,
+                                                  float* carry_k, float* carry_s, Mat latents) {
+  const auto* v = dynamic_cast<const VulkanBackend*>(&b);
+  if (!v) throw Error("gpu_compress_pool_unrounded: not a Vulkan backend");
+  return v->compress_pool_unrounded(k, g, ratio, p0, carry_k, carry_s, latents);
+}
+
 void gpu_rms_norm(const Backend& b, float* x, size_t n, size_t width, const float* w, float eps) {
   const auto* v = dynamic_cast<const VulkanBackend*>(&b);
   if (!v) throw Error("gpu_rms_norm: not a Vulkan backend");
@@ -2971,6 +3225,9 @@ void gpu_swiglu(const Backend&, float*, size_t, size_t, float, const float*) { n
 void gpu_exp(const Backend&, float*, size_t) { not_built(); }
 std::vector<float> gpu_engram_gates(const Backend&, const float*, const float*, size_t, uint32_t, size_t, const float*,
                                     const float*, float) {
+  not_built();
+}
+std::vector<uint32_t> gpu_compress_pool_unrounded(const Backend&, CMat, CMat, uint32_t, uint32_t, float*, float*, Mat) {
   not_built();
 }
 void release_gpu_imports(const Backend&) {}

@@ -239,6 +239,11 @@ void gpu_exp(const Backend& b, float* x, size_t n);
 std::vector<float> gpu_engram_gates(const Backend& b, const float* X, const float* kv, size_t n, uint32_t hc, size_t H,
                                     const float* q_norm, const float* k_norm, float eps);
 
+// Tests: compress_pool on the device with the latents left as the pooled f32 values (their BF16
+// rounding mostly hides an ulp of the softmax and the weighted sum). Throws Error as gpu_swiglu does.
+std::vector<uint32_t> gpu_compress_pool_unrounded(const Backend& b, CMat k, CMat g, uint32_t ratio, uint32_t p0,
+                                                  float* carry_k, float* carry_s, Mat latents);
+
 // Host -> device copy rate, the path experts and weights take into device memory (PCIe on a
 // discrete card, a memcpy on UMA), beside a plain host memcpy of the same bytes in the same run.
 struct GpuCopyBandwidth {

@@ -133,12 +133,14 @@ void Engine::Impl::attention(Pass& p, uint32_t L, CMat x, Mat out) const {
   if (r.is_kv_source) compress(p, L);
   if (r.is_index_source) indexer(p, L);
 
-  // Each sequence attends its own window and compressed rows.
+  // Each sequence attends its own window and compressed rows (the batch's sequences handed over together).
   const Mat o = ws(Ws::Heads, n);
+  std::vector<SparseAttention> as(p.parts.size());
+  std::vector<Mat> outs(p.parts.size());
   for (size_t k = 0; k < p.parts.size(); ++k) {
     const Chunk& ch = *p.parts[k];
     const SequenceState& s = *p.states[k];
-    SparseAttention a;
+    SparseAttention& a = as[k];
     a.q = CMat(q).rows(ch.row0, ch.n);
     a.heads = nh;
     a.head_dim = hd;
@@ -150,8 +152,9 @@ void Engine::Impl::attention(Pass& p, uint32_t L, CMat x, Mat out) const {
       a.sel = &ch.sel[(size_t)r.topk_source];
     }
     a.sinks = w.attn_sinks.data();
-    be.sparse_attention(a, o.rows(ch.row0, ch.n));
+    outs[k] = o.rows(ch.row0, ch.n);
   }
+  be.sparse_attentions(as, outs);
   be.rope(o, hd, rope_table(L), p.pos, /*inverse=*/true);
   name(p, l, "attn_heads", o);
 
