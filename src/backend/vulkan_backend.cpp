@@ -2201,9 +2201,8 @@ class VulkanBackend final : public CpuBackend {
     o = Operand{at, (uint32_t)m.width, 0, -1};
     return true;
   }
-  // Copies rows into the activation buffer after the batch's other inputs (mu_ held): the float
-  // index of the first, UINT32_MAX when there is no room.
-  // Words (a row op's lists) into the activation buffer the same way.
+  // Words (a row op's lists) into the activation buffer after the batch's other inputs (mu_
+  // held): the word index of the first, UINT32_MAX when there is no room.
   uint32_t stage_words(std::span<const uint32_t> w) const {
     ensure_io();
     const VkDeviceSize b = aligned((VkDeviceSize)w.size_bytes());
@@ -2213,6 +2212,7 @@ class VulkanBackend final : public CpuBackend {
     deferred_.act_used += b;
     return at;
   }
+  // Rows the same way: the float index of the first.
   uint32_t stage_rows(CMat m) const {
     ensure_io();
     const VkDeviceSize b = aligned((VkDeviceSize)m.n * m.width * sizeof(float));
@@ -2430,10 +2430,9 @@ class VulkanBackend final : public CpuBackend {
     if (compress_ == VK_NULL_HANDLE || n == 0 || hd == 0 || ratio == 0 || (ratio > 1 && (g.n != n || g.width != hd)) ||
         latents.width != hd || deferred_.ds.size() + 1 > kSets)
       return false;
-    const size_t carry_bytes = (size_t)(ratio - 1) * hd * sizeof(float);
+    const size_t cw = (size_t)(ratio - 1) * hd;  // floats of each carry
     // A carry the batch still writes (a second chunk of the sequence in one batch) is not staged.
-    if (ratio > 1 && (deferred_writes(CMat{carry_k, 1, carry_bytes / sizeof(float), carry_bytes / sizeof(float)}) ||
-                      deferred_writes(CMat{carry_s, 1, carry_bytes / sizeof(float), carry_bytes / sizeof(float)})))
+    if (ratio > 1 && (deferred_writes(CMat{carry_k, 1, cw, cw}) || deferred_writes(CMat{carry_s, 1, cw, cw})))
       return false;
     Operand ko, go;
     if (!operand(k, ko) || (ratio > 1 && !operand(g, go))) return false;
@@ -2449,8 +2448,8 @@ class VulkanBackend final : public CpuBackend {
     if (G > latents.n) return false;
     uint32_t ck = 0, cs = 0;
     if (reads_carry) {
-      ck = stage_rows(CMat{carry_k, 1, (ratio - 1) * hd, (ratio - 1) * hd});
-      cs = stage_rows(CMat{carry_s, 1, (ratio - 1) * hd, (ratio - 1) * hd});
+      ck = stage_rows(CMat{carry_k, 1, cw, cw});
+      cs = stage_rows(CMat{carry_s, 1, cw, cw});
       if (ck == UINT32_MAX || cs == UINT32_MAX) return false;
     }
     // Per group, per member in position order: (k place, s place).
