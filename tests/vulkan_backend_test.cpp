@@ -924,16 +924,22 @@ void routed_experts_in_slots(GgmlType up) {
   std::vector<ExpertTriple> shifted;
   for (uint32_t t = 0; t < n; ++t) shifted.push_back({0, t, 0.5f});
   for (uint32_t t = 0; t < n; ++t) shifted.push_back({used[0], t, 0.75f});
+  uint64_t before_sync = 0;  // the last call's submissions before its sync
   auto routed = [&](const Backend& be, const ExpertSource& src, bool rows, const std::vector<ExpertTriple>* tr = nullptr) {
     const std::vector<ExpertTriple>& triples_ = tr ? *tr : triples;
+    const uint64_t s0 = gpu_stats(be).submissions;
     const Tensor xt = be.tensor(n, H);
     for (uint32_t t = 0; t < n; ++t) std::memcpy(xt.m().row(t), x.data() + t * H, H * sizeof(float));
     const Tensor out = be.tensor(rows ? triples_.size() : n, H);
-    be.fill_rows(out.m(), std::vector<float>(H, 0.0f));
+    // Sums that start from values with all 24 bits, so the order the BF16 terms are added in shows.
+    std::vector<float> start(H);
+    for (size_t k = 0; k < H; ++k) start[k] = rows ? 0.0f : (float)(k % 7 + 1) / 3.0f;
+    be.fill_rows(out.m(), start);
     if (rows)
       be.routed_ffn_rows(et, src, layer, triples_, 1.5f, xt.c(), out.m());
     else
       be.routed_ffn(et, src, layer, triples_, 1.5f, xt.c(), out.m());
+    before_sync = gpu_stats(be).submissions - s0;
     be.sync();
     std::vector<float> v;
     for (size_t i = 0; i < out.c().n; ++i) v.insert(v.end(), out.c().row(i), out.c().row(i) + H);
@@ -968,7 +974,13 @@ void routed_experts_in_slots(GgmlType up) {
     // host-visible here, so placing an expert submits nothing).
     const uint64_t group = std::min<uint64_t>(slots, 32);
     EXPECT_EQ(st.submissions, (used.size() + group - 1) / group);
-    EXPECT_EQ(st.ops_on_device, used.size()) << "an expert's SwiGLU ran on the host";
+    // A call that is one group adds its terms into the sums on the device (routed_sum.comp) and
+    // waits in the deferred batch for the sync.
+    const bool one_group = used.size() <= group;
+    EXPECT_EQ(st.ops_on_device, used.size() + (one_group ? 1 : 0)) << "an expert's SwiGLU or the sums ran on the host";
+    if (one_group) {
+      EXPECT_EQ(before_sync, 0u) << "a call of one group was submitted before its sums were read";
+    }
     // Again, and as rows: all hits when every expert has a slot, nothing asked of the source.
     EXPECT_EQ(routed(*gpu, ex, false), want);
     EXPECT_EQ(routed(*gpu, ex, true), want_rows);
@@ -999,6 +1011,53 @@ void routed_experts_in_slots(GgmlType up) {
   EXPECT_GT(ss.expert_uploads_ahead, 0u);
   EXPECT_EQ(ss.expert_misses, used.size()) << "a copy ahead was counted as a hit, or made twice";
   EXPECT_EQ(ss.expert_hits, used.size());
+
+  // Two calls without a sync between, as many slots as the first call's experts: the first call's
+  // group waits in the deferred batch, reading its slots, while the second places expert 0 in the
+  // least recently used slot, one the first reads: the batch runs before the slot is replaced.
+  {
+    GpuOptions so;
+    so.expert_slots = used.size();
+    const std::unique_ptr<Backend> two = make_vulkan_backend(so);
+    const Tensor xt = two->tensor(n, H), o1 = two->tensor(n, H), o2 = two->tensor(n, H);
+    std::memcpy(xt.m().p, x.data(), xt.bytes());
+    std::vector<float> start(H);
+    for (size_t k = 0; k < H; ++k) start[k] = (float)(k % 7 + 1) / 3.0f;
+    two->fill_rows(o1.m(), start);
+    two->fill_rows(o2.m(), start);
+    two->routed_ffn(et, ex, layer, triples, 1.5f, xt.c(), o1.m());
+    EXPECT_EQ(gpu_stats(*two).submissions, 0u);
+    two->routed_ffn(et, ex, layer, shifted, 1.5f, xt.c(), o2.m());
+    two->sync();
+    EXPECT_EQ(std::vector<float>(o1.c().p, o1.c().p + n * H), want) << "a slot was replaced under the waiting group";
+    EXPECT_EQ(std::vector<float>(o2.c().p, o2.c().p + n * H), want_shifted);
+  }
+
+  // A call of one group that finds the deferred batch too full to hold its terms and sums beside
+  // it (a large linear waiting there): the group is submitted, its terms come back and the host
+  // adds them; the same bits.
+  {
+    GpuOptions fo;
+    fo.expert_slots = 64;
+    fo.io_staging_bytes = 200000;  // one group's intermediates (76,800 bytes) within half of it
+    const std::unique_ptr<Backend> full = make_vulkan_backend(fo);
+    HostWeight big = random_weight(GgmlType::Q8_0, 3200, H, 77);
+    full->prepare_weight(big.w);
+    const Tensor bx = full->tensor(n, H), by = full->tensor(n, 3200);
+    std::memcpy(bx.m().p, x.data(), bx.bytes());
+    const Tensor xt = full->tensor(n, H), out = full->tensor(n, H);
+    std::memcpy(xt.m().p, x.data(), xt.bytes());
+    std::vector<float> start(H);
+    for (size_t k = 0; k < H; ++k) start[k] = (float)(k % 7 + 1) / 3.0f;
+    full->fill_rows(out.m(), start);
+    full->linear(big.w, bx.c(), by.m(), true);  // 64,000 bytes of outputs wait in the batch
+    const uint64_t s0 = gpu_stats(*full).submissions, ops0 = gpu_stats(*full).ops_on_device;
+    full->routed_ffn(et, ex, layer, triples, 1.5f, xt.c(), out.m());
+    EXPECT_GT(gpu_stats(*full).submissions, s0) << "the group waited in a batch with no room for it";
+    EXPECT_EQ(gpu_stats(*full).ops_on_device - ops0, used.size()) << "the sums ran on the device";
+    full->sync();
+    EXPECT_EQ(std::vector<float>(out.c().p, out.c().p + n * H), want);
+  }
 
   // A device that does not quantize activations (GpuOptions::host_quantize, as one without
   // shaderFloat64): the SwiGLU and the down projection's activations on the host between two

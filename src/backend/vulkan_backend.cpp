@@ -187,6 +187,9 @@ const uint32_t kEngramGate[] = {
 const uint32_t kAddRound[] = {
 #include "add_round.spv.inc"
 };
+const uint32_t kRoutedSum[] = {
+#include "routed_sum.spv.inc"
+};
 const uint32_t kCompressPool[] = {
 #include "compress_pool.spv.inc"
 };
@@ -935,10 +938,13 @@ class VulkanBackend final : public CpuBackend {
     settle_for(x, routed);
     if (!device) return CpuBackend::routed_ffn(t, src, layer, triples, limit, x, routed);
     const size_t H = x.width;
-    device_routed(t, src, layer, triples, limit, x, [&](size_t j, const float* d) {
-      float* ri = routed.row(triples[j].token);
-      for (size_t k = 0; k < H; ++k) ri[k] += d[k];
-    });
+    device_routed(
+        t, src, layer, triples, limit, x,
+        [&](size_t j, const float* d) {
+          float* ri = routed.row(triples[j].token);
+          for (size_t k = 0; k < H; ++k) ri[k] += d[k];
+        },
+        routed);
   }
 
   void routed_ffn_rows(ExpertTensors t, const ExpertSource& src, uint32_t layer, std::span<const ExpertTriple> triples,
@@ -989,10 +995,11 @@ class VulkanBackend final : public CpuBackend {
   // Before a routed call: the deferred linears wait for its first group's submission, or, where
   // the CPU runs the call, for the next one (the CPU reads x and writes out on the host: neither
   // the batch's staged inputs nor its regions are those rows), unless the call reads or adds into
-  // what they write (the host does both).
+  // what they write (the host does both), or the batch holds a routed group: its dispatches read
+  // slots this call may replace and the source's bytes its next prepare() may move.
   void settle_for(CMat x, CMat out) const {
     const std::lock_guard<std::mutex> lk(mu_);
-    if (deferred_writes(x) || deferred_writes(out)) flush_deferred();
+    if (deferred_.reads_experts || deferred_writes(x) || deferred_writes(out)) flush_deferred();
   }
 
   // True when this layer's experts can run in the slots: slots were asked for, the three types
@@ -1024,9 +1031,14 @@ class VulkanBackend final : public CpuBackend {
   // slot; only the experts without one are asked of the source. With --cpu-experts a share of
   // those misses is not uploaded: the CPU computes them from the source's bytes while the device
   // runs the group's others (expert_split.h), with the same bits either way.
+  //
+  // With `sums` (routed_ffn's rows) and a call that is one group of fused experts on the device
+  // (a decode step's experts), nothing is submitted: the terms go into a scratch tensor of this
+  // backend, added into the sums in triple order on the device (routed_sum.comp), and the whole
+  // FFN waits in the deferred batch with the shared expert for the next submission.
   template <class Take>
   void device_routed(ExpertTensors t, const ExpertSource& src, uint32_t layer, std::span<const ExpertTriple> triples,
-                     float limit, CMat x, Take&& take) const {
+                     float limit, CMat x, Take&& take, Mat sums = {}) const {
     const Weight* parts[3] = {t.gate, t.up, t.down};
     VkPipeline pipes[3];
     uint32_t kinds[3] = {};
@@ -1122,11 +1134,24 @@ class VulkanBackend final : public CpuBackend {
       }
       cpu_s += std::chrono::duration<double>(clock::now() - t0).count();
     };
+    // The terms summed on the device (above): decided when the group's handles are known.
+    bool summed = false;
+    Tensor terms;  // [triples][H], a fused expert's rows from its first triple's
+    const bool may_sum = sums.p && routed_sum_ != VK_NULL_HANDLE && !split_.active() && sums.n != 0 &&
+                         live_->holder(sums.p, (sums.n - 1) * sums.stride + sums.width).id;
     // One phase of a group: the device's projections submitted, the CPU's computed meanwhile.
     auto phase = [&](std::span<Job> jobs, bool down) {
       items.clear();
       scratch.clear();
+      size_t covered = 0;
+      for (const Job& j : jobs) covered += j.n;
+      const bool sum_here = !down && may_sum && covered == triples.size() &&
+                            std::all_of(jobs.begin(), jobs.end(), [](const Job& j) { return j.h.on_device && j.h.fused; });
+      if (sum_here) terms = tensor(triples.size(), x.width);
+      size_t first = 0;  // the job's first triple
       for (const Job& j : jobs) {
+        const size_t j_first = first;
+        first += j.n;
         if (!j.h.on_device || (down && j.h.fused)) continue;
         if (down) {
           items.push_back({j.h.part[2], parts[2], j.down_acts, j.down_stride, j.down_y, parts[2]->rows});
@@ -1139,6 +1164,11 @@ class VulkanBackend final : public CpuBackend {
           for (int p = 0; p < 2; ++p)
             items.push_back({j.h.part[p], parts[p], j.acts[p], j.strides[p], gu + p * F, F, 2 * F, 0, true, id, gu});
           LinearItem d{j.h.part[2], parts[2], {}, quantized_row_bytes(parts[2]->act(), F), j.down_y, parts[2]->rows};
+          if (sum_here) {  // into the terms tensor, so the batch may keep it
+            d.y = terms.m().row(j_first);
+            d.y_row = d.y;
+            d.tensor = live_->holder(d.y, j.n * x.width).id;
+          }
           d.x = gu;
           d.x_stride = 2 * F;
           d.n_x = j.n;
@@ -1156,7 +1186,18 @@ class VulkanBackend final : public CpuBackend {
           if (cpu_jobs) run_cpu_jobs(jobs, down);
           if (!down) copy_ahead();
         };
+      if (sum_here && record_routed_sum(items, jobs, triples, terms, sums, scratch)) {
+        summed = true;
+        return;
+      }
       dev_s = add_seconds(dev_s, device_linears(items, std::move(meanwhile)));
+      if (sum_here) {  // no room to keep them in the batch: the terms go to routed_terms' rows after all
+        size_t at = 0;
+        for (const Job& j : jobs) {
+          std::memcpy(j.down_y, terms.c().row(at), j.n * x.width * sizeof(float));
+          at += j.n;
+        }
+      }
     };
     sluice::routed_terms(
         t, triples, limit, x, grouping,
@@ -1204,15 +1245,77 @@ class VulkanBackend final : public CpuBackend {
           phase(jobs, false);
         },
         [&](std::span<Job> jobs) {
+          if (summed) return;
           phase(jobs, true);
           if (n_dev) split_.device_took(dev_s, n_dev);
           if (n_cpu) split_.cpu_took(cpu_s, n_cpu);
           n_dev = n_cpu = 0;
         },
-        take);
+        [&](size_t j, const float* d) {
+          if (!summed) take(j, d);
+        });
     st_.split_upload_s = split_.costs().upload;
     st_.split_device_s = split_.costs().device;
     st_.split_cpu_s = split_.costs().cpu;
+  }
+
+  // A group's fused experts into the deferred batch (mu_ held), then sums[t] += terms[j] for the
+  // triples j of token t in order (routed_sum.comp): false, with nothing recorded, when the
+  // batch's buffers or descriptor sets have no room for all of it (the caller submits instead).
+  template <class Items, class Jobs>
+  bool record_routed_sum(const Items& items, const Jobs& jobs, std::span<const ExpertTriple> triples, const Tensor& terms,
+                         Mat sums, std::span<const Tensor> scratch) const {
+    const size_t H = terms.width(), n = sums.n;
+    // Room: the items alone in one submission (device_linears would split them otherwise), the
+    // sum's lists and a region of the sums' rows.
+    size_t words = 2 * n + triples.size();
+    VkDeviceSize act = aligned(words * 4) + aligned((VkDeviceSize)n * sums.width * sizeof(float)), out = 0;
+    for (const auto& it : items) {
+      act += aligned((VkDeviceSize)it.tokens() * (it.xf ? it.W->cols * sizeof(float) : it.stride)) +
+             (it.x ? aligned((VkDeviceSize)it.tokens() * it.W->cols * sizeof(float)) : 0) + aligned(it.tokens() * sizeof(float));
+      out += aligned((VkDeviceSize)it.tokens() * it.y_step() * sizeof(float));
+    }
+    out += aligned((VkDeviceSize)n * sums.stride * sizeof(float));
+    if (deferred_.ds.size() + 3 * items.size() + 1 > kSets || deferred_.act_used + act > io_limit_ ||
+        deferred_.out_used + out > io_limit_)
+      return false;
+    device_linears(items, {}, /*defer=*/true);
+    deferred_.reads_experts = true;
+    for (const Tensor& gu : scratch) deferred_.keep.push_back(gu);  // the batch reads and writes them
+    // Each term row's place: the region the expert's down projection writes.
+    std::vector<uint32_t> place(triples.size());
+    uint32_t after = 0;
+    size_t first = 0;
+    for (const auto& j : jobs) {
+      const Region* r = deferred_.source_of(CMat{terms.c().row(first), j.n, H, H});
+      if (!r) throw Error("routed experts: the device's terms are in no region of the batch");  // device_linears placed them
+      for (size_t k = 0; k < j.n; ++k) place[first + k] = kInOut | (out_place(*r, CMat{terms.c().row(first + k), 1, H, H}));
+      after = std::max(after, r->stage);
+      first += j.n;
+    }
+    // [first, count per token][triple ids' places], in triple order per token.
+    std::vector<std::vector<uint32_t>> per(n);
+    for (size_t j = 0; j < triples.size(); ++j) per[triples[j].token].push_back(place[j]);
+    std::vector<uint32_t> lists(2 * n);
+    for (size_t t = 0; t < n; ++t) {
+      lists[2 * t] = (uint32_t)lists.size();
+      lists[2 * t + 1] = (uint32_t)per[t].size();
+      lists.insert(lists.end(), per[t].begin(), per[t].end());
+    }
+    Operand s;
+    const uint32_t at = stage_words(lists);
+    if (at == UINT32_MAX || !operand(sums, s)) throw Error("routed experts: no room for the sums in the batch");
+    const int yr = output_region(sums);
+    if (yr < 0) throw Error("routed experts: no room for the sums in the batch");
+    deferred_.keep.push_back(terms);
+    Region& r = deferred_.regions[(size_t)yr];
+    const uint32_t stage = std::max(after, s.stage) + 1;
+    deferred_.ds.push_back(row_op(routed_sum_,
+                                  {(uint32_t)n, (uint32_t)sums.width, s.at, s.stride, at, out_place(r, sums), (uint32_t)r.stride},
+                                  grid_x(sums.width), (uint32_t)n, stage));
+    r.stage = stage;
+    mark_read(s, stage);
+    return true;
   }
 
   GpuStats stats() const {
@@ -1523,6 +1626,7 @@ class VulkanBackend final : public CpuBackend {
       engram_gate_ = pipeline(Spirv{kEngramGate, sizeof kEngramGate}, "engram_gate");
       compress_ = pipeline(Spirv{kCompressPool, sizeof kCompressPool}, "compress_pool");
       add_round_ = pipeline(Spirv{kAddRound, sizeof kAddRound}, "add_round");
+      routed_sum_ = pipeline(Spirv{kRoutedSum, sizeof kRoutedSum}, "routed_sum");
       fake_quant_ = pipeline(Spirv{kFakeQuant, sizeof kFakeQuant}, "fake_quant");
       // Its scores live in workgroup memory (attention.comp kMaxRows floats).
       if (info_.max_workgroup_memory >= kAttentionRows * sizeof(float) + 16)
@@ -2058,6 +2162,7 @@ class VulkanBackend final : public CpuBackend {
   struct Deferred {
     std::vector<Dispatch> ds;
     std::vector<HostStore> stores;  // done after the copies out (drop_pending forgets them with the rest)
+    bool reads_experts = false;     // a routed group's dispatches read expert slots or a source's bytes
     std::vector<Tensor> keep;  // this backend's scratch tensors the batch's regions name (shared_ffn)
     std::vector<CopyOut> outs;
     // A vector, not a deque (which allocates even empty, and a Deferred is made per call): a
@@ -3043,7 +3148,7 @@ class VulkanBackend final : public CpuBackend {
       if (q) vkDestroyPipeline(dev_, q, nullptr);
     for (VkPipeline& q : quant_mm_)
       if (q) vkDestroyPipeline(dev_, q, nullptr);
-    for (VkPipeline p : {float_, quantize_q8_0_, quantize_q8_k_, rms_norm_, swiglu_, exp_, hc_pre_, hc_post_, hc_mix_, rope_, attention_, engram_gate_, fake_quant_, compress_, add_round_})
+    for (VkPipeline p : {float_, quantize_q8_0_, quantize_q8_k_, rms_norm_, swiglu_, exp_, hc_pre_, hc_post_, hc_mix_, rope_, attention_, engram_gate_, fake_quant_, compress_, add_round_, routed_sum_})
       if (p) vkDestroyPipeline(dev_, p, nullptr);
     if (desc_pool_) vkDestroyDescriptorPool(dev_, desc_pool_, nullptr);
     if (layout_) vkDestroyPipelineLayout(dev_, layout_, nullptr);
@@ -3098,6 +3203,7 @@ class VulkanBackend final : public CpuBackend {
   VkPipeline engram_gate_ = VK_NULL_HANDLE;  // the Engram gate on the streams, in the deferred batch
   VkPipeline compress_ = VK_NULL_HANDLE;     // the compressor's pooling, in the deferred batch
   VkPipeline add_round_ = VK_NULL_HANDLE;    // add_round where the batch writes an addend
+  VkPipeline routed_sum_ = VK_NULL_HANDLE;   // the routed experts' terms added in triple order, in the batch
   VkPipeline fake_quant_ = VK_NULL_HANDLE;   // the fake-quant grids on rows the deferred batch holds, in place
   VkPipeline attention_ = VK_NULL_HANDLE;  // sparse_attention and attend_rows over rows staged with the batch
   bool host_quantize_ = false;  // GpuOptions::host_quantize
