@@ -1268,7 +1268,7 @@ class VulkanBackend final : public CpuBackend {
     const size_t H = terms.width(), n = sums.n;
     // Room: the items alone in one submission (device_linears would split them otherwise), the
     // sum's lists and a region of the sums' rows.
-    size_t words = 2 * n + triples.size();
+    const size_t words = 2 * n + triples.size();
     VkDeviceSize act = aligned(words * 4) + aligned((VkDeviceSize)n * sums.width * sizeof(float)), out = 0;
     for (const auto& it : items) {
       act += aligned((VkDeviceSize)it.tokens() * (it.xf ? it.W->cols * sizeof(float) : it.stride)) +
