@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <span>
@@ -1252,6 +1253,34 @@ TEST(Vulkan, RoutedExpertsOnTheCpuLeaveTheSharedExpertInTheBatch) {
   EXPECT_EQ(gpu_stats(*gpu).ops_on_device - ops0, 2u) << "the SwiGLU and the sum on the device";
 }
 
+// The batch's rows come first out of the device's budget where they are its memory: a budget
+// without room for them is refused when the backend is made, naming them and the fix; with room,
+// the weights get what is left.
+TEST(Vulkan, ABudgetWithoutRoomForTheBatchRowsIsRefused) {
+  if (!kBuilt) return;
+  GpuOptions go;
+  go.scratch_on_device = true;
+  go.weight_budget = 8ull << 20;
+  try {
+    (void)make_vulkan_backend(go);
+    FAIL() << "8 MiB for 16 MiB of rows was accepted";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("scratch (the deferred batch's rows) 16.00 MiB"), std::string::npos) << m;
+    EXPECT_NE(m.find("--gpu-mem"), std::string::npos) << m;
+    EXPECT_NE(m.find("llvmpipe"), std::string::npos) << m;
+  }
+  go.weight_budget = 20ull << 20;
+  const GpuStats st = gpu_stats(*make_vulkan_backend(go));
+  EXPECT_EQ(st.device_total, 20ull << 20);
+  EXPECT_EQ(st.device_budget, 4ull << 20);
+  // Where the host maps the rows they are not the device's: the whole budget is the weights'.
+  go.scratch_on_device = false;
+  const GpuStats mapped = gpu_stats(*make_vulkan_backend(go));
+  EXPECT_EQ(mapped.device_budget, 20ull << 20);
+  EXPECT_EQ(mapped.scratch_bytes, 0u);
+}
+
 TEST(Vulkan, AMissingDeviceIsNamedWithTheCount) {
   if (!kBuilt) return;
   GpuOptions o;
@@ -1282,6 +1311,7 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
     uint32_t cache_experts = 0;  // the host store's (0: the plan's)
     GpuLinears linears = GpuLinears::Auto;
     uint32_t chunk = 8;
+    bool scratch = false;  // GpuOptions::scratch_on_device
   };
   auto rows_of = [&](const std::string& backend, SessionStats* st, GpuStats* gs, Experts x = {}) {
     const uint64_t slots = x.slots;
@@ -1300,6 +1330,7 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
     so.cpu_experts_auto = x.cpu_auto;
     so.gpu_experts_in_place = x.in_place;
     so.gpu_linears = x.linears;
+    so.gpu_scratch_on_device = x.scratch;
     Session s(so);
     std::vector<float> rows;
     EvalObserver o;
@@ -1335,9 +1366,19 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
         // In place: the experts are the host store's or the model's own bytes; only a group's
         // rows are the device path's.
         if (slots == 0) {
-          EXPECT_EQ(planned, kGpuStagingBuffers * kGpuStagingBytes + (x.in_place ? 2 * kGpuExpertGroupBytes : 0));
+          EXPECT_EQ(planned, (kGpuStagingBuffers + x.scratch) * kGpuStagingBytes + (x.in_place ? 2 * kGpuExpertGroupBytes : 0));
         }
       }
+      // The device's own plan: its budget, its mandatory part (the batch's rows where they are
+      // device memory), and the lines and what is unused adding up to the budget.
+      std::map<std::string, uint64_t> dev;
+      for (const PlanLine& l : s.plan().device_plan) dev[l.name] = l.bytes;
+      EXPECT_EQ(dev["budget"], gs->device_total);
+      EXPECT_EQ(dev["scratch"], gs->scratch_bytes);
+      EXPECT_EQ(dev["mandatory total"], gs->scratch_bytes);
+      EXPECT_EQ(dev["scratch"] + dev["sequence state"] + dev["dense weights"] + dev["expert slots"] + dev["unused"],
+                dev["budget"]);
+      EXPECT_EQ(gs->device_budget + gs->scratch_bytes, gs->device_total);
     }
     return rows;
   };
@@ -1396,6 +1437,24 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
       EXPECT_GT(sg.expert_hits, sg.expert_misses) << "a slot per expert, and still mostly misses";
     }
   }
+  // The batch's rows in device memory the host does not map, as on a card with memory of its
+  // own (forced on lavapipe): the host reads what it needs of them through read-back copies at
+  // the end of each submission. The CPU's logits, with the routed experts on the CPU and in 7
+  // slots (their groups and sums in the batch).
+  for (const uint64_t slots : {0u, 7u}) {
+    SCOPED_TRACE("scratch on the device, " + std::to_string(slots) + " slots");
+    SessionStats ss;
+    GpuStats sg;
+    const std::vector<float> got = rows_of("vulkan", &ss, &sg, {.slots = slots, .scratch = true});
+    ASSERT_EQ(got.size(), cpu.size());
+    EXPECT_EQ(std::memcmp(got.data(), cpu.data(), cpu.size() * sizeof(float)), 0) << "logits differ";
+    EXPECT_TRUE(sg.scratch_on_device);
+    EXPECT_EQ(sg.scratch_bytes, kGpuStagingBytes);
+    EXPECT_GT(sg.bytes_read_back, 0u);
+    EXPECT_EQ(sg.expert_misses > 0, slots > 0);
+  }
+  EXPECT_FALSE(gg.scratch_on_device);
+  EXPECT_EQ(gg.bytes_read_back, 0u) << "read-back copies where the host maps the rows";
   // A share of the slot misses on the CPU (--cpu-experts): a third of them in front of the
   // streaming store, auto with a slot per expert; the CPU's logits, the share counted and shown.
   for (const bool automatic : {false, true}) {

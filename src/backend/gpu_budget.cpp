@@ -37,4 +37,48 @@ GpuWeightBudget gpu_weight_budget(std::span<const GpuHeap> heaps, bool host_memo
   return b;
 }
 
+GpuDevicePlan gpu_device_plan(const GpuWeightBudget& budget, bool host_memory, const GpuDeviceNeeds& n,
+                              const std::string& device_name) {
+  GpuDevicePlan p;
+  p.budget = budget.bytes;
+  p.why = budget.why;
+  p.host_memory = host_memory;
+  p.mandatory = n.scratch + n.sequence_state;
+  if (p.mandatory > p.budget)
+    throw Error("vulkan: device " + device_name + " cannot hold what it must to run: scratch (the deferred batch's rows) " +
+                format_bytes(n.scratch) + " + sequence state " + format_bytes(n.sequence_state) + " = " +
+                format_bytes(p.mandatory) + ", more than its budget of " + format_bytes(p.budget) + " (" + budget.why +
+                "); give it at least " + format_bytes(p.mandatory) + " with --gpu-mem");
+  p.for_weights = p.budget - p.mandatory;
+  const uint64_t dense_bytes = n.dense_in_place ? 0 : n.dense;
+  p.dense = std::min(dense_bytes, p.for_weights);
+  const uint64_t room = p.for_weights - p.dense;
+  if (n.slot_bytes && (n.slots || n.slots_auto))
+    p.slots = n.slots_auto ? room / n.slot_bytes : std::min(n.slots, room / n.slot_bytes);
+  p.unused = room - p.slots * n.slot_bytes;
+  const std::string mem = host_memory ? "host memory" : "device memory";
+  p.lines.push_back({"scratch", n.scratch,
+                     n.scratch ? "the deferred batch's rows in " + mem + "; the host reads what it needs of them through a copy"
+                               : std::string("none: the deferred batch's rows are host memory the host maps (the host plan's GPU line)")});
+  p.lines.push_back({"sequence state", n.sequence_state,
+                     n.sequence_state ? std::string("in ") + mem
+                                      : std::string("none: the host's (its plan line); a batch stages the rows it reads")});
+  if (n.host_staging)
+    p.lines.push_back({"staging", 0,
+                       format_bytes(n.host_staging) + " of host-visible buffers (activations in, rows out, uploads): host "
+                       "memory, the host plan's GPU line"});
+  p.lines.push_back({"dense weights", p.dense,
+                     n.dense_in_place ? "the host's pages used in place (" + format_bytes(n.dense) + ", counted once, by the host plan)"
+                     : p.dense < n.dense ? "up to this much of the " + format_bytes(n.dense) +
+                                               " the dispatches read; the rest run on the CPU"
+                                         : "the weights the dispatches read, all of them"});
+  if (n.slot_bytes && (n.slots || n.slots_auto))
+    p.lines.push_back({"expert slots", p.slots * n.slot_bytes,
+                       std::to_string(p.slots) + " x " + format_bytes(n.slot_bytes) + " (" +
+                           (n.slots_auto ? std::string("auto: as many as fit")
+                                         : std::to_string(n.slots) + " asked" + (p.slots < n.slots ? ", fewer fit" : "")) +
+                           ")"});
+  return p;
+}
+
 }  // namespace sluice

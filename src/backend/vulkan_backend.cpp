@@ -462,9 +462,21 @@ class VulkanBackend final : public CpuBackend {
       if (mem_.memoryTypes[i].propertyFlags & VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT) local_type_ = i;
     st_.weights_in_host_memory = info_.uma || local_type_ == UINT32_MAX;
     const GpuWeightBudget wb = gpu_weight_budget(info_.heaps, st_.weights_in_host_memory, o.weight_budget, info_.name);
-    budget_ = wb.bytes;
+    io_limit_ = std::min<uint64_t>(info_.max_storage_buffer, o.io_staging_bytes ? o.io_staging_bytes : kGpuStagingBytes);
+    // A card with memory of its own keeps the batch's rows there (the shaders chain through them
+    // many times a layer; PCIe or BAR reads of host memory would carry every one) and copies out
+    // only what the host reads. Its bytes come first out of the device's budget.
+    scratch_local_ = local_type_ != UINT32_MAX && (!st_.weights_in_host_memory || o.scratch_on_device);
+    GpuDeviceNeeds needs;
+    needs.scratch = scratch_local_ ? io_limit_ : 0;
+    const GpuDevicePlan dp = gpu_device_plan(wb, st_.weights_in_host_memory, needs, info_.name);  // throws: no room
+    budget_ = dp.for_weights;
+    st_.device_total = wb.bytes;
+    st_.device = info_.name;
     st_.device_budget = budget_;
     st_.budget_why = wb.why;
+    st_.scratch_on_device = scratch_local_;
+    st_.scratch_bytes = needs.scratch;
     force_staging_ = o.force_staging;
     host_quantize_ = o.host_quantize;
     slots_wanted_ = o.expert_slots;
@@ -489,7 +501,6 @@ class VulkanBackend final : public CpuBackend {
     st_.subgroup_linears = subgroup_;
     st_.subgroup_size = info_.subgroup_size;
     staging_bytes_ = o.staging_bytes ? o.staging_bytes : kGpuStagingBytes;
-    io_limit_ = std::min<uint64_t>(max_range_, o.io_staging_bytes ? o.io_staging_bytes : kGpuStagingBytes);
 
     const float prio = 1.0f;
     VkDeviceQueueCreateInfo qci{};
@@ -1384,14 +1395,15 @@ class VulkanBackend final : public CpuBackend {
     ensure_io();
     if (n * width * sizeof(float) > out_.size || width * sizeof(float) > act_.size)
       throw Error("gpu_rms_norm: the rows do not fit the staging buffers");
-    std::memcpy(out_.map, x, n * width * sizeof(float));
+    put_rows(x, n * width * sizeof(float));
     std::memcpy(act_.map, w, width * sizeof(float));
     Dispatch d{DeviceWeight{rms_norm_, act_.buf, 0, aligned(width * sizeof(float)), 0, 0}, 0, 0,
                (VkDeviceSize)(n * width * sizeof(float)),
                Push{(uint32_t)n, (uint32_t)width, 0, (uint32_t)width, std::bit_cast<uint32_t>(eps), 0, 0, 0, 0},
                (uint32_t)n, 1};
+    read_back(0, n * width * sizeof(float));
     (void)dispatch(std::span<const Dispatch>(&d, 1));
-    std::memcpy(x, out_.map, n * width * sizeof(float));
+    std::memcpy(x, rows_out(), n * width * sizeof(float));
   }
 
   // The device's SwiGLU alone (gpu_swiglu): rows [g | u] staged in the output buffer as a region
@@ -1403,13 +1415,14 @@ class VulkanBackend final : public CpuBackend {
     ensure_io();
     if (n * 2 * width * sizeof(float) > out_.size || n * sizeof(float) > act_.size)
       throw Error("gpu_swiglu: the rows do not fit the staging buffers");
-    std::memcpy(out_.map, gu, n * 2 * width * sizeof(float));
+    put_rows(gu, n * 2 * width * sizeof(float));
     if (wk) std::memcpy(act_.map, wk, n * sizeof(float));
     const Region r{0, gu, n, 2 * width, 0, 0, 0, {}};
     Dispatch d = swiglu_dispatch(r, CMat{gu, n, width, 2 * width}, CMat{gu + width, n, width, 2 * width}, limit);
     d.push.kind = wk ? 1 : 0;  // the shader's row_weights
+    read_back(0, n * 2 * width * sizeof(float));
     (void)dispatch(std::span<const Dispatch>(&d, 1));
-    std::memcpy(gu, out_.map, n * 2 * width * sizeof(float));
+    std::memcpy(gu, rows_out(), n * 2 * width * sizeof(float));
   }
 
   // The device's Engram gates alone (gpu_engram_gates): X [n][hc * H], kv [n][(hc + 1) * H].
@@ -1443,14 +1456,15 @@ class VulkanBackend final : public CpuBackend {
     const std::lock_guard<std::mutex> lk(mu_);
     flush_deferred();
     if (exp_ == VK_NULL_HANDLE) throw Error("gpu_exp: the device has no exp_f32 shader (no shaderFloat64)");
-    ensure(out_, io_limit_);
+    ensure_out();
     if (n * sizeof(float) > out_.size) throw Error("gpu_exp: the values do not fit the staging buffer");
-    std::memcpy(out_.map, x, n * sizeof(float));
+    put_rows(x, n * sizeof(float));
     const uint32_t groups = grid_x(n), gx = std::min<uint32_t>(groups, 32768);
     Dispatch d{DeviceWeight{exp_, exp_consts_.buf, 0, exp_consts_.size, 0, 0}, 0, 0, (VkDeviceSize)(n * sizeof(float)),
                Push{(uint32_t)n, 0, 0, 0, 0, 0, 0, 0, 0}, gx, (groups + gx - 1) / gx};
+    read_back(0, n * sizeof(float));
     (void)dispatch(std::span<const Dispatch>(&d, 1));
-    std::memcpy(x, out_.map, n * sizeof(float));
+    std::memcpy(x, rows_out(), n * sizeof(float));
   }
 
   // The device's quantizer alone (gpu_quantize): n rows of cols floats -> n rows of the format's
@@ -1766,12 +1780,13 @@ class VulkanBackend final : public CpuBackend {
     for (size_t t0 = 0; t0 < acts.size(); t0 += per_group) {
       const size_t n = (size_t)std::min<uint64_t>(per_group, acts.size() - t0);
       ensure(act_, (VkDeviceSize)n * stride);
-      ensure(out_, (VkDeviceSize)n * out_row);
+      ensure_out();
       for (size_t t = 0; t < n; ++t) std::memcpy(static_cast<uint8_t*>(act_.map) + t * stride, acts[t0 + t], stride);
       Dispatch d{wt, 0, 0, 0, push_for(wt, W, row0, n, stride, rows, round)};
       shape_linear(d, rows, n);
+      read_back(0, (VkDeviceSize)n * out_row);
       s = add_seconds(s, dispatch(std::span<const Dispatch>(&d, 1)));
-      const float* out = static_cast<const float*>(out_.map);
+      const float* out = reinterpret_cast<const float*>(rows_out());
       for (size_t t = 0; t < n; ++t) std::memcpy(y + (t0 + t) * ldy, out + t * rows, out_row);
     }
     return s;
@@ -1793,7 +1808,32 @@ class VulkanBackend final : public CpuBackend {
   // batch's bytes never move.
   void ensure_io() const {
     ensure(act_, io_limit_);
-    ensure(out_, io_limit_);
+    ensure_out();
+  }
+  // The output buffer at its full size; where it is the card's memory, its mapped mirror too.
+  void ensure_out() const {
+    if (out_.size >= io_limit_) return;
+    free_buffer(out_);
+    if (!scratch_local_) {
+      out_ = make_buffer(io_limit_);
+      return;
+    }
+    out_ = make_buffer(io_limit_, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, false);
+    ensure(back_, io_limit_);
+  }
+  // Where the host reads rows of the output buffer once their submission has run: the buffer
+  // itself where it is mapped, else its mirror (read_back named the bytes before the submission).
+  const uint8_t* rows_out() const { return static_cast<const uint8_t*>(scratch_local_ ? back_.map : out_.map); }
+  // The next submission copies these bytes of the output buffer into the mirror after its
+  // dispatches (nothing to do where the host maps the buffer itself).
+  void read_back(VkDeviceSize off, VkDeviceSize bytes) const {
+    if (scratch_local_ && bytes) readback_.push_back(VkBufferCopy{off, off, bytes});
+  }
+  // Host rows into the output buffer at 0 (the test hooks' inputs): a memcpy where it is
+  // mapped, else through the staging buffer.
+  void put_rows(const void* src, size_t bytes) const {
+    if (out_.map) std::memcpy(out_.map, src, bytes);
+    else upload(out_, 0, static_cast<const uint8_t*>(src), bytes);
   }
 
   // The device's quantizer of an activation format (none: the host quantizes it).
@@ -2203,8 +2243,16 @@ class VulkanBackend final : public CpuBackend {
 
   // Submits a batch and copies its outputs out (mu_ held).
   double submit_batch(const Deferred& sub, const std::function<void()>& meanwhile) const {
-    const double s = sub.ds.empty() ? 0 : dispatch(sub.ds, meanwhile);
-    const uint8_t* out = static_cast<const uint8_t*>(out_.map);
+    if (scratch_local_) {  // what the host reads below, and nothing else, crosses to it
+      for (const HostStore& h : sub.stores)
+        read_back(h.place * sizeof(float), ((h.n - 1) * h.src_stride + h.width) * sizeof(float));
+      for (const CopyOut& c : sub.outs)
+        read_back(c.off, ((c.n - 1) * c.src_step + c.rows) * sizeof(float));
+    }
+    double s = 0;
+    if (!sub.ds.empty()) s = dispatch(sub.ds, meanwhile);
+    else if (!readback_.empty()) submit([] {}, "reading back rows");
+    const uint8_t* out = rows_out();
     for (const HostStore& h : sub.stores) {
       const float* src = reinterpret_cast<const float*>(out) + h.place;
       if (h.fp4) {  // the CPU's packing (CpuBackend::store_fp4), so its bits
@@ -2959,6 +3007,30 @@ class VulkanBackend final : public CpuBackend {
                          0, nullptr);
   }
 
+  // The read-back copies after the dispatches that wrote their rows, overlapping ranges merged
+  // (one copy's regions must not overlap).
+  void record_read_back(std::vector<VkBufferCopy>& rb) const {
+    if (rb.empty()) return;
+    std::sort(rb.begin(), rb.end(), [](const VkBufferCopy& a, const VkBufferCopy& b) { return a.srcOffset < b.srcOffset; });
+    size_t m = 0;
+    for (size_t i = 1; i < rb.size(); ++i) {
+      VkBufferCopy& last = rb[m];
+      if (rb[i].srcOffset <= last.srcOffset + last.size)
+        last.size = std::max(last.size, rb[i].srcOffset + rb[i].size - last.srcOffset);
+      else
+        rb[++m] = rb[i];
+    }
+    rb.resize(m + 1);
+    VkMemoryBarrier mb{};
+    mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
+    mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
+    mb.dstAccessMask = VK_ACCESS_TRANSFER_READ_BIT;
+    vkCmdPipelineBarrier(cmd_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &mb, 0, nullptr,
+                         0, nullptr);
+    vkCmdCopyBuffer(cmd_, out_.buf, back_.buf, (uint32_t)rb.size(), rb.data());
+    for (const VkBufferCopy& c : rb) st_.bytes_read_back += c.size;
+  }
+
   // After the submission that carried the staged copies: done (ok), or un-name their slots.
   void settle_uploads(bool ok) const {
     if (!ok)
@@ -2981,8 +3053,10 @@ class VulkanBackend final : public CpuBackend {
   // the device works (a throw waits for the device before it leaves). Returns the device's
   // seconds (finish_submit).
   double dispatch(std::span<const Dispatch> ds, const std::function<void()>& meanwhile = {}) const {
-    if (ds.empty() || ds.size() > kSets)
+    if (ds.empty() || ds.size() > kSets) {
+      readback_.clear();
       throw Error("vulkan: a submission takes 1 to " + std::to_string(kSets) + " dispatches");
+    }
     std::vector<VkDescriptorBufferInfo> bi(ds.size() * kBindings);
     std::vector<VkWriteDescriptorSet> wr(ds.size() * kBindings);
     for (size_t d = 0; d < ds.size(); ++d) {
@@ -3076,8 +3150,10 @@ class VulkanBackend final : public CpuBackend {
       vkCmdResetQueryPool(cmd_, timestamps_, 0, 2);
       vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, timestamps_, 0);
     }
+    std::vector<VkBufferCopy> back = std::exchange(readback_, {});
     record_pending_uploads();
     cmds();
+    record_read_back(back);
     VkMemoryBarrier mb{};
     mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
     mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
@@ -3139,6 +3215,7 @@ class VulkanBackend final : public CpuBackend {
     release_expert_chunks();
     free_buffer(act_);
     free_buffer(out_);
+    free_buffer(back_);
     free_buffer(stage_);
     free_buffer(tables_);
     free_buffer(exp_consts_);
@@ -3215,6 +3292,11 @@ class VulkanBackend final : public CpuBackend {
   mutable std::mutex mu_;
   mutable std::deque<GpuWeight> weights_;  // stable addresses: Weight::device points here
   mutable Buffer act_, out_, stage_;
+  // The output buffer is the card's memory (GpuStats::scratch_on_device): the host reads its rows
+  // from back_, which the read-back copies recorded at the end of a submission fill.
+  bool scratch_local_ = false;
+  mutable Buffer back_;
+  mutable std::vector<VkBufferCopy> readback_;  // for the next submission (read_back)
   mutable GpuStats st_;
   mutable Deferred deferred_;  // linears recorded, not yet submitted (device_linears' defer)
   const std::shared_ptr<LiveTensors> live_ = std::make_shared<LiveTensors>();  // tensor()'s

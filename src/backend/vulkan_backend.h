@@ -69,6 +69,16 @@ struct GpuStats {
   uint64_t gemm_dispatches = 0;
   uint64_t device_budget = 0;    // bytes of weights the device may hold (GpuOptions::weight_budget)
   std::string budget_why;        // how device_budget was chosen (gpu_weight_budget)
+  // On a card with memory of its own, the rows the deferred batch's ops write and read (the
+  // output buffer) are the card's, and the host reads what it needs of them through a copy into
+  // a mapped buffer of the same size: their bytes come out of --gpu-mem before the weights', and
+  // device_budget is what is left (gpu_device_plan). 0 / false where the output buffer is
+  // host-visible memory the host maps (an integrated GPU or a CPU device).
+  bool scratch_on_device = false;
+  uint64_t scratch_bytes = 0;
+  uint64_t device_total = 0;  // --gpu-mem or auto, before the scratch was taken off
+  std::string device;         // the device's name
+  uint64_t bytes_read_back = 0;  // copied from device rows into the mapped buffer for the host
   // The weight copies live in memory the host pays for: an integrated GPU or a CPU device (one
   // pool, counted once, in the host's plan), or a device with no device-local memory type.
   bool weights_in_host_memory = true;
@@ -136,9 +146,11 @@ GpuExpertsChoice auto_gpu_experts(const GpuDevice& d, uint64_t max_slots);
 struct GpuOptions {
   uint32_t device = 0;
   int threads = 0;               // the CPU backend's threads (0: all cores)
-  // Bytes of weights uploaded at most (--gpu-mem); 0: auto (gpu_budget.h: half of what the
-  // largest device-local heap has free on an integrated or CPU device, whose memory is the host's
-  // too, 80% on a discrete card; free by VK_EXT_memory_budget where the driver has it).
+  // Bytes of device memory used at most (--gpu-mem): the mandatory part first (the batch's rows
+  // where they are the card's: GpuStats::scratch_bytes), the weights and slots in what is left
+  // (gpu_device_plan); 0: auto (gpu_budget.h: half of what the largest device-local heap has free
+  // on an integrated or CPU device, whose memory is the host's too, 80% on a discrete card; free
+  // by VK_EXT_memory_budget where the driver has it).
   uint64_t weight_budget = 0;
   // Tests: asked after each submission has run; true reports it as a lost device would be reported.
   // `what` names the submission ("a linear dispatch", "uploading a weight").
@@ -186,6 +198,10 @@ struct GpuOptions {
   // Tests: the activation and output staging buffers hold at most this many bytes (0:
   // kGpuStagingBytes), so batches split and large calls run in token groups.
   uint64_t io_staging_bytes = 0;
+  // Tests: the deferred batch's rows in device memory the host does not map, read back through
+  // a copy into a mapped buffer, as on a card with memory of its own (GpuStats::scratch_on_device),
+  // on a device whose memory could be mapped.
+  bool scratch_on_device = false;
 };
 
 // One routed-expert slot's bytes on any device: each slice aligned to 256 bytes, the largest

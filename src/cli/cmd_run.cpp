@@ -249,7 +249,9 @@ void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
       ->check(CLI::IsMember({"cpu", "vulkan"}));
   sub->add_option("--device", o.device, "with --backend vulkan: the device index from `sluice devices` (default 0)");
   sub->add_option("--gpu-mem", o.gpu_mem,
-                  "with --backend vulkan: bytes of weights the device holds at most, the rest run on the CPU; auto: "
+                  "with --backend vulkan: bytes of device memory the engine uses at most: on a card with memory of "
+                  "its own the deferred batch's rows first (16 MiB; a budget without room for them is refused), then "
+                  "the weights (the rest run on the CPU), then routed-expert slots; the plan's device lines show it; auto: "
                   "half of what the device-local heap has free on an integrated GPU, 80% on a discrete card (free: "
                   "by VK_EXT_memory_budget where the driver has it, else the heap's size); more than that is refused "
                   "(default auto)");

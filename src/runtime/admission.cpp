@@ -339,6 +339,8 @@ static Plan make_plan_with(const ModelFootprint& fp, const PlanOptions& o, const
   Plan p;
   p.model = fp.source;
   p.ctx = o.ctx;
+  p.device_plan_title = o.device_plan_title;
+  p.device_plan = o.device_plan;
   if (o.state_disk) {
     // What the "state disk buffers" line holds (the queue's size is the Session's StateDisk's).
     const uint64_t one = state_queue_charge(state_shape(c, o.ctx), o.ctx, true);
@@ -503,6 +505,10 @@ std::string format_plan(const Plan& p) {
            "; the drafter's routed experts are " +
            (p.dspark_streamed ? "streamed (" + num(p.dspark_cache_slots) + " slots of their own)" : std::string("resident")) +
            "\n";
+  if (!p.device_plan_title.empty()) {
+    out += "  " + p.device_plan_title + "\n";
+    for (const PlanLine& l : p.device_plan) row("  " + l.name, l.bytes, l.detail);
+  }
   out += std::string("  swap: ") + (p.swap_active ? "active: " + p.swap_detail : "off") + "\n";
   for (const std::string& w : p.warnings) out += "  warning: " + w + "\n";
   if (p.admitted) {
@@ -546,6 +552,11 @@ nlohmann::ordered_json plan_to_json(const Plan& p) {
     j["dspark_verify_max"] = p.dspark_verify_max;
     j["dspark_experts"] = p.dspark_streamed ? "streamed" : "resident";
     j["dspark_cache_slots"] = p.dspark_cache_slots;
+  }
+  if (!p.device_plan_title.empty()) {
+    nlohmann::ordered_json dl = nlohmann::ordered_json::array();
+    for (const PlanLine& l : p.device_plan) dl.push_back({{"name", l.name}, {"bytes", l.bytes}, {"detail", l.detail}});
+    j["device"] = {{"title", p.device_plan_title}, {"lines", dl}};
   }
   j["unused_bytes"] = p.unused_bytes;
   j["planned_bytes"] = p.planned_bytes();

@@ -124,6 +124,12 @@ enum class DsparkExperts { Auto, Resident, Streamed };
 // "auto", "resident", "stream" -> the enum; throws Error naming the accepted values.
 DsparkExperts parse_dspark_experts(std::string_view s);
 
+struct PlanLine {
+  std::string name;
+  uint64_t bytes = 0;
+  std::string detail;
+};
+
 struct PlanOptions {
   uint32_t ctx = 4096;          // positions per sequence
   uint32_t sequences = 1;       // sequences held at once (each with its own state)
@@ -170,6 +176,10 @@ struct PlanOptions {
   // host pays for in this first slice (backend/vulkan_backend.h). 0: none.
   uint64_t device_bytes = 0;
   std::string device_detail;
+  // The device's own plan (backend/gpu_budget.h gpu_device_plan): what its budget holds, shown
+  // beside the host's; on a device whose memory is the host's the host lines already count it.
+  std::string device_plan_title;
+  std::vector<PlanLine> device_plan;
   // Host rows a device backend holds across ops for a chunk (the Vulkan backend's shared expert
   // gate and up, kept for the deferred batch that reads them on the device). Unset: none.
   std::function<uint64_t(uint32_t chunk)> device_held_bytes;
@@ -199,11 +209,6 @@ struct PlanOptions {
 // Result frame, and the routed FFN's quantized rows and per-expert gate, up, hidden and down rows.
 uint64_t exchange_scratch_bytes(const ModelConfig& c, uint64_t rows);
 
-struct PlanLine {
-  std::string name;
-  uint64_t bytes = 0;
-  std::string detail;
-};
 
 struct Plan {
   std::string model;
@@ -242,6 +247,8 @@ struct Plan {
   bool admitted = false;
   std::vector<std::string> refusals;    // why not, each naming what to change
   std::vector<std::string> warnings;
+  std::string device_plan_title;    // PlanOptions::device_plan: empty without a device
+  std::vector<PlanLine> device_plan;
 
   uint64_t planned_bytes() const { return mandatory_bytes + bounce_bytes + cache_bytes; }
 };

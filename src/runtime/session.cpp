@@ -609,6 +609,7 @@ GpuOptions gpu_options(const SessionOptions& o) {
   go.linears = o.gpu_linears;
   go.gemm = o.gpu_gemm;
   go.experts_in_place = o.gpu_experts_in_place;
+  go.scratch_on_device = o.gpu_scratch_on_device;
   return go;
 }
 
@@ -697,7 +698,11 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
       // Host: a group of experts' rows, with slots or in place (which maps the host store's own
       // memory: nothing more to count).
       const uint64_t group_scratch = slots || g.experts_in_place ? 2 * kGpuExpertGroupBytes : 0;
-      spo.plan.device_bytes = copies + kGpuStagingBuffers * kGpuStagingBytes + group_scratch;
+      // Where the batch's rows are device memory the host does not map, their mapped mirror is
+      // one more staging buffer; on a device whose memory is the host's (the tests' forced
+      // case) the rows' buffer is the host's too.
+      const uint64_t staging = kGpuStagingBuffers + (g.scratch_on_device && g.weights_in_host_memory ? 1 : 0);
+      spo.plan.device_bytes = copies + staging * kGpuStagingBytes + group_scratch;
       // The shared expert's [g | u] rows (VulkanBackend::shared_ffn) outlive the op until its
       // deferred batch runs, beside the routed op's own temporaries.
       spo.plan.device_held_bytes = [Fs = (uint64_t)cfg.moe_intermediate_size * std::max<uint32_t>(1, cfg.n_shared_experts)](
@@ -716,8 +721,27 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
                                                  ") + ")
                                     : "weights in device memory (budget " + format_bytes(g.device_budget) + ": " +
                                           g.budget_why + slot_text + "); ") +
-                               std::to_string(kGpuStagingBuffers) + " x " + format_bytes(kGpuStagingBytes) + " staging" +
+                               std::to_string(staging) + " x " + format_bytes(kGpuStagingBytes) + " staging" +
                                (group_scratch ? " + " + format_bytes(group_scratch) + " expert-group rows" : "");
+      // The device's own plan beside the host's: the backend made it already (and refused a
+      // budget without room for the mandatory part); this is its account for the plan's reader.
+      GpuDeviceNeeds dn;
+      dn.scratch = g.scratch_bytes;
+      dn.host_staging = spo.plan.device_bytes - copies;
+      dn.dense = loaded;
+      dn.dense_in_place = g.imports_host_memory;
+      dn.slot_bytes = slot;
+      dn.slots = slots;
+      dn.slots_auto = s.gpu_slots_auto;
+      const GpuDevicePlan dp =
+          gpu_device_plan(GpuWeightBudget{g.device_total, g.budget_why}, g.weights_in_host_memory, dn, g.device);
+      spo.plan.device_plan_title =
+          "device " + g.device + (g.weights_in_host_memory ? " (its memory is the host's: the lines above count it)"
+                                                          : " (its own memory, beside the host's budget)");
+      spo.plan.device_plan.push_back({"budget", dp.budget, dp.why});
+      for (const GpuPlanLine& l : dp.lines) spo.plan.device_plan.push_back({l.name, l.bytes, l.detail});
+      spo.plan.device_plan.push_back({"mandatory total", dp.mandatory, ""});
+      spo.plan.device_plan.push_back({"unused", dp.unused, ""});
     }
     if (opt.remote)
       spo.plan.fabric_bytes = [r = opt.remote, cfg](uint32_t chunk) {
