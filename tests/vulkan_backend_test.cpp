@@ -1692,6 +1692,42 @@ TEST(Vulkan, AFailedDispatchLeavesTheSequenceAsItWas) {
   }
 }
 
+// `sluice plan --backend vulkan` opens the device as run would and shows its lines: its share of
+// the host's budget and its own plan, whose lines and unused bytes add up to its budget; the
+// device options without --backend vulkan are a usage error.
+TEST(Vulkan, ThePlanCommandShowsTheDevicesOwnLines) {
+  const test::TempDir dir("sluice_vulkan_plan");
+  const std::string model = dir / "tiny.gguf";
+  ASSERT_EQ(test::run_sluice(dir, "make-model --preset tiny -o " + test::q(model)).rc, 0);
+  const test::CmdResult bad = test::run_sluice(dir, "plan -m " + test::q(model) + " --gpu-mem 1GiB");
+  EXPECT_EQ(bad.rc, 2);
+  EXPECT_NE(bad.err.find("need --backend vulkan"), std::string::npos) << bad.err;
+  const test::CmdResult r = test::run_sluice(dir, "plan -m " + test::q(model) + " --backend vulkan --gpu-experts 10 --json");
+  if (!kBuilt) {
+    EXPECT_EQ(r.rc, 1);
+    EXPECT_NE(r.err.find("built without the Vulkan backend"), std::string::npos) << r.err;
+    return;
+  }
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_TRUE(j.contains("device")) << r.out;
+  EXPECT_NE(j["device"]["title"].get<std::string>().find("llvmpipe"), std::string::npos);
+  std::map<std::string, uint64_t> dev;
+  for (const auto& l : j["device"]["lines"]) dev[l["name"].get<std::string>()] = l["bytes"].get<uint64_t>();
+  for (const char* name : {"budget", "scratch", "sequence state", "staging", "dense weights", "expert slots",
+                           "mandatory total", "unused"})
+    EXPECT_TRUE(dev.count(name)) << "no device line " << name << ": " << r.out;
+  EXPECT_GT(dev["budget"], 0u);
+  EXPECT_GT(dev["expert slots"], 0u);
+  EXPECT_EQ(dev["expert slots"] % 10, 0u) << "10 slots asked";
+  EXPECT_EQ(dev["scratch"] + dev["sequence state"] + dev["staging"] + dev["dense weights"] + dev["expert slots"] +
+                dev["unused"],
+            dev["budget"]);
+  bool host_line = false;
+  for (const auto& l : j["mandatory"]) host_line |= l["name"] == "GPU weight copies";
+  EXPECT_TRUE(host_line) << "the host's plan has no line for the device's share of it";
+}
+
 TEST(Vulkan, CommandLine) {
 #if defined(__SANITIZE_ADDRESS__)
   GTEST_SKIP() << "runs the binary on the device some twenty times (95 s under the sanitizer, the longest "

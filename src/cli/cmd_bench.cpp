@@ -556,6 +556,8 @@ int run_bench(const BenchOptions& o) {
       j["gpu_linear_on_device"] = gs.linear_on_device;
       j["gpu_linear_on_host"] = gs.linear_on_host;
       j["gpu_submissions"] = gs.submissions;
+      j["gpu_scratch_on_device"] = gs.scratch_on_device;  // the batch's rows in device memory, read back by copy
+      j["gpu_bytes_read_back"] = gs.bytes_read_back;
       j["gpu_linears"] = gs.subgroup_linears ? "subgroup" : "plain";
       j["gpu_subgroup_size"] = gs.subgroup_size;
       j["gpu_gemm_dispatches"] = gs.gemm_dispatches;

@@ -1,5 +1,5 @@
 // `sluice plan -m FILE -c N --mem-budget B [--chunk N] [--threads N] [--cache-policy P]
-//  [--allow-swap] [--json]`
+//  [--allow-swap] [--backend vulkan [--device N] [--gpu-mem B] [--gpu-experts N]] [--json]`
 #include "cli/cmd_plan.h"
 
 #include <cstdio>
@@ -9,11 +9,13 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/budget_check.h"
+#include "cli/cmd_run.h"
 #include "cli/commands.h"
 #include "cli/context_option.h"
 #include "format/gguf.h"
 #include "model/deepseek41/schema.h"
 #include "runtime/admission.h"
+#include "runtime/device_plan.h"
 #include "runtime/dspark_plan.h"
 #include "runtime/session.h"
 #include "runtime/store_plan.h"
@@ -54,6 +56,13 @@ CLI::App* setup_plan(CLI::App& app, PlanCommandOptions& o) {
   sub->add_option("--draft-max", o.draft_max, "as run/chat/serve take it (default 5)");
   sub->add_option("--dspark-experts", o.dspark_experts, "auto (default), resident or stream, as run/chat/serve take it")
       ->check(CLI::IsMember({"auto", "resident", "stream"}));
+  sub->add_option("--backend", o.backend,
+                  "cpu (default) or vulkan: the device's lines too (its share of this host's budget and its own "
+                  "plan: budget, scratch, sequence state, staging, dense weights, expert slots), as run plans them")
+      ->check(CLI::IsMember({"cpu", "vulkan"}));
+  sub->add_option("--device", o.device, "with --backend vulkan: the device index from `sluice devices` (default 0)");
+  sub->add_option("--gpu-mem", o.gpu_mem, "with --backend vulkan: as run takes it (default auto)");
+  sub->add_option("--gpu-experts", o.gpu_experts, "with --backend vulkan: N, in-place or auto, as run takes it (default auto)");
   sub->add_flag("--json", o.json, "print one JSON object instead of the table");
   return sub;
 }
@@ -91,6 +100,21 @@ int run_plan(const PlanCommandOptions& o) {
   if (!o.dspark.empty()) {
     spo.plan.dspark_experts = parse_dspark_experts(o.dspark_experts);
     plan_dspark(o.dspark, cfg, o.draft_max, spo.plan, spo.store);
+  }
+  // The device as run would open it (before the plan measures this process, driver included).
+  if (o.backend != "vulkan" && (o.device != 0 || o.gpu_mem != "auto" || !o.gpu_experts.empty()))
+    throw UsageError("--device, --gpu-mem and --gpu-experts need --backend vulkan");
+  SessionDevice dev;
+  if (o.backend == "vulkan") {
+    SessionOptions so;
+    so.model_path = o.model;
+    so.backend = o.backend;
+    so.gpu_device = o.device;
+    so.threads = o.threads;
+    parse_gpu_memory_options(o.gpu_mem, o.gpu_experts, so);
+    if (!o.dspark.empty()) so.dspark_path = o.dspark;
+    dev = make_session_device(so, cfg);
+    plan_session_device(*dev.backend, dev.slots, dev.slots_auto, f, cfg, so.stream_experts, spo.plan);
   }
   // run/chat/serve plan with the tokenizer parsed (open_model_header), and the plan's runtime
   // overhead is this process's resident set: parse it here too, so plan measures what run does.

@@ -26,6 +26,12 @@ struct PlanCommandOptions {
   uint32_t draft_max = 5;
   std::string dspark_experts = "auto";
   bool json = false;
+  // --backend vulkan: the device's lines too, as run/chat/serve plan them (the device is opened;
+  // nothing is loaded).
+  std::string backend = "cpu";
+  uint32_t device = 0;
+  std::string gpu_mem = "auto";
+  std::string gpu_experts;
 };
 CLI::App* setup_plan(CLI::App& app, PlanCommandOptions& o);
 // 0 when admitted; prints the breakdown to stdout and throws Error (exit 1) when refused.

@@ -226,6 +226,26 @@ std::string rate(double count, double secs) {
 
 }  // namespace
 
+void parse_gpu_memory_options(const std::string& gpu_mem, const std::string& gpu_experts, SessionOptions& so) {
+  if (gpu_mem != "auto") {
+    try {
+      so.gpu_mem = parse_bytes(gpu_mem, "--gpu-mem");
+    } catch (const Error& err) {
+      throw UsageError(err.what());
+    }
+    if (so.gpu_mem == 0) throw UsageError("--gpu-mem must be at least 1 byte (or auto)");
+  }
+  so.gpu_experts_auto = gpu_experts.empty() || gpu_experts == "auto";
+  if (gpu_experts == "in-place") {
+    so.gpu_experts_in_place = true;
+  } else if (!so.gpu_experts_auto) {
+    const char* end = gpu_experts.data() + gpu_experts.size();
+    const auto [at, ec] = std::from_chars(gpu_experts.data(), end, so.gpu_experts);
+    if (ec != std::errc() || at != end)
+      throw UsageError("--gpu-experts must be a slot count, in-place or auto (got '" + gpu_experts + "')");
+  }
+}
+
 void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
   sub->add_option("--chunk", o.chunk, "prompt tokens processed together; default: the largest the budget admits, up to 256")
       ->each([&o](const std::string&) { o.chunk_given = true; });
@@ -340,23 +360,7 @@ SessionOptions session_options(const EngineCliOptions& e, const std::string& mod
   so.max_cache_experts = e.cache_experts;
   so.backend = e.backend;
   so.gpu_device = e.device;
-  if (e.gpu_mem != "auto") {
-    try {
-      so.gpu_mem = parse_bytes(e.gpu_mem, "--gpu-mem");
-    } catch (const Error& err) {
-      throw UsageError(err.what());
-    }
-    if (so.gpu_mem == 0) throw UsageError("--gpu-mem must be at least 1 byte (or auto)");
-  }
-  so.gpu_experts_auto = e.gpu_experts.empty() || e.gpu_experts == "auto";
-  if (e.gpu_experts == "in-place") {
-    so.gpu_experts_in_place = true;
-  } else if (!so.gpu_experts_auto) {
-    const char* end = e.gpu_experts.data() + e.gpu_experts.size();
-    const auto [at, ec] = std::from_chars(e.gpu_experts.data(), end, so.gpu_experts);
-    if (ec != std::errc() || at != end)
-      throw UsageError("--gpu-experts must be a slot count, in-place or auto (got '" + e.gpu_experts + "')");
-  }
+  parse_gpu_memory_options(e.gpu_mem, e.gpu_experts, so);
   const bool gpu_experts = so.gpu_experts != 0 || so.gpu_experts_in_place;
   if ((e.gpu_mem != "auto" || e.device != 0 || gpu_experts || e.gpu_linears != "auto" || e.gpu_gemm != "on") &&
       e.backend != "vulkan")
@@ -467,6 +471,9 @@ std::string session_summary(const Session& s, uint64_t tokens_evaluated) {
                   gpu_linears_text(g).c_str(),
                   (unsigned long long)g.submissions);
     out += buf;
+    if (g.scratch_on_device)
+      out += "; the batch's rows in device memory (" + format_bytes(g.scratch_bytes) + "), " +
+             format_bytes(g.bytes_read_back) + " of them read back";
     // The expert tiers: device slots, then the host store (the expert cache figures above).
     const uint64_t looks = g.expert_hits + g.expert_misses + g.expert_on_cpu;
     if (g.expert_slots) {

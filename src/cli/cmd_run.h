@@ -46,6 +46,8 @@ struct EngineCliOptions {
   bool no_dspark_guard = false;
 };
 void add_engine_options(CLI::App* sub, EngineCliOptions& o);
+// --gpu-mem BYTES|auto and --gpu-experts N|in-place|auto into so; UsageError for bad values.
+void parse_gpu_memory_options(const std::string& gpu_mem, const std::string& gpu_experts, SessionOptions& so);
 // Throws UsageError for bad values. ctx 0: the session's default.
 SessionOptions session_options(const EngineCliOptions& e, const std::string& model, uint32_t ctx);
 // --temp/--top-p/--top-k/--min-p checked by sluice::check_sampling, the check the server's APIs
