@@ -2223,6 +2223,7 @@ class VulkanBackend final : public CpuBackend {
     // linear's rows written again). A later region that wrote some of x but not all of it means
     // no region holds x as it is now.
     const Region* source_of(CMat x) const {
+      if (x.n == 0) return nullptr;
       const float* const x_end = x.p + (x.n - 1) * x.stride + x.width;
       for (auto it = regions.rbegin(); it != regions.rend(); ++it) {
         const Region& r = *it;
@@ -2245,9 +2246,9 @@ class VulkanBackend final : public CpuBackend {
   double submit_batch(const Deferred& sub, const std::function<void()>& meanwhile) const {
     if (scratch_local_) {  // what the host reads below, and nothing else, crosses to it
       for (const HostStore& h : sub.stores)
-        read_back(h.place * sizeof(float), ((h.n - 1) * h.src_stride + h.width) * sizeof(float));
+        if (h.n) read_back(h.place * sizeof(float), ((h.n - 1) * h.src_stride + h.width) * sizeof(float));
       for (const CopyOut& c : sub.outs)
-        read_back(c.off, ((c.n - 1) * c.src_step + c.rows) * sizeof(float));
+        if (c.n) read_back(c.off, ((c.n - 1) * c.src_step + c.rows) * sizeof(float));
     }
     double s = 0;
     if (!sub.ds.empty()) s = dispatch(sub.ds, meanwhile);
@@ -2431,6 +2432,26 @@ class VulkanBackend final : public CpuBackend {
     return d;
   }
 
+  // A row op writing y into a new region a stage after what its operands wait for (mu_ held): its
+  // push constants are `head` then y's place and row stride; false when y gets no region.
+  bool defer_row_op(VkPipeline pipe, std::initializer_list<const Operand*> ops, Mat y, std::initializer_list<uint32_t> head,
+                    uint32_t gx) const {
+    const int yr = output_region(y);
+    if (yr < 0) return false;
+    Region& r = deferred_.regions[(size_t)yr];
+    uint32_t stage = 0;
+    for (const Operand* o : ops) stage = std::max(stage, o->stage);
+    ++stage;
+    std::array<uint32_t, sizeof(Push) / sizeof(uint32_t)> push{};
+    std::copy(head.begin(), head.end(), push.begin());
+    push[head.size()] = out_place(r, y);
+    push[head.size() + 1] = (uint32_t)r.stride;
+    deferred_.ds.push_back(row_op(pipe, push, gx, (uint32_t)y.n, stage));
+    r.stage = stage;
+    for (const Operand* o : ops) mark_read(*o, stage);
+    return true;
+  }
+
   // y = hc_pre(X, pre) (mu_ held); two descriptor sets are kept free for hc_pre_norm's norm.
   bool defer_hc_pre(CMat X, CMat pre, uint32_t hc, Mat y) const {
     const size_t H = y.width, n = y.n;
@@ -2439,17 +2460,7 @@ class VulkanBackend final : public CpuBackend {
       return false;
     Operand x, w;
     if (!operand(X, x) || !operand(pre.cols(0, hc), w)) return false;
-    const int yr = output_region(y);
-    if (yr < 0) return false;
-    Region& r = deferred_.regions[(size_t)yr];
-    const uint32_t stage = std::max(x.stage, w.stage) + 1;
-    deferred_.ds.push_back(row_op(hc_pre_,
-                                  {(uint32_t)n, (uint32_t)H, hc, x.at, x.stride, w.at, w.stride, out_place(r, y), (uint32_t)r.stride},
-                                  grid_x(H), (uint32_t)n, stage));
-    r.stage = stage;
-    mark_read(x, stage);
-    mark_read(w, stage);
-    return true;
+    return defer_row_op(hc_pre_, {&x, &w}, y, {(uint32_t)n, (uint32_t)H, hc, x.at, x.stride, w.at, w.stride}, grid_x(H));
   }
 
   // Y = hc_post(F, X, mixes) (mu_ held).
@@ -2460,17 +2471,8 @@ class VulkanBackend final : public CpuBackend {
       return false;
     Operand f, x, m;
     if (!operand(F, f) || !operand(X, x) || !operand(mixes.cols(0, nmix), m)) return false;
-    const int yr = output_region(Y);
-    if (yr < 0) return false;
-    Region& r = deferred_.regions[(size_t)yr];
-    const uint32_t stage = std::max({f.stage, x.stage, m.stage}) + 1;
-    deferred_.ds.push_back(row_op(hc_post_,
-                                  {(uint32_t)n, (uint32_t)H, hc, f.at, f.stride, x.at, x.stride, m.at, m.stride,
-                                   out_place(r, Y), (uint32_t)r.stride},
-                                  grid_x(H), (uint32_t)n, stage));
-    r.stage = stage;
-    for (const Operand* o : {&f, &x, &m}) mark_read(*o, stage);
-    return true;
+    return defer_row_op(hc_post_, {&f, &x, &m}, Y,
+                        {(uint32_t)n, (uint32_t)H, hc, f.at, f.stride, x.at, x.stride, m.at, m.stride}, grid_x(H));
   }
 
   // mixes = hc_mix(X) (mu_ held): the projections by the linear_float shader (the CPU's linear,
@@ -2559,17 +2561,7 @@ class VulkanBackend final : public CpuBackend {
       return false;
     Operand oa, ob;
     if (!operand(a, oa) || !operand(b, ob)) return false;
-    const int yr = output_region(out);
-    if (yr < 0) return false;
-    Region& r = deferred_.regions[(size_t)yr];
-    const uint32_t stage = std::max(oa.stage, ob.stage) + 1;
-    deferred_.ds.push_back(row_op(add_round_,
-                                  {(uint32_t)n, (uint32_t)w, oa.at, oa.stride, ob.at, ob.stride, out_place(r, out), (uint32_t)r.stride},
-                                  grid_x(w), (uint32_t)n, stage));
-    r.stage = stage;
-    mark_read(oa, stage);
-    mark_read(ob, stage);
-    return true;
+    return defer_row_op(add_round_, {&oa, &ob}, out, {(uint32_t)n, (uint32_t)w, oa.at, oa.stride, ob.at, ob.stride}, grid_x(w));
   }
 
   // compress_pool (mu_ held): the groups the chunk completes pooled into a new region of latents'

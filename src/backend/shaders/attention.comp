@@ -13,12 +13,10 @@
 #include "fma_rn.glsl"
 #define EXP_BINDING 0
 #include "exp_f32.glsl"
+// The activation buffer's words: the staged rows (BF16, two a word, low half first), the lists
+// and staged queries (f32); rd() reads a query where it lies.
+#include "rows_io.glsl"
 layout(local_size_x = 64) in;
-
-// The activation buffer as words: the staged rows (BF16, two a word, low half first) and lists;
-// staged queries are f32 bits there too.
-layout(std430, set = 0, binding = 1) readonly buffer Staged { uint su[]; };
-layout(std430, set = 0, binding = 2) buffer Rows { float rows[]; };
 
 layout(push_constant) uniform Push {
   uint n, heads, head_dim;
@@ -33,9 +31,6 @@ const uint kMaxRows = 2048u;  // VulkanBackend::kAttentionRows
 shared float sc[kMaxRows];    // the scores, then bf16(p_k)
 shared float den_s;
 
-float query(uint i) {
-  return (i & 0x80000000u) != 0u ? rows[i & 0x7fffffffu] : uintBitsToFloat(su[i]);
-}
 // Row r's value d: a staged BF16 row, or (bit 31 set) f32 values at that place of the output
 // buffer (a row the batch writes and a store_bf16 of it will keep; BF16-exact).
 float kv(uint r, uint d) {
@@ -59,7 +54,7 @@ void main() {
     const uint padded = (hd + 15u) / 16u * 16u;
     for (uint i = 0u; i < padded; ++i) {
       const float w = i < hd ? kv(r, i) : 0.0;
-      const float a = i < hd ? query(q + i) : 0.0;
+      const float a = i < hd ? rd(q + i) : 0.0;
       acc[i % 16u] = fma_rn(w, a, acc[i % 16u]);
     }
     for (uint width = 8u; width >= 2u; width /= 2u)

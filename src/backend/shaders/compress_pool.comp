@@ -12,11 +12,8 @@
 #include "exact_div.glsl"
 #define EXP_BINDING 0
 #include "exp_f32.glsl"
+#include "rows_io.glsl"  // staged rows (f32) and the members table (words)
 layout(local_size_x = 64) in;
-
-// The activation buffer as words: staged rows (f32 bits) and the members table.
-layout(std430, set = 0, binding = 1) readonly buffer Staged { uint su[]; };
-layout(std430, set = 0, binding = 2) buffer Rows { float rows[]; };
 
 layout(push_constant) uniform Push {
   uint n;                // groups
@@ -27,9 +24,6 @@ layout(push_constant) uniform Push {
   uint unrounded;        // tests (gpu_compress_pool_unrounded): the pooled f32 values, not bf16
   uint unused1, unused2, unused3, unused4;
 } p;
-
-// A place: a float index of the activation buffer, or (bit 31 set) of the output buffer.
-float rd(uint at) { return (at & 0x80000000u) != 0u ? rows[at & 0x7fffffffu] : uintBitsToFloat(su[at]); }
 
 void main() {
   const uint d = gl_GlobalInvocationID.x, q = gl_WorkGroupID.y;

@@ -8,9 +8,6 @@
 #include "rows_io.glsl"
 layout(local_size_x = 64) in;
 
-// The activation buffer as words, for the lists.
-layout(std430, set = 0, binding = 1) readonly buffer StagedWords { uint su[]; };
-
 layout(push_constant) uniform Push {
   uint n;                // tokens
   uint width;            // floats a row
