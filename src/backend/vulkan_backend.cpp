@@ -481,6 +481,7 @@ class VulkanBackend final : public CpuBackend {
     host_quantize_ = o.host_quantize;
     slots_wanted_ = o.expert_slots;
     split_ = ExpertSplit(std::clamp(o.cpu_experts, 0.0, 1.0), o.cpu_experts_auto);
+    st_.gemm_tile = kGemmTile;
     // Timestamps measure the device's part of the expert split (auto); without them the wall
     // time of a submission the CPU did not overlap stands in.
     ts_bits_ = qf[family_].timestampValidBits;
@@ -3434,7 +3435,7 @@ GpuExpertsChoice auto_gpu_experts(const GpuDevice& d, uint64_t max_slots) {
 std::string gpu_linears_text(const GpuStats& g) {
   return (g.subgroup_linears ? "a subgroup of " + std::to_string(g.subgroup_size) + " per output"
                              : std::string("an invocation per output")) +
-         (g.gemm_formats ? ", prefill GEMM tiles of " + std::to_string(kGemmTile) + " tokens" : std::string(", no GEMM"));
+         (g.gemm_formats ? ", prefill GEMM tiles of " + std::to_string(g.gemm_tile) + " tokens" : std::string(", no GEMM"));
 }
 
 }  // namespace sluice

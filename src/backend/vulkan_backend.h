@@ -66,6 +66,7 @@ struct GpuStats {
   // The quantized formats with a GEMM build on this device (GpuOptions::gemm, and their tile fits
   // its workgroup memory), and the linear dispatches that ran it.
   uint32_t gemm_formats = 0;
+  uint32_t gemm_tile = 0;  // tokens a GEMM workgroup takes
   uint64_t gemm_dispatches = 0;
   uint64_t device_budget = 0;    // bytes of weights the device may hold (GpuOptions::weight_budget)
   std::string budget_why;        // how device_budget was chosen (gpu_weight_budget)
