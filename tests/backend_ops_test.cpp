@@ -60,6 +60,7 @@ std::vector<BackendCase> backends() {
                    [] {
                      GpuOptions o;
                      o.threads = 2;
+                     o.indexer = GpuIndexer::Device;  // index_select's scores there too
                      return make_vulkan_backend(o);
                    },
                    exact});

@@ -15,9 +15,12 @@
 
 #include "backend/cpu_backend.h"
 #include "backend/vulkan_backend.h"
+#include "format/tensor_type.h"
 #include "kernels/exp_f32.h"
 #include "kernels/fp.h"
 #include "kernels/fp4_rows.h"
+#include "kernels/numerics.h"
+#include "kernels/types.h"
 #include "test_tensors.h"
 #include "test_util.h"
 #include "test_weights.h"
@@ -420,6 +423,114 @@ TEST(VulkanAttention, CompressorPoolingUnroundedEqualsTheScalarReference) {
           ASSERT_EQ(std::bit_cast<uint32_t>(lat.c().row(q)[d]), std::bit_cast<uint32_t>(want[q][d]))
               << "group " << q << " channel " << d << ": " << lat.c().row(q)[d] << " for " << want[q][d];
     }
+}
+
+// The indexer's scores on the device (--gpu-indexer device): the same selections and candidate
+// blocks as the CPU's for every k, so the same order of scores, ties and NaN keys included; for
+// head dims of one and four MXFP4 blocks, one head and five, compression ratios 1 and 4, a first
+// chunk and a later one, queries off the grid (the CPU's float path) and on it (its integer
+// path), plain layers, candidate sources and consumers; and with staging buffers that take a few
+// queries at a time.
+TEST(VulkanAttention, IndexScoresOnTheDeviceSelectWhatTheCpuSelects) {
+  if (!kBuilt) return;
+  std::mt19937_64 rng(73);
+  const CpuBackend cpu(2);
+  for (const uint64_t staging : {(uint64_t)0, (uint64_t)6000}) {
+    GpuOptions go;
+    go.threads = 2;
+    go.indexer = GpuIndexer::Device;
+    go.io_staging_bytes = staging;
+    const std::unique_ptr<Backend> gpu = make_vulkan_backend(go);
+    uint64_t calls = 0;
+    for (const uint32_t hd : {32u, 128u})
+      for (const uint32_t heads : {1u, 5u})
+        for (const uint32_t ratio : {1u, 4u})
+          for (const uint32_t p0 : {0u, 37u})
+            for (const bool on_grid : {false, true})
+              for (int mode = 0; mode < 3; ++mode) {  // plain, candidate source, candidate consumer
+                const uint32_t n = 9, rows_total = (p0 + n) / ratio, first = p0 / ratio;
+                if (rows_total == 0) continue;
+                SCOPED_TRACE("staging " + std::to_string(staging) + " hd " + std::to_string(hd) + " heads " +
+                             std::to_string(heads) + " ratio " + std::to_string(ratio) + " p0 " + std::to_string(p0) +
+                             (on_grid ? " on the grid" : " off the grid") + " mode " + std::to_string(mode));
+                // Keys: random, a few repeated (equal scores: ties go to the lower row), one with a NaN.
+                const size_t rb = fp4_row_bytes(Fp4Grid::Mxfp4, hd);
+                std::vector<uint8_t> packed((size_t)rows_total * rb);
+                for (uint32_t r = 0; r < rows_total; ++r) {
+                  std::vector<float> v = bf16_values(rng, hd, 2.0f);
+                  if (r == 3 && rows_total > 5) v[hd / 2] = std::numeric_limits<float>::quiet_NaN();
+                  fp4_pack_row(Fp4Grid::Mxfp4, v.data(), hd, packed.data() + (size_t)r * rb);
+                  if (r % 5 == 4) std::memcpy(packed.data() + (size_t)r * rb, packed.data() + (size_t)(r - 2) * rb, rb);
+                }
+                // Off the grid: full mantissas over a wide spread of magnitudes, so the order of
+                // the dot's additions shows in its bits (on the grid every order is exact).
+                std::vector<float> q((size_t)n * heads * hd), w = bf16_values(rng, (size_t)n * heads, 1.0f);
+                std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+                std::uniform_int_distribution<int> ex(-12, 12);
+                for (float& v : q) v = std::ldexp(u(rng), ex(rng));
+                if (on_grid) fake_quant_mxfp4(q.data(), q.size());
+                IndexSelect a;
+                a.q = CMat{q.data(), n, (size_t)heads * hd, (size_t)heads * hd};
+                a.w = CMat{w.data(), n, heads, heads};
+                a.heads = heads;
+                a.head_dim = hd;
+                a.denom = std::sqrt((float)(hd * heads));
+                a.keys = CacheRows{packed.data(), packed.data() + (size_t)first * rb, first, hd, Fp4Grid::Mxfp4};
+                a.ratio = ratio;
+                a.p0 = p0;
+                a.candidate_source = mode == 1;
+                a.candidate_consumer = mode == 2;
+                a.block = 4;
+                a.keep_blocks = 2;
+                std::vector<std::vector<uint8_t>> keep(n);
+                for (auto& k : keep) {
+                  k.assign((rows_total + a.block - 1) / a.block, 0);
+                  for (auto& b : k) b = (uint8_t)(rng() % 2);
+                }
+                {
+                  // The scores themselves against a plain scalar reference, bit for bit.
+                  std::vector<std::vector<uint8_t>> gc = keep;
+                  const std::vector<float> got = gpu_index_scores(*gpu, a, gc);
+                  ASSERT_EQ(got.size(), (size_t)n * rows_total);
+                  std::vector<uint16_t> key(hd);
+                  size_t bad = 0;
+                  for (uint32_t i = 0; i < n; ++i)
+                    for (uint32_t j = 0; j < (p0 + i + 1) / ratio; ++j) {
+                      float want = 0.0f;
+                      if (mode == 2 && !keep[i][j / a.block]) {
+                        want = -std::numeric_limits<float>::infinity();
+                      } else {
+                        fp4_unpack_row(Fp4Grid::Mxfp4, packed.data() + (size_t)j * rb, hd, key.data());
+                        for (uint32_t h = 0; h < heads; ++h) {
+                          const float d = type_traits(GgmlType::BF16).dot_scalar(key.data(), q.data() + ((size_t)i * heads + h) * hd, hd);
+                          want += std::max(d, 0.0f) * (w[(size_t)i * heads + h] / a.denom);
+                        }
+                      }
+                      const float g = got[(size_t)i * rows_total + j];
+                      if (std::bit_cast<uint32_t>(g) != std::bit_cast<uint32_t>(want) && !(std::isnan(g) && std::isnan(want)) &&
+                          bad++ < 3)
+                        ADD_FAILURE() << "query " << i << " key " << j << ": " << g << ", want " << want;
+                    }
+                  EXPECT_EQ(bad, 0u);
+                }
+                for (const uint32_t topk : {1u, 3u, rows_total}) {
+                  a.topk = topk;
+                  std::vector<std::vector<uint8_t>> cc = keep, gc = keep;
+                  std::vector<std::vector<int32_t>> cs, gs;
+                  cpu.index_select(a, cc, cs);
+                  const uint64_t before = gpu_stats(*gpu).index_on_device;
+                  gpu->index_select(a, gc, gs);
+                  const uint64_t took = gpu_stats(*gpu).index_on_device - before;
+                  EXPECT_GE(took, 1u) << "scored on the CPU";
+                  calls += took;
+                  EXPECT_EQ(gs, cs) << "top " << topk;
+                  EXPECT_EQ(gc, cc) << "candidate blocks, top " << topk;
+                }
+              }
+    if (staging) {
+      EXPECT_GT(calls, 3u * 2 * 2 * 2 * 2 * 2 * 3) << "small staging buffers took all the queries at once";
+    }
+  }
 }
 
 }  // namespace

@@ -1312,6 +1312,7 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
     GpuLinears linears = GpuLinears::Auto;
     uint32_t chunk = 8;
     bool scratch = false;  // GpuOptions::scratch_on_device
+    GpuIndexer indexer = GpuIndexer::Auto;
   };
   auto rows_of = [&](const std::string& backend, SessionStats* st, GpuStats* gs, Experts x = {}) {
     const uint64_t slots = x.slots;
@@ -1331,6 +1332,7 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
     so.gpu_experts_in_place = x.in_place;
     so.gpu_linears = x.linears;
     so.gpu_scratch_on_device = x.scratch;
+    so.gpu_indexer = x.indexer;
     Session s(so);
     std::vector<float> rows;
     EvalObserver o;
@@ -1454,6 +1456,17 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
     EXPECT_EQ(sg.expert_misses > 0, slots > 0);
   }
   EXPECT_FALSE(gg.scratch_on_device);
+  // The indexer's scores on the device (--gpu-indexer device): the CPU's logits; auto leaves them
+  // to the CPU on a CPU device.
+  {
+    SessionStats ss;
+    GpuStats sg;
+    const std::vector<float> got = rows_of("vulkan", &ss, &sg, {.indexer = GpuIndexer::Device});
+    ASSERT_EQ(got.size(), cpu.size());
+    EXPECT_EQ(std::memcmp(got.data(), cpu.data(), cpu.size() * sizeof(float)), 0) << "indexer on the device: logits differ";
+    EXPECT_GT(sg.index_on_device, 0u);
+    EXPECT_EQ(gg.index_on_device, 0u) << "auto scored on a CPU device";
+  }
   EXPECT_EQ(gg.bytes_read_back, 0u) << "read-back copies where the host maps the rows";
   // A share of the slot misses on the CPU (--cpu-experts): a third of them in front of the
   // streaming store, auto with a slot per expert; the CPU's logits, the share counted and shown.

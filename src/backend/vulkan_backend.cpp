@@ -196,6 +196,9 @@ const uint32_t kCompressPool[] = {
 const uint32_t kFakeQuant[] = {
 #include "fake_quant.spv.inc"
 };
+const uint32_t kIndexScores[] = {
+#include "index_scores.spv.inc"
+};
 
 // A SPIR-V module embedded above: its words and size.
 struct Spirv {
@@ -233,6 +236,11 @@ constexpr uint32_t kGroup = 64;  // local_size_x of the linear shaders
 // The most rows one query of the device's attention attends (attention.comp kMaxRows: its scores
 // in workgroup memory); a query with more runs on the CPU. The published model's is 640.
 constexpr uint32_t kAttentionRows = 2048;
+// The indexer's head_dim at most (index_scores.comp kMaxDim: an invocation holds one key).
+constexpr uint32_t kIndexMaxDim = 256;
+// GpuIndexer::Auto scores on a GPU when a call's work (queries x visible keys x heads x head_dim
+// multiply-adds) is at least this: below it the extra round trip costs more than the CPU's scoring.
+constexpr uint64_t kIndexDeviceMacs = 1ull << 24;
 // Tokens a subgroup of a quantized linear takes together (CMakeLists.txt SLUICE_GPU_TOKEN_TILE,
 // the shaders' TOKENS).
 constexpr uint32_t kTokenTile = SLUICE_GPU_TOKEN_TILE;
@@ -481,6 +489,7 @@ class VulkanBackend final : public CpuBackend {
     host_quantize_ = o.host_quantize;
     slots_wanted_ = o.expert_slots;
     split_ = ExpertSplit(std::clamp(o.cpu_experts, 0.0, 1.0), o.cpu_experts_auto);
+    indexer_ = o.indexer;
     st_.gemm_tile = kGemmTile;
     // Timestamps measure the device's part of the expert split (auto); without them the wall
     // time of a submission the CPU did not overlap stands in.
@@ -729,9 +738,16 @@ class VulkanBackend final : public CpuBackend {
     }
     return CpuBackend::compress_pool(k, g, ratio, p0, carry_k, carry_s, latents);
   }
+  // The scores on the device (index_scores.comp) where GpuOptions::indexer asks for it, in a
+  // submission of their own after the batch (the host needs the selection to stage the attention's
+  // rows), then the CPU's selection from them; else the CPU's.
   void index_select(const IndexSelect& a, std::vector<std::vector<uint8_t>>& cand,
                     std::vector<std::vector<int32_t>>& sel) const override {
-    settle();
+    {
+      const std::lock_guard<std::mutex> lk(mu_);
+      flush_deferred();
+      if (device_index_select(a, cand, sel)) return;
+    }
     CpuBackend::index_select(a, cand, sel);
   }
   // Recorded into the deferred batch (attention.comp) with the rows each query attends staged from
@@ -1440,6 +1456,19 @@ class VulkanBackend final : public CpuBackend {
     return std::vector<float>(gt.c().p, gt.c().p + n * hc);
   }
 
+  // The indexer's scores on the device (gpu_index_scores), whatever GpuOptions::indexer says.
+  std::vector<float> index_scores_alone(const IndexSelect& a, std::vector<std::vector<uint8_t>>& cand) const {
+    const std::lock_guard<std::mutex> lk(mu_);
+    flush_deferred();
+    const GpuIndexer was = std::exchange(indexer_, GpuIndexer::Device);
+    std::vector<std::vector<int32_t>> sel;
+    std::vector<float> raw;
+    const bool ok = device_index_select(a, cand, sel, &raw);
+    indexer_ = was;
+    if (!ok) throw Error("gpu_index_scores: the device has no index_scores shader (no shaderFloat64) or the keys do not fit");
+    return raw;
+  }
+
   // compress_pool on the device with the pooled values unrounded (gpu_compress_pool_unrounded).
   std::vector<uint32_t> compress_pool_unrounded(CMat k, CMat g, uint32_t ratio, uint32_t p0, float* carry_k,
                                                 float* carry_s, Mat latents) const {
@@ -1643,6 +1672,7 @@ class VulkanBackend final : public CpuBackend {
       add_round_ = pipeline(Spirv{kAddRound, sizeof kAddRound}, "add_round");
       routed_sum_ = pipeline(Spirv{kRoutedSum, sizeof kRoutedSum}, "routed_sum");
       fake_quant_ = pipeline(Spirv{kFakeQuant, sizeof kFakeQuant}, "fake_quant");
+      index_scores_ = pipeline(Spirv{kIndexScores, sizeof kIndexScores}, "index_scores");
       // Its scores live in workgroup memory (attention.comp kMaxRows floats).
       if (info_.max_workgroup_memory >= kAttentionRows * sizeof(float) + 16)
         attention_ = pipeline(Spirv{kAttention, sizeof kAttention}, "attention");
@@ -2772,6 +2802,84 @@ class VulkanBackend final : public CpuBackend {
     return true;
   }
 
+  // index_select with the scores on the device (mu_ held, the batch submitted): the keys staged
+  // packed once, the queries in groups whose queries, weights and scores fit the staging buffers,
+  // a submission per group; the candidate blocks and the top-k are the CPU's, from the scores.
+  // False (nothing done) where the device does not score: no shader, GpuIndexer says not here, a
+  // head_dim it cannot hold, keys that do not fit.
+  // With `raw` (tests: gpu_index_scores) the scores are also kept there, [n][n_vis of the last
+  // query], a query's keys past its own n_vis 0.
+  bool device_index_select(const IndexSelect& a, std::vector<std::vector<uint8_t>>& cand,
+                           std::vector<std::vector<int32_t>>& sel, std::vector<float>* raw = nullptr) const {
+    const uint32_t n = (uint32_t)a.q.n, heads = a.heads, hd = a.head_dim;
+    if (index_scores_ == VK_NULL_HANDLE || indexer_ == GpuIndexer::Cpu || n == 0 || heads == 0 || hd == 0 ||
+        hd % 32 != 0 || hd > kIndexMaxDim || a.ratio == 0 || a.keys.grid != Fp4Grid::Mxfp4 ||
+        a.q.width < (size_t)heads * hd || a.w.n != n || a.w.width < heads || (a.candidate_consumer && a.block == 0) ||
+        ((a.candidate_source || a.candidate_consumer) && cand.size() < n))
+      return false;
+    const uint32_t n_vis_max = (a.p0 + n) / a.ratio;
+    if (n_vis_max == 0) return false;  // nothing to score: the CPU's empty selections
+    if (indexer_ == GpuIndexer::Auto &&
+        (info_.kind == "cpu" || (uint64_t)n * n_vis_max * heads * hd < kIndexDeviceMacs))
+      return false;
+    const size_t row_bytes = fp4_row_bytes(Fp4Grid::Mxfp4, hd);
+    const uint32_t units = a.candidate_consumer ? (n_vis_max + a.block - 1) / a.block : 0;
+    const VkDeviceSize keys = aligned((VkDeviceSize)n_vis_max * row_bytes);
+    const VkDeviceSize per_query = ((VkDeviceSize)heads * hd + heads + units) * 4, header = 5 * 4;
+    const VkDeviceSize scores_row = (VkDeviceSize)n_vis_max * sizeof(float);
+    ensure_io();
+    if (keys + 2 * offset_align() + header + per_query > io_limit_ || scores_row > io_limit_ ||
+        (n_vis_max + 63) / 64 > max_groups_x_)
+      return false;
+    const uint32_t group = (uint32_t)std::min<VkDeviceSize>(
+        {n, (io_limit_ - keys - 2 * offset_align() - header) / per_query, io_limit_ / scores_row});
+    uint8_t* const abuf = static_cast<uint8_t*>(act_.map);
+    for (uint32_t j = 0; j < n_vis_max; ++j) std::memcpy(abuf + j * row_bytes, a.keys.row(j), row_bytes);
+    std::vector<float> scores;
+    sel.assign(n, {});
+    if (raw) raw->assign((size_t)n * n_vis_max, 0.0f);
+    for (uint32_t g0 = 0; g0 < n; g0 += group) {
+      const uint32_t gn = std::min(group, n - g0);
+      // [keys][p0, ratio, block, units, y_stride][w' per query][queries][kept blocks per query]
+      uint32_t* const w = reinterpret_cast<uint32_t*>(abuf + keys);
+      w[0] = a.p0 + g0;
+      w[1] = a.ratio;
+      w[2] = a.candidate_consumer ? a.block : 1;
+      w[3] = units;
+      w[4] = n_vis_max;
+      for (uint32_t t = 0; t < gn; ++t)
+        for (uint32_t h = 0; h < heads; ++h)
+          w[5 + t * heads + h] = std::bit_cast<uint32_t>(a.w.row(g0 + t)[h] / a.denom);  // w' (numerics.md 6)
+      const uint32_t q_at = (uint32_t)(keys / 4) + 5 + gn * heads;
+      for (uint32_t t = 0; t < gn; ++t)
+        std::memcpy(abuf + (VkDeviceSize)(q_at + t * heads * hd) * 4, a.q.row(g0 + t), (size_t)heads * hd * sizeof(float));
+      const uint32_t m_at = a.candidate_consumer ? q_at + gn * heads * hd : 0xffffffffu;
+      if (a.candidate_consumer)
+        for (uint32_t t = 0; t < gn; ++t) {
+          uint32_t* const m = reinterpret_cast<uint32_t*>(abuf) + m_at + t * units;
+          const std::vector<uint8_t>& keep = cand[g0 + t];
+          for (uint32_t u = 0; u < units; ++u) m[u] = u < keep.size() && keep[u] ? 1u : 0u;
+        }
+      Dispatch d{DeviceWeight{index_scores_, exp_consts_.buf, 0, exp_consts_.size, 0, 0}, 0, 0, 0,
+                 std::bit_cast<Push>(std::array<uint32_t, sizeof(Push) / sizeof(uint32_t)>{
+                     gn, heads, hd, q_at, (uint32_t)(keys / 4), 0, (uint32_t)row_bytes, m_at, 0, 0, 0}),
+                 (n_vis_max + 63) / 64, gn};
+      read_back(0, gn * scores_row);
+      (void)dispatch(std::span<const Dispatch>(&d, 1));
+      ++st_.ops_on_device;
+      ++st_.index_on_device;
+      const float* const out = reinterpret_cast<const float*>(rows_out());
+      for (uint32_t t = 0; t < gn; ++t) {
+        const uint32_t i = g0 + t, n_vis = (a.p0 + i + 1) / a.ratio;
+        scores.assign(out + (size_t)t * n_vis_max, out + (size_t)t * n_vis_max + n_vis);
+        if (raw) std::copy(scores.begin(), scores.end(), raw->begin() + (ptrdiff_t)i * n_vis_max);
+        if (a.candidate_source) cand[i] = candidate_blocks(scores, n_vis, a.block, a.keep_blocks);
+        sel[i] = topk_ascending(scores, a.topk);
+      }
+    }
+    return true;
+  }
+
   // The store_bf16 of the deferred batch that will write row r (its start), if any.
   const HostStore* pending_store(const uint16_t* r) const {
     for (const HostStore& h : deferred_.stores) {
@@ -3218,7 +3326,7 @@ class VulkanBackend final : public CpuBackend {
       if (q) vkDestroyPipeline(dev_, q, nullptr);
     for (VkPipeline& q : quant_mm_)
       if (q) vkDestroyPipeline(dev_, q, nullptr);
-    for (VkPipeline p : {float_, quantize_q8_0_, quantize_q8_k_, rms_norm_, swiglu_, exp_, hc_pre_, hc_post_, hc_mix_, rope_, attention_, engram_gate_, fake_quant_, compress_, add_round_, routed_sum_})
+    for (VkPipeline p : {float_, quantize_q8_0_, quantize_q8_k_, rms_norm_, swiglu_, exp_, hc_pre_, hc_post_, hc_mix_, rope_, attention_, engram_gate_, fake_quant_, compress_, add_round_, routed_sum_, index_scores_})
       if (p) vkDestroyPipeline(dev_, p, nullptr);
     if (desc_pool_) vkDestroyDescriptorPool(dev_, desc_pool_, nullptr);
     if (layout_) vkDestroyPipelineLayout(dev_, layout_, nullptr);
@@ -3276,6 +3384,8 @@ class VulkanBackend final : public CpuBackend {
   VkPipeline routed_sum_ = VK_NULL_HANDLE;   // the routed experts' terms added in triple order, in the batch
   VkPipeline fake_quant_ = VK_NULL_HANDLE;   // the fake-quant grids on rows the deferred batch holds, in place
   VkPipeline attention_ = VK_NULL_HANDLE;  // sparse_attention and attend_rows over rows staged with the batch
+  VkPipeline index_scores_ = VK_NULL_HANDLE;  // the indexer's scores (index_select)
+  mutable GpuIndexer indexer_ = GpuIndexer::Auto;  // GpuOptions::indexer (index_scores_alone sets it for a call)
   bool host_quantize_ = false;  // GpuOptions::host_quantize
   Buffer tables_;
   Buffer exp_consts_;  // exp_f32_constants(), binding 0 of swiglu
@@ -3367,6 +3477,12 @@ std::vector<uint32_t> gpu_compress_pool_unrounded(const Backend& b, CMat k, CMat
   return v->compress_pool_unrounded(k, g, ratio, p0, carry_k, carry_s, latents);
 }
 
+std::vector<float> gpu_index_scores(const Backend& b, const IndexSelect& a, std::vector<std::vector<uint8_t>>& cand) {
+  const auto* v = dynamic_cast<const VulkanBackend*>(&b);
+  if (!v) throw Error("gpu_index_scores: not a Vulkan backend");
+  return v->index_scores_alone(a, cand);
+}
+
 void gpu_rms_norm(const Backend& b, float* x, size_t n, size_t width, const float* w, float eps) {
   const auto* v = dynamic_cast<const VulkanBackend*>(&b);
   if (!v) throw Error("gpu_rms_norm: not a Vulkan backend");
@@ -3410,6 +3526,7 @@ std::vector<float> gpu_engram_gates(const Backend&, const float*, const float*, 
 std::vector<uint32_t> gpu_compress_pool_unrounded(const Backend&, CMat, CMat, uint32_t, uint32_t, float*, float*, Mat) {
   not_built();
 }
+std::vector<float> gpu_index_scores(const Backend&, const IndexSelect&, std::vector<std::vector<uint8_t>>&) { not_built(); }
 void release_gpu_imports(const Backend&) {}
 
 #endif

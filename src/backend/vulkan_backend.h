@@ -59,6 +59,7 @@ struct GpuStats {
   uint64_t inputs_quantized_on_device = 0;
   uint64_t inputs_chained = 0;  // of them, read on the device from linears earlier in the submission
   uint64_t ops_on_device = 0;   // ops other than linears run on the device (rms_norm on deferred rows)
+  uint64_t index_on_device = 0;  // index_select calls (groups of queries) scored on the device
   // The quantized linears ran their subgroup build (a subgroup per output) rather than an
   // invocation per output; the device's subgroup size.
   bool subgroup_linears = false;
@@ -129,6 +130,11 @@ inline constexpr uint64_t kGpuExpertGroupBytes = kGpuStagingBytes / 2;
 // (Subgroup: a device without GpuDevice::subgroup_linears is refused, naming why); Auto: Subgroup
 // where the device has it and is a GPU, else Plain.
 enum class GpuLinears { Auto, Plain, Subgroup };
+
+// Where index_select scores the keys (--gpu-indexer): on the device (index_scores.comp, then the
+// CPU's top-k from the scores; the CPU's bits), on the CPU, or Auto: on a GPU when a call's work
+// is large enough to pay for the round trip it adds (long contexts, prefill chunks), else the CPU.
+enum class GpuIndexer { Auto, Device, Cpu };
 bool auto_subgroup_linears(const GpuDevice& d);
 
 // What --gpu-experts auto (the default) runs the routed experts with on device d, and why: on a
@@ -203,6 +209,7 @@ struct GpuOptions {
   // a copy into a mapped buffer, as on a card with memory of its own (GpuStats::scratch_on_device),
   // on a device whose memory could be mapped.
   bool scratch_on_device = false;
+  GpuIndexer indexer = GpuIndexer::Auto;  // --gpu-indexer
 };
 
 // One routed-expert slot's bytes on any device: each slice aligned to 256 bytes, the largest
@@ -260,6 +267,12 @@ std::vector<float> gpu_engram_gates(const Backend& b, const float* X, const floa
 // rounding mostly hides an ulp of the softmax and the weighted sum). Throws Error as gpu_swiglu does.
 std::vector<uint32_t> gpu_compress_pool_unrounded(const Backend& b, CMat k, CMat g, uint32_t ratio, uint32_t p0,
                                                   float* carry_k, float* carry_s, Mat latents);
+
+// Tests: the indexer's scores on the device as index_select computes them before its top-k,
+// [n][(p0 + n) / ratio] (a query's keys past its own visible count 0; a consumer's unkept blocks
+// -inf), whatever GpuOptions::indexer says. A candidate source's blocks are written to cand.
+// Throws Error as gpu_swiglu does.
+std::vector<float> gpu_index_scores(const Backend& b, const IndexSelect& a, std::vector<std::vector<uint8_t>>& cand);
 
 // Host -> device copy rate, the path experts and weights take into device memory (PCIe on a
 // discrete card, a memcpy on UMA), beside a plain host memcpy of the same bytes in the same run.

@@ -297,6 +297,11 @@ void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
                   "(64 rows and 16 tokens per workgroup, blocks staged in workgroup memory) where the device's "
                   "workgroup memory holds the tile; off: the --gpu-linears build; the same results (default on)")
       ->check(CLI::IsMember({"on", "off"}));
+  sub->add_option("--gpu-indexer", o.gpu_indexer,
+                  "with --backend vulkan: where the indexer scores the keys: device (index_scores.comp; the top-k "
+                  "stays the CPU's), cpu, or auto: the device on a GPU when a call scores enough (long contexts, "
+                  "prefill chunks) to pay for the round trip it adds; the same results (default auto)")
+      ->check(CLI::IsMember({"auto", "device", "cpu"}));
   sub->add_option("--route-bias", o.route_bias,
                   "LOSSY, off by default: add D to the routing score of experts already in the cache, so near-ties "
                   "cost no read (mixing weights stay exact; `sluice bench --route-bias D` measures what it buys and "
@@ -362,10 +367,12 @@ SessionOptions session_options(const EngineCliOptions& e, const std::string& mod
   so.gpu_device = e.device;
   parse_gpu_memory_options(e.gpu_mem, e.gpu_experts, so);
   const bool gpu_experts = so.gpu_experts != 0 || so.gpu_experts_in_place;
-  if ((e.gpu_mem != "auto" || e.device != 0 || gpu_experts || e.gpu_linears != "auto" || e.gpu_gemm != "on") &&
+  if ((e.gpu_mem != "auto" || e.device != 0 || gpu_experts || e.gpu_linears != "auto" || e.gpu_gemm != "on" ||
+       e.gpu_indexer != "auto") &&
       e.backend != "vulkan")
-    throw UsageError("--device, --gpu-mem, --gpu-experts, --gpu-linears and --gpu-gemm need --backend vulkan");
+    throw UsageError("--device, --gpu-mem, --gpu-experts, --gpu-linears, --gpu-gemm and --gpu-indexer need --backend vulkan");
   so.gpu_gemm = e.gpu_gemm == "on";
+  so.gpu_indexer = e.gpu_indexer == "device" ? GpuIndexer::Device : e.gpu_indexer == "cpu" ? GpuIndexer::Cpu : GpuIndexer::Auto;
   so.gpu_linears = e.gpu_linears == "plain"      ? GpuLinears::Plain
                    : e.gpu_linears == "subgroup" ? GpuLinears::Subgroup
                                                  : GpuLinears::Auto;

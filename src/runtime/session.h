@@ -78,6 +78,7 @@ struct SessionOptions {
   bool cpu_experts_auto = false;
   GpuLinears gpu_linears = GpuLinears::Auto;  // --gpu-linears (GpuOptions::linears)
   bool gpu_gemm = true;                       // --gpu-gemm (GpuOptions::gemm)
+  GpuIndexer gpu_indexer = GpuIndexer::Auto;  // --gpu-indexer (GpuOptions::indexer)
   bool gpu_scratch_on_device = false;         // tests: GpuOptions::scratch_on_device
   // Prefix checkpoints: one each time the sequence passes a multiple of checkpoint_interval
   // tokens (at the end of the prefill chunk or decode step that passes it; 0: none) and two at
