@@ -533,5 +533,106 @@ TEST(VulkanAttention, IndexScoresOnTheDeviceSelectWhatTheCpuSelects) {
   }
 }
 
+// The scores recorded into the deferred batch: queries and head weights that linears of the batch
+// write are read there, and so are keys a pending store_fp4 will pack from rows the batch writes
+// (put on the MXFP4 grid by the shader as the store will); index_select costs the one submission
+// that runs the batch, with the CPU's scores and selections.
+TEST(VulkanAttention, IndexScoresRideInTheBatchThatWritesTheQueries) {
+  if (!kBuilt) return;
+  std::mt19937_64 rng(79);
+  GpuOptions go;
+  go.indexer = GpuIndexer::Device;
+  const std::unique_ptr<Backend> gpu = make_vulkan_backend(go);
+  const CpuBackend cpu(1);
+  const uint32_t heads = 4, hd = 64, cols = 64, n = 9, p0 = 14, ratio = 2, rows_total = (p0 + n) / ratio;
+  const uint32_t first = p0 / ratio, fresh_keys = 3;  // the last 3 keys: stored from rows the batch writes
+  test::HostWeight wq = test::random_host_weight(GgmlType::Q8_0, heads * hd, cols, rng());
+  test::HostWeight ww = test::random_host_weight(GgmlType::Q8_0, heads, cols, rng());
+  test::HostWeight wk = test::random_host_weight(GgmlType::Q8_0, hd, cols, rng());
+  Weight cq = wq.w, cw = ww.w, ck = wk.w;
+  for (Weight* w : {&cq, &cw, &ck}) cpu.prepare_weight(*w);
+  for (test::HostWeight* w : {&wq, &ww, &wk}) gpu->prepare_weight(w->w);
+  const size_t rb = fp4_row_bytes(Fp4Grid::Mxfp4, hd);
+  std::vector<uint8_t> packed((size_t)rows_total * rb);
+  for (uint32_t r = 0; r < rows_total; ++r) {
+    const std::vector<float> v = bf16_values(rng, hd, 2.0f);
+    fp4_pack_row(Fp4Grid::Mxfp4, v.data(), hd, packed.data() + (size_t)r * rb);
+  }
+  // x's rows with full mantissas, so the keys computed from them are off the grid until stored.
+  std::vector<float> x((size_t)n * cols);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (float& v : x) v = u(rng);
+  const Tensor cx = cpu.tensor(n, cols), cqt = cpu.tensor(n, heads * hd), cwt = cpu.tensor(n, heads),
+               ckt = cpu.tensor(fresh_keys, hd);
+  fill(cx, x);
+  cpu.linear(cq, cx.c(), cqt.m(), true, 0);
+  cpu.linear(cw, cx.c(), cwt.m(), true, 0);
+  cpu.linear(ck, cx.c().rows(0, fresh_keys), ckt.m(), false, 0);
+  std::vector<uint8_t> cpu_keys = packed;
+  cpu.store_fp4(ckt.c(), Fp4Grid::Mxfp4, cpu_keys.data() + (size_t)(rows_total - fresh_keys) * rb);
+  IndexSelect a;
+  a.heads = heads;
+  a.head_dim = hd;
+  a.denom = std::sqrt((float)(hd * heads));
+  a.ratio = ratio;
+  a.p0 = p0;
+  a.topk = 4;
+  IndexSelect ca = a;
+  ca.q = cqt.c();
+  ca.w = cwt.c();
+  ca.keys = CacheRows{cpu_keys.data(), cpu_keys.data() + (size_t)first * rb, first, hd, Fp4Grid::Mxfp4};
+  std::vector<std::vector<uint8_t>> cc(n);
+  std::vector<std::vector<int32_t>> want;
+  cpu.index_select(ca, cc, want);
+  for (const bool pending : {false, true}) {
+    SCOPED_TRACE(pending ? "the last keys stored from the batch's rows" : "the keys on the host");
+    std::vector<uint8_t> gpu_keys = pending ? packed : cpu_keys;
+    const Tensor gx = gpu->tensor(n, cols), gq = gpu->tensor(n, heads * hd), gw = gpu->tensor(n, heads),
+                 gk = gpu->tensor(fresh_keys, hd);
+    fill(gx, x);
+    std::vector<LinearCall> calls = {{&wq.w, gx.c(), gq.m(), true, 0}, {&ww.w, gx.c(), gw.m(), true, 0}};
+    if (pending) calls.push_back({&wk.w, gx.c().rows(0, fresh_keys), gk.m(), false, 0});
+    gpu->linears(calls);  // deferred: their outputs are tensors
+    if (pending) gpu->store_fp4(gk.c(), Fp4Grid::Mxfp4, gpu_keys.data() + (size_t)(rows_total - fresh_keys) * rb);
+    IndexSelect ga = a;
+    ga.q = gq.c();
+    ga.w = gw.c();
+    ga.keys = CacheRows{gpu_keys.data(), gpu_keys.data() + (size_t)first * rb, first, hd, Fp4Grid::Mxfp4};
+    const uint64_t s0 = gpu_stats(*gpu).submissions;
+    std::vector<std::vector<uint8_t>> gc(n);
+    const std::vector<float> got = gpu_index_scores(*gpu, ga, gc);
+    EXPECT_EQ(gpu_stats(*gpu).submissions - s0, 1u) << "the scores took a round trip of their own";
+    EXPECT_EQ(gpu_keys, cpu_keys) << "the store's bytes";
+    // The scores against a scalar reference on the stored keys, bit for bit.
+    std::vector<uint16_t> key(hd);
+    size_t bad = 0;
+    for (uint32_t i = 0; i < n; ++i)
+      for (uint32_t j = 0; j < (p0 + i + 1) / ratio; ++j) {
+        fp4_unpack_row(Fp4Grid::Mxfp4, cpu_keys.data() + (size_t)j * rb, hd, key.data());
+        float s = 0.0f;
+        for (uint32_t h = 0; h < heads; ++h) {
+          const float d = type_traits(GgmlType::BF16).dot_scalar(key.data(), cqt.c().row(i) + (size_t)h * hd, hd);
+          s += std::max(d, 0.0f) * (cwt.c().row(i)[h] / a.denom);
+        }
+        const float g = got[(size_t)i * rows_total + j];
+        if (std::bit_cast<uint32_t>(g) != std::bit_cast<uint32_t>(s) && bad++ < 3)
+          ADD_FAILURE() << "query " << i << " key " << j << ": " << g << ", want " << s;
+      }
+    EXPECT_EQ(bad, 0u);
+    // And index_select itself: the CPU's selections in the one submission that runs the batch.
+    const Tensor gx2 = gpu->tensor(n, cols), gq2 = gpu->tensor(n, heads * hd), gw2 = gpu->tensor(n, heads);
+    fill(gx2, x);
+    const LinearCall again[] = {{&wq.w, gx2.c(), gq2.m(), true, 0}, {&ww.w, gx2.c(), gw2.m(), true, 0}};
+    gpu->linears(again);
+    ga.q = gq2.c();
+    ga.w = gw2.c();
+    const uint64_t s1 = gpu_stats(*gpu).submissions;
+    std::vector<std::vector<int32_t>> sel;
+    gpu->index_select(ga, gc, sel);
+    EXPECT_EQ(sel, want);
+    EXPECT_EQ(gpu_stats(*gpu).submissions - s1, 1u) << "index_select took a round trip of its own";
+  }
+}
+
 }  // namespace
 }  // namespace sluice

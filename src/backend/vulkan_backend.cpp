@@ -738,15 +738,15 @@ class VulkanBackend final : public CpuBackend {
     }
     return CpuBackend::compress_pool(k, g, ratio, p0, carry_k, carry_s, latents);
   }
-  // The scores on the device (index_scores.comp) where GpuOptions::indexer asks for it, in a
-  // submission of their own after the batch (the host needs the selection to stage the attention's
-  // rows), then the CPU's selection from them; else the CPU's.
+  // The scores on the device (index_scores.comp) where GpuOptions::indexer asks for it, recorded
+  // into the deferred batch, which is then submitted (the host needs the selection to stage the
+  // attention's rows), then the CPU's selection from them; else the CPU's, after the batch.
   void index_select(const IndexSelect& a, std::vector<std::vector<uint8_t>>& cand,
                     std::vector<std::vector<int32_t>>& sel) const override {
     {
       const std::lock_guard<std::mutex> lk(mu_);
-      flush_deferred();
       if (device_index_select(a, cand, sel)) return;
+      flush_deferred();
     }
     CpuBackend::index_select(a, cand, sel);
   }
@@ -1457,9 +1457,9 @@ class VulkanBackend final : public CpuBackend {
   }
 
   // The indexer's scores on the device (gpu_index_scores), whatever GpuOptions::indexer says.
+  // Recorded into the batch as index_select records them (the batch is not submitted first).
   std::vector<float> index_scores_alone(const IndexSelect& a, std::vector<std::vector<uint8_t>>& cand) const {
     const std::lock_guard<std::mutex> lk(mu_);
-    flush_deferred();
     const GpuIndexer was = std::exchange(indexer_, GpuIndexer::Device);
     std::vector<std::vector<int32_t>> sel;
     std::vector<float> raw;
@@ -2802,11 +2802,12 @@ class VulkanBackend final : public CpuBackend {
     return true;
   }
 
-  // index_select with the scores on the device (mu_ held, the batch submitted): the keys staged
-  // packed once, the queries in groups whose queries, weights and scores fit the staging buffers,
-  // a submission per group; the candidate blocks and the top-k are the CPU's, from the scores.
-  // False (nothing done) where the device does not score: no shader, GpuIndexer says not here, a
-  // head_dim it cannot hold, keys that do not fit.
+  // index_select with the scores on the device (mu_ held): the queries in groups whose staged
+  // rows and scores fit the staging buffers, each recorded into the deferred batch
+  // (defer_index_scores) and submitted with it; where the batch has no room or a pending store
+  // writes keys, it is submitted first and the group runs alone. The candidate blocks and the
+  // top-k are the CPU's, from the scores. False (nothing done) where the device does not score:
+  // no shader, GpuIndexer says not here, a head_dim it cannot hold, keys that do not fit.
   // With `raw` (tests: gpu_index_scores) the scores are also kept there, [n][n_vis of the last
   // query], a query's keys past its own n_vis 0.
   bool device_index_select(const IndexSelect& a, std::vector<std::vector<uint8_t>>& cand,
@@ -2822,53 +2823,33 @@ class VulkanBackend final : public CpuBackend {
     if (indexer_ == GpuIndexer::Auto &&
         (info_.kind == "cpu" || (uint64_t)n * n_vis_max * heads * hd < kIndexDeviceMacs))
       return false;
-    const size_t row_bytes = fp4_row_bytes(Fp4Grid::Mxfp4, hd);
     const uint32_t units = a.candidate_consumer ? (n_vis_max + a.block - 1) / a.block : 0;
-    const VkDeviceSize keys = aligned((VkDeviceSize)n_vis_max * row_bytes);
-    const VkDeviceSize per_query = ((VkDeviceSize)heads * hd + heads + units) * 4, header = 5 * 4;
+    // What one group stages (the keys, the shape, per query its queries, weights and kept blocks,
+    // each part aligned) and writes (its scores) must fit the empty staging buffers.
+    const VkDeviceSize keys = aligned((VkDeviceSize)n_vis_max * fp4_row_bytes(Fp4Grid::Mxfp4, hd));
+    const VkDeviceSize per_query = ((VkDeviceSize)heads * hd + heads + units) * 4, fixed = keys + 5 * offset_align();
     const VkDeviceSize scores_row = (VkDeviceSize)n_vis_max * sizeof(float);
     ensure_io();
-    if (keys + 2 * offset_align() + header + per_query > io_limit_ || scores_row > io_limit_ ||
-        (n_vis_max + 63) / 64 > max_groups_x_)
+    if (fixed + per_query > io_limit_ || scores_row + offset_align() > io_limit_ || (n_vis_max + 63) / 64 > max_groups_x_)
       return false;
     const uint32_t group = (uint32_t)std::min<VkDeviceSize>(
-        {n, (io_limit_ - keys - 2 * offset_align() - header) / per_query, io_limit_ / scores_row});
-    uint8_t* const abuf = static_cast<uint8_t*>(act_.map);
-    for (uint32_t j = 0; j < n_vis_max; ++j) std::memcpy(abuf + j * row_bytes, a.keys.row(j), row_bytes);
+        {n, (io_limit_ - fixed) / per_query, (io_limit_ - offset_align()) / scores_row});
     std::vector<float> scores;
     sel.assign(n, {});
     if (raw) raw->assign((size_t)n * n_vis_max, 0.0f);
     for (uint32_t g0 = 0; g0 < n; g0 += group) {
       const uint32_t gn = std::min(group, n - g0);
-      // [keys][p0, ratio, block, units, y_stride][w' per query][queries][kept blocks per query]
-      uint32_t* const w = reinterpret_cast<uint32_t*>(abuf + keys);
-      w[0] = a.p0 + g0;
-      w[1] = a.ratio;
-      w[2] = a.candidate_consumer ? a.block : 1;
-      w[3] = units;
-      w[4] = n_vis_max;
-      for (uint32_t t = 0; t < gn; ++t)
-        for (uint32_t h = 0; h < heads; ++h)
-          w[5 + t * heads + h] = std::bit_cast<uint32_t>(a.w.row(g0 + t)[h] / a.denom);  // w' (numerics.md 6)
-      const uint32_t q_at = (uint32_t)(keys / 4) + 5 + gn * heads;
-      for (uint32_t t = 0; t < gn; ++t)
-        std::memcpy(abuf + (VkDeviceSize)(q_at + t * heads * hd) * 4, a.q.row(g0 + t), (size_t)heads * hd * sizeof(float));
-      const uint32_t m_at = a.candidate_consumer ? q_at + gn * heads * hd : 0xffffffffu;
-      if (a.candidate_consumer)
-        for (uint32_t t = 0; t < gn; ++t) {
-          uint32_t* const m = reinterpret_cast<uint32_t*>(abuf) + m_at + t * units;
-          const std::vector<uint8_t>& keep = cand[g0 + t];
-          for (uint32_t u = 0; u < units; ++u) m[u] = u < keep.size() && keep[u] ? 1u : 0u;
+      VkDeviceSize at = 0;
+      if (!defer_index_scores(a, cand, g0, gn, n_vis_max, at)) {
+        flush_deferred();
+        if (!defer_index_scores(a, cand, g0, gn, n_vis_max, at)) {
+          if (g0 == 0) return false;
+          throw Error("vulkan: the indexer's queries " + std::to_string(g0) + ".. did not fit the staging buffers");
         }
-      Dispatch d{DeviceWeight{index_scores_, exp_consts_.buf, 0, exp_consts_.size, 0, 0}, 0, 0, 0,
-                 std::bit_cast<Push>(std::array<uint32_t, sizeof(Push) / sizeof(uint32_t)>{
-                     gn, heads, hd, q_at, (uint32_t)(keys / 4), 0, (uint32_t)row_bytes, m_at, 0, 0, 0}),
-                 (n_vis_max + 63) / 64, gn};
-      read_back(0, gn * scores_row);
-      (void)dispatch(std::span<const Dispatch>(&d, 1));
-      ++st_.ops_on_device;
+      }
+      flush_deferred();
       ++st_.index_on_device;
-      const float* const out = reinterpret_cast<const float*>(rows_out());
+      const float* const out = reinterpret_cast<const float*>(rows_out() + at);
       for (uint32_t t = 0; t < gn; ++t) {
         const uint32_t i = g0 + t, n_vis = (a.p0 + i + 1) / a.ratio;
         scores.assign(out + (size_t)t * n_vis_max, out + (size_t)t * n_vis_max + n_vis);
@@ -2877,6 +2858,81 @@ class VulkanBackend final : public CpuBackend {
         sel[i] = topk_ascending(scores, a.topk);
       }
     }
+    return true;
+  }
+
+  // Records index_scores.comp for queries [g0, g0 + gn) into the deferred batch (mu_ held): the
+  // queries and head weights read where the batch writes them or staged, the keys staged packed,
+  // or where a pending store_fp4 will pack them from rows the batch holds, read there (the
+  // shader puts them on the grid as the store will); the scores into rows of no tensor at `at`
+  // of the output buffer, [gn][n_vis_max], read back with the batch. False when something does
+  // not fit (what it staged meanwhile is left unused).
+  bool defer_index_scores(const IndexSelect& a, const std::vector<std::vector<uint8_t>>& cand, uint32_t g0, uint32_t gn,
+                          uint32_t n_vis_max, VkDeviceSize& at) const {
+    const uint32_t heads = a.heads, hd = a.head_dim;
+    const size_t rb = fp4_row_bytes(Fp4Grid::Mxfp4, hd);
+    if (deferred_.ds.size() + 1 > kSets) return false;
+    const uint32_t first = std::min(a.keys.first, n_vis_max);
+    // Keys a pending store writes: per key, the place of its f32 row (kInOut | place) or ~0u.
+    std::vector<uint32_t> pend;
+    uint32_t after = 0;
+    std::vector<int> read;
+    for (const HostStore& h : deferred_.stores) {
+      if (!h.fp4 || !((first && h.writes(a.keys.row(0), first * rb)) ||
+                      (n_vis_max > first && h.writes(a.keys.row(first), (n_vis_max - first) * rb))))
+        continue;
+      if (h.grid != Fp4Grid::Mxfp4 || h.width != hd) return false;  // not rows of these keys' shape
+      if (pend.empty()) pend.assign(n_vis_max, 0xffffffffu);
+      for (uint32_t j = 0; j < n_vis_max; ++j) {
+        const uint8_t* r = a.keys.row(j);
+        if (!h.writes(r, rb)) continue;
+        const size_t off = (size_t)(r - h.fp4);
+        if (r < h.fp4 || off % rb != 0) return false;  // straddles rows: not worked out here
+        pend[j] = kInOut | (uint32_t)(h.place + off / rb * h.src_stride);
+      }
+      after = std::max(after, deferred_.regions[(size_t)h.region].stage);
+      read.push_back(h.region);
+    }
+    const VkDeviceSize out_bytes = aligned((VkDeviceSize)gn * n_vis_max * sizeof(float));
+    if (deferred_.out_used + out_bytes > io_limit_) return false;
+    Operand q, w;
+    if (!operand(CMat{a.q.row(g0), gn, (size_t)heads * hd, a.q.stride}, q) ||
+        !operand(CMat{a.w.row(g0), gn, heads, a.w.stride}, w))
+      return false;
+    const uint32_t units = a.candidate_consumer ? (n_vis_max + a.block - 1) / a.block : 0;
+    const uint32_t pend_at = pend.empty() ? 0xffffffffu : stage_words(pend);
+    if (pend_at == UINT32_MAX && !pend.empty()) return false;
+    const std::array<uint32_t, 8> shape = {a.p0 + g0, a.ratio, a.candidate_consumer ? a.block : 1u, units,
+                                           std::bit_cast<uint32_t>(a.denom), heads, hd, pend_at};
+    const uint32_t h_at = stage_words(shape);
+    uint32_t m_at = 0xffffffffu;
+    if (a.candidate_consumer) {
+      std::vector<uint32_t> m((size_t)gn * units, 0);
+      for (uint32_t t = 0; t < gn; ++t) {
+        const std::vector<uint8_t>& keep = cand[g0 + t];
+        for (uint32_t u = 0; u < units && u < keep.size(); ++u) m[(size_t)t * units + u] = keep[u] ? 1u : 0u;
+      }
+      m_at = stage_words(m);
+      if (m_at == UINT32_MAX) return false;
+    }
+    const VkDeviceSize kb = aligned((VkDeviceSize)n_vis_max * rb);
+    if (h_at == UINT32_MAX || deferred_.act_used + kb > io_limit_) return false;
+    const VkDeviceSize k_at = deferred_.act_used;
+    uint8_t* const keys = static_cast<uint8_t*>(act_.map) + k_at;
+    if (first) std::memcpy(keys, a.keys.row(0), first * rb);
+    if (n_vis_max > first) std::memcpy(keys + first * rb, a.keys.row(first), (n_vis_max - first) * rb);
+    deferred_.act_used += kb;
+    at = deferred_.out_used;
+    deferred_.out_used += out_bytes;
+    const uint32_t stage = std::max({q.stage, w.stage, after}) + 1;
+    for (const int r : read) deferred_.regions[(size_t)r].read = std::max(deferred_.regions[(size_t)r].read, stage);
+    deferred_.ds.push_back(row_op(index_scores_,
+                                  {gn, h_at, q.at, q.stride, w.at, w.stride, (uint32_t)k_at, (uint32_t)rb, m_at,
+                                   (uint32_t)(at / sizeof(float)), n_vis_max},
+                                  (n_vis_max + 63) / 64, gn, stage));
+    mark_read(q, stage);
+    mark_read(w, stage);
+    read_back(at, out_bytes);
     return true;
   }
 

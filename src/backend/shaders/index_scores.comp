@@ -5,25 +5,27 @@
 // relu(dot(k_j, q_h)) * w'_h from 0, each product and sum rounded in f32 (std::max(d, 0): d
 // unless d < 0), the dot the canonical one (16 fma lanes, fma_rn.glsl) of the key's BF16 values
 // (unpacked from MXFP4 as fp4_unpack_row does: bf16(e2m1 * scale), a NaN scale all NaN) with the
-// query's f32 values. A candidate consumer's keys in blocks it does not keep score -inf. The top-k
-// and the candidate blocks are the host's, from these scores.
+// query's f32 values, w' = w / denom with the division corrected. A candidate consumer's keys in
+// blocks it does not keep score -inf. The top-k and the candidate blocks are the host's, from
+// these scores. The queries and the head weights are read where the batch writes them or staged
+// (rows_io.glsl), the keys, the kept blocks and the shape staged.
 // An invocation per (key, query): j = x, t = y.
 #include "bf16.glsl"
+#include "exact_div.glsl"
 #include "fma_rn.glsl"
-#include "rows_io.glsl"  // the staged words (su) and the output rows
+#include "fp_grids.glsl"
+#include "rows_io.glsl"
 layout(local_size_x = 64) in;
 
 layout(push_constant) uniform Push {
-  uint n;          // queries
-  uint heads;
-  uint head_dim;   // at most kMaxDim, a multiple of 32 (the MXFP4 block)
-  uint q_at;       // word index of query t's [heads][head_dim] f32 values: q_at + t * heads * head_dim
-  uint w_at;       // word index of [p0, ratio, block, units, y_stride], then w' [n][heads] f32
-  uint k_at;       // byte index of the packed keys, row_bytes each, key j at k_at + j * row_bytes
+  uint n;                // queries
+  uint h_at;             // word index of [p0, ratio, block, units, denom (f32), heads, head_dim, pend_at]
+  uint q_at, q_stride;   // query t's [heads][head_dim] values at q_at + t * q_stride (rows_io places)
+  uint w_at, w_stride;   // its head weights (before 1 / denom) at w_at + t * w_stride
+  uint k_at;             // byte index of the packed keys, row_bytes each, key j at k_at + j * row_bytes
   uint row_bytes;
-  uint m_at;       // a consumer's kept blocks, one word each, `units` per query; ~0u: not a consumer
-  uint y_off;      // query t's scores at y_off + t * y_stride of the output buffer
-  uint unused0, unused1;
+  uint m_at;             // a consumer's kept blocks, one word each, `units` per query; ~0u: not a consumer
+  uint y_off, y_stride;  // query t's scores at y_off + t * y_stride of the output buffer
 } p;
 
 const uint kMaxDim = 256u;  // VulkanBackend::kIndexMaxDim
@@ -40,19 +42,39 @@ float e2m1(uint c) {
 void main() {
   const uint j = gl_GlobalInvocationID.x, t = gl_WorkGroupID.y;
   if (t >= p.n) return;
-  const uint p0 = su[p.w_at], ratio = su[p.w_at + 1u], block = su[p.w_at + 2u], units = su[p.w_at + 3u];
-  const uint y_stride = su[p.w_at + 4u];
+  const uint p0 = su[p.h_at], ratio = su[p.h_at + 1u], block = su[p.h_at + 2u], units = su[p.h_at + 3u];
+  const float denom = uintBitsToFloat(su[p.h_at + 4u]);
+  const uint heads = su[p.h_at + 5u], hd = su[p.h_at + 6u], pend_at = su[p.h_at + 7u];
   const uint n_vis = (p0 + t + 1u) / ratio;
   if (j >= n_vis) return;
-  const uint y = p.y_off + t * y_stride + j;
+  const uint y = p.y_off + t * p.y_stride + j;
   if (p.m_at != 0xffffffffu && su[p.m_at + t * units + j / block] == 0u) {
     rows[y] = uintBitsToFloat(0xff800000u);  // -inf: a block the consumer does not keep
     return;
   }
-  const uint hd = p.head_dim;
   float key[kMaxDim];
+  const uint pend = pend_at != 0xffffffffu ? su[pend_at + j] : 0xffffffffu;
+  if (pend != 0xffffffffu) {
+    // A key a pending store_fp4 of the batch writes: its f32 values where the batch holds them,
+    // put on the MXFP4 grid as fp4_pack_row will pack them (fake_quant_mxfp4: the unpacked values;
+    // a NaN stays in its element where the packed block is all NaN, and the score is NaN either way).
+    const uint at = pend & 0x7fffffffu;
+    for (uint b = 0u; b < hd; b += 32u) {
+      float amax = 0.0;
+      for (uint i = 0u; i < 32u; ++i) {
+        const float a = abs(rows[at + b + i]);
+        amax = amax < a ? a : amax;  // std::max(amax, |v|)
+      }
+      const float lo = uintBitsToFloat(0x01c00000u);  // 6 * 2^-126
+      const float s = pow2_ceil(div_rn(amax < lo ? lo : amax, 6.0));
+      for (uint i = 0u; i < 32u; ++i) {
+        precise float y = e2m1_rne(div_rn(rows[at + b + i], s)) * s;
+        key[b + i] = round_bf16(y);
+      }
+    }
+  }
   const uint row = p.k_at + j * p.row_bytes;
-  for (uint b = 0u; b < hd; b += 32u) {
+  for (uint b = 0u; pend == 0xffffffffu && b < hd; b += 32u) {
     const uint code = key_byte(row + hd / 2u + b / 32u);  // E8M0 (kernels/fp.h e8m0_to_f32)
     const bool nan_scale = code == 0xffu;
     const float s = code == 0u ? uintBitsToFloat(0x00400000u) : uintBitsToFloat(code << 23);
@@ -63,22 +85,22 @@ void main() {
       key[e] = nan_scale ? uintBitsToFloat(0x7fc00000u) : round_bf16(v);
     }
   }
-  const uint q0 = p.q_at + t * p.heads * hd, w0 = p.w_at + 5u + t * p.heads;
+  const uint q0 = p.q_at + t * p.q_stride, w0 = p.w_at + t * p.w_stride;
   precise float score = 0.0;
-  for (uint h = 0u; h < p.heads; ++h) {
+  for (uint h = 0u; h < heads; ++h) {
     precise float acc[16];
     for (uint l = 0u; l < 16u; ++l) acc[l] = 0.0;
     const uint padded = (hd + 15u) / 16u * 16u;
     for (uint i = 0u; i < padded; ++i) {
       const float k = i < hd ? key[i] : 0.0;
-      const float q = i < hd ? uintBitsToFloat(su[q0 + h * hd + i]) : 0.0;
+      const float q = i < hd ? rd(q0 + h * hd + i) : 0.0;
       acc[i % 16u] = fma_rn(k, q, acc[i % 16u]);
     }
     for (uint width = 8u; width >= 2u; width /= 2u)
       for (uint i = 0u; i < width; ++i) acc[i] = acc[i] + acc[i + width];
     precise float d = acc[0] + acc[1];
     const float r = d < 0.0 ? 0.0 : d;
-    precise float m = r * uintBitsToFloat(su[w0 + h]);
+    precise float m = r * div_rn(rd(w0 + h), denom);  // w' (numerics.md 6)
     score = score + m;
   }
   rows[y] = score;
