@@ -558,6 +558,7 @@ int run_bench(const BenchOptions& o) {
       j["gpu_submissions"] = gs.submissions;
       j["gpu_scratch_on_device"] = gs.scratch_on_device;  // the batch's rows in device memory, read back by copy
       j["gpu_bytes_read_back"] = gs.bytes_read_back;
+      j["gpu_index_on_device"] = gs.index_on_device;  // index_select calls scored on the device (--gpu-indexer)
       j["gpu_linears"] = gs.subgroup_linears ? "subgroup" : "plain";
       j["gpu_subgroup_size"] = gs.subgroup_size;
       j["gpu_gemm_dispatches"] = gs.gemm_dispatches;
