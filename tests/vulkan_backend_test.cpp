@@ -1313,6 +1313,7 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
     uint32_t chunk = 8;
     bool scratch = false;  // GpuOptions::scratch_on_device
     GpuIndexer indexer = GpuIndexer::Auto;
+    uint32_t prompt = 21;  // tokens
   };
   auto rows_of = [&](const std::string& backend, SessionStats* st, GpuStats* gs, Experts x = {}) {
     const uint64_t slots = x.slots;
@@ -1340,7 +1341,7 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
       if (logits) rows.insert(rows.end(), logits, logits + toks.size() * s.config().vocab_size);
     };
     GenerateRequest r;
-    for (uint32_t i = 0; i < 21; ++i) r.prompt.push_back((i * 37u + 5u) % 400u + 3u);
+    for (uint32_t i = 0; i < x.prompt; ++i) r.prompt.push_back((i * 37u + 5u) % 400u + 3u);
     r.max_tokens = 6;
     r.ignore_eos = true;
     r.observer = &o;
@@ -1466,6 +1467,17 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
     EXPECT_EQ(std::memcmp(got.data(), cpu.data(), cpu.size() * sizeof(float)), 0) << "indexer on the device: logits differ";
     EXPECT_GT(sg.index_on_device, 0u);
     EXPECT_EQ(gg.index_on_device, 0u) << "auto scored on a CPU device";
+    // A prompt long enough that the top-k (8 of the tiny model's compressed rows) leaves rows
+    // out, so the scores decide what the attention reads: the CPU's logits still.
+    SessionStats cl, gl;
+    GpuStats cgl, ggl;
+    const std::vector<float> cpu_long = rows_of("cpu", &cl, &cgl, {.chunk = 16, .prompt = 61});
+    const std::vector<float> gpu_long =
+        rows_of("vulkan", &gl, &ggl, {.chunk = 16, .indexer = GpuIndexer::Device, .prompt = 61});
+    ASSERT_EQ(gpu_long.size(), cpu_long.size());
+    EXPECT_EQ(std::memcmp(gpu_long.data(), cpu_long.data(), cpu_long.size() * sizeof(float)), 0)
+        << "indexer on the device, 61 tokens: logits differ";
+    EXPECT_GT(ggl.index_on_device, 0u);
   }
   EXPECT_EQ(gg.bytes_read_back, 0u) << "read-back copies where the host maps the rows";
   // A share of the slot misses on the CPU (--cpu-experts): a third of them in front of the
