@@ -55,7 +55,7 @@ void plan_session_device(const Backend& b, uint64_t slots, bool slots_auto, cons
   // largest storage-buffer offset alignment), so this is at least what the device makes.
   const GpuStats g = gpu_stats(b);
   const uint64_t slot = gpu_expert_slot_bytes(fp.expert_gate_bytes, fp.expert_up_bytes, fp.expert_down_bytes);
-    // A device that imports the loaded weights' pages makes no copy of them (counted once, as
+  // A device that imports the loaded weights' pages makes no copy of them (counted once, as
   // the resident weights); it still copies experts into its slots.
   const uint64_t dense = g.imports_host_memory ? 0 : loaded;
   const uint64_t copies = g.weights_in_host_memory ? std::min(g.device_budget, dense + slots * slot) : 0;
