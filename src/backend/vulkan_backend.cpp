@@ -2883,12 +2883,17 @@ class VulkanBackend final : public CpuBackend {
         continue;
       if (h.grid != Fp4Grid::Mxfp4 || h.width != hd) return false;  // not rows of these keys' shape
       if (pend.empty()) pend.assign(n_vis_max, 0xffffffffu);
-      for (uint32_t j = 0; j < n_vis_max; ++j) {
-        const uint8_t* r = a.keys.row(j);
-        if (!h.writes(r, rb)) continue;
-        const size_t off = (size_t)(r - h.fp4);
-        if (r < h.fp4 || off % rb != 0) return false;  // straddles rows: not worked out here
-        pend[j] = kInOut | (uint32_t)(h.place + off / rb * h.src_stride);
+      // The visible keys are two runs of packed rows (from row 0 and from row `first`); the
+      // store's rows meet each run in one range of keys, found by arithmetic on the addresses.
+      const uintptr_t s0 = reinterpret_cast<uintptr_t>(h.fp4), s1 = s0 + h.n * rb;
+      for (const auto& [j0, j1] : {std::pair<uint32_t, uint32_t>{0, first}, {first, n_vis_max}}) {
+        if (j1 <= j0) continue;
+        const uintptr_t b0 = reinterpret_cast<uintptr_t>(a.keys.row(j0)), b1 = b0 + (uintptr_t)(j1 - j0) * rb;
+        const uintptr_t lo = std::max(b0, s0), hi = std::min(b1, s1);
+        if (lo >= hi) continue;
+        if ((b0 > s0 ? b0 - s0 : s0 - b0) % rb != 0) return false;  // straddles rows: not worked out here
+        for (uint32_t j = j0 + (uint32_t)((lo - b0) / rb), end = j0 + (uint32_t)((hi - b0) / rb); j < end; ++j)
+          pend[j] = kInOut | (uint32_t)(h.place + (b0 + (uintptr_t)(j - j0) * rb - s0) / rb * h.src_stride);
       }
       after = std::max(after, deferred_.regions[(size_t)h.region].stage);
       read.push_back(h.region);
@@ -3152,16 +3157,22 @@ class VulkanBackend final : public CpuBackend {
     submit([] {}, "uploading experts");
   }
 
+  // One global memory barrier in the command buffer being recorded: `src` writes made
+  // available to `dst` reads, from the stages of the one to those of the other.
+  void barrier(VkAccessFlags src, VkAccessFlags dst, VkPipelineStageFlags src_stages, VkPipelineStageFlags dst_stages) const {
+    VkMemoryBarrier mb{};
+    mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
+    mb.srcAccessMask = src;
+    mb.dstAccessMask = dst;
+    vkCmdPipelineBarrier(cmd_, src_stages, dst_stages, 0, 1, &mb, 0, nullptr, 0, nullptr);
+  }
+
   // Records the staged copies and a barrier before the shaders read them (begin_submit).
   void record_pending_uploads() const {
     if (pending_.empty()) return;
     for (const PendingCopy& c : pending_) vkCmdCopyBuffer(cmd_, stage_.buf, c.dst, 1, &c.region);
-    VkMemoryBarrier mb{};
-    mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
-    mb.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
-    mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT;
-    vkCmdPipelineBarrier(cmd_, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &mb, 0, nullptr,
-                         0, nullptr);
+    barrier(VK_ACCESS_TRANSFER_WRITE_BIT, VK_ACCESS_SHADER_READ_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT,
+            VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT);
   }
 
   // The read-back copies after the dispatches that wrote their rows, overlapping ranges merged
@@ -3178,12 +3189,8 @@ class VulkanBackend final : public CpuBackend {
         rb[++m] = rb[i];
     }
     rb.resize(m + 1);
-    VkMemoryBarrier mb{};
-    mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
-    mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
-    mb.dstAccessMask = VK_ACCESS_TRANSFER_READ_BIT;
-    vkCmdPipelineBarrier(cmd_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &mb, 0, nullptr,
-                         0, nullptr);
+    barrier(VK_ACCESS_SHADER_WRITE_BIT, VK_ACCESS_TRANSFER_READ_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+            VK_PIPELINE_STAGE_TRANSFER_BIT);
     vkCmdCopyBuffer(cmd_, out_.buf, back_.buf, (uint32_t)rb.size(), rb.data());
     for (const VkBufferCopy& c : rb) st_.bytes_read_back += c.size;
   }
@@ -3248,14 +3255,9 @@ class VulkanBackend final : public CpuBackend {
             bool any = false;
             for (size_t d = 0; d < ds.size(); ++d) {
               if (ds[d].stage != stage) continue;
-              if (!any && !first) {
-                VkMemoryBarrier mb{};
-                mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
-                mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT;
-                mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT;
-                vkCmdPipelineBarrier(cmd_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0,
-                                     1, &mb, 0, nullptr, 0, nullptr);
-              }
+              if (!any && !first)
+                barrier(VK_ACCESS_SHADER_WRITE_BIT, VK_ACCESS_SHADER_READ_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                        VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT);
               any = true;
               vkCmdBindPipeline(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, ds[d].wt.pipe);
               vkCmdBindDescriptorSets(cmd_, VK_PIPELINE_BIND_POINT_COMPUTE, layout_, 0, 1, &sets_[d], 0, nullptr);
@@ -3311,13 +3313,9 @@ class VulkanBackend final : public CpuBackend {
     record_pending_uploads();
     cmds();
     record_read_back(back);
-    VkMemoryBarrier mb{};
-    mb.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER;
-    mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
-    mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT | VK_ACCESS_SHADER_READ_BIT;
-    vkCmdPipelineBarrier(cmd_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
-                         VK_PIPELINE_STAGE_HOST_BIT | VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &mb, 0, nullptr, 0,
-                         nullptr);
+    barrier(VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT, VK_ACCESS_HOST_READ_BIT | VK_ACCESS_SHADER_READ_BIT,
+            VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+            VK_PIPELINE_STAGE_HOST_BIT | VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT);
     if (timestamps_) vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, timestamps_, 1);
     check(vkEndCommandBuffer(cmd_), "recording commands");
     VkSubmitInfo si{};
