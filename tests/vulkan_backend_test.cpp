@@ -37,6 +37,7 @@
 #include "test_util.h"
 #include "test_weights.h"
 #include "util/error.h"
+#include "util/format_bytes.h"
 
 namespace sluice {
 namespace {
@@ -1312,6 +1313,7 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
     GpuLinears linears = GpuLinears::Auto;
     uint32_t chunk = 8;
     bool scratch = false;  // GpuOptions::scratch_on_device
+    bool unmapped = false;  // GpuOptions::force_staging: slots the host does not map, hint-started copies
     GpuIndexer indexer = GpuIndexer::Auto;
     uint32_t prompt = 21;  // tokens
   };
@@ -1333,6 +1335,7 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
     so.gpu_experts_in_place = x.in_place;
     so.gpu_linears = x.linears;
     so.gpu_scratch_on_device = x.scratch;
+    so.gpu_force_staging = x.unmapped;
     so.gpu_indexer = x.indexer;
     Session s(so);
     std::vector<float> rows;
@@ -1350,8 +1353,12 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
     *gs = gpu_stats(s.backend());
     // The device's copies are planned before they are made, and hold to the plan.
     uint64_t planned = 0, held = 0;
+    std::string copies_detail;
     for (const PlanLine& l : s.plan().mandatory) {
-      if (l.name == "GPU weight copies") planned = l.bytes;
+      if (l.name == "GPU weight copies") {
+        planned = l.bytes;
+        copies_detail = l.detail;
+      }
       if (l.name == "GPU deferred rows") held = l.bytes;
     }
     if (backend == "cpu") {
@@ -1362,6 +1369,11 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
       EXPECT_EQ(held, (uint64_t)s.plan().chunk * 2 * mc.moe_intermediate_size * std::max<uint32_t>(1, mc.n_shared_experts) * 4);
       EXPECT_GT(planned, 0u) << "the plan has no line for the device's copies";
       EXPECT_LE(gs->bytes_on_device + kGpuStagingBuffers * kGpuStagingBytes, planned);
+      // Hint-started copies have a staging buffer of their own, in the plan.
+      const uint64_t staging = kGpuStagingBuffers + (x.scratch ? 1 : 0) + (gs->hint_staging ? 1 : 0);
+      EXPECT_NE(copies_detail.find(std::to_string(staging) + " x " + format_bytes(kGpuStagingBytes) + " staging"),
+                std::string::npos)
+          << copies_detail;
       EXPECT_TRUE(gs->weights_in_host_memory) << "lavapipe's memory is the host's";
       // lavapipe imports host memory: the dense weights are used in place, the plan has no copy of them.
       if (gs->imports_host_memory) {
@@ -1457,6 +1469,31 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
     EXPECT_EQ(sg.expert_misses > 0, slots > 0);
   }
   EXPECT_FALSE(gg.scratch_on_device);
+  // Slots the host does not map, as a card's VRAM (forced on lavapipe): this layer's misses and
+  // the next layer's guessed experts go in by hint-started copies, submitted without waiting,
+  // from the resident experts and from the streaming store (what it holds). One slot (each copy
+  // evicts the last; this layer's are never evicted by a guess), 7 streamed, and one per expert:
+  // the CPU's logits.
+  for (const uint64_t slots : {1u, 7u, 100000u}) {
+    SCOPED_TRACE("unmapped slots, " + std::to_string(slots));
+    SessionStats ss;
+    GpuStats sg;
+    const std::vector<float> got = rows_of("vulkan", &ss, &sg, {.slots = slots, .stream = slots == 7, .unmapped = true});
+    ASSERT_EQ(got.size(), cpu.size());
+    EXPECT_EQ(std::memcmp(got.data(), cpu.data(), cpu.size() * sizeof(float)), 0) << "logits differ";
+    EXPECT_TRUE(sg.hint_staging);
+    EXPECT_GT(sg.hint_submissions, 0u);
+    EXPECT_GT(sg.expert_uploads_hinted, 0u);
+    EXPECT_GT(sg.expert_hints_used, 0u) << "no hint-started copy was used";
+    EXPECT_LE(sg.expert_hints_used, sg.expert_uploads_hinted);
+    EXPECT_LE(sg.expert_hints_used, sg.expert_misses);
+    server::MetricsInput in;
+    in.loaded = true;
+    in.session = ss;
+    EXPECT_NE(server::render_metrics(in).find("\nsluice_gpu_expert_uploads_hinted_total " +
+                                              std::to_string(sg.expert_uploads_hinted) + "\n"),
+              std::string::npos);
+  }
   // The indexer's scores on the device (--gpu-indexer device): the CPU's logits; auto leaves them
   // to the CPU on a CPU device.
   {
@@ -1616,13 +1653,16 @@ TEST(Vulkan, AFailedDispatchLeavesTheSequenceAsItWas) {
   // ran beside.
   // Fourth: slots filled through the staging buffer with the copies recorded in the group's
   // gate and up submission, the failure striking one: the slots it would have filled must not be
-  // found by the retry.
-  for (const int mode : {0, 1, 2, 3}) {
+  // found by the retry (hint-started copies off, or they would take the misses first).
+  // Fifth: the hint-started copies' own submission failing before it reaches the queue: the
+  // slots it named must not be found by the retry either.
+  for (const int mode : {0, 1, 2, 3, 4}) {
     const bool slots = mode == 1;
     SCOPED_TRACE(mode == 0   ? "no expert slots"
                  : slots     ? "expert slots, staged uploads"
                  : mode == 2 ? "expert slots, --cpu-experts 0.5"
-                             : "expert slots, uploads folded into a group's submission");
+                 : mode == 3 ? "expert slots, uploads folded into a group's submission"
+                             : "expert slots, hint-started copies");
     // Fail the submission (with slots: the upload) at which this counts down to 1.
     std::atomic<int> armed{0};
     GpuOptions go;
@@ -1631,6 +1671,7 @@ TEST(Vulkan, AFailedDispatchLeavesTheSequenceAsItWas) {
       if (slots && std::string(what) != "uploading a weight") return false;
       if (mode == 2 && std::string(what) != "a batch of linear dispatches beside the CPU's experts") return false;
       if (mode == 3 && std::string(what) != "expert uploads and a batch of linear dispatches") return false;
+      if (mode == 4 && std::string(what) != "copying hinted experts") return false;
       return armed.load() > 0 && armed.fetch_sub(1) == 1;
     };
     if (slots) {
@@ -1642,7 +1683,7 @@ TEST(Vulkan, AFailedDispatchLeavesTheSequenceAsItWas) {
       go.expert_slots = 1000;
       go.cpu_experts = 0.5;
     }
-    if (mode == 3) {
+    if (mode >= 3) {
       // Before it reaches the queue, so none of its copies land.
       go.expert_slots = 1000;
       go.force_staging = true;
@@ -1657,6 +1698,7 @@ TEST(Vulkan, AFailedDispatchLeavesTheSequenceAsItWas) {
     eo.ctx = 64;
     eo.chunk = 4;
     eo.backend = gpu.get();
+    eo.prefetch = mode != 3;
     Engine eng(*m, eo);
     const uint32_t V = m->config.vocab_size;
     std::vector<uint32_t> p1, p2;
@@ -1675,7 +1717,8 @@ TEST(Vulkan, AFailedDispatchLeavesTheSequenceAsItWas) {
       p2_submissions = gpu_stats(*gpu).submissions - s0;
       ASSERT_GT(p2_submissions, 6u);
     }
-    armed = mode == 0 ? (int)(p2_submissions / 2) : mode == 1 ? 40 : 6;  // into p2's second chunk; the 40th upload copy
+    // Into p2's second chunk; the 40th upload copy; the 6th folded or hinted copy.
+    armed = mode == 0 ? (int)(p2_submissions / 2) : mode == 1 ? 40 : 6;
     std::vector<float> got(p2.size() * V);
     std::string err;
     try {
@@ -1696,6 +1739,9 @@ TEST(Vulkan, AFailedDispatchLeavesTheSequenceAsItWas) {
     if (mode == 3) {
       EXPECT_NE(err.find("expert uploads and a batch"), std::string::npos) << err;
     }
+    if (mode == 4) {
+      EXPECT_NE(err.find("copying hinted experts"), std::string::npos) << err;
+    }
     armed = 0;
     eng.eval(s, p2, got.data());
     const std::unique_ptr<Model> cm = load_model(path);
@@ -1713,6 +1759,11 @@ TEST(Vulkan, AFailedDispatchLeavesTheSequenceAsItWas) {
       const GpuStats st = gpu_stats(*gpu);
       EXPECT_GT(st.expert_misses, 0u);
       EXPECT_GT(st.staged_uploads, st.weights_on_device) << "no expert went into a slot through the staging copy";
+    }
+    if (mode == 4) {
+      const GpuStats st = gpu_stats(*gpu);
+      EXPECT_TRUE(st.hint_staging);
+      EXPECT_GT(st.expert_hints_used, 0u) << "no hint-started copy was used";
     }
   }
 }

@@ -274,6 +274,23 @@ class Backend {
     (void)layer;
     return experts;
   }
+  // Experts the forward pass knows or guesses a routed op of `layer` will ask for, told as early
+  // as it can: `now` this layer's (certain), `next` the next layer's router's guess. A backend
+  // with copies of its own may start copying the ones it lacks from what src has at hand
+  // (ExpertSource::at_hand) while other work runs; a wrong guess costs a copy and a slot, never a
+  // result. prefetches_experts() says whether the forward pass should make the guess for it.
+  virtual bool prefetches_experts() const { return false; }
+  // t, next_t: the two layers' expert tensors (geometry only, as routed_ffn's).
+  virtual void prefetch_experts(const ExpertSource& src, uint32_t layer, ExpertTensors t,
+                                std::span<const uint32_t> now, ExpertTensors next_t,
+                                std::span<const uint32_t> next) const {
+    (void)src;
+    (void)layer;
+    (void)t;
+    (void)now;
+    (void)next_t;
+    (void)next;
+  }
   // Both routed ops call src.prepare(layer, ...) themselves with the experts they read from it.
   virtual void routed_ffn(ExpertTensors t, const ExpertSource& src, uint32_t layer,
                           std::span<const ExpertTriple> triples, float limit, CMat x, Mat routed) const = 0;

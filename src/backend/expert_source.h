@@ -7,6 +7,7 @@
 #pragma once
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -38,6 +39,16 @@ class ExpertSource {
   virtual void hint(uint32_t layer, std::span<const uint32_t> experts) const {
     (void)layer;
     (void)experts;
+  }
+  // Calls use(e, weights) for each of `experts` whose bytes the source holds in memory now,
+  // without reading, waiting or moving on from what prepare() leased; the pointers are valid
+  // during the call only. For a backend that copies hinted experts ahead of their layer (the
+  // Vulkan backend's slots on a card with memory of its own). A source that cannot tell shows none.
+  using UseExpert = std::function<void(uint32_t expert, const ExpertWeights& w)>;
+  virtual void at_hand(uint32_t layer, std::span<const uint32_t> experts, const UseExpert& use) const {
+    (void)layer;
+    (void)experts;
+    (void)use;
   }
   // The experts of `layer` a prepare() would get without a new read (held in memory or already
   // being read), ascending. Only cache-aware routing asks (EngineOptions::route_bias); a source

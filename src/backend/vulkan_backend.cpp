@@ -423,6 +423,7 @@ struct ExpertSlot {
   uint64_t source = 0;  // ExpertSource::id; 0: empty
   uint32_t layer = 0, expert = 0;
   uint64_t last_use = 0;
+  bool hinted = false;  // filled by prefetch_experts and not used since
   uint32_t slab = 0;
   VkDeviceSize offset = 0;
 };
@@ -539,6 +540,7 @@ class VulkanBackend final : public CpuBackend {
                                           : " is told not to import here (staging or no-import forced)"));
     }
     st_.experts_in_place = in_place_;
+    st_.hint_staging = prefetches_experts();
     st_.experts_auto = o.experts_auto;
     const char* const exts[] = {VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME};
     VkDeviceCreateInfo dci{};
@@ -1020,6 +1022,113 @@ class VulkanBackend final : public CpuBackend {
     return experts;
   }
 
+  // Hint-started copies. On a device whose slots the host does not map (a card's VRAM), a miss
+  // is otherwise staged and copied at the head of its group's submission, so the copy and the
+  // group's projections run one after the other. Here the experts the forward pass knows (this
+  // layer's) or guesses (the next layer's router on this layer's input) it will ask for, those
+  // the source has in memory now (ExpertSource::at_hand), go into slots at once, through a
+  // staging buffer of their own, in a submission of their own that the host does not wait for:
+  // the device copies this layer's while the host records the shared expert and the routed
+  // group, and the next layer's while this layer's group and the next attention run. The
+  // first submission after it starts with a barrier that orders the copies before every later
+  // read or write of the slots (submission order on the one queue). One such submission at a
+  // time: a hint while the last one's copies are still in flight, or while the deferred batch
+  // or the staged copies name slots, is dropped (GpuStats::expert_hints_dropped). This layer's
+  // slots are marked used first, so a guess never evicts them; a guess that is wrong costs a
+  // copy and a slot. Not with --cpu-experts (its cost model times each upload), not in place,
+  // not where the slots are mapped (copies ahead, below, do that job there).
+  bool prefetches_experts() const override {
+    return slots_wanted_ != 0 && !in_place_ && !split_.active() && (!st_.weights_in_host_memory || force_staging_);
+  }
+
+  void prefetch_experts(const ExpertSource& src, uint32_t layer, ExpertTensors t, std::span<const uint32_t> now,
+                        ExpertTensors next_t, std::span<const uint32_t> next) const override {
+    if (!prefetches_experts()) return;
+    const std::lock_guard<std::mutex> lk(mu_);
+    if (slot_stride_ == 0 || std::any_of(slabs_.begin(), slabs_.end(), [](const Buffer& b) { return b.map != nullptr; }))
+      return;
+    const uint64_t floor = use_clock_ + 1;  // slots used from here on are this call's
+    for (const uint32_t e : now)
+      if (ExpertSlot* sl = find_slot(src.id, layer, e)) slot_used(*sl);
+    if (!settle_hint(false) || deferred_.reads_experts || !pending_.empty()) {
+      ++st_.expert_hints_dropped;
+      return;
+    }
+    ensure(hint_stage_, staging_bytes_);
+    VkDeviceSize used = 0;
+    std::vector<PendingCopy> copies;
+    auto take = [&](uint32_t L, std::span<const uint32_t> experts, ExpertTensors et) {
+      if (!et.gate || !et.up || !et.down) return;
+      const uint64_t bytes[3] = {et.gate->rows * et.gate->row_bytes, et.up->rows * et.up->row_bytes,
+                                 et.down->rows * et.down->row_bytes};
+      uint32_t kind = 0;
+      for (int i = 0; i < 3; ++i)  // not the slots' geometry or no shader: its routed op runs elsewhere
+        if (bytes[i] > part_cap_[i] || pipeline_for((i == 0 ? et.gate : i == 1 ? et.up : et.down)->type, kind) == VK_NULL_HANDLE)
+          return;
+      std::vector<uint32_t> want;
+      for (const uint32_t e : experts)
+        if (!find_slot(src.id, L, e)) want.push_back(e);
+      if (want.empty()) return;
+      if (st_.expert_layers.size() <= L) st_.expert_layers.resize(L + 1);
+      GpuLayerStats& ls = st_.expert_layers[L];
+      src.at_hand(L, want, [&](uint32_t e, const ExpertWeights& ew) {
+        if (find_slot(src.id, L, e)) return;
+        VkDeviceSize need = 0;
+        for (int i = 0; i < 3; ++i) need += (bytes[i] + 3) / 4 * 4;
+        if (used + need > hint_stage_.size) return;  // the rest wait for their turn
+        size_t victim = slots_.size();
+        for (size_t i = 0; i < slots_.size(); ++i)
+          if (slots_[i].last_use < floor && (victim == slots_.size() || slots_[i].last_use < slots_[victim].last_use))
+            victim = i;
+        if (victim == slots_.size()) return;  // every slot is this call's
+        ExpertSlot& sl = slots_[victim];
+        if (sl.source) slot_index_.erase(SlotKey{sl.source, sl.layer, sl.expert});
+        const uint8_t* from[3] = {ew.gate, ew.up, ew.down};
+        for (int i = 0; i < 3; ++i) {
+          std::memcpy(static_cast<uint8_t*>(hint_stage_.map) + used, from[i], bytes[i]);
+          copies.push_back({slabs_[sl.slab].buf, VkBufferCopy{used, sl.offset + part_off_[i], bytes[i]}});
+          used += (bytes[i] + 3) / 4 * 4;
+          st_.expert_upload_bytes += bytes[i];
+          ls.upload_bytes += bytes[i];
+        }
+        sl.source = src.id;
+        sl.layer = L;
+        sl.expert = e;
+        sl.hinted = true;
+        slot_used(sl);
+        slot_index_[SlotKey{src.id, L, e}] = victim;
+        hint_slots_.push_back(victim);
+        ++st_.expert_uploads_hinted;
+      });
+    };
+    take(layer, now, t);
+    take(layer + 1, next, next_t);
+    if (copies.empty()) return;
+    check(vkResetCommandBuffer(hint_cmd_, 0), "resetting the command buffer");
+    VkCommandBufferBeginInfo begin{};
+    begin.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO;
+    begin.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+    const char* const what = "copying hinted experts";
+    try {
+      check(vkBeginCommandBuffer(hint_cmd_, &begin), "recording commands");
+      for (const PendingCopy& c : copies) vkCmdCopyBuffer(hint_cmd_, hint_stage_.buf, c.dst, 1, &c.region);
+      check(vkEndCommandBuffer(hint_cmd_), "recording commands");
+      VkSubmitInfo si{};
+      si.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
+      si.commandBufferCount = 1;
+      si.pCommandBuffers = &hint_cmd_;
+      if (fault_before_ && fault_before_(what)) throw lost(what, VK_ERROR_DEVICE_LOST);
+      check(vkQueueSubmit(queue_, 1, &si, hint_fence_), what);
+    } catch (...) {
+      unname_hinted();
+      throw;
+    }
+    ++st_.submissions;
+    ++st_.hint_submissions;
+    hint_in_flight_ = true;
+    hint_barrier_ = true;
+  }
+
   // Before a routed call: the deferred linears wait for its first group's submission, or, where
   // the CPU runs the call, for the next one (the CPU reads x and writes out on the host: neither
   // the batch's staged inputs nor its regions are those rows), unless the call reads or adds into
@@ -1251,11 +1360,14 @@ class VulkanBackend final : public CpuBackend {
           }
           ExpertSlot* slot = find_slot(src.id, layer, e);
           const bool copied_early = std::binary_search(early.begin(), early.end(), e);
-          if (slot && !copied_early) {
+          // A slot a hint filled counts as the miss it was, copied ahead of its turn.
+          if (slot && !copied_early && !slot->hinted) {
             ++st_.expert_hits;
             ++ls.hits;
           } else {
             if (!slot) slot = copy_in(e);
+            if (slot->hinted) ++st_.expert_hints_used;
+            slot->hinted = false;
             ++st_.expert_misses;
             ++ls.misses;
           }
@@ -1598,9 +1710,11 @@ class VulkanBackend final : public CpuBackend {
     cai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
     cai.commandBufferCount = 1;
     check(vkAllocateCommandBuffers(dev_, &cai, &cmd_), "allocating a command buffer");
+    check(vkAllocateCommandBuffers(dev_, &cai, &hint_cmd_), "allocating a command buffer");
     VkFenceCreateInfo fci{};
     fci.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO;
     check(vkCreateFence(dev_, &fci, nullptr, &fence_), "creating a fence");
+    check(vkCreateFence(dev_, &fci, nullptr, &hint_fence_), "creating a fence");
     if (ts_bits_ != 0 && ts_period_ns_ > 0) {
       VkQueryPoolCreateInfo qp{};
       qp.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO;
@@ -3114,6 +3228,7 @@ class VulkanBackend final : public CpuBackend {
     ExpertSlot& sl = slots_[victim];
     if (sl.source) slot_index_.erase(SlotKey{sl.source, sl.layer, sl.expert});
     sl.source = 0;  // an upload that throws leaves the slot empty, never half-filled and named
+    sl.hinted = false;
     const uint8_t* src[3] = {ew.gate, ew.up, ew.down};
     const Weight* w[3] = {t.gate, t.up, t.down};
     bool staged = false;
@@ -3206,6 +3321,32 @@ class VulkanBackend final : public CpuBackend {
     pending_.clear();
     pending_slots_.clear();
     staged_used_ = 0;
+  }
+
+  // The hint-started copies' submission (prefetch_experts): true when none is in flight (it
+  // finished, or `wait` waited for it). A failed one un-names its slots and throws.
+  bool settle_hint(bool wait) const {
+    if (!hint_in_flight_) return true;
+    VkResult r = wait ? vkWaitForFences(dev_, 1, &hint_fence_, VK_TRUE, kFenceTimeoutNs) : vkGetFenceStatus(dev_, hint_fence_);
+    if (r == VK_NOT_READY) return false;
+    if (r == VK_SUCCESS) r = vkResetFences(dev_, 1, &hint_fence_);
+    hint_in_flight_ = false;
+    if (r != VK_SUCCESS) {
+      unname_hinted();
+      throw lost("copying hinted experts", r);
+    }
+    hint_slots_.clear();
+    return true;
+  }
+
+  void unname_hinted() const {
+    for (const size_t i : hint_slots_) {
+      ExpertSlot& sl = slots_[i];
+      if (sl.source && sl.hinted) slot_index_.erase(SlotKey{sl.source, sl.layer, sl.expert});
+      if (sl.hinted) sl.source = 0;
+      sl.hinted = false;
+    }
+    hint_slots_.clear();
   }
 
   DeviceWeight slot_part(const ExpertSlot& sl, int i, VkPipeline pipe, uint32_t kind) const {
@@ -3310,6 +3451,12 @@ class VulkanBackend final : public CpuBackend {
       vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, timestamps_, 0);
     }
     std::vector<VkBufferCopy> back = std::exchange(readback_, {});
+    // The hint-started copies before anything in this or a later submission reads or writes
+    // their slots.
+    const bool after_hint = hint_barrier_;
+    if (after_hint)
+      barrier(VK_ACCESS_TRANSFER_WRITE_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
+              VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT | VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT);
     record_pending_uploads();
     cmds();
     record_read_back(back);
@@ -3324,6 +3471,7 @@ class VulkanBackend final : public CpuBackend {
     si.pCommandBuffers = &cmd_;
     if (fault_before_ && fault_before_(what)) throw lost(what, VK_ERROR_DEVICE_LOST);
     check(vkQueueSubmit(queue_, 1, &si, fence_), what);
+    if (after_hint) hint_barrier_ = false;
     ++st_.submissions;
     submitted_at_ = std::chrono::steady_clock::now();
   }
@@ -3372,6 +3520,7 @@ class VulkanBackend final : public CpuBackend {
     free_buffer(out_);
     free_buffer(back_);
     free_buffer(stage_);
+    free_buffer(hint_stage_);
     free_buffer(tables_);
     free_buffer(exp_consts_);
     for (VkPipeline& q : quant_)
@@ -3386,6 +3535,7 @@ class VulkanBackend final : public CpuBackend {
     if (layout_) vkDestroyPipelineLayout(dev_, layout_, nullptr);
     if (set_layout_) vkDestroyDescriptorSetLayout(dev_, set_layout_, nullptr);
     if (fence_) vkDestroyFence(dev_, fence_, nullptr);
+    if (hint_fence_) vkDestroyFence(dev_, hint_fence_, nullptr);
     if (timestamps_) vkDestroyQueryPool(dev_, timestamps_, nullptr);
     if (cmd_pool_) vkDestroyCommandPool(dev_, cmd_pool_, nullptr);
     vkDestroyDevice(dev_, nullptr);
@@ -3413,6 +3563,13 @@ class VulkanBackend final : public CpuBackend {
   VkCommandPool cmd_pool_ = VK_NULL_HANDLE;
   VkCommandBuffer cmd_ = VK_NULL_HANDLE;
   VkFence fence_ = VK_NULL_HANDLE;
+  // prefetch_experts' own submission: its command buffer, fence and staging buffer, the slots it
+  // filled while in flight, and whether the next submission still owes it the barrier.
+  VkCommandBuffer hint_cmd_ = VK_NULL_HANDLE;
+  VkFence hint_fence_ = VK_NULL_HANDLE;
+  mutable Buffer hint_stage_;
+  mutable bool hint_in_flight_ = false, hint_barrier_ = false;
+  mutable std::vector<size_t> hint_slots_;
   VkQueryPool timestamps_ = VK_NULL_HANDLE;  // the start and end of each submission
   uint32_t ts_bits_ = 0;
   float ts_period_ns_ = 0;

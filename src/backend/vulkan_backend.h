@@ -97,6 +97,13 @@ struct GpuStats {
   uint64_t expert_slots = 0, expert_slot_bytes = 0;
   uint64_t expert_hits = 0, expert_misses = 0, expert_upload_bytes = 0;
   uint64_t expert_uploads_ahead = 0;  // misses copied into mapped slots while the device ran the group before
+  // Hint-started copies into unmapped slots (Backend::prefetch_experts): whether the backend
+  // makes them (they have a staging buffer of their own), the experts copied, those of them
+  // their layer's routed op then used (each also counted as a miss), the hints dropped (the
+  // last one's copies still in flight, or slots named by work not yet submitted), and their
+  // submissions (counted in `submissions` too; nobody waits for them).
+  bool hint_staging = false;
+  uint64_t expert_uploads_hinted = 0, expert_hints_used = 0, expert_hints_dropped = 0, hint_submissions = 0;
   uint64_t expert_calls_on_host = 0;  // routed-FFN calls run on the CPU although slots were asked for
   // --cpu-experts: misses the CPU computed from the host store's memory (not uploaded), and the
   // split's per-expert costs as last measured (seconds; 0: not measured; expert_split.h).

@@ -566,6 +566,9 @@ int run_bench(const BenchOptions& o) {
       j["gpu_expert_hit_rate"] = gpu_hit;
       j["gpu_expert_upload_bytes"] = gs.expert_upload_bytes;
       j["gpu_expert_on_cpu"] = gs.expert_on_cpu;
+      j["gpu_expert_uploads_hinted"] = gs.expert_uploads_hinted;  // hint-started copies (unmapped slots)
+      j["gpu_expert_hints_used"] = gs.expert_hints_used;
+      j["gpu_expert_hints_dropped"] = gs.expert_hints_dropped;
       j["gpu_experts_in_place"] = gs.experts_in_place;
       j["gpu_experts_auto"] = gs.experts_auto;  // how --gpu-experts auto chose ("" when given)
       j["gpu_expert_in_place"] = gs.expert_in_place;

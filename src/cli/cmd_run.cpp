@@ -257,7 +257,7 @@ void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
   sub->add_option("--cache-policy", o.cache_policy, "expert cache eviction: lru-per-layer (default) or lru-global")
       ->check(CLI::IsMember({"lru-per-layer", "lru-global"}));
   sub->add_option("--io-depth", o.io_depth, "expert reads in flight (default 16)");
-  sub->add_flag("--no-prefetch", o.no_prefetch, "do not read predicted experts ahead");
+  sub->add_flag("--no-prefetch", o.no_prefetch, "do not read predicted experts ahead (from disk, or into device slots)");
   sub->add_flag("--no-direct-io", o.no_direct_io, "buffered expert reads (drops the pages after reading)");
   sub->add_flag("--resident-experts", o.resident_experts,
                 "read every routed expert into memory at load instead of streaming them (small models)");
@@ -493,6 +493,10 @@ std::string session_summary(const Session& s, uint64_t tokens_evaluated) {
       out += buf;
       if (g.expert_uploads_ahead)
         out += " (" + std::to_string(g.expert_uploads_ahead) + " experts while the device ran the group before)";
+      if (g.expert_uploads_hinted)
+        out += " (" + std::to_string(g.expert_uploads_hinted) + " experts by hint-started copies, " +
+               std::to_string(g.expert_hints_used) + " of them used; " + std::to_string(g.expert_hints_dropped) +
+               " hints dropped)";
       if (g.expert_on_cpu) {
         std::snprintf(buf, sizeof buf,
                       "; %llu misses computed on the CPU from host memory (--cpu-experts; per expert: upload %.2f ms, "

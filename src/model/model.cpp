@@ -31,6 +31,13 @@ ExpertWeights ResidentExperts::get(uint32_t layer, uint32_t expert) const {
                        l.down + (uint64_t)expert * g.down_bytes};
 }
 
+void ResidentExperts::at_hand(uint32_t layer, std::span<const uint32_t> experts, const UseExpert& use) const {
+  if (layer >= layers.size()) return;
+  for (const uint32_t e : experts)
+    if (index.empty() ? e < layers[layer].count : (layer < index.size() && e < index[layer].size() && index[layer][e] >= 0))
+      use(e, get(layer, e));
+}
+
 std::vector<ExpertSource::HeldMemory> ResidentExperts::held_memory() const {
   std::vector<HeldMemory> out;
   for (size_t L = 0; L < layers.size() && L < layouts.size(); ++L) {

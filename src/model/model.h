@@ -61,6 +61,8 @@ class ResidentExperts final : public ExpertSource {
   // Throws Error for an expert that was not loaded.
   ExpertWeights get(uint32_t layer, uint32_t expert) const override;
   bool holds_union() const override { return true; }
+  // Every loaded expert is at hand.
+  void at_hand(uint32_t layer, std::span<const uint32_t> experts, const UseExpert& use) const override;
   // Each loaded layer's three tensors, one expert's slice per unit.
   std::vector<HeldMemory> held_memory() const override;
 };

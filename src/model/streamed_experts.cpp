@@ -56,6 +56,21 @@ void StreamedExperts::hint(uint32_t layer, std::span<const uint32_t> experts) co
   store_.hint(layer, experts.first(std::min(experts.size(), window_for(experts.size(), cap))));
 }
 
+void StreamedExperts::at_hand(uint32_t layer, std::span<const uint32_t> experts, const UseExpert& use) const {
+  const std::vector<uint32_t> res = store_.resident(layer);
+  std::vector<uint32_t> both;
+  for (const uint32_t e : experts)
+    if (std::binary_search(res.begin(), res.end(), e)) both.push_back(e);
+  std::sort(both.begin(), both.end());
+  both.erase(std::unique(both.begin(), both.end()), both.end());
+  if (both.empty() || both.size() > store_.max_union_experts(layer)) return;
+  storage::Lease l = store_.acquire(layer, both);  // resident: pinned, nothing read
+  for (const uint32_t e : both) {
+    const storage::ExpertBytes b = l.get(layer, e);
+    use(e, ExpertWeights{b.gate, b.up, b.down});
+  }
+}
+
 void check_expert_slices(const storage::ExpertGeometry& g, std::span<const LayerWeights> layers, const char* who) {
   for (uint32_t L = 0; L < g.layers.size() && L < layers.size(); ++L) {
     const ExpertLayout& lay = layers[L].experts;

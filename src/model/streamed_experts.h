@@ -37,6 +37,9 @@ class StreamedExperts final : public ExpertSource {
   // hinting more than a layer's share would evict guesses before they are used and read them twice.
   void hint(uint32_t layer, std::span<const uint32_t> experts) const override;
   std::vector<uint32_t> cached(uint32_t layer) const override { return store_.held(layer); }
+  // The store's resident experts among `experts`, leased apart from prepare()'s window for the
+  // call (a lookup each in the store's stats: RAM handing them to the device's tier).
+  void at_hand(uint32_t layer, std::span<const uint32_t> experts, const UseExpert& use) const override;
   // The last prepare()'s union was leased at once (one window).
   bool holds_union() const override { return window_ >= order_.size(); }
   // The store's slots: a leased expert lies within one of them.

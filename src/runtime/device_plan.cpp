@@ -65,7 +65,9 @@ void plan_session_device(const Backend& b, uint64_t slots, bool slots_auto, cons
   // Where the batch's rows are device memory the host does not map, their mapped mirror is
   // one more staging buffer; on a device whose memory is the host's (the tests' forced
   // case) the rows' buffer is the host's too.
-  const uint64_t staging = kGpuStagingBuffers + (g.scratch_on_device && g.weights_in_host_memory ? 1 : 0);
+  // Hint-started expert copies (unmapped slots) have a staging buffer of their own.
+  const uint64_t staging =
+      kGpuStagingBuffers + (g.scratch_on_device && g.weights_in_host_memory ? 1 : 0) + (g.hint_staging ? 1 : 0);
   plan.device_bytes = copies + staging * kGpuStagingBytes + group_scratch;
   // The shared expert's [g | u] rows (VulkanBackend::shared_ffn) outlive the op until its
   // deferred batch runs, beside the routed op's own temporaries.

@@ -612,6 +612,7 @@ GpuOptions gpu_options(const SessionOptions& o) {
   go.indexer = o.gpu_indexer;
   go.experts_in_place = o.gpu_experts_in_place;
   go.scratch_on_device = o.gpu_scratch_on_device;
+  go.force_staging = o.gpu_force_staging;
   return go;
 }
 

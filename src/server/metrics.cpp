@@ -231,6 +231,15 @@ std::string render_metrics(const MetricsInput& in) {
     w.one("sluice_gpu_expert_uploads_ahead_total", "counter",
           "Routed experts copied into mapped slots while the device ran the group before.",
           (double)g.expert_uploads_ahead);
+    w.one("sluice_gpu_expert_uploads_hinted_total", "counter",
+          "Routed experts copied into unmapped slots by hint-started copies, ahead of their layer.",
+          (double)g.expert_uploads_hinted);
+    w.one("sluice_gpu_expert_hints_used_total", "counter",
+          "Of the hint-started copies, those their layer's routed op used (each also a miss).",
+          (double)g.expert_hints_used);
+    w.one("sluice_gpu_expert_hints_dropped_total", "counter",
+          "Expert hints the device dropped: its last hint-started copies were still in flight.",
+          (double)g.expert_hints_dropped);
     w.one("sluice_gpu_expert_cpu_total", "counter",
           "Routed-expert lookups without a slot computed by the CPU from host memory (--cpu-experts).",
           (double)g.expert_on_cpu);

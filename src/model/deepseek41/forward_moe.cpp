@@ -55,7 +55,8 @@ void Engine::Impl::moe(Pass& p, uint32_t L, CMat x, Mat out) const {
   // With read-ahead, the next layer's router on the same input guesses its experts: both in one
   // batch.
   const Mat logits = ws(Ws::Router, n);
-  const bool guess = prefetching() && L + 1 < c.num_hidden_layers;
+  const bool device_hints = opt.prefetch && !opt.remote && be.prefetches_experts();
+  const bool guess = (prefetching() || device_hints) && L + 1 < c.num_hidden_layers;
   std::vector<LinearCall> routers = {{&w.gate_inp, x, logits, false}};
   if (guess) routers.push_back({&m.layers[L + 1].gate_inp, x, ws(Ws::RouterNext, n), false});
   be.linears(routers);
@@ -88,9 +89,19 @@ void Engine::Impl::moe(Pass& p, uint32_t L, CMat x, Mat out) const {
   // Start reading this layer's experts now, so the I/O overlaps the shared expert below, and
   // guess the next layer's: its router applied to this layer's FFN input (the residual stream
   // changes little from one layer to the next). Hints never change results, only what is read.
+  const std::vector<uint32_t> next = guess ? predict_experts(L + 1, p) : std::vector<uint32_t>{};
   if (prefetching()) {
     experts->hint(L, be.unheld_experts(*experts, L, used));
-    if (guess) experts->hint(L + 1, be.unheld_experts(*experts, L + 1, predict_experts(L + 1, p)));
+    if (guess) experts->hint(L + 1, be.unheld_experts(*experts, L + 1, next));
+  }
+  // A device with expert copies of its own starts copying in this layer's misses and the guessed
+  // next layer's that the source holds, while the shared expert and this layer's routed
+  // experts run.
+  if (device_hints) {
+    const ExpertLayout& here = w.experts;
+    const ExpertLayout* after = guess ? &m.layers[L + 1].experts : nullptr;
+    be.prefetch_experts(*experts, L, ExpertTensors{&here.gate, &here.up, &here.down}, used,
+                        after ? ExpertTensors{&after->gate, &after->up, &after->down} : ExpertTensors{}, next);
   }
 
   // The shared expert just before the routed ones: a backend that defers work may send its last
