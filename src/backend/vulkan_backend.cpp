@@ -1050,7 +1050,7 @@ class VulkanBackend final : public CpuBackend {
     const uint64_t floor = use_clock_ + 1;  // slots used from here on are this call's
     for (const uint32_t e : now)
       if (ExpertSlot* sl = find_slot(src.id, layer, e)) slot_used(*sl);
-    if (!settle_hint(false) || deferred_.reads_experts || !pending_.empty()) {
+    if (!settle_hint() || deferred_.reads_experts || !pending_.empty()) {
       ++st_.expert_hints_dropped;
       return;
     }
@@ -1101,15 +1101,17 @@ class VulkanBackend final : public CpuBackend {
         ++st_.expert_uploads_hinted;
       });
     };
-    take(layer, now, t);
-    take(layer + 1, next, next_t);
-    if (copies.empty()) return;
-    check(vkResetCommandBuffer(hint_cmd_, 0), "resetting the command buffer");
-    VkCommandBufferBeginInfo begin{};
-    begin.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO;
-    begin.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
     const char* const what = "copying hinted experts";
+    // Slots are named as their bytes are staged: anything that throws before the submission is
+    // on the queue (a source that fails, a refused submission) un-names them.
     try {
+      take(layer, now, t);
+      take(layer + 1, next, next_t);
+      if (copies.empty()) return;
+      check(vkResetCommandBuffer(hint_cmd_, 0), "resetting the command buffer");
+      VkCommandBufferBeginInfo begin{};
+      begin.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO;
+      begin.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
       check(vkBeginCommandBuffer(hint_cmd_, &begin), "recording commands");
       for (const PendingCopy& c : copies) vkCmdCopyBuffer(hint_cmd_, hint_stage_.buf, c.dst, 1, &c.region);
       check(vkEndCommandBuffer(hint_cmd_), "recording commands");
@@ -3324,10 +3326,10 @@ class VulkanBackend final : public CpuBackend {
   }
 
   // The hint-started copies' submission (prefetch_experts): true when none is in flight (it
-  // finished, or `wait` waited for it). A failed one un-names its slots and throws.
-  bool settle_hint(bool wait) const {
+  // finished). A failed one un-names its slots and throws.
+  bool settle_hint() const {
     if (!hint_in_flight_) return true;
-    VkResult r = wait ? vkWaitForFences(dev_, 1, &hint_fence_, VK_TRUE, kFenceTimeoutNs) : vkGetFenceStatus(dev_, hint_fence_);
+    VkResult r = vkGetFenceStatus(dev_, hint_fence_);
     if (r == VK_NOT_READY) return false;
     if (r == VK_SUCCESS) r = vkResetFences(dev_, 1, &hint_fence_);
     hint_in_flight_ = false;
