@@ -283,13 +283,22 @@ void check(VkResult r, const char* what) {
   if (r != VK_SUCCESS) throw Error(std::string("vulkan: ") + what + " failed: " + result_name(r));
 }
 
+// The instance's API version: 1.2 where the loader has it (timeline semaphores, for the
+// hint-started copies on a queue of their own), else 1.1; a device below 1.2 still runs, without
+// them. A device's 1.2 features count only where the instance asked for 1.2.
+uint32_t instance_api() {
+  uint32_t loader = VK_API_VERSION_1_0;
+  if (vkEnumerateInstanceVersion(&loader) != VK_SUCCESS) loader = VK_API_VERSION_1_0;
+  return loader >= VK_API_VERSION_1_2 ? VK_API_VERSION_1_2 : VK_API_VERSION_1_1;
+}
+
 struct Instance {
   VkInstance h = VK_NULL_HANDLE;
   Instance() {
     VkApplicationInfo app{};
     app.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO;
     app.pApplicationName = "sluice";
-    app.apiVersion = VK_API_VERSION_1_1;
+    app.apiVersion = instance_api();
     VkInstanceCreateInfo ci{};
     ci.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO;
     ci.pApplicationInfo = &app;
@@ -371,6 +380,24 @@ GpuDevice describe(VkPhysicalDevice d, uint32_t index) {
                        sub.subgroupSize <= kGroup && kGroup % sub.subgroupSize == 0;
   g.int_dot = has_extension(d, "VK_KHR_shader_integer_dot_product");
   g.host_import = has_extension(d, VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME);
+  {
+    uint32_t nq = 0;
+    vkGetPhysicalDeviceQueueFamilyProperties(d, &nq, nullptr);
+    std::vector<VkQueueFamilyProperties> qf(nq);
+    vkGetPhysicalDeviceQueueFamilyProperties(d, &nq, qf.data());
+    for (const VkQueueFamilyProperties& q : qf)
+      g.transfer_queue |= q.queueCount > 0 && (q.queueFlags & VK_QUEUE_TRANSFER_BIT) &&
+                          !(q.queueFlags & (VK_QUEUE_COMPUTE_BIT | VK_QUEUE_GRAPHICS_BIT));
+    if (p.apiVersion >= VK_API_VERSION_1_2 && instance_api() >= VK_API_VERSION_1_2) {
+      VkPhysicalDeviceTimelineSemaphoreFeatures tl{};
+      tl.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES;
+      VkPhysicalDeviceFeatures2 f2{};
+      f2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2;
+      f2.pNext = &tl;
+      vkGetPhysicalDeviceFeatures2(d, &f2);
+      g.timeline = tl.timelineSemaphore == VK_TRUE;
+    }
+  }
   g.max_storage_buffer = p.limits.maxStorageBufferRange;
   g.max_workgroup_memory = p.limits.maxComputeSharedMemorySize;
   // The heaps, and what the driver says this process may still allocate from each where it has
@@ -424,6 +451,7 @@ struct ExpertSlot {
   uint32_t layer = 0, expert = 0;
   uint64_t last_use = 0;
   bool hinted = false;  // filled by prefetch_experts and not used since
+  uint64_t ready = 0;   // the timeline value its hint-started copy signals (0: none pending)
   uint32_t slab = 0;
   VkDeviceSize offset = 0;
 };
@@ -514,11 +542,38 @@ class VulkanBackend final : public CpuBackend {
     staging_bytes_ = o.staging_bytes ? o.staging_bytes : kGpuStagingBytes;
 
     const float prio = 1.0f;
-    VkDeviceQueueCreateInfo qci{};
-    qci.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO;
-    qci.queueFamilyIndex = family_;
-    qci.queueCount = 1;
-    qci.pQueuePriorities = &prio;
+    VkDeviceQueueCreateInfo qci[2]{};
+    qci[0].sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO;
+    qci[0].queueFamilyIndex = family_;
+    qci[0].queueCount = 1;
+    qci[0].pQueuePriorities = &prio;
+    // Timeline semaphores (Vulkan 1.2): the hint-started copies signal one, and a submission
+    // that touches a slot they fill waits for its value. With them, the copies go on a queue
+    // family of their own where the device has one for transfers only (a discrete card's DMA
+    // engines), so they overlap the compute queue's work; else on the compute queue.
+    VkPhysicalDeviceTimelineSemaphoreFeatures tl{};
+    tl.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES;
+    {
+      VkPhysicalDeviceProperties props;
+      vkGetPhysicalDeviceProperties(phys_, &props);
+      if (props.apiVersion >= VK_API_VERSION_1_2 && instance_api() >= VK_API_VERSION_1_2 && !o.no_timeline) {
+        VkPhysicalDeviceFeatures2 f2{};
+        f2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2;
+        f2.pNext = &tl;
+        vkGetPhysicalDeviceFeatures2(phys_, &f2);
+      }
+    }
+    timeline_ok_ = tl.timelineSemaphore == VK_TRUE;
+    xfer_family_ = family_;
+    if (timeline_ok_)
+      for (uint32_t i = 0; i < nq && xfer_family_ == family_; ++i)
+        if (i != family_ && qf[i].queueCount > 0 && (qf[i].queueFlags & VK_QUEUE_TRANSFER_BIT) &&
+            !(qf[i].queueFlags & (VK_QUEUE_COMPUTE_BIT | VK_QUEUE_GRAPHICS_BIT)))
+          xfer_family_ = i;
+    qci[1] = qci[0];
+    qci[1].queueFamilyIndex = xfer_family_;
+    st_.timeline_semaphores = timeline_ok_;
+    st_.transfer_queue = xfer_family_ != family_;
     // The float linear shader computes the CPU's fused fma exactly with doubles (linear_float.comp).
     VkPhysicalDeviceFeatures have{};
     vkGetPhysicalDeviceFeatures(phys_, &have);
@@ -545,8 +600,11 @@ class VulkanBackend final : public CpuBackend {
     const char* const exts[] = {VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME};
     VkDeviceCreateInfo dci{};
     dci.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO;
-    dci.queueCreateInfoCount = 1;
-    dci.pQueueCreateInfos = &qci;
+    dci.queueCreateInfoCount = xfer_family_ != family_ ? 2 : 1;
+    dci.pQueueCreateInfos = qci;
+    tl.pNext = nullptr;
+    tl.timelineSemaphore = timeline_ok_ ? VK_TRUE : VK_FALSE;
+    if (timeline_ok_) dci.pNext = &tl;
     dci.pEnabledFeatures = &enable;
     dci.enabledExtensionCount = import_ ? 1 : 0;
     dci.ppEnabledExtensionNames = import_ ? exts : nullptr;
@@ -1056,8 +1114,8 @@ class VulkanBackend final : public CpuBackend {
     }
     ensure(hint_stage_, staging_bytes_);
     VkDeviceSize used = 0;
-    std::vector<PendingCopy> copies;
-    auto take = [&](uint32_t L, std::span<const uint32_t> experts, ExpertTensors et) {
+    std::vector<PendingCopy> copies[2];  // this layer's, the next layer's guesses
+    auto take = [&](uint32_t L, std::span<const uint32_t> experts, ExpertTensors et, int batch) {
       if (!et.gate || !et.up || !et.down) return;
       const uint64_t bytes[3] = {et.gate->rows * et.gate->row_bytes, et.up->rows * et.up->row_bytes,
                                  et.down->rows * et.down->row_bytes};
@@ -1086,7 +1144,7 @@ class VulkanBackend final : public CpuBackend {
         const uint8_t* from[3] = {ew.gate, ew.up, ew.down};
         for (int i = 0; i < 3; ++i) {
           std::memcpy(static_cast<uint8_t*>(hint_stage_.map) + used, from[i], bytes[i]);
-          copies.push_back({slabs_[sl.slab].buf, VkBufferCopy{used, sl.offset + part_off_[i], bytes[i]}});
+          copies[batch].push_back({slabs_[sl.slab].buf, VkBufferCopy{used, sl.offset + part_off_[i], bytes[i]}});
           used += (bytes[i] + 3) / 4 * 4;
           st_.expert_upload_bytes += bytes[i];
           ls.upload_bytes += bytes[i];
@@ -1095,6 +1153,7 @@ class VulkanBackend final : public CpuBackend {
         sl.layer = L;
         sl.expert = e;
         sl.hinted = true;
+        sl.ready = timeline_ok_ ? timeline_value_ + 1 + (uint64_t)batch : 0;
         slot_used(sl);
         slot_index_[SlotKey{src.id, L, e}] = victim;
         hint_slots_.push_back(victim);
@@ -1105,22 +1164,38 @@ class VulkanBackend final : public CpuBackend {
     // Slots are named as their bytes are staged: anything that throws before the submission is
     // on the queue (a source that fails, a refused submission) un-names them.
     try {
-      take(layer, now, t);
-      take(layer + 1, next, next_t);
-      if (copies.empty()) return;
-      check(vkResetCommandBuffer(hint_cmd_, 0), "resetting the command buffer");
-      VkCommandBufferBeginInfo begin{};
-      begin.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO;
-      begin.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
-      check(vkBeginCommandBuffer(hint_cmd_, &begin), "recording commands");
-      for (const PendingCopy& c : copies) vkCmdCopyBuffer(hint_cmd_, hint_stage_.buf, c.dst, 1, &c.region);
-      check(vkEndCommandBuffer(hint_cmd_), "recording commands");
-      VkSubmitInfo si{};
-      si.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
-      si.commandBufferCount = 1;
-      si.pCommandBuffers = &hint_cmd_;
+      take(layer, now, t, 0);
+      take(layer + 1, next, next_t, 1);
+      if (copies[0].empty() && copies[1].empty()) return;
+      // Two batches in one submission, each signalling its own value (timeline_value_ + 1 and
+      // + 2, whether or not it has copies), the fence after both.
+      VkSubmitInfo si[2]{};
+      VkTimelineSemaphoreSubmitInfo ts[2]{};
+      uint64_t values[2] = {timeline_value_ + 1, timeline_value_ + 2};
+      for (int b = 0; b < 2; ++b) {
+        VkCommandBuffer cb = hint_cmd_[b];
+        check(vkResetCommandBuffer(cb, 0), "resetting the command buffer");
+        VkCommandBufferBeginInfo begin{};
+        begin.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO;
+        begin.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+        check(vkBeginCommandBuffer(cb, &begin), "recording commands");
+        for (const PendingCopy& c : copies[b]) vkCmdCopyBuffer(cb, hint_stage_.buf, c.dst, 1, &c.region);
+        check(vkEndCommandBuffer(cb), "recording commands");
+        si[b].sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
+        si[b].commandBufferCount = 1;
+        si[b].pCommandBuffers = &hint_cmd_[b];
+        if (timeline_ok_) {
+          ts[b].sType = VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO;
+          ts[b].signalSemaphoreValueCount = 1;
+          ts[b].pSignalSemaphoreValues = &values[b];
+          si[b].pNext = &ts[b];
+          si[b].signalSemaphoreCount = 1;
+          si[b].pSignalSemaphores = &timeline_;
+        }
+      }
       if (fault_before_ && fault_before_(what)) throw lost(what, VK_ERROR_DEVICE_LOST);
-      check(vkQueueSubmit(queue_, 1, &si, hint_fence_), what);
+      check(vkQueueSubmit(xfer_queue_, 2, si, hint_fence_), what);
+      if (timeline_ok_) timeline_value_ += 2;
     } catch (...) {
       unname_hinted();
       throw;
@@ -1128,7 +1203,7 @@ class VulkanBackend final : public CpuBackend {
     ++st_.submissions;
     ++st_.hint_submissions;
     hint_in_flight_ = true;
-    hint_barrier_ = true;
+    hint_barrier_ = !timeline_ok_;  // with a timeline, the submissions touching the slots wait for it
   }
 
   // Before a routed call: the deferred linears wait for its first group's submission, or, where
@@ -1600,7 +1675,7 @@ class VulkanBackend final : public CpuBackend {
     const std::lock_guard<std::mutex> lk(mu_);
     flush_deferred();
     if (exp_ == VK_NULL_HANDLE) throw Error("gpu_exp: the device has no exp_f32 shader (no shaderFloat64)");
-    ensure_out();
+    ensure_io();  // both: every binding names a buffer (binding 1, unread here, the activations')
     if (n * sizeof(float) > out_.size) throw Error("gpu_exp: the values do not fit the staging buffer");
     put_rows(x, n * sizeof(float));
     const uint32_t groups = grid_x(n), gx = std::min<uint32_t>(groups, 32768);
@@ -1712,7 +1787,25 @@ class VulkanBackend final : public CpuBackend {
     cai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
     cai.commandBufferCount = 1;
     check(vkAllocateCommandBuffers(dev_, &cai, &cmd_), "allocating a command buffer");
-    check(vkAllocateCommandBuffers(dev_, &cai, &hint_cmd_), "allocating a command buffer");
+    if (xfer_family_ != family_) {
+      vkGetDeviceQueue(dev_, xfer_family_, 0, &xfer_queue_);
+      pci.queueFamilyIndex = xfer_family_;
+      check(vkCreateCommandPool(dev_, &pci, nullptr, &xfer_pool_), "creating a command pool");
+      cai.commandPool = xfer_pool_;
+    } else {
+      xfer_queue_ = queue_;
+    }
+    cai.commandBufferCount = 2;
+    check(vkAllocateCommandBuffers(dev_, &cai, hint_cmd_), "allocating a command buffer");
+    if (timeline_ok_) {
+      VkSemaphoreTypeCreateInfo ty{};
+      ty.sType = VK_STRUCTURE_TYPE_SEMAPHORE_TYPE_CREATE_INFO;
+      ty.semaphoreType = VK_SEMAPHORE_TYPE_TIMELINE;
+      VkSemaphoreCreateInfo sci{};
+      sci.sType = VK_STRUCTURE_TYPE_SEMAPHORE_CREATE_INFO;
+      sci.pNext = &ty;
+      check(vkCreateSemaphore(dev_, &sci, nullptr, &timeline_), "creating a semaphore");
+    }
     VkFenceCreateInfo fci{};
     fci.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO;
     check(vkCreateFence(dev_, &fci, nullptr, &fence_), "creating a fence");
@@ -1874,7 +1967,14 @@ class VulkanBackend final : public CpuBackend {
     bi.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO;
     bi.size = out.size;
     bi.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
-    bi.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+    // Two queue families (the hint copies' transfer queue): every buffer is theirs together.
+    const uint32_t families[2] = {family_, xfer_family_};
+    const bool two = xfer_family_ != family_ && xfer_family_ != UINT32_MAX;
+    bi.sharingMode = two ? VK_SHARING_MODE_CONCURRENT : VK_SHARING_MODE_EXCLUSIVE;
+    if (two) {
+      bi.queueFamilyIndexCount = 2;
+      bi.pQueueFamilyIndices = families;
+    }
     check(vkCreateBuffer(dev_, &bi, nullptr, &out.buf), "creating a buffer");
     VkMemoryRequirements req;
     vkGetBufferMemoryRequirements(dev_, out.buf, &req);
@@ -3231,6 +3331,8 @@ class VulkanBackend final : public CpuBackend {
     if (sl.source) slot_index_.erase(SlotKey{sl.source, sl.layer, sl.expert});
     sl.source = 0;  // an upload that throws leaves the slot empty, never half-filled and named
     sl.hinted = false;
+    touch_slot(sl);  // a hint's copy into it before this one's
+    sl.ready = 0;
     const uint8_t* src[3] = {ew.gate, ew.up, ew.down};
     const Weight* w[3] = {t.gate, t.up, t.down};
     bool staged = false;
@@ -3345,13 +3447,22 @@ class VulkanBackend final : public CpuBackend {
     for (const size_t i : hint_slots_) {
       ExpertSlot& sl = slots_[i];
       if (sl.source && sl.hinted) slot_index_.erase(SlotKey{sl.source, sl.layer, sl.expert});
-      if (sl.hinted) sl.source = 0;
+      if (sl.hinted) {
+        sl.source = 0;
+        sl.ready = 0;  // a value that may never be signalled: nothing waits for it
+      }
       sl.hinted = false;
     }
     hint_slots_.clear();
   }
 
+  // A submission being recorded reads or writes slot sl: it waits for the hint copy into it.
+  void touch_slot(const ExpertSlot& sl) const {
+    if (sl.ready > waited_value_) wait_value_ = std::max(wait_value_, sl.ready);
+  }
+
   DeviceWeight slot_part(const ExpertSlot& sl, int i, VkPipeline pipe, uint32_t kind) const {
+    touch_slot(sl);
     return DeviceWeight{pipe, slabs_[sl.slab].buf, sl.offset + part_off_[i], part_cap_[i], kind, 0};
   }
 
@@ -3471,9 +3582,27 @@ class VulkanBackend final : public CpuBackend {
     si.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
     si.commandBufferCount = 1;
     si.pCommandBuffers = &cmd_;
+    // The hint copies into slots this submission touches (touch_slot), waited for on the device
+    // before its copies and dispatches.
+    const uint64_t wait = wait_value_ > waited_value_ ? wait_value_ : 0;
+    const VkPipelineStageFlags wait_stages = VK_PIPELINE_STAGE_TRANSFER_BIT | VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT;
+    VkTimelineSemaphoreSubmitInfo ts{};
+    if (wait) {
+      ts.sType = VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO;
+      ts.waitSemaphoreValueCount = 1;
+      ts.pWaitSemaphoreValues = &wait;
+      si.pNext = &ts;
+      si.waitSemaphoreCount = 1;
+      si.pWaitSemaphores = &timeline_;
+      si.pWaitDstStageMask = &wait_stages;
+    }
     if (fault_before_ && fault_before_(what)) throw lost(what, VK_ERROR_DEVICE_LOST);
     check(vkQueueSubmit(queue_, 1, &si, fence_), what);
     if (after_hint) hint_barrier_ = false;
+    if (wait) {
+      waited_value_ = wait;
+      ++st_.hint_waits;
+    }
     ++st_.submissions;
     submitted_at_ = std::chrono::steady_clock::now();
   }
@@ -3538,6 +3667,8 @@ class VulkanBackend final : public CpuBackend {
     if (set_layout_) vkDestroyDescriptorSetLayout(dev_, set_layout_, nullptr);
     if (fence_) vkDestroyFence(dev_, fence_, nullptr);
     if (hint_fence_) vkDestroyFence(dev_, hint_fence_, nullptr);
+    if (timeline_) vkDestroySemaphore(dev_, timeline_, nullptr);
+    if (xfer_pool_) vkDestroyCommandPool(dev_, xfer_pool_, nullptr);
     if (timestamps_) vkDestroyQueryPool(dev_, timestamps_, nullptr);
     if (cmd_pool_) vkDestroyCommandPool(dev_, cmd_pool_, nullptr);
     vkDestroyDevice(dev_, nullptr);
@@ -3567,8 +3698,19 @@ class VulkanBackend final : public CpuBackend {
   VkFence fence_ = VK_NULL_HANDLE;
   // prefetch_experts' own submission: its command buffer, fence and staging buffer, the slots it
   // filled while in flight, and whether the next submission still owes it the barrier.
-  VkCommandBuffer hint_cmd_ = VK_NULL_HANDLE;
+  // Two command buffers: this layer's copies and the next layer's guesses, each signalling its
+  // own timeline value, so this layer's group waits only for its own. The queue and pool are
+  // the transfer family's where the device has one (else the compute queue's).
+  VkCommandBuffer hint_cmd_[2] = {VK_NULL_HANDLE, VK_NULL_HANDLE};
   VkFence hint_fence_ = VK_NULL_HANDLE;
+  VkQueue xfer_queue_ = VK_NULL_HANDLE;
+  VkCommandPool xfer_pool_ = VK_NULL_HANDLE;
+  uint32_t xfer_family_ = UINT32_MAX;
+  bool timeline_ok_ = false;
+  VkSemaphore timeline_ = VK_NULL_HANDLE;
+  // The last value the hint submissions signalled, the most a submission being recorded must
+  // wait for (the slots it touches), and the most the compute queue has waited for.
+  mutable uint64_t timeline_value_ = 0, wait_value_ = 0, waited_value_ = 0;
   mutable Buffer hint_stage_;
   mutable bool hint_in_flight_ = false, hint_barrier_ = false;
   mutable std::vector<size_t> hint_slots_;

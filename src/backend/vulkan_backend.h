@@ -36,6 +36,9 @@ struct GpuDevice {
   bool subgroup_linears = false;
   bool int_dot = false;  // VK_KHR_shader_integer_dot_product
   bool host_import = false;  // VK_EXT_external_memory_host: host memory usable as device memory
+  // A queue family for transfers only (DMA engines beside the compute units), and timeline
+  // semaphores (Vulkan 1.2): with both, hint-started expert copies overlap the compute queue.
+  bool transfer_queue = false, timeline = false;
   uint64_t max_storage_buffer = 0;  // maxStorageBufferRange: the largest weight one binding can hold
   uint32_t max_workgroup_memory = 0;  // maxComputeSharedMemorySize: room for a GEMM build's tile
 };
@@ -104,6 +107,11 @@ struct GpuStats {
   // submissions (counted in `submissions` too; nobody waits for them).
   bool hint_staging = false;
   uint64_t expert_uploads_hinted = 0, expert_hints_used = 0, expert_hints_dropped = 0, hint_submissions = 0;
+  // Where they run: a queue family of their own for transfers (a discrete card's DMA engines),
+  // ordered by a timeline semaphore (Vulkan 1.2; else by a barrier on the one queue), and the
+  // submissions that waited on the device for one of their copies.
+  bool transfer_queue = false, timeline_semaphores = false;
+  uint64_t hint_waits = 0;
   uint64_t expert_calls_on_host = 0;  // routed-FFN calls run on the CPU although slots were asked for
   // --cpu-experts: misses the CPU computed from the host store's memory (not uploaded), and the
   // split's per-expert costs as last measured (seconds; 0: not measured; expert_split.h).
@@ -217,6 +225,9 @@ struct GpuOptions {
   // on a device whose memory could be mapped.
   bool scratch_on_device = false;
   GpuIndexer indexer = GpuIndexer::Auto;  // --gpu-indexer
+  // Tests: no timeline semaphores, as on a Vulkan 1.1 device (the hint copies ordered by a
+  // barrier on the compute queue).
+  bool no_timeline = false;
 };
 
 // One routed-expert slot's bytes on any device: each slice aligned to 256 bytes, the largest

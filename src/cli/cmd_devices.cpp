@@ -35,6 +35,8 @@ int run_devices(const DevicesOptions& o) {
       j["linears_auto"] = auto_subgroup_linears(d) ? "subgroup" : "plain";
       j["integer_dot_product"] = d.int_dot;
       j["host_import"] = d.host_import;
+      j["transfer_queue"] = d.transfer_queue;  // a queue family for transfers only
+      j["timeline_semaphores"] = d.timeline;
       j["max_storage_buffer"] = d.max_storage_buffer;
       j["max_workgroup_memory"] = d.max_workgroup_memory;
       nlohmann::json heaps = nlohmann::json::array();
@@ -56,13 +58,16 @@ int run_devices(const DevicesOptions& o) {
                (h.has_budget ? " (budget " + format_bytes(h.budget) + ", in use " + format_bytes(h.usage) + ")" : "");
     std::printf("   memory heaps: %s\n", heaps.c_str());
     std::printf("   subgroup %u (%s), integer dot product %s, largest storage binding %s, workgroup memory %s, "
-                "imports host memory %s\n",
+                "imports host memory %s, transfer queue %s\n",
                 d.subgroup_size,
                 auto_subgroup_linears(d) ? "linears a subgroup per output"
                 : d.subgroup_linears     ? "linears an invocation per output on a CPU device; --gpu-linears subgroup can"
                                          : "linears an invocation per output",
                 d.int_dot ? "yes" : "no", format_bytes(d.max_storage_buffer).c_str(),
-                format_bytes(d.max_workgroup_memory).c_str(), d.host_import ? "yes" : "no");
+                format_bytes(d.max_workgroup_memory).c_str(), d.host_import ? "yes" : "no",
+                d.transfer_queue && d.timeline ? "yes (expert copies overlap compute)"
+                : d.transfer_queue             ? "yes, unused (no timeline semaphores)"
+                                               : "no");
   }
   return 0;
 }

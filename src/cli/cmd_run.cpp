@@ -494,7 +494,8 @@ std::string session_summary(const Session& s, uint64_t tokens_evaluated) {
       if (g.expert_uploads_ahead)
         out += " (" + std::to_string(g.expert_uploads_ahead) + " experts while the device ran the group before)";
       if (g.expert_uploads_hinted)
-        out += " (" + std::to_string(g.expert_uploads_hinted) + " experts by hint-started copies, " +
+        out += " (" + std::to_string(g.expert_uploads_hinted) + " experts by hint-started copies " +
+               (g.transfer_queue ? "on a transfer queue" : "on the compute queue") + ", " +
                std::to_string(g.expert_hints_used) + " of them used; " + std::to_string(g.expert_hints_dropped) +
                " hints dropped)";
       if (g.expert_on_cpu) {

@@ -613,6 +613,7 @@ GpuOptions gpu_options(const SessionOptions& o) {
   go.experts_in_place = o.gpu_experts_in_place;
   go.scratch_on_device = o.gpu_scratch_on_device;
   go.force_staging = o.gpu_force_staging;
+  go.no_timeline = o.gpu_no_timeline;
   return go;
 }
 

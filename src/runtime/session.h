@@ -81,6 +81,7 @@ struct SessionOptions {
   GpuIndexer gpu_indexer = GpuIndexer::Auto;  // --gpu-indexer (GpuOptions::indexer)
   bool gpu_scratch_on_device = false;         // tests: GpuOptions::scratch_on_device
   bool gpu_force_staging = false;             // tests: GpuOptions::force_staging (unmapped slots)
+  bool gpu_no_timeline = false;               // tests: GpuOptions::no_timeline
   // Prefix checkpoints: one each time the sequence passes a multiple of checkpoint_interval
   // tokens (at the end of the prefill chunk or decode step that passes it; 0: none) and two at
   // the end of each prompt's prefill: before its last token and after it (with that prompt's
