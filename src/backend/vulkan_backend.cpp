@@ -553,17 +553,7 @@ class VulkanBackend final : public CpuBackend {
     // engines), so they overlap the compute queue's work; else on the compute queue.
     VkPhysicalDeviceTimelineSemaphoreFeatures tl{};
     tl.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES;
-    {
-      VkPhysicalDeviceProperties props;
-      vkGetPhysicalDeviceProperties(phys_, &props);
-      if (props.apiVersion >= VK_API_VERSION_1_2 && instance_api() >= VK_API_VERSION_1_2 && !o.no_timeline) {
-        VkPhysicalDeviceFeatures2 f2{};
-        f2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2;
-        f2.pNext = &tl;
-        vkGetPhysicalDeviceFeatures2(phys_, &f2);
-      }
-    }
-    timeline_ok_ = tl.timelineSemaphore == VK_TRUE;
+    timeline_ok_ = info_.timeline && !o.no_timeline;  // describe() asked the device
     xfer_family_ = family_;
     if (timeline_ok_)
       for (uint32_t i = 0; i < nq && xfer_family_ == family_; ++i)
