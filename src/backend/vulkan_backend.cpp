@@ -1124,10 +1124,7 @@ class VulkanBackend final : public CpuBackend {
         VkDeviceSize need = 0;
         for (int i = 0; i < 3; ++i) need += (bytes[i] + 3) / 4 * 4;
         if (used + need > hint_stage_.size) return;  // the rest wait for their turn
-        size_t victim = slots_.size();
-        for (size_t i = 0; i < slots_.size(); ++i)
-          if (slots_[i].last_use < floor && (victim == slots_.size() || slots_[i].last_use < slots_[victim].last_use))
-            victim = i;
+        const size_t victim = lru_slot(floor);
         if (victim == slots_.size()) return;  // every slot is this call's
         ExpertSlot& sl = slots_[victim];
         if (sl.source) slot_index_.erase(SlotKey{sl.source, sl.layer, sl.expert});
@@ -3310,13 +3307,21 @@ class VulkanBackend final : public CpuBackend {
 
   void slot_used(ExpertSlot& sl) const { sl.last_use = ++use_clock_; }
 
+  // The least recently used slot among those last used before `floor` (an empty one first);
+  // slots_.size() when there is none.
+  size_t lru_slot(uint64_t floor = UINT64_MAX) const {
+    size_t victim = slots_.size();
+    for (size_t i = 0; i < slots_.size(); ++i)
+      if (slots_[i].last_use < floor && (victim == slots_.size() || slots_[i].last_use < slots_[victim].last_use))
+        victim = i;
+    return victim;
+  }
+
   // Copies an expert's three slices into the least recently used slot (an empty one first).
   // Its bytes are counted in the totals and in its layer's `ls`.
   ExpertSlot* place(uint64_t source, uint32_t layer, uint32_t expert, const ExpertWeights& ew, ExpertTensors t,
                     GpuLayerStats& ls) const {
-    size_t victim = 0;
-    for (size_t i = 1; i < slots_.size(); ++i)
-      if (slots_[i].last_use < slots_[victim].last_use) victim = i;
+    const size_t victim = lru_slot();
     ExpertSlot& sl = slots_[victim];
     if (sl.source) slot_index_.erase(SlotKey{sl.source, sl.layer, sl.expert});
     sl.source = 0;  // an upload that throws leaves the slot empty, never half-filled and named
