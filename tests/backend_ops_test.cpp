@@ -67,7 +67,8 @@ std::vector<BackendCase> backends() {
   // The same with routed-expert slots on the device, fewer than the op tests' experts: the routed
   // FFN runs there and evicts (vulkan_backend_test counts the hits and the reads); and the
   // quantized linears a subgroup per output where the device can (auto leaves lavapipe, a CPU
-  // device, with an invocation per output).
+  // device, with an invocation per output), with the device's integer dot product where it has
+  // one (auto leaves lavapipe's, not accelerated, unused).
   if (vulkan_built())
     out.push_back({"vulkan_slots",
                    [] {
@@ -75,6 +76,7 @@ std::vector<BackendCase> backends() {
                      o.threads = 2;
                      o.expert_slots = 3;
                      if (vulkan_devices()[0].subgroup_linears) o.linears = GpuLinears::Subgroup;
+                     if (vulkan_devices()[0].int_dot) o.int_dot = GpuIntDot::On;
                      return make_vulkan_backend(o);
                    },
                    exact});

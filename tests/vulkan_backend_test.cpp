@@ -93,19 +93,36 @@ TEST(Vulkan, BuildAndEntryPointsAgree) {
 TEST(Vulkan, LinearOnTheDeviceHasTheCpuBits) {
   if (!kBuilt) return;  // BuildAndEntryPointsAgree covers a build without Vulkan
   // Weights used in place (their pages imported, where the device can) and copied; the quantized
-  // linears a subgroup per output (where the device can) and an invocation per output.
-  for (const auto& [no_import, plain] : {std::pair{false, false}, std::pair{true, false}, std::pair{false, true}}) {
+  // linears a subgroup per output (where the device can) and an invocation per output, each also
+  // with the device's integer dot product (where it has one).
+  struct Config {
+    bool no_import, plain, int_dot;
+  };
+  for (const auto& [no_import, plain, int_dot] : {Config{false, false, false}, Config{true, false, false},
+                                                  Config{false, true, false}, Config{false, false, true},
+                                                  Config{false, true, true}}) {
     SCOPED_TRACE(std::string(no_import ? "copied" : "imported where the device can") +
-                 (plain ? ", an invocation per output" : ", a subgroup per output where the device can"));
+                 (plain ? ", an invocation per output" : ", a subgroup per output where the device can") +
+                 (int_dot ? ", integer dot product" : ""));
     GpuOptions go;
     go.no_import = no_import;
     go.linears = plain ? GpuLinears::Plain : GpuLinears::Subgroup;
+    go.int_dot = int_dot ? GpuIntDot::On : GpuIntDot::Off;
     if (!plain && !vulkan_devices()[0].subgroup_linears) {  // refused, naming why
       try {
         make_vulkan_backend(go);
         ADD_FAILURE() << "a device without the subgroup operations was asked for the subgroup linears";
       } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find("--gpu-linears plain or auto"), std::string::npos) << e.what();
+      }
+      continue;
+    }
+    if (int_dot && !vulkan_devices()[0].int_dot) {  // refused, naming why
+      try {
+        make_vulkan_backend(go);
+        ADD_FAILURE() << "a device without the integer dot product was asked for it";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("--gpu-int-dot off or auto"), std::string::npos) << e.what();
       }
       continue;
     }
@@ -163,6 +180,7 @@ TEST(Vulkan, LinearOnTheDeviceHasTheCpuBits) {
     EXPECT_EQ(st.weights_imported, !no_import && can_import ? std::size(cases) : 0u);
     EXPECT_EQ(st.bytes_on_device == 0, !no_import && can_import) << "imported weights were copied too";
     EXPECT_EQ(st.subgroup_linears, !plain);
+    EXPECT_EQ(st.int_dot, int_dot);
     // Every quantized format's GEMM tile fits 20 KiB of workgroup memory (lavapipe has 32).
     if (vulkan_devices()[0].max_workgroup_memory >= 20u << 10) {
       EXPECT_EQ(st.gemm_formats, 9u);
@@ -1317,6 +1335,7 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
     bool no_timeline = false;  // GpuOptions::no_timeline
     GpuIndexer indexer = GpuIndexer::Auto;
     uint32_t prompt = 21;  // tokens
+    GpuIntDot int_dot = GpuIntDot::Auto;
   };
   auto rows_of = [&](const std::string& backend, SessionStats* st, GpuStats* gs, Experts x = {}) {
     const uint64_t slots = x.slots;
@@ -1339,6 +1358,7 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
     so.gpu_force_staging = x.unmapped;
     so.gpu_no_timeline = x.no_timeline;
     so.gpu_indexer = x.indexer;
+    so.gpu_int_dot = x.int_dot;
     Session s(so);
     std::vector<float> rows;
     EvalObserver o;
@@ -1414,12 +1434,16 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
   {
     // The prompt's 21 tokens in one chunk: the dense linears run the GEMM build (a tile of 16
     // tokens and a part of one), and the logits are still the CPU's (whose chunks are 8 tokens).
+    // With the device's integer dot product where it has one.
+    const bool dot = vulkan_devices()[0].int_dot;
     SessionStats ss;
     GpuStats sg;
-    const std::vector<float> got = rows_of("vulkan", &ss, &sg, {.slots = 100000u, .chunk = 32});
+    const std::vector<float> got =
+        rows_of("vulkan", &ss, &sg, {.slots = 100000u, .chunk = 32, .int_dot = dot ? GpuIntDot::On : GpuIntDot::Auto});
     ASSERT_EQ(got.size(), cpu.size());
     EXPECT_EQ(std::memcmp(got.data(), cpu.data(), cpu.size() * sizeof(float)), 0) << "one chunk of 21: logits differ";
     EXPECT_GT(sg.gemm_dispatches, 0u);
+    EXPECT_EQ(sg.int_dot, dot);
   }
   // The routed experts in device slots: one slot (every expert evicts the one before), 7 in front
   // of the streaming expert store (which refuses an expert it was not asked to prepare), and one
@@ -1830,6 +1854,8 @@ TEST(Vulkan, CommandLine) {
   EXPECT_NE(d.out.find("0: "), std::string::npos) << d.out;
   EXPECT_NE(d.out.find("memory heaps"), std::string::npos) << d.out;
   EXPECT_NE(d.out.find(", transfer queue no\n"), std::string::npos) << "lavapipe has one queue family: " << d.out;
+  EXPECT_NE(d.out.find("integer dot product yes, not accelerated (--gpu-int-dot on uses it)"), std::string::npos)
+      << "lavapipe has the integer dot product, emulated: " << d.out;
   const std::string model = dir / "tiny.gguf";
   ASSERT_EQ(test::run_sluice(dir, "make-model --preset tiny -o " + test::q(model)).rc, 0);
   const test::CmdResult r =
@@ -1896,6 +1922,19 @@ TEST(Vulkan, CommandLine) {
   EXPECT_EQ(mm.out, no_mm.out);
   EXPECT_NE(mm.err.find(", prefill GEMM tiles of 16 tokens)"), std::string::npos) << mm.err;
   EXPECT_NE(no_mm.err.find(", no GEMM)"), std::string::npos) << no_mm.err;
+  // The integer dot product: on (where the device has it) the same tokens, and the summary says
+  // so; auto leaves a device whose driver does not accelerate it without; the option needs
+  // --backend vulkan and one of its three words.
+  if (vulkan_devices()[0].int_dot) {
+    const test::CmdResult dot = test::run_sluice(dir, "run -m " + test::q(model) + prompt17 + " --gpu-int-dot on");
+    EXPECT_EQ(dot.rc, 0) << dot.err;
+    EXPECT_EQ(dot.out, mm.out);
+    EXPECT_NE(dot.err.find(", the device's integer dot product, prefill GEMM"), std::string::npos) << dot.err;
+  }
+  EXPECT_EQ(mm.err.find("integer dot product") == std::string::npos, !auto_int_dot(vulkan_devices()[0])) << mm.err;
+  EXPECT_EQ(test::run_sluice(dir, "run -m " + test::q(model) + " --tokens 5 -n 1 --gpu-int-dot on").rc, 2)
+      << "--gpu-int-dot without --backend vulkan was accepted";
+  EXPECT_EQ(test::run_sluice(dir, "run -m " + test::q(model) + " --tokens 5 -n 1 --backend vulkan --gpu-int-dot fast").rc, 2);
   // Half of the slot misses on the CPU: the same tokens, the share in the summary; the option
   // needs slots and a share from 0 to 1.
   const test::CmdResult half = test::run_sluice(

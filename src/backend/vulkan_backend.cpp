@@ -151,6 +151,115 @@ const uint32_t kLinearTq2_0Mm[] = {
 const uint32_t kLinearQ2_0Mm[] = {
 #include "linear_q2_0_mm.spv.inc"
 };
+// The same four builds with the device's integer dot product (INT_DOT, shaders/linear_common.glsl dot4).
+const uint32_t kLinearQ8_0Dp[] = {
+#include "linear_q8_0_dp.spv.inc"
+};
+const uint32_t kLinearQ8_0SgDp[] = {
+#include "linear_q8_0_sg_dp.spv.inc"
+};
+const uint32_t kLinearQ8_0SgtDp[] = {
+#include "linear_q8_0_sgt_dp.spv.inc"
+};
+const uint32_t kLinearQ8_0MmDp[] = {
+#include "linear_q8_0_mm_dp.spv.inc"
+};
+const uint32_t kLinearQ2_KDp[] = {
+#include "linear_q2_k_dp.spv.inc"
+};
+const uint32_t kLinearQ2_KSgDp[] = {
+#include "linear_q2_k_sg_dp.spv.inc"
+};
+const uint32_t kLinearQ2_KSgtDp[] = {
+#include "linear_q2_k_sgt_dp.spv.inc"
+};
+const uint32_t kLinearQ2_KMmDp[] = {
+#include "linear_q2_k_mm_dp.spv.inc"
+};
+const uint32_t kLinearQ3_KDp[] = {
+#include "linear_q3_k_dp.spv.inc"
+};
+const uint32_t kLinearQ3_KSgDp[] = {
+#include "linear_q3_k_sg_dp.spv.inc"
+};
+const uint32_t kLinearQ3_KSgtDp[] = {
+#include "linear_q3_k_sgt_dp.spv.inc"
+};
+const uint32_t kLinearQ3_KMmDp[] = {
+#include "linear_q3_k_mm_dp.spv.inc"
+};
+const uint32_t kLinearQ4_KDp[] = {
+#include "linear_q4_k_dp.spv.inc"
+};
+const uint32_t kLinearQ4_KSgDp[] = {
+#include "linear_q4_k_sg_dp.spv.inc"
+};
+const uint32_t kLinearQ4_KSgtDp[] = {
+#include "linear_q4_k_sgt_dp.spv.inc"
+};
+const uint32_t kLinearQ4_KMmDp[] = {
+#include "linear_q4_k_mm_dp.spv.inc"
+};
+const uint32_t kLinearQ6_KDp[] = {
+#include "linear_q6_k_dp.spv.inc"
+};
+const uint32_t kLinearQ6_KSgDp[] = {
+#include "linear_q6_k_sg_dp.spv.inc"
+};
+const uint32_t kLinearQ6_KSgtDp[] = {
+#include "linear_q6_k_sgt_dp.spv.inc"
+};
+const uint32_t kLinearQ6_KMmDp[] = {
+#include "linear_q6_k_mm_dp.spv.inc"
+};
+const uint32_t kLinearIq2XxsDp[] = {
+#include "linear_iq2_xxs_dp.spv.inc"
+};
+const uint32_t kLinearIq2XxsSgDp[] = {
+#include "linear_iq2_xxs_sg_dp.spv.inc"
+};
+const uint32_t kLinearIq2XxsSgtDp[] = {
+#include "linear_iq2_xxs_sgt_dp.spv.inc"
+};
+const uint32_t kLinearIq2XxsMmDp[] = {
+#include "linear_iq2_xxs_mm_dp.spv.inc"
+};
+const uint32_t kLinearIq2XsDp[] = {
+#include "linear_iq2_xs_dp.spv.inc"
+};
+const uint32_t kLinearIq2XsSgDp[] = {
+#include "linear_iq2_xs_sg_dp.spv.inc"
+};
+const uint32_t kLinearIq2XsSgtDp[] = {
+#include "linear_iq2_xs_sgt_dp.spv.inc"
+};
+const uint32_t kLinearIq2XsMmDp[] = {
+#include "linear_iq2_xs_mm_dp.spv.inc"
+};
+const uint32_t kLinearTq2_0Dp[] = {
+#include "linear_tq2_0_dp.spv.inc"
+};
+const uint32_t kLinearTq2_0SgDp[] = {
+#include "linear_tq2_0_sg_dp.spv.inc"
+};
+const uint32_t kLinearTq2_0SgtDp[] = {
+#include "linear_tq2_0_sgt_dp.spv.inc"
+};
+const uint32_t kLinearTq2_0MmDp[] = {
+#include "linear_tq2_0_mm_dp.spv.inc"
+};
+const uint32_t kLinearQ2_0Dp[] = {
+#include "linear_q2_0_dp.spv.inc"
+};
+const uint32_t kLinearQ2_0SgDp[] = {
+#include "linear_q2_0_sg_dp.spv.inc"
+};
+const uint32_t kLinearQ2_0SgtDp[] = {
+#include "linear_q2_0_sgt_dp.spv.inc"
+};
+const uint32_t kLinearQ2_0MmDp[] = {
+#include "linear_q2_0_mm_dp.spv.inc"
+};
 const uint32_t kQuantizeQ8_0[] = {
 #include "quantize_q8_0.spv.inc"
 };
@@ -208,27 +317,35 @@ struct Spirv {
 #define SLUICE_SPIRV(words) Spirv{words, sizeof words}
 // The quantized weight types with a shader of their own: each gives the CPU's bits (the shader's
 // header says why). The float formats share linear_float (kind 0/1/2), which needs shaderFloat64.
-struct QuantShader {
-  GgmlType type;
-  const char* name;
+// A format's four builds (shaders/linear_main.glsl).
+struct LinearBuilds {
   Spirv plain;  // an invocation per output
   Spirv sg;     // the subgroup build, one token
   Spirv sgt;    // the subgroup build, a tile of kTokenTile tokens
   Spirv mm;     // the GEMM build, 64 rows and a tile of kGemmTile tokens per workgroup
 };
-const QuantShader kQuantShaders[] = {
-    {GgmlType::Q8_0, "linear_q8_0", SLUICE_SPIRV(kLinearQ8_0), SLUICE_SPIRV(kLinearQ8_0Sg), SLUICE_SPIRV(kLinearQ8_0Sgt), SLUICE_SPIRV(kLinearQ8_0Mm)},
-    {GgmlType::Q2_K, "linear_q2_k", SLUICE_SPIRV(kLinearQ2_K), SLUICE_SPIRV(kLinearQ2_KSg), SLUICE_SPIRV(kLinearQ2_KSgt), SLUICE_SPIRV(kLinearQ2_KMm)},
-    {GgmlType::Q3_K, "linear_q3_k", SLUICE_SPIRV(kLinearQ3_K), SLUICE_SPIRV(kLinearQ3_KSg), SLUICE_SPIRV(kLinearQ3_KSgt), SLUICE_SPIRV(kLinearQ3_KMm)},
-    {GgmlType::Q4_K, "linear_q4_k", SLUICE_SPIRV(kLinearQ4_K), SLUICE_SPIRV(kLinearQ4_KSg), SLUICE_SPIRV(kLinearQ4_KSgt), SLUICE_SPIRV(kLinearQ4_KMm)},
-    {GgmlType::Q6_K, "linear_q6_k", SLUICE_SPIRV(kLinearQ6_K), SLUICE_SPIRV(kLinearQ6_KSg), SLUICE_SPIRV(kLinearQ6_KSgt), SLUICE_SPIRV(kLinearQ6_KMm)},
-    {GgmlType::IQ2_XXS, "linear_iq2_xxs", SLUICE_SPIRV(kLinearIq2Xxs), SLUICE_SPIRV(kLinearIq2XxsSg),
-     SLUICE_SPIRV(kLinearIq2XxsSgt), SLUICE_SPIRV(kLinearIq2XxsMm)},
-    {GgmlType::IQ2_XS, "linear_iq2_xs", SLUICE_SPIRV(kLinearIq2Xs), SLUICE_SPIRV(kLinearIq2XsSg),
-     SLUICE_SPIRV(kLinearIq2XsSgt), SLUICE_SPIRV(kLinearIq2XsMm)},
-    {GgmlType::TQ2_0, "linear_tq2_0", SLUICE_SPIRV(kLinearTq2_0), SLUICE_SPIRV(kLinearTq2_0Sg), SLUICE_SPIRV(kLinearTq2_0Sgt), SLUICE_SPIRV(kLinearTq2_0Mm)},
-    {GgmlType::Q2_0, "linear_q2_0", SLUICE_SPIRV(kLinearQ2_0), SLUICE_SPIRV(kLinearQ2_0Sg), SLUICE_SPIRV(kLinearQ2_0Sgt), SLUICE_SPIRV(kLinearQ2_0Mm)},
+struct QuantShader {
+  GgmlType type;
+  const char* name;
+  LinearBuilds scalar;  // four codes' products added one by one
+  LinearBuilds dot;     // the device's packed 4x8-bit dot product (GpuDevice::int_dot)
 };
+#define SLUICE_BUILDS(c, d) \
+  LinearBuilds { SLUICE_SPIRV(kLinear##c##d), SLUICE_SPIRV(kLinear##c##Sg##d), SLUICE_SPIRV(kLinear##c##Sgt##d), SLUICE_SPIRV(kLinear##c##Mm##d) }
+#define SLUICE_QUANT(t, n, c) QuantShader{GgmlType::t, n, SLUICE_BUILDS(c, ), SLUICE_BUILDS(c, Dp)}
+const QuantShader kQuantShaders[] = {
+    SLUICE_QUANT(Q8_0, "linear_q8_0", Q8_0),
+    SLUICE_QUANT(Q2_K, "linear_q2_k", Q2_K),
+    SLUICE_QUANT(Q3_K, "linear_q3_k", Q3_K),
+    SLUICE_QUANT(Q4_K, "linear_q4_k", Q4_K),
+    SLUICE_QUANT(Q6_K, "linear_q6_k", Q6_K),
+    SLUICE_QUANT(IQ2_XXS, "linear_iq2_xxs", Iq2Xxs),
+    SLUICE_QUANT(IQ2_XS, "linear_iq2_xs", Iq2Xs),
+    SLUICE_QUANT(TQ2_0, "linear_tq2_0", Tq2_0),
+    SLUICE_QUANT(Q2_0, "linear_q2_0", Q2_0),
+};
+#undef SLUICE_QUANT
+#undef SLUICE_BUILDS
 #undef SLUICE_SPIRV
 constexpr size_t kQuantShaderCount = std::size(kQuantShaders);
 
@@ -378,7 +495,22 @@ GpuDevice describe(VkPhysicalDevice d, uint32_t index) {
   g.subgroup_linears = (sub.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) != 0 &&
                        (sub.supportedOperations & need) == need && sub.subgroupSize >= 8 &&
                        sub.subgroupSize <= kGroup && kGroup % sub.subgroupSize == 0;
-  g.int_dot = has_extension(d, "VK_KHR_shader_integer_dot_product");
+  if (has_extension(d, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME)) {
+    VkPhysicalDeviceShaderIntegerDotProductFeaturesKHR dotf{};
+    dotf.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR;
+    VkPhysicalDeviceFeatures2 f2{};
+    f2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2;
+    f2.pNext = &dotf;
+    vkGetPhysicalDeviceFeatures2(d, &f2);
+    VkPhysicalDeviceShaderIntegerDotProductPropertiesKHR dotp{};
+    dotp.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_PROPERTIES_KHR;
+    VkPhysicalDeviceProperties2 p2{};
+    p2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2;
+    p2.pNext = &dotp;
+    vkGetPhysicalDeviceProperties2(d, &p2);
+    g.int_dot = dotf.shaderIntegerDotProduct == VK_TRUE;
+    g.int_dot_accelerated = g.int_dot && dotp.integerDotProduct4x8BitPackedSignedAccelerated == VK_TRUE;
+  }
   g.host_import = has_extension(d, VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME);
   {
     uint32_t nq = 0;
@@ -538,6 +670,11 @@ class VulkanBackend final : public CpuBackend {
                   std::to_string(info_.subgroup_size) + "); use --gpu-linears plain or auto");
     subgroup_ = o.linears == GpuLinears::Subgroup || (o.linears == GpuLinears::Auto && auto_subgroup_linears(info_));
     st_.subgroup_linears = subgroup_;
+    if (o.int_dot == GpuIntDot::On && !info_.int_dot)
+      throw Error("vulkan: device " + info_.name + " has no integer dot product (VK_KHR_shader_integer_dot_product "
+                  "with its shaderIntegerDotProduct feature); use --gpu-int-dot off or auto");
+    int_dot_ = o.int_dot == GpuIntDot::On || (o.int_dot == GpuIntDot::Auto && auto_int_dot(info_));
+    st_.int_dot = int_dot_;
     st_.subgroup_size = info_.subgroup_size;
     staging_bytes_ = o.staging_bytes ? o.staging_bytes : kGpuStagingBytes;
 
@@ -587,17 +724,33 @@ class VulkanBackend final : public CpuBackend {
     st_.experts_in_place = in_place_;
     st_.hint_staging = prefetches_experts();
     st_.experts_auto = o.experts_auto;
-    const char* const exts[] = {VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME};
+    std::vector<const char*> exts;
+    if (import_) exts.push_back(VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME);
     VkDeviceCreateInfo dci{};
     dci.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO;
     dci.queueCreateInfoCount = xfer_family_ != family_ ? 2 : 1;
     dci.pQueueCreateInfos = qci;
-    tl.pNext = nullptr;
+    // The feature structs the device is created with, each linked in front of the last.
+    void* chain = nullptr;
     tl.timelineSemaphore = timeline_ok_ ? VK_TRUE : VK_FALSE;
-    if (timeline_ok_) dci.pNext = &tl;
+    if (timeline_ok_) {
+      tl.pNext = chain;
+      chain = &tl;
+    }
+    // The integer dot product's builds declare SPV_KHR_integer_dot_product, which the device
+    // takes with its extension (promoted to Vulkan 1.3, where naming it is still valid).
+    VkPhysicalDeviceShaderIntegerDotProductFeaturesKHR dot{};
+    dot.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR;
+    if (int_dot_) {
+      exts.push_back(VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME);
+      dot.shaderIntegerDotProduct = VK_TRUE;
+      dot.pNext = chain;
+      chain = &dot;
+    }
+    dci.pNext = chain;
     dci.pEnabledFeatures = &enable;
-    dci.enabledExtensionCount = import_ ? 1 : 0;
-    dci.ppEnabledExtensionNames = import_ ? exts : nullptr;
+    dci.enabledExtensionCount = (uint32_t)exts.size();
+    dci.ppEnabledExtensionNames = exts.empty() ? nullptr : exts.data();
     check(vkCreateDevice(phys_, &dci, nullptr, &dev_), "creating the device");
     if (import_) {
       host_ptr_props_ = reinterpret_cast<PFN_vkGetMemoryHostPointerPropertiesEXT>(
@@ -1842,11 +1995,12 @@ class VulkanBackend final : public CpuBackend {
     check(vkAllocateDescriptorSets(dev_, &da, sets_), "allocating descriptor sets");
     for (size_t i = 0; i < kQuantShaderCount; ++i) {
       const QuantShader& q = kQuantShaders[i];
-      quant_[i] = pipeline(subgroup_ ? q.sg : q.plain, q.name);
-      if (subgroup_) quant_tiled_[i] = pipeline(q.sgt, q.name);
+      const LinearBuilds& b = int_dot_ ? q.dot : q.scalar;
+      quant_[i] = pipeline(subgroup_ ? b.sg : b.plain, q.name);
+      if (subgroup_) quant_tiled_[i] = pipeline(b.sgt, q.name);
       // A format whose GEMM tile does not fit the device's workgroup memory keeps the build above.
       if (gemm_ && gemm_shared_bytes(q.type) <= info_.max_workgroup_memory) {
-        quant_mm_[i] = pipeline(q.mm, q.name);
+        quant_mm_[i] = pipeline(b.mm, q.name);
         ++st_.gemm_formats;
       }
     }
@@ -3681,6 +3835,7 @@ class VulkanBackend final : public CpuBackend {
   uint64_t max_range_ = 0, budget_ = 0;
   bool float64_ = false;  // shaderFloat64: the float formats' shader can run
   bool subgroup_ = false;  // the quantized linears run their subgroup build (GpuDevice::subgroup_linears)
+  bool int_dot_ = false;   // the quantized linears run their integer dot product builds (GpuDevice::int_dot)
   uint32_t max_groups_x_ = 65535;  // maxComputeWorkGroupCount[0]
   bool gemm_ = true;               // GpuOptions::gemm
   bool import_ = false;   // weights are imported host pages, never copies (import_pages)
@@ -3882,6 +4037,7 @@ void release_gpu_imports(const Backend&) {}
 #endif
 
 bool auto_subgroup_linears(const GpuDevice& d) { return d.subgroup_linears && d.kind != "cpu"; }
+bool auto_int_dot(const GpuDevice& d) { return d.int_dot && d.int_dot_accelerated; }
 
 GpuExpertsChoice auto_gpu_experts(const GpuDevice& d, uint64_t max_slots) {
   GpuExpertsChoice c;
@@ -3902,6 +4058,7 @@ GpuExpertsChoice auto_gpu_experts(const GpuDevice& d, uint64_t max_slots) {
 std::string gpu_linears_text(const GpuStats& g) {
   return (g.subgroup_linears ? "a subgroup of " + std::to_string(g.subgroup_size) + " per output"
                              : std::string("an invocation per output")) +
+         (g.int_dot ? ", the device's integer dot product" : "") +
          (g.gemm_formats ? ", prefill GEMM tiles of " + std::to_string(g.gemm_tile) + " tokens" : std::string(", no GEMM"));
 }
 

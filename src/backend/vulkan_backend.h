@@ -34,7 +34,11 @@ struct GpuDevice {
   // shaders have ballots and shuffles, and subgroups of 8 to 64 lanes divide 64. GpuLinears::Auto
   // uses it on a GPU, not on a CPU device (docs/backends.md: lavapipe runs the plain build faster).
   bool subgroup_linears = false;
-  bool int_dot = false;  // VK_KHR_shader_integer_dot_product
+  // The quantized linears can use the device's packed 4x8-bit integer dot product
+  // (VK_KHR_shader_integer_dot_product and its shaderIntegerDotProduct feature), and the driver
+  // says it is accelerated (integerDotProduct4x8BitPackedSignedAccelerated: an instruction of the
+  // hardware, not a sequence of multiplies). GpuIntDot::Auto uses it when both hold.
+  bool int_dot = false, int_dot_accelerated = false;
   bool host_import = false;  // VK_EXT_external_memory_host: host memory usable as device memory
   // A queue family for transfers only (DMA engines beside the compute units), and timeline
   // semaphores (Vulkan 1.2): with both, hint-started expert copies overlap the compute queue.
@@ -67,6 +71,7 @@ struct GpuStats {
   // invocation per output; the device's subgroup size.
   bool subgroup_linears = false;
   uint32_t subgroup_size = 0;
+  bool int_dot = false;  // their builds with the device's integer dot product (GpuOptions::int_dot)
   // The quantized formats with a GEMM build on this device (GpuOptions::gemm, and their tile fits
   // its workgroup memory), and the linear dispatches that ran it.
   uint32_t gemm_formats = 0;
@@ -152,6 +157,13 @@ enum class GpuLinears { Auto, Plain, Subgroup };
 enum class GpuIndexer { Auto, Device, Cpu };
 bool auto_subgroup_linears(const GpuDevice& d);
 
+// Whether the quantized linears' builds dot four codes at a time with the device's integer dot
+// product (--gpu-int-dot; shaders/linear_common.glsl dot4): On (a device without it is refused,
+// naming why), Off, or Auto: where the device has it and says it is accelerated. Exact integer
+// sums either way, so the same bits.
+enum class GpuIntDot { Auto, On, Off };
+bool auto_int_dot(const GpuDevice& d);
+
 // What --gpu-experts auto (the default) runs the routed experts with on device d, and why: on a
 // card with memory of its own (discrete, virtual or other), slots, up to `max_slots`, as many as
 // the device budget holds after the dense weights (the backend makes fewer when fewer fit); on an
@@ -193,6 +205,7 @@ struct GpuOptions {
   // workgroup memory) for each format whose tile fits the device's workgroup memory; off: the
   // build --gpu-linears chose. The same bits either way.
   bool gemm = true;
+  GpuIntDot int_dot = GpuIntDot::Auto;  // --gpu-int-dot; the same bits either way
   // Copy the weights even where the device could import their pages (tests; force_staging too).
   bool no_import = false;
   // Routed-expert slots on the device (--gpu-experts N): the routed FFN runs there, each expert

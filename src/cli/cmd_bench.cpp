@@ -561,6 +561,7 @@ int run_bench(const BenchOptions& o) {
       j["gpu_index_on_device"] = gs.index_on_device;  // index_select calls scored on the device (--gpu-indexer)
       j["gpu_linears"] = gs.subgroup_linears ? "subgroup" : "plain";
       j["gpu_subgroup_size"] = gs.subgroup_size;
+      j["gpu_int_dot"] = gs.int_dot;  // the linears' integer dot product builds (--gpu-int-dot)
       j["gpu_gemm_dispatches"] = gs.gemm_dispatches;
       j["gpu_expert_slots"] = gs.expert_slots;
       j["gpu_expert_hit_rate"] = gpu_hit;

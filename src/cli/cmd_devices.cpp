@@ -34,6 +34,8 @@ int run_devices(const DevicesOptions& o) {
       j["subgroup_linears"] = d.subgroup_linears;
       j["linears_auto"] = auto_subgroup_linears(d) ? "subgroup" : "plain";
       j["integer_dot_product"] = d.int_dot;
+      j["integer_dot_product_accelerated"] = d.int_dot_accelerated;
+      j["int_dot_auto"] = auto_int_dot(d);
       j["host_import"] = d.host_import;
       j["transfer_queue"] = d.transfer_queue;  // a queue family for transfers only
       j["timeline_semaphores"] = d.timeline;
@@ -63,7 +65,10 @@ int run_devices(const DevicesOptions& o) {
                 auto_subgroup_linears(d) ? "linears a subgroup per output"
                 : d.subgroup_linears     ? "linears an invocation per output on a CPU device; --gpu-linears subgroup can"
                                          : "linears an invocation per output",
-                d.int_dot ? "yes" : "no", format_bytes(d.max_storage_buffer).c_str(),
+                d.int_dot_accelerated ? "yes, accelerated (linears use it)"
+                : d.int_dot           ? "yes, not accelerated (--gpu-int-dot on uses it)"
+                                      : "no",
+                format_bytes(d.max_storage_buffer).c_str(),
                 format_bytes(d.max_workgroup_memory).c_str(), d.host_import ? "yes" : "no",
                 d.transfer_queue && d.timeline ? "yes (expert copies overlap compute)"
                 : d.transfer_queue             ? "yes, unused (no timeline semaphores)"

@@ -297,6 +297,11 @@ void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
                   "(64 rows and 16 tokens per workgroup, blocks staged in workgroup memory) where the device's "
                   "workgroup memory holds the tile; off: the --gpu-linears build; the same results (default on)")
       ->check(CLI::IsMember({"on", "off"}));
+  sub->add_option("--gpu-int-dot", o.gpu_int_dot,
+                  "with --backend vulkan: the quantized linears dot four codes at a time with the device's "
+                  "integer dot product: on, off, or auto (where the driver says it is accelerated; `sluice devices` "
+                  "says); the same results (default auto)")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   sub->add_option("--gpu-indexer", o.gpu_indexer,
                   "with --backend vulkan: where the indexer scores the keys: device (index_scores.comp; the top-k "
                   "stays the CPU's), cpu, or auto: the device on a GPU when a call scores enough (long contexts, "
@@ -368,10 +373,12 @@ SessionOptions session_options(const EngineCliOptions& e, const std::string& mod
   parse_gpu_memory_options(e.gpu_mem, e.gpu_experts, so);
   const bool gpu_experts = so.gpu_experts != 0 || so.gpu_experts_in_place;
   if ((e.gpu_mem != "auto" || e.device != 0 || gpu_experts || e.gpu_linears != "auto" || e.gpu_gemm != "on" ||
-       e.gpu_indexer != "auto") &&
+       e.gpu_int_dot != "auto" || e.gpu_indexer != "auto") &&
       e.backend != "vulkan")
-    throw UsageError("--device, --gpu-mem, --gpu-experts, --gpu-linears, --gpu-gemm and --gpu-indexer need --backend vulkan");
+    throw UsageError(
+        "--device, --gpu-mem, --gpu-experts, --gpu-linears, --gpu-gemm, --gpu-int-dot and --gpu-indexer need --backend vulkan");
   so.gpu_gemm = e.gpu_gemm == "on";
+  so.gpu_int_dot = e.gpu_int_dot == "on" ? GpuIntDot::On : e.gpu_int_dot == "off" ? GpuIntDot::Off : GpuIntDot::Auto;
   so.gpu_indexer = e.gpu_indexer == "device" ? GpuIndexer::Device : e.gpu_indexer == "cpu" ? GpuIndexer::Cpu : GpuIndexer::Auto;
   so.gpu_linears = e.gpu_linears == "plain"      ? GpuLinears::Plain
                    : e.gpu_linears == "subgroup" ? GpuLinears::Subgroup

@@ -34,6 +34,7 @@ struct EngineCliOptions {
   std::string cpu_experts;      // --cpu-experts F|auto: the CPU's share of the slot misses
   std::string gpu_linears = "auto";  // --gpu-linears auto|plain|subgroup (GpuOptions::linears)
   std::string gpu_gemm = "on";       // --gpu-gemm on|off (GpuOptions::gemm)
+  std::string gpu_int_dot = "auto";  // --gpu-int-dot auto|on|off (GpuOptions::int_dot)
   std::string gpu_indexer = "auto";  // --gpu-indexer auto|device|cpu (GpuOptions::indexer)
   uint32_t checkpoint_every = 1024;   // prefix checkpoints every N tokens (0: only at prompt ends)
   std::string checkpoint_budget;      // their byte budget (0: none; empty: kDefaultCheckpointBudget)

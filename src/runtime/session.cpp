@@ -609,6 +609,7 @@ GpuOptions gpu_options(const SessionOptions& o) {
   go.cpu_experts_auto = o.cpu_experts_auto;
   go.linears = o.gpu_linears;
   go.gemm = o.gpu_gemm;
+  go.int_dot = o.gpu_int_dot;
   go.indexer = o.gpu_indexer;
   go.experts_in_place = o.gpu_experts_in_place;
   go.scratch_on_device = o.gpu_scratch_on_device;

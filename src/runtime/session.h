@@ -78,6 +78,7 @@ struct SessionOptions {
   bool cpu_experts_auto = false;
   GpuLinears gpu_linears = GpuLinears::Auto;  // --gpu-linears (GpuOptions::linears)
   bool gpu_gemm = true;                       // --gpu-gemm (GpuOptions::gemm)
+  GpuIntDot gpu_int_dot = GpuIntDot::Auto;    // --gpu-int-dot (GpuOptions::int_dot)
   GpuIndexer gpu_indexer = GpuIndexer::Auto;  // --gpu-indexer (GpuOptions::indexer)
   bool gpu_scratch_on_device = false;         // tests: GpuOptions::scratch_on_device
   bool gpu_force_staging = false;             // tests: GpuOptions::force_staging (unmapped slots)
@@ -270,7 +271,7 @@ ModelHeader open_model_header(const std::string& path);
 // its cache's size comes from the plan (store_options_for).
 storage::StoreOptions session_store_options(const SessionOptions& o);
 // The Vulkan backend's options the session's select (--device, --gpu-mem, --gpu-experts,
-// --cpu-experts, --gpu-linears, --gpu-gemm); the session caps the slots at the experts there are.
+// --cpu-experts, --gpu-linears, --gpu-gemm, --gpu-int-dot, --gpu-indexer); the session caps the slots at the experts there are.
 GpuOptions gpu_options(const SessionOptions& o);
 
 class Session {

@@ -9,6 +9,9 @@
 #extension GL_KHR_shader_subgroup_ballot : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 #endif
+#ifdef INT_DOT
+#extension GL_EXT_spirv_intrinsics : require
+#endif
 layout(local_size_x = 64) in;
 
 layout(std430, set = 0, binding = 0) readonly buffer Weights { uint w[]; };
@@ -51,13 +54,54 @@ uint w_byte(uint off) { return (sw[off >> 2] >> ((off & 3u) << 3)) & 0xffu; }
 uint a_byte(uint off) { return (sa[off >> 2] >> ((off & 3u) << 3)) & 0xffu; }
 int w_sbyte(uint off) { return bitfieldExtract(int(sw[off >> 2]), int((off & 3u) << 3), 8); }
 int a_sbyte(uint off) { return bitfieldExtract(int(sa[off >> 2]), int((off & 3u) << 3), 8); }
+uint w_word(uint off) {
+  const uint i = off >> 2, sh = (off & 3u) << 3;
+  return sh == 0u ? sw[i] : (sw[i] >> sh) | (sw[i + 1u] << (32u - sh));
+}
+uint a_word(uint off) {
+  const uint i = off >> 2, sh = (off & 3u) << 3;
+  return sh == 0u ? sa[i] : (sa[i] >> sh) | (sa[i + 1u] << (32u - sh));
+}
 #else
 uint w_byte(uint off) { return (w[off >> 2] >> ((off & 3u) << 3)) & 0xffu; }
 uint a_byte(uint off) { return (a[off >> 2] >> ((off & 3u) << 3)) & 0xffu; }
 // Signed bytes (Q8_0 codes), sign-extended by bitfieldExtract.
 int w_sbyte(uint off) { return bitfieldExtract(int(w[off >> 2]), int((off & 3u) << 3), 8); }
 int a_sbyte(uint off) { return bitfieldExtract(int(a[off >> 2]), int((off & 3u) << 3), 8); }
+// The four bytes from byte `off` on, whatever its alignment (the next word is read only when the
+// bytes reach into it, so never past the block).
+uint w_word(uint off) {
+  const uint i = off >> 2, sh = (off & 3u) << 3;
+  return sh == 0u ? w[i] : (w[i] >> sh) | (w[i + 1u] << (32u - sh));
+}
+uint a_word(uint off) {
+  const uint i = off >> 2, sh = (off & 3u) << 3;
+  return sh == 0u ? a[i] : (a[i] >> sh) | (a[i + 1u] << (32u - sh));
+}
 #endif
+
+// The exact integer dot of four signed bytes packed in a word with four others: the formats form
+// their weight codes four to a word (each code as a signed byte) and dot them with four
+// activation codes at once. The INT_DOT builds use the device's instruction, OpSDot of
+// SPV_KHR_integer_dot_product on 4x8-bit packed operands (opcode 4450; capabilities DotProduct
+// 6019 and DotProductInput4x8BitPacked 6018; packed format 0, 4x8Bit): Debian 12's glslc has no
+// GL_EXT_integer_dot_product, so it is declared through GL_EXT_spirv_intrinsics. The others add
+// the four products. Both are exact integer sums, so the builds agree bit for bit.
+#ifdef INT_DOT
+spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4450)
+int sdot_packed(int x, int y, spirv_literal int format);
+int dot4(uint x, uint y) { return sdot_packed(int(x), int(y), 0); }
+#else
+int dot4(uint x, uint y) {
+  int s = 0;
+  for (int i = 0; i < 32; i += 8) s += bitfieldExtract(int(x), i, 8) * bitfieldExtract(int(y), i, 8);
+  return s;
+}
+#endif
+// Each byte of v minus the byte of c, no borrow crossing bytes: valid where every byte of v is
+// below 128 and every byte of c at most 128 (the formats' codes less their offset: Q3_K's 4,
+// Q6_K's 32, the ternary formats' 1), the result a signed byte.
+uint sub_bytes(uint v, uint c) { return ((v | 0x80808080u) - c) ^ 0x80808080u; }
 uint w_u16(uint off) { return w_byte(off) | (w_byte(off + 1u) << 8); }
 uint a_u16(uint off) { return a_byte(off) | (a_byte(off + 1u) << 8); }
 uint w_u32(uint off) { return w_u16(off) | (w_u16(off + 2u) << 16); }
@@ -93,7 +137,7 @@ float scaled_term(float x, float y, int isum) {
 // Where each token of the tile has its activation row (bytes into Acts; in the GEMM build, its
 // staged block in workgroup memory), and its codes.
 uint tok[TOKENS];
-int a_tok(uint t, uint off) { return a_sbyte(tok[t] + off); }
+uint a_tok4(uint t, uint off) { return a_word(tok[t] + off); }  // four codes from off on
 int a16_tok(uint t, uint off) { return a_s16(tok[t] + off); }
 
 void store_out(uint r, uint t, float v) { y[p.y_off + t * p.y_stride + r] = p.round_out != 0u ? round_bf16(v) : v; }

@@ -13,10 +13,13 @@
 void unit_sums(uint wo, uint ab, uint k, inout ivec2 s[TOKENS]) {
   int acc[TOKENS];
   for (uint t = 0u; t < TOKENS; ++t) acc[t] = 0;
-  for (uint j = 0u; j < 32u; ++j) {
-    const uint c = 32u * k + j;
-    const int wv = int((w_byte(wo + 2u + c / 4u) >> (2u * (c % 4u))) & 3u) - 1;
-    for (uint t = 0u; t < TOKENS; ++t) acc[t] += wv * a_tok(t, ab + 34u * k + 2u + j);
+  // Code c = 32k + j is bits 2(c % 4) of byte c / 4: a byte holds four codes, spread here one
+  // to a byte of the word, value code - 1.
+  for (uint j = 0u; j < 32u; j += 4u) {
+    const uint b = w_byte(wo + 2u + 8u * k + j / 4u);
+    const uint codes = (b & 3u) | ((b << 6) & 0x300u) | ((b << 12) & 0x30000u) | ((b << 18) & 0x3000000u);
+    const uint wv = sub_bytes(codes, 0x01010101u);
+    for (uint t = 0u; t < TOKENS; ++t) acc[t] += dot4(wv, a_tok4(t, ab + 34u * k + 2u + j));
   }
   for (uint t = 0u; t < TOKENS; ++t) s[t] += k == 0u ? ivec2(acc[t], 0) : ivec2(0, acc[t]);
 }

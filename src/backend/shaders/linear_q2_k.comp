@@ -20,10 +20,12 @@ void unit_sums(uint wo, uint ab, uint u, inout ivec2 s[TOKENS]) {
       s[t].y += a16_tok(t, ab + 260u + 2u * k) * int(sc >> 4);
       acc[t] = 0;
     }
-    for (uint e = 16u * k; e < 16u * k + 16u; ++e) {
-      const uint h = e / 128u, j = (e % 128u) / 32u, l = e % 32u;
-      const int wv = int((w_byte(wo + 16u + 32u * h + l) >> (2u * j)) & 3u);
-      for (uint t = 0u; t < TOKENS; ++t) acc[t] += a_tok(t, ab + 4u + e) * wv;
+    // Element e = 16k + i is bits 2j of byte l of qs's half h (h = e / 128, j = e % 128 / 32,
+    // l = e % 32): four elements' codes are four bytes' bits at one shift.
+    const uint h = k / 8u, j = (k % 8u) / 2u, l0 = 16u * (k % 2u);
+    for (uint i = 0u; i < 16u; i += 4u) {
+      const uint wv = (w_word(wo + 16u + 32u * h + l0 + i) >> (2u * j)) & 0x03030303u;
+      for (uint t = 0u; t < TOKENS; ++t) acc[t] += dot4(wv, a_tok4(t, ab + 4u + 16u * k + i));
     }
     for (uint t = 0u; t < TOKENS; ++t) s[t].x += int(sc & 15u) * acc[t];
   }

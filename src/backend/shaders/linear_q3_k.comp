@@ -16,12 +16,14 @@ void unit_sums(uint wo, uint ab, uint u, inout ivec2 s[TOKENS]) {
     const int sc = int(low4 | (high2 << 4)) - 32;
     int acc[TOKENS];
     for (uint t = 0u; t < TOKENS; ++t) acc[t] = 0;
-    for (uint e = 16u * k; e < 16u * k + 16u; ++e) {
-      const uint h = e / 128u, j = (e % 128u) / 32u, l = e % 32u;
-      const int q2 = int((w_byte(wo + 32u + 32u * h + l) >> (2u * j)) & 3u);
-      const uint hbit = (w_byte(wo + l) >> (4u * h + j)) & 1u;
-      const int wv = q2 - (hbit != 0u ? 0 : 4);
-      for (uint t = 0u; t < TOKENS; ++t) acc[t] += a_tok(t, ab + 4u + e) * wv;
+    // Element e = 16k + i: low bits 2j of byte l of qs's half h, high bit 4h + j of hmask's
+    // byte l (h = e / 128, j = e % 128 / 32, l = e % 32), value (low | high << 2) - 4.
+    const uint h = k / 8u, j = (k % 8u) / 2u, l0 = 16u * (k % 2u);
+    for (uint i = 0u; i < 16u; i += 4u) {
+      const uint low = (w_word(wo + 32u + 32u * h + l0 + i) >> (2u * j)) & 0x03030303u;
+      const uint high = (w_word(wo + l0 + i) >> (4u * h + j)) & 0x01010101u;
+      const uint wv = sub_bytes(low | (high << 2), 0x04040404u);
+      for (uint t = 0u; t < TOKENS; ++t) acc[t] += dot4(wv, a_tok4(t, ab + 4u + 16u * k + i));
     }
     for (uint t = 0u; t < TOKENS; ++t) s[t].x += sc * acc[t];
   }

@@ -24,10 +24,10 @@ void unit_sums(uint wo, uint ab, uint k, inout ivec2 s[TOKENS]) {
     for (uint j = 2u * k; j < 2u * k + 2u; ++j) s[t].y += a16_tok(t, ab + 260u + 2u * j) * mn;
     acc[t] = 0;
   }
-  for (uint e = 32u * k; e < 32u * k + 32u; ++e) {
-    const uint byte = w_byte(wo + 16u + 32u * (e / 64u) + e % 32u);
-    const int wv = int(e % 64u < 32u ? (byte & 15u) : (byte >> 4));
-    for (uint t = 0u; t < TOKENS; ++t) acc[t] += a_tok(t, ab + 4u + e) * wv;
+  // Element e = 32k + l is the low (k even) or high nibble of byte l of qs's 32 bytes k / 2.
+  for (uint l = 0u; l < 32u; l += 4u) {
+    const uint wv = (w_word(wo + 16u + 32u * (k / 2u) + l) >> (4u * (k % 2u))) & 0x0f0f0f0fu;
+    for (uint t = 0u; t < TOKENS; ++t) acc[t] += dot4(wv, a_tok4(t, ab + 4u + 32u * k + l));
   }
   for (uint t = 0u; t < TOKENS; ++t) s[t].x += sc * acc[t];
 }

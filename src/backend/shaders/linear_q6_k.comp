@@ -15,13 +15,14 @@ void unit_sums(uint wo, uint ab, uint u, inout ivec2 s[TOKENS]) {
   for (uint k = 2u * u; k < 2u * u + 2u; ++k) {
     int acc[TOKENS];
     for (uint t = 0u; t < TOKENS; ++t) acc[t] = 0;
-    for (uint e = 16u * k; e < 16u * k + 16u; ++e) {
-      const uint h = e / 128u, rr = e % 128u, kk = rr / 32u, l = rr % 32u;
-      const uint ql = w_byte(wo + 64u * h + ((kk & 1u) != 0u ? 32u + l : l));
-      const uint low4 = (ql >> (kk >= 2u ? 4u : 0u)) & 15u;
-      const uint high2 = (w_byte(wo + 128u + 32u * h + l) >> (2u * kk)) & 3u;
-      const int wv = int(low4 | (high2 << 4)) - 32;
-      for (uint t = 0u; t < TOKENS; ++t) acc[t] += a_tok(t, ab + 4u + e) * wv;
+    // Element e = 16k + i (h = e / 128, kk = e % 128 / 32, l = e % 32): a nibble of ql's byte
+    // 64h + 32(kk & 1) + l (high for kk >= 2), bits 2kk of qh's byte 32h + l above it, less 32.
+    const uint h = k / 8u, kk = (k % 8u) / 2u, l0 = 16u * (k % 2u);
+    for (uint i = 0u; i < 16u; i += 4u) {
+      const uint low = (w_word(wo + 64u * h + 32u * (kk & 1u) + l0 + i) >> (kk >= 2u ? 4u : 0u)) & 0x0f0f0f0fu;
+      const uint high = (w_word(wo + 128u + 32u * h + l0 + i) >> (2u * kk)) & 0x03030303u;
+      const uint wv = sub_bytes(low | (high << 4), 0x20202020u);
+      for (uint t = 0u; t < TOKENS; ++t) acc[t] += dot4(wv, a_tok4(t, ab + 4u + 16u * k + i));
     }
     const int sc = w_sbyte_at(wo + 192u + k);
     for (uint t = 0u; t < TOKENS; ++t) s[t].x += sc * acc[t];

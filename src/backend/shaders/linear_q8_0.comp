@@ -12,9 +12,9 @@
 #include "linear_common.glsl"
 
 void unit_sums(uint wo, uint ab, uint u, inout ivec2 s[TOKENS]) {
-  for (uint j = 2u; j < 34u; ++j) {
-    const int wv = w_sbyte(wo + j);
-    for (uint t = 0u; t < TOKENS; ++t) s[t].x += wv * a_tok(t, ab + j);
+  for (uint j = 2u; j < 34u; j += 4u) {
+    const uint wv = w_word(wo + j);
+    for (uint t = 0u; t < TOKENS; ++t) s[t].x += dot4(wv, a_tok4(t, ab + j));
   }
 }
 

@@ -10,10 +10,11 @@
 #include "linear_common.glsl"
 
 void unit_sums(uint wo, uint ab, uint u, inout ivec2 s[TOKENS]) {
-  for (uint e = 32u * u; e < 32u * u + 32u; ++e) {
-    const uint code = (w_byte(wo + 32u * (e / 128u) + e % 32u) >> (2u * ((e % 128u) / 32u))) & 3u;
-    const int wv = int(code) - 1;
-    for (uint t = 0u; t < TOKENS; ++t) s[t].x += wv * a_tok(t, ab + 4u + e);
+  // Element e = 32u + l is bits 2(u % 4) of byte l of the codes' 32 bytes u / 4, value code - 1.
+  for (uint l = 0u; l < 32u; l += 4u) {
+    const uint codes = (w_word(wo + 32u * (u / 4u) + l) >> (2u * (u % 4u))) & 0x03030303u;
+    const uint wv = sub_bytes(codes, 0x01010101u);
+    for (uint t = 0u; t < TOKENS; ++t) s[t].x += dot4(wv, a_tok4(t, ab + 4u + 32u * u + l));
   }
 }
 
