@@ -582,6 +582,9 @@ struct ExpertSlot {
   uint64_t source = 0;  // ExpertSource::id; 0: empty
   uint32_t layer = 0, expert = 0;
   uint64_t last_use = 0;
+  // Neighbours in the order of use (indices into the slots; UINT32_MAX at the ends): the least
+  // recently used slot is the list's head, found without a scan.
+  uint32_t older = UINT32_MAX, newer = UINT32_MAX;
   bool hinted = false;  // filled by prefetch_experts and not used since
   uint64_t ready = 0;   // the timeline value its hint-started copy signals (0: none pending)
   uint32_t slab = 0;
@@ -3444,6 +3447,7 @@ class VulkanBackend final : public CpuBackend {
         sl.slab = (uint32_t)(slabs_.size() - 1);
         sl.offset = j * off;
         slots_.push_back(sl);
+        link_newest((uint32_t)(slots_.size() - 1));  // empty slots go first, in their order
       }
       st_.bytes_on_device += k * off;
     }
@@ -3459,16 +3463,31 @@ class VulkanBackend final : public CpuBackend {
     return it == slot_index_.end() ? nullptr : &slots_[it->second];
   }
 
-  void slot_used(ExpertSlot& sl) const { sl.last_use = ++use_clock_; }
+  // The slots in the order of their last use, a list through ExpertSlot::older/newer: a use
+  // moves the slot to the newest end, so the oldest end is the least recently used slot (an
+  // empty one first), and a placement costs no scan of the slots (a card holds thousands).
+  void link_newest(uint32_t i) const {
+    slots_[i].older = lru_newest_;
+    slots_[i].newer = UINT32_MAX;
+    (lru_newest_ == UINT32_MAX ? lru_oldest_ : slots_[lru_newest_].newer) = i;
+    lru_newest_ = i;
+  }
+  void unlink(uint32_t i) const {
+    ExpertSlot& sl = slots_[i];
+    (sl.older == UINT32_MAX ? lru_oldest_ : slots_[sl.older].newer) = sl.newer;
+    (sl.newer == UINT32_MAX ? lru_newest_ : slots_[sl.newer].older) = sl.older;
+  }
+  void slot_used(ExpertSlot& sl) const {
+    sl.last_use = ++use_clock_;
+    const uint32_t i = (uint32_t)(&sl - slots_.data());
+    unlink(i);
+    link_newest(i);
+  }
 
   // The least recently used slot among those last used before `floor` (an empty one first);
   // slots_.size() when there is none.
   size_t lru_slot(uint64_t floor = UINT64_MAX) const {
-    size_t victim = slots_.size();
-    for (size_t i = 0; i < slots_.size(); ++i)
-      if (slots_[i].last_use < floor && (victim == slots_.size() || slots_[i].last_use < slots_[victim].last_use))
-        victim = i;
-    return victim;
+    return lru_oldest_ != UINT32_MAX && slots_[lru_oldest_].last_use < floor ? lru_oldest_ : slots_.size();
   }
 
   // Copies an expert's three slices into the least recently used slot (an empty one first).
@@ -3931,6 +3950,7 @@ class VulkanBackend final : public CpuBackend {
   mutable std::vector<size_t> pending_slots_;
   mutable std::map<std::tuple<uint64_t, uint32_t, uint32_t>, size_t> slot_index_;
   mutable uint64_t use_clock_ = 0;
+  mutable uint32_t lru_oldest_ = UINT32_MAX, lru_newest_ = UINT32_MAX;  // the ends of the slots' use order
   mutable ExpertSplit split_{0, false};  // --cpu-experts
 };
 
