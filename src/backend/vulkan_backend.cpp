@@ -517,9 +517,12 @@ GpuDevice describe(VkPhysicalDevice d, uint32_t index) {
     vkGetPhysicalDeviceQueueFamilyProperties(d, &nq, nullptr);
     std::vector<VkQueueFamilyProperties> qf(nq);
     vkGetPhysicalDeviceQueueFamilyProperties(d, &nq, qf.data());
-    for (const VkQueueFamilyProperties& q : qf)
-      g.transfer_queue |= q.queueCount > 0 && (q.queueFlags & VK_QUEUE_TRANSFER_BIT) &&
-                          !(q.queueFlags & (VK_QUEUE_COMPUTE_BIT | VK_QUEUE_GRAPHICS_BIT));
+    for (uint32_t i = 0; i < nq && !g.transfer_queue; ++i)
+      if (qf[i].queueCount > 0 && (qf[i].queueFlags & VK_QUEUE_TRANSFER_BIT) &&
+          !(qf[i].queueFlags & (VK_QUEUE_COMPUTE_BIT | VK_QUEUE_GRAPHICS_BIT))) {
+        g.transfer_queue = true;
+        g.transfer_family = i;
+      }
     if (p.apiVersion >= VK_API_VERSION_1_2 && instance_api() >= VK_API_VERSION_1_2) {
       VkPhysicalDeviceTimelineSemaphoreFeatures tl{};
       tl.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES;
@@ -592,6 +595,12 @@ struct ExpertSlot {
 };
 
 // What prepare_weight leaves in Weight::device.
+// A copy out of a staging buffer, recorded with others (record_copies).
+struct PendingCopy {
+  VkBuffer dst = VK_NULL_HANDLE;
+  VkBufferCopy region{};
+};
+
 struct GpuWeight {
   Buffer b;
   VkPipeline pipe = VK_NULL_HANDLE;  // its type's linear shader
@@ -694,12 +703,7 @@ class VulkanBackend final : public CpuBackend {
     VkPhysicalDeviceTimelineSemaphoreFeatures tl{};
     tl.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES;
     timeline_ok_ = info_.timeline && !o.no_timeline;  // describe() asked the device
-    xfer_family_ = family_;
-    if (timeline_ok_)
-      for (uint32_t i = 0; i < nq && xfer_family_ == family_; ++i)
-        if (i != family_ && qf[i].queueCount > 0 && (qf[i].queueFlags & VK_QUEUE_TRANSFER_BIT) &&
-            !(qf[i].queueFlags & (VK_QUEUE_COMPUTE_BIT | VK_QUEUE_GRAPHICS_BIT)))
-          xfer_family_ = i;
+    xfer_family_ = timeline_ok_ && info_.transfer_queue ? info_.transfer_family : family_;
     qci[1] = qci[0];
     qci[1].queueFamilyIndex = xfer_family_;
     st_.timeline_semaphores = timeline_ok_;
@@ -1233,10 +1237,12 @@ class VulkanBackend final : public CpuBackend {
   // the source has in memory now (ExpertSource::at_hand), go into slots at once, through a
   // staging buffer of their own, in a submission of their own that the host does not wait for:
   // the device copies this layer's while the host records the shared expert and the routed
-  // group, and the next layer's while this layer's group and the next attention run. The
-  // first submission after it starts with a barrier that orders the copies before every later
-  // read or write of the slots (submission order on the one queue). One such submission at a
-  // time: a hint while the last one's copies are still in flight, or while the deferred batch
+  // group, and the next layer's while this layer's group and the next attention run. With
+  // timeline semaphores a submission that reads or writes a slot waits on the device for its
+  // copy's value (touch_slot; the copies may run on a transfer queue of their own); without
+  // them the first submission after it starts with a barrier that orders the copies before
+  // every later read or write of the slots (submission order on the one queue). One such
+  // submission at a time: a hint while the last one's copies are still in flight, or while the deferred batch
   // or the staged copies name slots, is dropped (GpuStats::expert_hints_dropped). This layer's
   // slots are marked used first, so a guess never evicts them; a guess that is wrong costs a
   // copy and a slot. Not with --cpu-experts (its cost model times each upload), not in place,
@@ -1283,7 +1289,7 @@ class VulkanBackend final : public CpuBackend {
         const size_t victim = lru_slot(floor);
         if (victim == slots_.size()) return;  // every slot is this call's
         ExpertSlot& sl = slots_[victim];
-        if (sl.source) slot_index_.erase(SlotKey{sl.source, sl.layer, sl.expert});
+        unname_slot(sl);
         const uint8_t* from[3] = {ew.gate, ew.up, ew.down};
         for (int i = 0; i < 3; ++i) {
           std::memcpy(static_cast<uint8_t*>(hint_stage_.map) + used, from[i], bytes[i]);
@@ -1292,13 +1298,10 @@ class VulkanBackend final : public CpuBackend {
           st_.expert_upload_bytes += bytes[i];
           ls.upload_bytes += bytes[i];
         }
-        sl.source = src.id;
-        sl.layer = L;
-        sl.expert = e;
+        name_slot(victim, src.id, L, e);
         sl.hinted = true;
         sl.ready = timeline_ok_ ? timeline_value_ + 1 + (uint64_t)batch : 0;
         slot_used(sl);
-        slot_index_[SlotKey{src.id, L, e}] = victim;
         hint_slots_.push_back(victim);
         ++st_.expert_uploads_hinted;
       });
@@ -1317,12 +1320,8 @@ class VulkanBackend final : public CpuBackend {
       uint64_t values[2] = {timeline_value_ + 1, timeline_value_ + 2};
       for (int b = 0; b < 2; ++b) {
         VkCommandBuffer cb = hint_cmd_[b];
-        check(vkResetCommandBuffer(cb, 0), "resetting the command buffer");
-        VkCommandBufferBeginInfo begin{};
-        begin.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO;
-        begin.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
-        check(vkBeginCommandBuffer(cb, &begin), "recording commands");
-        for (const PendingCopy& c : copies[b]) vkCmdCopyBuffer(cb, hint_stage_.buf, c.dst, 1, &c.region);
+        begin_recording(cb);
+        record_copies(cb, hint_stage_.buf, copies[b]);
         check(vkEndCommandBuffer(cb), "recording commands");
         si[b].sType = VK_STRUCTURE_TYPE_SUBMIT_INFO;
         si[b].commandBufferCount = 1;
@@ -3462,6 +3461,19 @@ class VulkanBackend final : public CpuBackend {
     const auto it = slot_index_.find(SlotKey{source, layer, expert});
     return it == slot_index_.end() ? nullptr : &slots_[it->second];
   }
+  // A slot is found by the expert it holds (find_slot) from the time it is named until it is
+  // un-named: emptied, or about to be refilled.
+  void name_slot(size_t i, uint64_t source, uint32_t layer, uint32_t expert) const {
+    ExpertSlot& sl = slots_[i];
+    sl.source = source;
+    sl.layer = layer;
+    sl.expert = expert;
+    slot_index_[SlotKey{source, layer, expert}] = i;
+  }
+  void unname_slot(ExpertSlot& sl) const {
+    if (sl.source) slot_index_.erase(SlotKey{sl.source, sl.layer, sl.expert});
+    sl.source = 0;
+  }
 
   // The slots in the order of their last use, a list through ExpertSlot::older/newer: a use
   // moves the slot to the newest end, so the oldest end is the least recently used slot (an
@@ -3496,8 +3508,7 @@ class VulkanBackend final : public CpuBackend {
                     GpuLayerStats& ls) const {
     const size_t victim = lru_slot();
     ExpertSlot& sl = slots_[victim];
-    if (sl.source) slot_index_.erase(SlotKey{sl.source, sl.layer, sl.expert});
-    sl.source = 0;  // an upload that throws leaves the slot empty, never half-filled and named
+    unname_slot(sl);  // an upload that throws leaves the slot empty, never half-filled and named
     sl.hinted = false;
     touch_slot(sl);  // a hint's copy into it before this one's
     sl.ready = 0;
@@ -3510,10 +3521,7 @@ class VulkanBackend final : public CpuBackend {
       st_.expert_upload_bytes += bytes;
       ls.upload_bytes += bytes;
     }
-    sl.source = source;
-    sl.layer = layer;
-    sl.expert = expert;
-    slot_index_[SlotKey{source, layer, expert}] = victim;
+    name_slot(victim, source, layer, expert);
     if (staged) pending_slots_.push_back(victim);
     return &sl;
   }
@@ -3554,10 +3562,32 @@ class VulkanBackend final : public CpuBackend {
     vkCmdPipelineBarrier(cmd_, src_stages, dst_stages, 0, 1, &mb, 0, nullptr, 0, nullptr);
   }
 
+  // A command buffer reset and recording again, for one submission.
+  static void begin_recording(VkCommandBuffer cb) {
+    check(vkResetCommandBuffer(cb, 0), "resetting the command buffer");
+    VkCommandBufferBeginInfo begin{};
+    begin.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO;
+    begin.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+    check(vkBeginCommandBuffer(cb, &begin), "recording commands");
+  }
+
+  // Copies out of `from`, one command for each run of copies into the same buffer (an expert's
+  // three parts, side by side in its slot).
+  static void record_copies(VkCommandBuffer cb, VkBuffer from, std::span<const PendingCopy> copies) {
+    std::vector<VkBufferCopy> regions;
+    for (size_t i = 0; i < copies.size();) {
+      regions.clear();
+      size_t j = i;
+      for (; j < copies.size() && copies[j].dst == copies[i].dst; ++j) regions.push_back(copies[j].region);
+      vkCmdCopyBuffer(cb, from, copies[i].dst, (uint32_t)regions.size(), regions.data());
+      i = j;
+    }
+  }
+
   // Records the staged copies and a barrier before the shaders read them (begin_submit).
   void record_pending_uploads() const {
     if (pending_.empty()) return;
-    for (const PendingCopy& c : pending_) vkCmdCopyBuffer(cmd_, stage_.buf, c.dst, 1, &c.region);
+    record_copies(cmd_, stage_.buf, pending_);
     barrier(VK_ACCESS_TRANSFER_WRITE_BIT, VK_ACCESS_SHADER_READ_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT,
             VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT);
   }
@@ -3585,11 +3615,7 @@ class VulkanBackend final : public CpuBackend {
   // After the submission that carried the staged copies: done (ok), or un-name their slots.
   void settle_uploads(bool ok) const {
     if (!ok)
-      for (const size_t i : pending_slots_) {
-        ExpertSlot& sl = slots_[i];
-        if (sl.source) slot_index_.erase(SlotKey{sl.source, sl.layer, sl.expert});
-        sl.source = 0;
-      }
+      for (const size_t i : pending_slots_) unname_slot(slots_[i]);
     pending_.clear();
     pending_slots_.clear();
     staged_used_ = 0;
@@ -3614,9 +3640,8 @@ class VulkanBackend final : public CpuBackend {
   void unname_hinted() const {
     for (const size_t i : hint_slots_) {
       ExpertSlot& sl = slots_[i];
-      if (sl.source && sl.hinted) slot_index_.erase(SlotKey{sl.source, sl.layer, sl.expert});
       if (sl.hinted) {
-        sl.source = 0;
+        unname_slot(sl);
         sl.ready = 0;  // a value that may never be signalled: nothing waits for it
       }
       sl.hinted = false;
@@ -3722,11 +3747,7 @@ class VulkanBackend final : public CpuBackend {
 
   template <class Record>
   void record_and_submit(Record&& cmds, const char* what) const {
-    check(vkResetCommandBuffer(cmd_, 0), "resetting the command buffer");
-    VkCommandBufferBeginInfo begin{};
-    begin.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO;
-    begin.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
-    check(vkBeginCommandBuffer(cmd_, &begin), "recording commands");
+    begin_recording(cmd_);
     if (timestamps_) {
       vkCmdResetQueryPool(cmd_, timestamps_, 0, 2);
       vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, timestamps_, 0);
@@ -3941,10 +3962,6 @@ class VulkanBackend final : public CpuBackend {
   mutable std::vector<ExpertSlot> slots_;
   // Staged expert uploads not yet submitted (stage_or_upload): their copies, the staging bytes
   // they use, and their slots.
-  struct PendingCopy {
-    VkBuffer dst = VK_NULL_HANDLE;
-    VkBufferCopy region{};
-  };
   mutable std::vector<PendingCopy> pending_;
   mutable VkDeviceSize staged_used_ = 0;
   mutable std::vector<size_t> pending_slots_;

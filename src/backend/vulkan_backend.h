@@ -43,6 +43,7 @@ struct GpuDevice {
   // A queue family for transfers only (DMA engines beside the compute units), and timeline
   // semaphores (Vulkan 1.2): with both, hint-started expert copies overlap the compute queue.
   bool transfer_queue = false, timeline = false;
+  uint32_t transfer_family = UINT32_MAX;  // the first such queue family (with transfer_queue)
   uint64_t max_storage_buffer = 0;  // maxStorageBufferRange: the largest weight one binding can hold
   uint32_t max_workgroup_memory = 0;  // maxComputeSharedMemorySize: room for a GEMM build's tile
 };
