@@ -24,6 +24,8 @@
 #include "backend/live_tensors.h"
 #include "backend/routed_terms.h"
 #include "backend/swiglu.h"
+#include "backend/vulkan_device.h"
+#include "backend/vulkan_shaders.h"
 #include "kernels/exp_f32.h"
 #include "kernels/fp.h"
 #include "kernels/iq_tables.h"
@@ -36,320 +38,19 @@ namespace sluice {
 
 namespace {
 
-// SPIR-V compiled from src/backend/shaders at build time (glslc -mfmt=num).
-const uint32_t kLinearQ8_0[] = {
-#include "linear_q8_0.spv.inc"
-};
-const uint32_t kLinearFloat[] = {
-#include "linear_float.spv.inc"
-};
-const uint32_t kLinearQ2_K[] = {
-#include "linear_q2_k.spv.inc"
-};
-const uint32_t kLinearQ3_K[] = {
-#include "linear_q3_k.spv.inc"
-};
-const uint32_t kLinearQ4_K[] = {
-#include "linear_q4_k.spv.inc"
-};
-const uint32_t kLinearQ6_K[] = {
-#include "linear_q6_k.spv.inc"
-};
-const uint32_t kLinearIq2Xxs[] = {
-#include "linear_iq2_xxs.spv.inc"
-};
-const uint32_t kLinearIq2Xs[] = {
-#include "linear_iq2_xs.spv.inc"
-};
-const uint32_t kLinearTq2_0[] = {
-#include "linear_tq2_0.spv.inc"
-};
-const uint32_t kLinearQ2_0[] = {
-#include "linear_q2_0.spv.inc"
-};
-// Their subgroup builds (shaders/linear_main.glsl): a subgroup per output, and per row and tile of
-// kTokenTile tokens.
-const uint32_t kLinearQ8_0Sg[] = {
-#include "linear_q8_0_sg.spv.inc"
-};
-const uint32_t kLinearQ2_KSg[] = {
-#include "linear_q2_k_sg.spv.inc"
-};
-const uint32_t kLinearQ3_KSg[] = {
-#include "linear_q3_k_sg.spv.inc"
-};
-const uint32_t kLinearQ4_KSg[] = {
-#include "linear_q4_k_sg.spv.inc"
-};
-const uint32_t kLinearQ6_KSg[] = {
-#include "linear_q6_k_sg.spv.inc"
-};
-const uint32_t kLinearIq2XxsSg[] = {
-#include "linear_iq2_xxs_sg.spv.inc"
-};
-const uint32_t kLinearIq2XsSg[] = {
-#include "linear_iq2_xs_sg.spv.inc"
-};
-const uint32_t kLinearTq2_0Sg[] = {
-#include "linear_tq2_0_sg.spv.inc"
-};
-const uint32_t kLinearQ2_0Sg[] = {
-#include "linear_q2_0_sg.spv.inc"
-};
-const uint32_t kLinearQ8_0Sgt[] = {
-#include "linear_q8_0_sgt.spv.inc"
-};
-const uint32_t kLinearQ2_KSgt[] = {
-#include "linear_q2_k_sgt.spv.inc"
-};
-const uint32_t kLinearQ3_KSgt[] = {
-#include "linear_q3_k_sgt.spv.inc"
-};
-const uint32_t kLinearQ4_KSgt[] = {
-#include "linear_q4_k_sgt.spv.inc"
-};
-const uint32_t kLinearQ6_KSgt[] = {
-#include "linear_q6_k_sgt.spv.inc"
-};
-const uint32_t kLinearIq2XxsSgt[] = {
-#include "linear_iq2_xxs_sgt.spv.inc"
-};
-const uint32_t kLinearIq2XsSgt[] = {
-#include "linear_iq2_xs_sgt.spv.inc"
-};
-const uint32_t kLinearTq2_0Sgt[] = {
-#include "linear_tq2_0_sgt.spv.inc"
-};
-const uint32_t kLinearQ2_0Sgt[] = {
-#include "linear_q2_0_sgt.spv.inc"
-};
-// Their GEMM builds: a workgroup per 64 rows and tile of kGemmTile tokens.
-const uint32_t kLinearQ8_0Mm[] = {
-#include "linear_q8_0_mm.spv.inc"
-};
-const uint32_t kLinearQ2_KMm[] = {
-#include "linear_q2_k_mm.spv.inc"
-};
-const uint32_t kLinearQ3_KMm[] = {
-#include "linear_q3_k_mm.spv.inc"
-};
-const uint32_t kLinearQ4_KMm[] = {
-#include "linear_q4_k_mm.spv.inc"
-};
-const uint32_t kLinearQ6_KMm[] = {
-#include "linear_q6_k_mm.spv.inc"
-};
-const uint32_t kLinearIq2XxsMm[] = {
-#include "linear_iq2_xxs_mm.spv.inc"
-};
-const uint32_t kLinearIq2XsMm[] = {
-#include "linear_iq2_xs_mm.spv.inc"
-};
-const uint32_t kLinearTq2_0Mm[] = {
-#include "linear_tq2_0_mm.spv.inc"
-};
-const uint32_t kLinearQ2_0Mm[] = {
-#include "linear_q2_0_mm.spv.inc"
-};
-// The same four builds with the device's integer dot product (INT_DOT, shaders/linear_common.glsl dot4).
-const uint32_t kLinearQ8_0Dp[] = {
-#include "linear_q8_0_dp.spv.inc"
-};
-const uint32_t kLinearQ8_0SgDp[] = {
-#include "linear_q8_0_sg_dp.spv.inc"
-};
-const uint32_t kLinearQ8_0SgtDp[] = {
-#include "linear_q8_0_sgt_dp.spv.inc"
-};
-const uint32_t kLinearQ8_0MmDp[] = {
-#include "linear_q8_0_mm_dp.spv.inc"
-};
-const uint32_t kLinearQ2_KDp[] = {
-#include "linear_q2_k_dp.spv.inc"
-};
-const uint32_t kLinearQ2_KSgDp[] = {
-#include "linear_q2_k_sg_dp.spv.inc"
-};
-const uint32_t kLinearQ2_KSgtDp[] = {
-#include "linear_q2_k_sgt_dp.spv.inc"
-};
-const uint32_t kLinearQ2_KMmDp[] = {
-#include "linear_q2_k_mm_dp.spv.inc"
-};
-const uint32_t kLinearQ3_KDp[] = {
-#include "linear_q3_k_dp.spv.inc"
-};
-const uint32_t kLinearQ3_KSgDp[] = {
-#include "linear_q3_k_sg_dp.spv.inc"
-};
-const uint32_t kLinearQ3_KSgtDp[] = {
-#include "linear_q3_k_sgt_dp.spv.inc"
-};
-const uint32_t kLinearQ3_KMmDp[] = {
-#include "linear_q3_k_mm_dp.spv.inc"
-};
-const uint32_t kLinearQ4_KDp[] = {
-#include "linear_q4_k_dp.spv.inc"
-};
-const uint32_t kLinearQ4_KSgDp[] = {
-#include "linear_q4_k_sg_dp.spv.inc"
-};
-const uint32_t kLinearQ4_KSgtDp[] = {
-#include "linear_q4_k_sgt_dp.spv.inc"
-};
-const uint32_t kLinearQ4_KMmDp[] = {
-#include "linear_q4_k_mm_dp.spv.inc"
-};
-const uint32_t kLinearQ6_KDp[] = {
-#include "linear_q6_k_dp.spv.inc"
-};
-const uint32_t kLinearQ6_KSgDp[] = {
-#include "linear_q6_k_sg_dp.spv.inc"
-};
-const uint32_t kLinearQ6_KSgtDp[] = {
-#include "linear_q6_k_sgt_dp.spv.inc"
-};
-const uint32_t kLinearQ6_KMmDp[] = {
-#include "linear_q6_k_mm_dp.spv.inc"
-};
-const uint32_t kLinearIq2XxsDp[] = {
-#include "linear_iq2_xxs_dp.spv.inc"
-};
-const uint32_t kLinearIq2XxsSgDp[] = {
-#include "linear_iq2_xxs_sg_dp.spv.inc"
-};
-const uint32_t kLinearIq2XxsSgtDp[] = {
-#include "linear_iq2_xxs_sgt_dp.spv.inc"
-};
-const uint32_t kLinearIq2XxsMmDp[] = {
-#include "linear_iq2_xxs_mm_dp.spv.inc"
-};
-const uint32_t kLinearIq2XsDp[] = {
-#include "linear_iq2_xs_dp.spv.inc"
-};
-const uint32_t kLinearIq2XsSgDp[] = {
-#include "linear_iq2_xs_sg_dp.spv.inc"
-};
-const uint32_t kLinearIq2XsSgtDp[] = {
-#include "linear_iq2_xs_sgt_dp.spv.inc"
-};
-const uint32_t kLinearIq2XsMmDp[] = {
-#include "linear_iq2_xs_mm_dp.spv.inc"
-};
-const uint32_t kLinearTq2_0Dp[] = {
-#include "linear_tq2_0_dp.spv.inc"
-};
-const uint32_t kLinearTq2_0SgDp[] = {
-#include "linear_tq2_0_sg_dp.spv.inc"
-};
-const uint32_t kLinearTq2_0SgtDp[] = {
-#include "linear_tq2_0_sgt_dp.spv.inc"
-};
-const uint32_t kLinearTq2_0MmDp[] = {
-#include "linear_tq2_0_mm_dp.spv.inc"
-};
-const uint32_t kLinearQ2_0Dp[] = {
-#include "linear_q2_0_dp.spv.inc"
-};
-const uint32_t kLinearQ2_0SgDp[] = {
-#include "linear_q2_0_sg_dp.spv.inc"
-};
-const uint32_t kLinearQ2_0SgtDp[] = {
-#include "linear_q2_0_sgt_dp.spv.inc"
-};
-const uint32_t kLinearQ2_0MmDp[] = {
-#include "linear_q2_0_mm_dp.spv.inc"
-};
-const uint32_t kQuantizeQ8_0[] = {
-#include "quantize_q8_0.spv.inc"
-};
-const uint32_t kQuantizeQ8_K[] = {
-#include "quantize_q8_k.spv.inc"
-};
-const uint32_t kRmsNorm[] = {
-#include "rms_norm.spv.inc"
-};
-const uint32_t kSwiglu[] = {
-#include "swiglu.spv.inc"
-};
-const uint32_t kExpF32[] = {
-#include "exp_f32.spv.inc"
-};
-const uint32_t kHcPre[] = {
-#include "hc_pre.spv.inc"
-};
-const uint32_t kHcPost[] = {
-#include "hc_post.spv.inc"
-};
-const uint32_t kHcMix[] = {
-#include "hc_mix.spv.inc"
-};
-const uint32_t kRope[] = {
-#include "rope.spv.inc"
-};
-const uint32_t kAttention[] = {
-#include "attention.spv.inc"
-};
-const uint32_t kEngramGate[] = {
-#include "engram_gate.spv.inc"
-};
-const uint32_t kAddRound[] = {
-#include "add_round.spv.inc"
-};
-const uint32_t kRoutedSum[] = {
-#include "routed_sum.spv.inc"
-};
-const uint32_t kCompressPool[] = {
-#include "compress_pool.spv.inc"
-};
-const uint32_t kFakeQuant[] = {
-#include "fake_quant.spv.inc"
-};
-const uint32_t kIndexScores[] = {
-#include "index_scores.spv.inc"
-};
+using vk::check;
+using vk::describe;
+using vk::instance;
+using vk::kGroup;
+using vk::kOpShaders;
+using vk::kQuantShaderCount;
+using vk::kQuantShaders;
+using vk::LinearBuilds;
+using vk::QuantShader;
+using vk::result_name;
+using vk::Spirv;
 
-// A SPIR-V module embedded above: its words and size.
-struct Spirv {
-  const uint32_t* code;
-  size_t bytes;
-};
-#define SLUICE_SPIRV(words) Spirv{words, sizeof words}
-// The quantized weight types with a shader of their own: each gives the CPU's bits (the shader's
-// header says why). The float formats share linear_float (kind 0/1/2), which needs shaderFloat64.
-// A format's four builds (shaders/linear_main.glsl).
-struct LinearBuilds {
-  Spirv plain;  // an invocation per output
-  Spirv sg;     // the subgroup build, one token
-  Spirv sgt;    // the subgroup build, a tile of kTokenTile tokens
-  Spirv mm;     // the GEMM build, 64 rows and a tile of kGemmTile tokens per workgroup
-};
-struct QuantShader {
-  GgmlType type;
-  const char* name;
-  LinearBuilds scalar;  // four codes' products added one by one
-  LinearBuilds dot;     // the device's packed 4x8-bit dot product (GpuDevice::int_dot)
-};
-#define SLUICE_BUILDS(c, d) \
-  LinearBuilds { SLUICE_SPIRV(kLinear##c##d), SLUICE_SPIRV(kLinear##c##Sg##d), SLUICE_SPIRV(kLinear##c##Sgt##d), SLUICE_SPIRV(kLinear##c##Mm##d) }
-#define SLUICE_QUANT(t, n, c) QuantShader{GgmlType::t, n, SLUICE_BUILDS(c, ), SLUICE_BUILDS(c, Dp)}
-const QuantShader kQuantShaders[] = {
-    SLUICE_QUANT(Q8_0, "linear_q8_0", Q8_0),
-    SLUICE_QUANT(Q2_K, "linear_q2_k", Q2_K),
-    SLUICE_QUANT(Q3_K, "linear_q3_k", Q3_K),
-    SLUICE_QUANT(Q4_K, "linear_q4_k", Q4_K),
-    SLUICE_QUANT(Q6_K, "linear_q6_k", Q6_K),
-    SLUICE_QUANT(IQ2_XXS, "linear_iq2_xxs", Iq2Xxs),
-    SLUICE_QUANT(IQ2_XS, "linear_iq2_xs", Iq2Xs),
-    SLUICE_QUANT(TQ2_0, "linear_tq2_0", Tq2_0),
-    SLUICE_QUANT(Q2_0, "linear_q2_0", Q2_0),
-};
-#undef SLUICE_QUANT
-#undef SLUICE_BUILDS
-#undef SLUICE_SPIRV
-constexpr size_t kQuantShaderCount = std::size(kQuantShaders);
 
-constexpr uint32_t kGroup = 64;  // local_size_x of the linear shaders
 // The most rows one query of the device's attention attends (attention.comp kMaxRows: its scores
 // in workgroup memory); a query with more runs on the CPU. The published model's is 640.
 constexpr uint32_t kAttentionRows = 2048;
@@ -379,183 +80,6 @@ constexpr uint32_t kSets = 192;
 constexpr size_t kGroupExperts = 32;  // the most routed experts one group takes
 // A dispatch that has not finished after this long means the device is gone or hung.
 constexpr uint64_t kFenceTimeoutNs = 120ull * 1000 * 1000 * 1000;
-
-std::string result_name(VkResult r) {
-  switch (r) {
-    case VK_ERROR_OUT_OF_HOST_MEMORY: return "out of host memory";
-    case VK_ERROR_OUT_OF_DEVICE_MEMORY: return "out of device memory";
-    case VK_ERROR_INITIALIZATION_FAILED: return "initialization failed";
-    case VK_ERROR_DEVICE_LOST: return "device lost";
-    case VK_ERROR_INCOMPATIBLE_DRIVER: return "no compatible driver";
-    case VK_ERROR_EXTENSION_NOT_PRESENT: return "extension not present";
-    case VK_ERROR_FEATURE_NOT_PRESENT: return "feature not present";
-    case VK_ERROR_TOO_MANY_OBJECTS: return "too many objects";
-    case VK_ERROR_INVALID_SHADER_NV: return "invalid shader";
-    case VK_TIMEOUT: return "timed out";
-    default: return "VkResult " + std::to_string((int)r);
-  }
-}
-
-void check(VkResult r, const char* what) {
-  if (r != VK_SUCCESS) throw Error(std::string("vulkan: ") + what + " failed: " + result_name(r));
-}
-
-// The instance's API version: 1.2 where the loader has it (timeline semaphores, for the
-// hint-started copies on a queue of their own), else 1.1; a device below 1.2 still runs, without
-// them. A device's 1.2 features count only where the instance asked for 1.2.
-uint32_t instance_api() {
-  uint32_t loader = VK_API_VERSION_1_0;
-  if (vkEnumerateInstanceVersion(&loader) != VK_SUCCESS) loader = VK_API_VERSION_1_0;
-  return loader >= VK_API_VERSION_1_2 ? VK_API_VERSION_1_2 : VK_API_VERSION_1_1;
-}
-
-struct Instance {
-  VkInstance h = VK_NULL_HANDLE;
-  Instance() {
-    VkApplicationInfo app{};
-    app.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO;
-    app.pApplicationName = "sluice";
-    app.apiVersion = instance_api();
-    VkInstanceCreateInfo ci{};
-    ci.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO;
-    ci.pApplicationInfo = &app;
-    const VkResult r = vkCreateInstance(&ci, nullptr, &h);
-    if (r == VK_ERROR_INCOMPATIBLE_DRIVER)
-      throw Error("vulkan: no Vulkan driver answered (install the GPU's Vulkan driver, or mesa-vulkan-drivers for "
-                  "lavapipe on the CPU)");
-    check(r, "creating the instance");
-  }
-  ~Instance() {
-    if (h) vkDestroyInstance(h, nullptr);
-  }
-  Instance(const Instance&) = delete;
-  Instance& operator=(const Instance&) = delete;
-
-  std::vector<VkPhysicalDevice> devices() const {
-    uint32_t n = 0;
-    check(vkEnumeratePhysicalDevices(h, &n, nullptr), "listing devices");
-    std::vector<VkPhysicalDevice> out(n);
-    check(vkEnumeratePhysicalDevices(h, &n, out.data()), "listing devices");
-    out.resize(n);
-    return out;
-  }
-};
-
-// One instance for the process, made on first use and never destroyed: the driver is loaded
-// once (a backend or a device listing does not reload it), and it stays mapped until exit, so
-// leak reports from inside it name its library (scripts/test suppresses only those).
-const Instance& instance() {
-  static const Instance* inst = new Instance();
-  return *inst;
-}
-
-bool has_extension(VkPhysicalDevice d, const char* name) {
-  uint32_t n = 0;
-  if (vkEnumerateDeviceExtensionProperties(d, nullptr, &n, nullptr) != VK_SUCCESS) return false;
-  std::vector<VkExtensionProperties> ext(n);
-  if (vkEnumerateDeviceExtensionProperties(d, nullptr, &n, ext.data()) != VK_SUCCESS) return false;
-  for (uint32_t i = 0; i < n; ++i)
-    if (std::strcmp(ext[i].extensionName, name) == 0) return true;
-  return false;
-}
-
-GpuDevice describe(VkPhysicalDevice d, uint32_t index) {
-  VkPhysicalDeviceSubgroupProperties sub{};
-  sub.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES;
-  VkPhysicalDeviceDriverProperties drv{};
-  drv.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES;
-  const bool have_driver = has_extension(d, VK_KHR_DRIVER_PROPERTIES_EXTENSION_NAME);
-  sub.pNext = have_driver ? &drv : nullptr;
-  VkPhysicalDeviceProperties2 props{};
-  props.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2;
-  props.pNext = &sub;
-  vkGetPhysicalDeviceProperties2(d, &props);
-  const VkPhysicalDeviceProperties& p = props.properties;
-
-  GpuDevice g;
-  g.index = index;
-  g.name = p.deviceName;
-  if (have_driver) g.driver = std::string(drv.driverName) + " (" + drv.driverInfo + ")";
-  switch (p.deviceType) {
-    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: g.kind = "integrated"; break;
-    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: g.kind = "discrete"; break;
-    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: g.kind = "virtual"; break;
-    case VK_PHYSICAL_DEVICE_TYPE_CPU: g.kind = "cpu"; break;
-    default: g.kind = "other"; break;
-  }
-  g.uma = p.deviceType == VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU || p.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
-  g.api_major = VK_API_VERSION_MAJOR(p.apiVersion);
-  g.api_minor = VK_API_VERSION_MINOR(p.apiVersion);
-  g.subgroup_size = sub.subgroupSize;
-  // The subgroup build of the linears (shaders/linear_main.glsl) wants ballots and shuffles in
-  // compute shaders, and a 64-invocation workgroup of whole subgroups of at least 8 lanes (a unit
-  // of K-quant work per lane, eight per super-block).
-  const VkSubgroupFeatureFlags need =
-      VK_SUBGROUP_FEATURE_BASIC_BIT | VK_SUBGROUP_FEATURE_BALLOT_BIT | VK_SUBGROUP_FEATURE_SHUFFLE_BIT;
-  g.subgroup_linears = (sub.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) != 0 &&
-                       (sub.supportedOperations & need) == need && sub.subgroupSize >= 8 &&
-                       sub.subgroupSize <= kGroup && kGroup % sub.subgroupSize == 0;
-  if (has_extension(d, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME)) {
-    VkPhysicalDeviceShaderIntegerDotProductFeaturesKHR dotf{};
-    dotf.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR;
-    VkPhysicalDeviceFeatures2 f2{};
-    f2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2;
-    f2.pNext = &dotf;
-    vkGetPhysicalDeviceFeatures2(d, &f2);
-    VkPhysicalDeviceShaderIntegerDotProductPropertiesKHR dotp{};
-    dotp.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_PROPERTIES_KHR;
-    VkPhysicalDeviceProperties2 p2{};
-    p2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2;
-    p2.pNext = &dotp;
-    vkGetPhysicalDeviceProperties2(d, &p2);
-    g.int_dot = dotf.shaderIntegerDotProduct == VK_TRUE;
-    g.int_dot_accelerated = g.int_dot && dotp.integerDotProduct4x8BitPackedSignedAccelerated == VK_TRUE;
-  }
-  g.host_import = has_extension(d, VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME);
-  {
-    uint32_t nq = 0;
-    vkGetPhysicalDeviceQueueFamilyProperties(d, &nq, nullptr);
-    std::vector<VkQueueFamilyProperties> qf(nq);
-    vkGetPhysicalDeviceQueueFamilyProperties(d, &nq, qf.data());
-    for (uint32_t i = 0; i < nq && !g.transfer_queue; ++i)
-      if (qf[i].queueCount > 0 && (qf[i].queueFlags & VK_QUEUE_TRANSFER_BIT) &&
-          !(qf[i].queueFlags & (VK_QUEUE_COMPUTE_BIT | VK_QUEUE_GRAPHICS_BIT))) {
-        g.transfer_queue = true;
-        g.transfer_family = i;
-      }
-    if (p.apiVersion >= VK_API_VERSION_1_2 && instance_api() >= VK_API_VERSION_1_2) {
-      VkPhysicalDeviceTimelineSemaphoreFeatures tl{};
-      tl.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES;
-      VkPhysicalDeviceFeatures2 f2{};
-      f2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2;
-      f2.pNext = &tl;
-      vkGetPhysicalDeviceFeatures2(d, &f2);
-      g.timeline = tl.timelineSemaphore == VK_TRUE;
-    }
-  }
-  g.max_storage_buffer = p.limits.maxStorageBufferRange;
-  g.max_workgroup_memory = p.limits.maxComputeSharedMemorySize;
-  // The heaps, and what the driver says this process may still allocate from each where it has
-  // VK_EXT_memory_budget (a snapshot: other processes move it).
-  VkPhysicalDeviceMemoryBudgetPropertiesEXT budget{};
-  budget.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_BUDGET_PROPERTIES_EXT;
-  VkPhysicalDeviceMemoryProperties2 mem2{};
-  mem2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_PROPERTIES_2;
-  const bool have_budget = has_extension(d, VK_EXT_MEMORY_BUDGET_EXTENSION_NAME);
-  mem2.pNext = have_budget ? &budget : nullptr;
-  vkGetPhysicalDeviceMemoryProperties2(d, &mem2);
-  const VkPhysicalDeviceMemoryProperties& mem = mem2.memoryProperties;
-  for (uint32_t i = 0; i < mem.memoryHeapCount; ++i) {
-    GpuHeap h;
-    h.bytes = mem.memoryHeaps[i].size;
-    h.device_local = (mem.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) != 0;
-    h.has_budget = have_budget;
-    h.budget = have_budget ? budget.heapBudget[i] : 0;
-    h.usage = have_budget ? budget.heapUsage[i] : 0;
-    g.heaps.push_back(h);
-  }
-  return g;
-}
 
 struct Push {
   uint32_t rows, cols, n, row0, w_row_bytes, a_stride, kind, round_out, w_off;
@@ -594,12 +118,13 @@ struct ExpertSlot {
   VkDeviceSize offset = 0;
 };
 
-// What prepare_weight leaves in Weight::device.
 // A copy out of a staging buffer, recorded with others (record_copies).
 struct PendingCopy {
   VkBuffer dst = VK_NULL_HANDLE;
   VkBufferCopy region{};
 };
+
+// What prepare_weight leaves in Weight::device.
 
 struct GpuWeight {
   Buffer b;
@@ -2006,28 +1531,28 @@ class VulkanBackend final : public CpuBackend {
         ++st_.gemm_formats;
       }
     }
-    if (float64_) float_ = pipeline(Spirv{kLinearFloat, sizeof kLinearFloat}, "linear_float");
+    if (float64_) float_ = pipeline(kOpShaders.linear_float, "linear_float");
     // The activation quantizers divide exactly with doubles (quantize_common.glsl); without them
     // the host quantizes.
     if (float64_ && !host_quantize_) {
-      quantize_q8_0_ = pipeline(Spirv{kQuantizeQ8_0, sizeof kQuantizeQ8_0}, "quantize_q8_0");
-      quantize_q8_k_ = pipeline(Spirv{kQuantizeQ8_K, sizeof kQuantizeQ8_K}, "quantize_q8_k");
-      rms_norm_ = pipeline(Spirv{kRmsNorm, sizeof kRmsNorm}, "rms_norm");
-      swiglu_ = pipeline(Spirv{kSwiglu, sizeof kSwiglu}, "swiglu");
-      exp_ = pipeline(Spirv{kExpF32, sizeof kExpF32}, "exp_f32");
-      hc_pre_ = pipeline(Spirv{kHcPre, sizeof kHcPre}, "hc_pre");
-      hc_post_ = pipeline(Spirv{kHcPost, sizeof kHcPost}, "hc_post");
-      hc_mix_ = pipeline(Spirv{kHcMix, sizeof kHcMix}, "hc_mix");
-      rope_ = pipeline(Spirv{kRope, sizeof kRope}, "rope");
-      engram_gate_ = pipeline(Spirv{kEngramGate, sizeof kEngramGate}, "engram_gate");
-      compress_ = pipeline(Spirv{kCompressPool, sizeof kCompressPool}, "compress_pool");
-      add_round_ = pipeline(Spirv{kAddRound, sizeof kAddRound}, "add_round");
-      routed_sum_ = pipeline(Spirv{kRoutedSum, sizeof kRoutedSum}, "routed_sum");
-      fake_quant_ = pipeline(Spirv{kFakeQuant, sizeof kFakeQuant}, "fake_quant");
-      index_scores_ = pipeline(Spirv{kIndexScores, sizeof kIndexScores}, "index_scores");
+      quantize_q8_0_ = pipeline(kOpShaders.quantize_q8_0, "quantize_q8_0");
+      quantize_q8_k_ = pipeline(kOpShaders.quantize_q8_k, "quantize_q8_k");
+      rms_norm_ = pipeline(kOpShaders.rms_norm, "rms_norm");
+      swiglu_ = pipeline(kOpShaders.swiglu, "swiglu");
+      exp_ = pipeline(kOpShaders.exp_f32, "exp_f32");
+      hc_pre_ = pipeline(kOpShaders.hc_pre, "hc_pre");
+      hc_post_ = pipeline(kOpShaders.hc_post, "hc_post");
+      hc_mix_ = pipeline(kOpShaders.hc_mix, "hc_mix");
+      rope_ = pipeline(kOpShaders.rope, "rope");
+      engram_gate_ = pipeline(kOpShaders.engram_gate, "engram_gate");
+      compress_ = pipeline(kOpShaders.compress_pool, "compress_pool");
+      add_round_ = pipeline(kOpShaders.add_round, "add_round");
+      routed_sum_ = pipeline(kOpShaders.routed_sum, "routed_sum");
+      fake_quant_ = pipeline(kOpShaders.fake_quant, "fake_quant");
+      index_scores_ = pipeline(kOpShaders.index_scores, "index_scores");
       // Its scores live in workgroup memory (attention.comp kMaxRows floats).
       if (info_.max_workgroup_memory >= kAttentionRows * sizeof(float) + 16)
-        attention_ = pipeline(Spirv{kAttention, sizeof kAttention}, "attention");
+        attention_ = pipeline(kOpShaders.attention, "attention");
       // exp_f32's constants (kernels/exp_f32.h), which the shaders' exp reads (exp_f32.glsl).
       const std::span<const double> ec = exp_f32_constants();
       exp_consts_ = make_buffer(ec.size_bytes());
