@@ -2019,6 +2019,18 @@ TEST(Vulkan, CommandLine) {
   }
   EXPECT_GT(figures, 4u) << ops.out;
   EXPECT_GT(gemm, 0u) << ops.out;
+  // A device budget that holds the largest shape (the tiny model's output, 139 KiB in Q8_0) but
+  // not every shape's copies: each shape has the budget to itself, so every figure is the
+  // device's, none "on the CPU".
+  const test::CmdResult tight = test::run_sluice(dir, "bench --ops -m " + test::q(model) +
+                                                          " -n 1 -r 1 --op-seconds 0 --read-mib 64 --json --backend "
+                                                          "vulkan --type Q8_0,Q2_K --gpu-mem 200000");
+  EXPECT_EQ(tight.rc, 0) << tight.err;
+  size_t tight_figures = 0;
+  std::istringstream tight_lines(tight.out);
+  for (std::string line; std::getline(tight_lines, line); ++tight_figures)
+    EXPECT_NE(nlohmann::json::parse(line)["gpu_build"], "on the CPU") << line;
+  EXPECT_GT(tight_figures, 8u) << tight.out;
   EXPECT_EQ(test::run_sluice(dir, "bench --ops -n 1 --read-mib 64 --backend vulkan --gpu-experts 4").rc, 2);
   const test::CmdResult ignored = test::run_sluice(dir, "bench --ops -n 1 --read-mib 64 --gpu-gemm off");
   EXPECT_EQ(ignored.rc, 2) << "--gpu-gemm without --backend vulkan was ignored by bench --ops";

@@ -113,7 +113,6 @@ int run_bench_ops(const BenchOptions& o) {
     throw UsageError("--backend must be cpu or vulkan (got '" + o.engine.backend + "')");
   }
   const CpuBackend cpu(threads);
-  const Backend& be = gpu ? *gpu : static_cast<const Backend&>(cpu);
   // On a device, what ran where: the build of its quantized linears, and the host memory's read
   // rate stands as the limit only where the device reads host memory (an integrated GPU, a CPU
   // device); a card's own memory bandwidth is not measured here.
@@ -128,6 +127,7 @@ int run_bench_ops(const BenchOptions& o) {
                 "%-34s %-8s %6s %6s %5s %9s %8s %6s\n",
                 where.c_str(), rb.median_gbps, rb.min_gbps, rb.max_gbps,
                 "tensor", "type", "rows", "cols", "n", "GFLOPS", "GB/s", "/read");
+  const bool on_gpu = gpu != nullptr;
   for (const Shape& s : shapes) {
     const TypeTraits& t = type_traits(s.type);
     Weight W;
@@ -143,6 +143,16 @@ int run_bench_ops(const BenchOptions& o) {
     std::vector<uint8_t> bytes(one * copies);
     t.random(bytes.data(), (int64_t)(one / (uint64_t)t.block_bytes), 42, 0.05f);
     for (uint64_t k = 1; k < copies; ++k) std::memcpy(bytes.data() + k * one, bytes.data(), one);
+    // On a device, a backend of its own for each shape, made after the shape's bytes and so gone
+    // before them: the device never holds an import of freed pages, and the copies of one shape
+    // leave the device budget whole for the next (else later shapes would run on the CPU once
+    // the budget had filled).
+    std::unique_ptr<Backend> dev;
+    if (on_gpu) {
+      gpu.reset();  // the one made above, for the header
+      dev = make_vulkan_backend(gpu_options(so));
+    }
+    const Backend& be = dev ? *dev : static_cast<const Backend&>(cpu);
     std::vector<Weight> ws((size_t)copies, W);
     for (uint64_t k = 0; k < copies; ++k) {
       ws[k].data = bytes.data() + k * one;
@@ -150,8 +160,8 @@ int run_bench_ops(const BenchOptions& o) {
     }
     // On a device: the copies it holds (a weight past its budget or its largest binding runs on
     // the CPU, and is reported so, never mixed into a device figure).
-    const bool on_device = !gpu || ws[0].device != nullptr;
-    if (gpu)
+    const bool on_device = !dev || ws[0].device != nullptr;
+    if (dev)
       ws.erase(std::find_if(ws.begin() + 1, ws.end(), [&](const Weight& w) { return (w.device != nullptr) != on_device; }),
                ws.end());
     for (uint32_t n : ns) {
@@ -162,7 +172,7 @@ int run_bench_ops(const BenchOptions& o) {
       const CMat xm(x.data(), n, s.cols, s.cols);
       const Mat ym{y.data(), n, s.rows, s.rows};
       be.linear(ws[0], xm, ym, true, 0);  // warm-up (the copies were written, so their pages exist)
-      const uint64_t gemm_before = gpu ? gpu_stats(*gpu).gemm_dispatches : 0;
+      const uint64_t gemm_before = dev ? gpu_stats(*dev).gemm_dispatches : 0;
       std::vector<double> secs;
       double total = 0;
       size_t next = 0;
@@ -178,10 +188,10 @@ int run_bench_ops(const BenchOptions& o) {
       // The device's build for this figure: the GEMM, or the one --gpu-linears chose (the float
       // formats have one build, an invocation per output).
       const bool float_type = s.type == GgmlType::F32 || s.type == GgmlType::F16 || s.type == GgmlType::BF16;
-      const std::string build = !gpu ? std::string()
+      const std::string build = !dev ? std::string()
                                 : !on_device ? std::string("on the CPU")
-                                : gpu_stats(*gpu).gemm_dispatches > gemm_before ? std::string("gemm")
-                                : gpu_stats(*gpu).subgroup_linears && !float_type ? std::string("subgroup")
+                                : gpu_stats(*dev).gemm_dispatches > gemm_before ? std::string("gemm")
+                                : gpu_stats(*dev).subgroup_linears && !float_type ? std::string("subgroup")
                                                                                    : std::string("plain");
       const double gflops = 2.0 * (double)s.rows * (double)s.cols * n / f.median / 1e9;
       const double gbps = (double)one / f.median / 1e9;
@@ -195,7 +205,7 @@ int run_bench_ops(const BenchOptions& o) {
         j["threads"] = threads;
         j["isa"] = std::string(isa_name(active_isa()));
         j["backend"] = std::string(be.name());
-        if (gpu) j["gpu_build"] = build;
+        if (dev) j["gpu_build"] = build;
         j["gflops"] = gflops;
         j["gflops_min"] = 2.0 * (double)s.rows * (double)s.cols * n / f.max / 1e9;
         j["gflops_max"] = 2.0 * (double)s.rows * (double)s.cols * n / f.min / 1e9;
