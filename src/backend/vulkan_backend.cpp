@@ -289,10 +289,7 @@ class VulkanBackend final : public CpuBackend {
           vkGetDeviceProcAddr(dev_, "vkGetMemoryHostPointerPropertiesEXT"));
       VkPhysicalDeviceExternalMemoryHostPropertiesEXT hp{};
       hp.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_EXTERNAL_MEMORY_HOST_PROPERTIES_EXT;
-      VkPhysicalDeviceProperties2 p2{};
-      p2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2;
-      p2.pNext = &hp;
-      vkGetPhysicalDeviceProperties2(phys_, &p2);
+      vk::query_properties(phys_, hp);
       import_align_ = std::max<VkDeviceSize>(hp.minImportedHostPointerAlignment, 4);
       import_ = host_ptr_props_ != nullptr;
       if (!import_ && in_place_) {

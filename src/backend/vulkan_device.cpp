@@ -117,16 +117,10 @@ GpuDevice describe(VkPhysicalDevice d, uint32_t index) {
   if (has_extension(d, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME)) {
     VkPhysicalDeviceShaderIntegerDotProductFeaturesKHR dotf{};
     dotf.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR;
-    VkPhysicalDeviceFeatures2 f2{};
-    f2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2;
-    f2.pNext = &dotf;
-    vkGetPhysicalDeviceFeatures2(d, &f2);
+    query_features(d, dotf);
     VkPhysicalDeviceShaderIntegerDotProductPropertiesKHR dotp{};
     dotp.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_PROPERTIES_KHR;
-    VkPhysicalDeviceProperties2 p2{};
-    p2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2;
-    p2.pNext = &dotp;
-    vkGetPhysicalDeviceProperties2(d, &p2);
+    query_properties(d, dotp);
     g.int_dot = dotf.shaderIntegerDotProduct == VK_TRUE;
     g.int_dot_accelerated = g.int_dot && dotp.integerDotProduct4x8BitPackedSignedAccelerated == VK_TRUE;
   }
@@ -145,10 +139,7 @@ GpuDevice describe(VkPhysicalDevice d, uint32_t index) {
     if (p.apiVersion >= VK_API_VERSION_1_2 && instance_api() >= VK_API_VERSION_1_2) {
       VkPhysicalDeviceTimelineSemaphoreFeatures tl{};
       tl.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES;
-      VkPhysicalDeviceFeatures2 f2{};
-      f2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2;
-      f2.pNext = &tl;
-      vkGetPhysicalDeviceFeatures2(d, &f2);
+      query_features(d, tl);
       g.timeline = tl.timelineSemaphore == VK_TRUE;
     }
   }

@@ -35,6 +35,23 @@ const Instance& instance();
 
 bool has_extension(VkPhysicalDevice d, const char* name);
 
+// Fills `ext`, one features (or properties) struct with its sType set and no pNext, through
+// vkGetPhysicalDeviceFeatures2 (Properties2).
+template <class T>
+void query_features(VkPhysicalDevice d, T& ext) {
+  VkPhysicalDeviceFeatures2 f2{};
+  f2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2;
+  f2.pNext = &ext;
+  vkGetPhysicalDeviceFeatures2(d, &f2);
+}
+template <class T>
+void query_properties(VkPhysicalDevice d, T& ext) {
+  VkPhysicalDeviceProperties2 p2{};
+  p2.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2;
+  p2.pNext = &ext;
+  vkGetPhysicalDeviceProperties2(d, &p2);
+}
+
 // What device `index` offers, as GpuDevice says it.
 GpuDevice describe(VkPhysicalDevice d, uint32_t index);
 
