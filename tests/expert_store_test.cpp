@@ -296,6 +296,33 @@ TEST(ExpertStore, LeasedEntriesAreNeverEvicted) {
   EXPECT_THROW(c.get(0, 0), Error);
 }
 
+// acquire_resident leases only the experts resident at the call (the file's bytes), reads none of
+// the others, and holds what it leased like any lease: never evicted while held.
+TEST(ExpertStore, AcquireResidentLeasesOnlyResidentExpertsAndReadsNothing) {
+  const gguf::File f = gguf::File::open(test_file());
+  ExpertStore store(f, kLayers, kExperts, slots_opts(4));
+  store.acquire(0, ids({1, 3})).release();
+  const uint64_t reads = store.stats().total().reads;
+  Lease r = store.acquire_resident(0, ids({0, 1, 2, 3}));
+  EXPECT_EQ(std::vector<uint32_t>(r.experts().begin(), r.experts().end()), ids({1, 3}));
+  EXPECT_TRUE(same_expert(f, r, 0, 1));
+  EXPECT_TRUE(same_expert(f, r, 0, 3));
+  EXPECT_THROW(r.get(0, 0), Error);
+  EXPECT_EQ(store.stats().total().reads, reads) << "acquire_resident read an expert";
+  EXPECT_EQ(store.resident(0), ids({1, 3}));
+  EXPECT_TRUE(store.acquire_resident(1, ids({0, 1})).empty());
+  // The other two slots, then none: what r holds is leased, so a third user is refused.
+  Lease b = store.acquire(1, ids({5, 6}));
+  const std::string err = error_of([&] { store.acquire(2, ids({0})); });
+  EXPECT_TRUE(has(err, "leased")) << err;
+  EXPECT_TRUE(same_expert(f, r, 0, 1));
+  r.release();
+  Lease c = store.acquire(2, ids({0}));  // r's slots are free again
+  EXPECT_TRUE(same_expert(f, c, 2, 0));
+  EXPECT_THROW(store.acquire_resident(0, ids({3, 1})), Error);  // not ascending
+  EXPECT_THROW(store.acquire_resident(kLayers, ids({0})), Error);
+}
+
 TEST(ExpertStore, AnAcquireThatRunsOutOfSlotsMidwayLeavesCompleteEntries) {
   const gguf::File f = gguf::File::open(test_file());
   ExpertStore store(f, kLayers, kExperts, slots_opts(4));

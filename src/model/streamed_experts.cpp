@@ -57,15 +57,12 @@ void StreamedExperts::hint(uint32_t layer, std::span<const uint32_t> experts) co
 }
 
 void StreamedExperts::at_hand(uint32_t layer, std::span<const uint32_t> experts, const UseExpert& use) const {
-  const std::vector<uint32_t> res = store_.resident(layer);
-  std::vector<uint32_t> both;
-  for (const uint32_t e : experts)
-    if (std::binary_search(res.begin(), res.end(), e)) both.push_back(e);
-  std::sort(both.begin(), both.end());
-  both.erase(std::unique(both.begin(), both.end()), both.end());
-  if (both.empty() || both.size() > store_.max_union_experts(layer)) return;
-  storage::Lease l = store_.acquire(layer, both);  // resident: pinned, nothing read
-  for (const uint32_t e : both) {
+  std::vector<uint32_t> want(experts.begin(), experts.end());
+  std::sort(want.begin(), want.end());
+  want.erase(std::unique(want.begin(), want.end()), want.end());
+  // Those resident now, pinned in one step: one evicted meanwhile is left out, never read here.
+  const storage::Lease l = store_.acquire_resident(layer, want);
+  for (const uint32_t e : l.experts()) {
     const storage::ExpertBytes b = l.get(layer, e);
     use(e, ExpertWeights{b.gate, b.up, b.down});
   }

@@ -277,16 +277,43 @@ void ExpertStore::Impl::wait_ready_locked(Acquire& a, std::unique_lock<std::mute
     if (slots[s].state == Slot::State::Failed) throw Error(slots[s].error);
 }
 
-Lease ExpertStore::acquire(uint32_t layer, std::span<const uint32_t> experts) {
-  Impl& m = *impl_;
-  if (layer >= m.geo.n_layer)
-    throw Error("expert store: layer " + num(layer) + " out of range (" + num(m.geo.n_layer) + " layers)");
+void ExpertStore::Impl::check_request(uint32_t layer, std::span<const uint32_t> experts) const {
+  if (layer >= geo.n_layer)
+    throw Error("expert store: layer " + num(layer) + " out of range (" + num(geo.n_layer) + " layers)");
   for (size_t i = 0; i < experts.size(); ++i) {
-    if (experts[i] >= m.geo.n_expert)
-      throw Error("expert store: expert " + num(experts[i]) + " out of range (" + num(m.geo.n_expert) + " experts)");
+    if (experts[i] >= geo.n_expert)
+      throw Error("expert store: expert " + num(experts[i]) + " out of range (" + num(geo.n_expert) + " experts)");
     if (i && experts[i] <= experts[i - 1])
       throw Error("expert store: experts of layer " + num(layer) + " must be ascending and distinct");
   }
+}
+
+Lease ExpertStore::acquire_resident(uint32_t layer, std::span<const uint32_t> experts) {
+  Impl& m = *impl_;
+  m.check_request(layer, experts);
+  Lease lease;
+  lease.layer_ = layer;
+  std::lock_guard<std::mutex> lk(m.mu);
+  Impl::Acquire a{layer, experts, std::vector<uint32_t>(experts.size(), Impl::kNoSlot), {}, false};
+  for (size_t i = 0; i < experts.size(); ++i) {
+    const auto it = m.index.find(m.key(layer, experts[i]));
+    if (it == m.index.end() || m.slots[it->second].state != Slot::State::Ready) continue;
+    m.layer_stats[layer].requests++;
+    m.pin_existing_locked(a, i);  // a hit
+  }
+  for (size_t i = 0; i < experts.size(); ++i)
+    if (a.got[i] != Impl::kNoSlot) {
+      lease.experts_.push_back(experts[i]);
+      lease.slots_.push_back(a.got[i]);
+      lease.bytes_.push_back(m.bytes_of(a.got[i]));
+    }
+  if (!lease.experts_.empty()) lease.store_ = this;
+  return lease;
+}
+
+Lease ExpertStore::acquire(uint32_t layer, std::span<const uint32_t> experts) {
+  Impl& m = *impl_;
+  m.check_request(layer, experts);
   Lease lease;
   lease.layer_ = layer;
   if (experts.empty()) return lease;

@@ -138,6 +138,11 @@ class ExpertStore {
   // waits for them. Throws Error when the union does not fit, on bad ids and on read errors; on
   // any throw nothing stays leased and the cache holds only complete entries.
   Lease acquire(uint32_t layer, std::span<const uint32_t> experts);
+  // Leases those of `experts` (ascending, distinct) whose bytes are resident and complete at the
+  // call, in one step under the store's lock: never reads, never waits, never evicts, so an
+  // expert evicted just before is left out rather than read on the spot. The lease's experts()
+  // say which. Throws Error only on bad ids.
+  Lease acquire_resident(uint32_t layer, std::span<const uint32_t> experts);
   // Predicted use (any order, duplicates ignored). Never blocks on I/O, never throws for
   // capacity reasons; throws Error only for ids out of range.
   void hint(uint32_t layer, std::span<const uint32_t> experts);

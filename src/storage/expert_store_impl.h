@@ -102,6 +102,7 @@ struct ExpertStore::Impl {
     std::vector<uint32_t> pinned;
     bool waited = false;
   };
+  void check_request(uint32_t layer, std::span<const uint32_t> experts) const;  // throws on bad ids
   void check_acquire_locked(uint32_t layer, size_t n_experts) const;  // throws when it can never fit
   bool pin_existing_locked(Acquire& a, size_t i);  // pins experts[i] if resident or loading
   // Phase 1: pin every member already resident or loading, so that loading the missing ones can
