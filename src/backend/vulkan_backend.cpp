@@ -791,12 +791,9 @@ class VulkanBackend final : public CpuBackend {
     std::vector<PendingCopy> copies[2];  // this layer's, the next layer's guesses
     auto take = [&](uint32_t L, std::span<const uint32_t> experts, ExpertTensors et, int batch) {
       if (!et.gate || !et.up || !et.down) return;
-      const uint64_t bytes[3] = {et.gate->rows * et.gate->row_bytes, et.up->rows * et.up->row_bytes,
-                                 et.down->rows * et.down->row_bytes};
-      uint32_t kind = 0;
-      for (int i = 0; i < 3; ++i)  // not the slots' geometry or no shader: its routed op runs elsewhere
-        if (bytes[i] > part_cap_[i] || pipeline_for((i == 0 ? et.gate : i == 1 ? et.up : et.down)->type, kind) == VK_NULL_HANDLE)
-          return;
+      const ExpertParts parts = expert_parts(et);
+      if (!fits_slots(parts)) return;  // its routed op runs elsewhere
+      const uint64_t* const bytes = parts.bytes;
       std::vector<uint32_t> want;
       for (const uint32_t e : experts)
         if (!find_slot(src.id, L, e)) want.push_back(e);
@@ -885,24 +882,40 @@ class VulkanBackend final : public CpuBackend {
   // layer with larger experts runs on the CPU, counted in experts_on_host).
   bool experts_on_device(ExpertTensors t) const {
     if (slots_wanted_ == 0 && !in_place_) return false;
-    uint32_t kind = 0;
-    bool shaders = true;
-    for (const Weight* w : {t.gate, t.up, t.down})
-      shaders &= pipeline_for(w->type, kind) != VK_NULL_HANDLE && w->rows * w->row_bytes <= max_range_;
-    if (in_place_) {
-      const std::lock_guard<std::mutex> lk(mu_);
-      const bool fits = shaders && !in_place_released_;
-      if (!fits) ++st_.expert_calls_on_host;
-      return fits;
-    }
-    const uint64_t part[3] = {t.gate->rows * t.gate->row_bytes, t.up->rows * t.up->row_bytes,
-                              t.down->rows * t.down->row_bytes};
+    const ExpertParts parts = expert_parts(t);
     const std::lock_guard<std::mutex> lk(mu_);
-    if (shaders && slot_stride_ == 0 && !st_.expert_slots_refused) make_slots(part);
-    const bool fits = shaders && slot_stride_ != 0 && part[0] <= part_cap_[0] && part[1] <= part_cap_[1] &&
-                      part[2] <= part_cap_[2];
+    bool fits = false;
+    if (in_place_) {
+      fits = parts.shaders && !in_place_released_;
+    } else {
+      if (parts.shaders && slot_stride_ == 0 && !st_.expert_slots_refused) make_slots(parts.bytes);
+      fits = fits_slots(parts);
+    }
     if (!fits) ++st_.expert_calls_on_host;
     return fits;
+  }
+
+  // An expert's three parts (gate, up, down): their bytes, and whether the device runs all three
+  // (a shader for each type, each part within one binding's range).
+  struct ExpertParts {
+    uint64_t bytes[3] = {};
+    bool shaders = true;
+  };
+  ExpertParts expert_parts(ExpertTensors t) const {
+    ExpertParts p;
+    uint32_t kind = 0;
+    int i = 0;
+    for (const Weight* w : {t.gate, t.up, t.down}) {
+      p.bytes[i++] = w->rows * w->row_bytes;
+      p.shaders &= pipeline_for(w->type, kind) != VK_NULL_HANDLE && w->rows * w->row_bytes <= max_range_;
+    }
+    return p;
+  }
+
+  // Whether such an expert goes in a slot: the slots exist and each part fits its place (mu_ held).
+  bool fits_slots(const ExpertParts& p) const {
+    return p.shaders && slot_stride_ != 0 && p.bytes[0] <= part_cap_[0] && p.bytes[1] <= part_cap_[1] &&
+           p.bytes[2] <= part_cap_[2];
   }
 
   // The routed FFN's sequence (routed_terms.h) with each expert's projections dispatched on its

@@ -143,15 +143,12 @@ int run_bench_ops(const BenchOptions& o) {
     std::vector<uint8_t> bytes(one * copies);
     t.random(bytes.data(), (int64_t)(one / (uint64_t)t.block_bytes), 42, 0.05f);
     for (uint64_t k = 1; k < copies; ++k) std::memcpy(bytes.data() + k * one, bytes.data(), one);
-    // On a device, a backend of its own for each shape, made after the shape's bytes and so gone
-    // before them: the device never holds an import of freed pages, and the copies of one shape
-    // leave the device budget whole for the next (else later shapes would run on the CPU once
-    // the budget had filled).
+    // On a device, a backend of its own for each shape (the first shape's is the header's, which
+    // holds nothing yet), gone before the shape's bytes: the device never holds an import of freed
+    // pages, and the copies of one shape leave the device budget whole for the next (else later
+    // shapes would run on the CPU once the budget had filled).
     std::unique_ptr<Backend> dev;
-    if (on_gpu) {
-      gpu.reset();  // the one made above, for the header
-      dev = make_vulkan_backend(gpu_options(so));
-    }
+    if (on_gpu) dev = gpu ? std::move(gpu) : make_vulkan_backend(gpu_options(so));
     const Backend& be = dev ? *dev : static_cast<const Backend&>(cpu);
     std::vector<Weight> ws((size_t)copies, W);
     for (uint64_t k = 0; k < copies; ++k) {

@@ -293,20 +293,21 @@ Lease ExpertStore::acquire_resident(uint32_t layer, std::span<const uint32_t> ex
   m.check_request(layer, experts);
   Lease lease;
   lease.layer_ = layer;
-  std::lock_guard<std::mutex> lk(m.mu);
+  // Room first: nothing may throw between pinning an entry and its place in the lease.
+  lease.experts_.reserve(experts.size());
+  lease.slots_.reserve(experts.size());
+  lease.bytes_.reserve(experts.size());
   Impl::Acquire a{layer, experts, std::vector<uint32_t>(experts.size(), Impl::kNoSlot), {}, false};
+  std::lock_guard<std::mutex> lk(m.mu);
   for (size_t i = 0; i < experts.size(); ++i) {
     const auto it = m.index.find(m.key(layer, experts[i]));
     if (it == m.index.end() || m.slots[it->second].state != Slot::State::Ready) continue;
     m.layer_stats[layer].requests++;
     m.pin_existing_locked(a, i);  // a hit
+    lease.experts_.push_back(experts[i]);
+    lease.slots_.push_back(a.got[i]);
+    lease.bytes_.push_back(m.bytes_of(a.got[i]));
   }
-  for (size_t i = 0; i < experts.size(); ++i)
-    if (a.got[i] != Impl::kNoSlot) {
-      lease.experts_.push_back(experts[i]);
-      lease.slots_.push_back(a.got[i]);
-      lease.bytes_.push_back(m.bytes_of(a.got[i]));
-    }
   if (!lease.experts_.empty()) lease.store_ = this;
   return lease;
 }
