@@ -1380,6 +1380,7 @@ class VulkanBackend final : public CpuBackend {
                Push{units, (uint32_t)cols, (uint32_t)n, 0, (uint32_t)cols, (uint32_t)stride, 0, 0, 0}, grid_x(units),
                (uint32_t)n};
     q.quantize = true;
+    q.act_bytes = rows_span(n, cols * sizeof(float), cols * sizeof(float));
     (void)dispatch(std::span<const Dispatch>(&q, 1));
     std::vector<uint8_t> out(n * row);
     for (size_t t = 0; t < n; ++t) std::memcpy(out.data() + t * row, static_cast<const uint8_t*>(act_.map) + f + t * stride, row);
@@ -1707,7 +1708,8 @@ class VulkanBackend final : public CpuBackend {
       ensure(act_, (VkDeviceSize)n * stride);
       ensure_out();
       for (size_t t = 0; t < n; ++t) std::memcpy(static_cast<uint8_t*>(act_.map) + t * stride, acts[t0 + t], stride);
-      Dispatch d{wt, 0, 0, 0, push_for(wt, W, row0, n, stride, rows, round)};
+      Dispatch d{wt, 0, 0, (VkDeviceSize)n * out_row, push_for(wt, W, row0, n, stride, rows, round)};
+      d.act_bytes = rows_span(n, stride, stride);
       shape_linear(d, rows, n);
       read_back(0, (VkDeviceSize)n * out_row);
       s = add_seconds(s, dispatch(std::span<const Dispatch>(&d, 1)));
@@ -1799,7 +1801,16 @@ class VulkanBackend final : public CpuBackend {
     // Recorded in stages, a barrier between one and the next: a dispatch reads only what
     // dispatches of earlier stages wrote.
     uint32_t stage = 1;
+    // Binding 1's bytes from act_off, binding 2's from out_off (out_bytes): what the shader reads
+    // and writes there, so that the bindings of dispatches in one stage are disjoint ranges, as
+    // synchronization validation sees them (0: to the buffer's end).
+    VkDeviceSize act_bytes = 0;
   };
+
+  // The bytes of n rows `stride` apart whose last is `row` bytes long, in whole words.
+  static VkDeviceSize rows_span(size_t n, size_t stride, size_t row) {
+    return n == 0 ? 0 : ((VkDeviceSize)(n - 1) * stride + row + 3) / 4 * 4;
+  }
 
   // The shader and grid of a linear dispatch over `rows` outputs for n tokens: 64 outputs per
   // workgroup; for a quantized format with at least kGemmTile tokens its GEMM build (64 rows and a
@@ -1947,6 +1958,8 @@ class VulkanBackend final : public CpuBackend {
                      grid_x(units), (uint32_t)n};
           q.quantize = true;
           q.chained = from != nullptr;
+          q.act_bytes = from ? rows_span(n, from->stride * sizeof(float), (size_t)(it.x - from->row + cols) * sizeof(float))
+                             : rows_span(n, cols * sizeof(float), cols * sizeof(float));
           q.stage = from ? from->stage + 1 : 0;
           if (from) const_cast<Region*>(from)->read = std::max(from->read, q.stage);
           stage = q.stage + 1;
@@ -1969,6 +1982,7 @@ class VulkanBackend final : public CpuBackend {
         sub.act_used += f + a;
         Dispatch d{it.wt, last_act, 0, 0, push_for(it.wt, *it.W, it.row0, n, stride, it.rows, it.round)};
         d.chained = rows_at != nullptr;
+        d.act_bytes = rows_span(n, stride, it.xf ? cols * sizeof(float) : stride);
         shape_linear(d, it.rows, n);
         d.stage = last_stage = stage;
         if (it.tensor) {
@@ -2249,6 +2263,7 @@ class VulkanBackend final : public CpuBackend {
                     std::bit_cast<uint32_t>(limit), (uint32_t)(u.p - r.row), 0, 0, 0},
                grid_x(g.width), (uint32_t)g.n};
     d.stage = std::max(r.stage, r.read) + 1;
+    d.act_bytes = rows_span(g.n, sizeof(float), sizeof(float));  // the row weights, when the shader reads them
     return d;
   }
 
@@ -2428,6 +2443,7 @@ class VulkanBackend final : public CpuBackend {
     const DeviceWeight wt{float_, gw.b.buf, 0, gw.b.size, gw.kind, gw.w_off};
     Dispatch lin{wt, x_off, raw_off, rb, push_for(wt, fn, 0, n, (size_t)x.stride * sizeof(float), nmix, false)};
     lin.chained = x.region >= 0;
+    lin.act_bytes = rows_span(n, (size_t)x.stride * sizeof(float), X.width * sizeof(float));
     shape_linear(lin, nmix, n);
     lin.stage = x.stage + 1;
     deferred_.ds.push_back(lin);
@@ -3208,8 +3224,15 @@ class VulkanBackend final : public CpuBackend {
     for (size_t d = 0; d < ds.size(); ++d) {
       const Dispatch& x = ds[d];
       bi[d * kBindings + 0] = {x.wt.buf, x.wt.offset, x.wt.range};
-      bi[d * kBindings + 1] = {x.chained ? out_.buf : act_.buf, x.act_off, VK_WHOLE_SIZE};
-      bi[d * kBindings + 2] = {x.quantize ? act_.buf : out_.buf, x.out_off, x.out_bytes ? x.out_bytes : VK_WHOLE_SIZE};
+      const Buffer& in = x.chained ? out_ : act_;
+      const Buffer& out = x.quantize ? act_ : out_;
+      try {
+        bi[d * kBindings + 1] = {in.buf, x.act_off, binding_range(in, x.act_off, x.act_bytes)};
+        bi[d * kBindings + 2] = {out.buf, x.out_off, binding_range(out, x.out_off, x.out_bytes)};
+      } catch (...) {
+        readback_.clear();
+        throw;
+      }
       bi[d * kBindings + 3] = {tables_.buf, 0, VK_WHOLE_SIZE};
       for (uint32_t i = 0; i < kBindings; ++i) {
         VkWriteDescriptorSet& w = wr[d * kBindings + i];
@@ -3260,6 +3283,16 @@ class VulkanBackend final : public CpuBackend {
       }
     }
     return finish_submit(what, (bool)meanwhile);
+  }
+
+  // A binding's range: `bytes` from `off` of b (0: to its end). A range past the end is a slip in
+  // the dispatch's making, refused before the device could read outside the buffer.
+  static VkDeviceSize binding_range(const Buffer& b, VkDeviceSize off, VkDeviceSize bytes) {
+    if (bytes == 0) return VK_WHOLE_SIZE;
+    if (off > b.size || bytes > b.size - off)
+      throw Error("vulkan: a dispatch's binding of " + std::to_string(bytes) + " bytes at " + std::to_string(off) +
+                  " passes the end of its " + std::to_string(b.size) + "-byte buffer");
+    return bytes;
   }
 
   // Records `cmds` into the command buffer, submits it and waits (mu_ held). The barrier at the
