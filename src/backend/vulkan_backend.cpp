@@ -72,7 +72,9 @@ uint64_t gemm_shared_bytes(GgmlType t) {
   const uint64_t a_block = activation_bytes(w.act, w.block_elems);
   return 4 * (kGemmRows * ((uint64_t)w.block_bytes / 4 + 2) + kGemmTile * (a_block / 4 + 2));
 }
-constexpr uint32_t kBindings = 4;  // weights, activations, outputs, tables (linear_common.glsl)
+// Weights, activations, outputs, tables (linear_common.glsl), and the output buffer read only
+// (the row ops' operands, rows_io.glsl).
+constexpr uint32_t kBindings = 5;
 constexpr uint64_t kSlabBytes = 256ull << 20;  // routed-expert slots are allocated this many bytes at a time
 // Descriptor sets: the most dispatches one submission records. A fused group of routed experts
 // takes five per expert (gate, up, SwiGLU, quantizer, down), 32 of them 160, beside a deferred batch.
@@ -84,6 +86,8 @@ constexpr uint64_t kFenceTimeoutNs = 120ull * 1000 * 1000 * 1000;
 struct Push {
   uint32_t rows, cols, n, row0, w_row_bytes, a_stride, kind, round_out, w_off;
   uint32_t y_off = 0, y_stride = 0;  // the linears' outputs y[y_off + t * y_stride + r]
+  // The row ops' bindings 1, 4 and 2 start at these floats of their buffers (rows_io.glsl).
+  uint32_t base_staged = 0, base_in = 0, base_out = 0;
 };
 
 // A storage buffer and its memory; `map` is set while the host can write it directly (the
@@ -196,6 +200,10 @@ class VulkanBackend final : public CpuBackend {
       VkPhysicalDeviceProperties props;
       vkGetPhysicalDeviceProperties(phys_, &props);
       offset_align_ = props.limits.minStorageBufferOffsetAlignment;
+      if (props.limits.maxPerStageDescriptorStorageBuffers < kBindings)
+        throw Error("vulkan: device " + info_.name + " lets a shader bind " +
+                    std::to_string(props.limits.maxPerStageDescriptorStorageBuffers) + " storage buffers; sluice's take " +
+                    std::to_string(kBindings));
       ts_period_ns_ = props.limits.timestampPeriod;
       max_groups_x_ = props.limits.maxComputeWorkGroupCount[0];
       if (o.max_groups_x) max_groups_x_ = std::min(max_groups_x_, o.max_groups_x);
@@ -1178,6 +1186,7 @@ class VulkanBackend final : public CpuBackend {
     for (const Tensor& gu : scratch) deferred_.keep.push_back(gu);  // the batch reads and writes them
     // Each term row's place: the region the expert's down projection writes.
     std::vector<uint32_t> place(triples.size());
+    std::vector<const Region*> term_regions;
     uint32_t after = 0;
     size_t first = 0;
     for (const auto& j : jobs) {
@@ -1185,6 +1194,7 @@ class VulkanBackend final : public CpuBackend {
       if (!r) throw Error("routed experts: the device's terms are in no region of the batch");  // device_linears placed them
       for (size_t k = 0; k < j.n; ++k) place[first + k] = kInOut | (out_place(*r, CMat{terms.c().row(first + k), 1, H, H}));
       after = std::max(after, r->stage);
+      term_regions.push_back(r);
       first += j.n;
     }
     // [first, count per token][triple ids' places], in triple order per token.
@@ -1196,6 +1206,8 @@ class VulkanBackend final : public CpuBackend {
       lists[2 * t + 1] = (uint32_t)per[t].size();
       lists.insert(lists.end(), per[t].begin(), per[t].end());
     }
+    RowSpans sp = row_spans();
+    for (const Region* tr : term_regions) reads_region(sp, (int)(tr - deferred_.regions.data()));
     Operand s;
     const uint32_t at = stage_words(lists);
     if (at == UINT32_MAX || !operand(sums, s)) throw Error("routed experts: no room for the sums in the batch");
@@ -1204,9 +1216,11 @@ class VulkanBackend final : public CpuBackend {
     deferred_.keep.push_back(terms);
     Region& r = deferred_.regions[(size_t)yr];
     const uint32_t stage = std::max(after, s.stage) + 1;
+    reads(sp, s);
+    writes(sp, r);
     deferred_.ds.push_back(row_op(routed_sum_,
                                   {(uint32_t)n, (uint32_t)sums.width, s.at, s.stride, at, out_place(r, sums), (uint32_t)r.stride},
-                                  grid_x(sums.width), (uint32_t)n, stage));
+                                  grid_x(sums.width), (uint32_t)n, stage, sp));
     r.stage = stage;
     mark_read(s, stage);
     return true;
@@ -1805,6 +1819,10 @@ class VulkanBackend final : public CpuBackend {
     // and writes there, so that the bindings of dispatches in one stage are disjoint ranges, as
     // synchronization validation sees them (0: to the buffer's end).
     VkDeviceSize act_bytes = 0;
+    // A row op (rows_io.glsl): binding 1 is act_bytes from act_off (none: no staged operand),
+    // binding 4 the output buffer's in_bytes from in_off, read only (none: no operand there).
+    bool row = false;
+    VkDeviceSize in_off = 0, in_bytes = 0;
   };
 
   // The bytes of n rows `stride` apart whose last is `row` bytes long, in whole words.
@@ -2363,11 +2381,56 @@ class VulkanBackend final : public CpuBackend {
     Region& r = deferred_.regions[(size_t)o.region];
     r.read = std::max(r.read, stage);
   }
-  // A row op's dispatch: binding 0 exp_f32's constants (hc_mix's), 1 and 2 the whole staging buffers.
+  // What a row op touches, so that its bindings span only that (rows_io.glsl): its staged
+  // operands, from `staged` (deferred_.act_used when its recording began) to the batch's end; the
+  // floats [in_lo, in_hi) of the output buffer it reads; the bytes it writes there.
+  struct RowSpans {
+    VkDeviceSize staged = 0;
+    uint64_t in_lo = UINT64_MAX, in_hi = 0;
+    VkDeviceSize out_off = 0, out_bytes = 0;
+  };
+  RowSpans row_spans() const { return RowSpans{deferred_.act_used}; }
+  static void reads_floats(RowSpans& s, uint64_t lo, uint64_t hi) {
+    s.in_lo = std::min(s.in_lo, lo);
+    s.in_hi = std::max(s.in_hi, hi);
+  }
+  void reads_region(RowSpans& s, int region) const {
+    if (region < 0) return;
+    const Region& r = deferred_.regions[(size_t)region];
+    reads_floats(s, r.off / sizeof(float), r.off / sizeof(float) + (uint64_t)r.n * r.stride);
+  }
+  void reads(RowSpans& s, const Operand& o) const { reads_region(s, o.region); }
+  // A place in the output buffer (kInOut set): the region holding it.
+  void reads_place(RowSpans& s, uint32_t place) const {
+    const uint64_t f = place & ~kInOut;
+    for (size_t i = 0; i < deferred_.regions.size(); ++i) {
+      const Region& r = deferred_.regions[i];
+      if (f >= r.off / sizeof(float) && f < r.off / sizeof(float) + (uint64_t)r.n * r.stride) return reads_region(s, (int)i);
+    }
+    throw Error("vulkan: a row op reads a place of the output buffer in no region of the batch");
+  }
+  static void writes(RowSpans& s, const Region& r) {
+    s.out_off = r.off;
+    s.out_bytes = (VkDeviceSize)r.n * r.stride * sizeof(float);
+  }
+
+  // A row op's dispatch: binding 0 exp_f32's constants (hc_mix's), 1, 2 and 4 what it touches.
   Dispatch row_op(VkPipeline pipe, const std::array<uint32_t, sizeof(Push) / sizeof(uint32_t)>& push, uint32_t gx,
-                  uint32_t gy, uint32_t stage) const {
+                  uint32_t gy, uint32_t stage, const RowSpans& sp) const {
     Dispatch d{DeviceWeight{pipe, exp_consts_.buf, 0, exp_consts_.size, 0, 0}, 0, 0, 0, std::bit_cast<Push>(push), gx, gy};
     d.stage = stage;
+    d.row = true;
+    d.act_off = sp.staged;
+    d.act_bytes = deferred_.act_used - sp.staged;
+    d.out_off = sp.out_off;
+    d.out_bytes = (sp.out_bytes + 3) / 4 * 4;
+    if (sp.in_hi > sp.in_lo) {
+      d.in_off = sp.in_lo * sizeof(float) / offset_align() * offset_align();
+      d.in_bytes = sp.in_hi * sizeof(float) - d.in_off;
+    }
+    d.push.base_staged = (uint32_t)(d.act_off / sizeof(float));
+    d.push.base_in = (uint32_t)(d.in_off / sizeof(float));
+    d.push.base_out = (uint32_t)(d.out_off / sizeof(float));
     ++st_.ops_on_device;
     return d;
   }
@@ -2375,7 +2438,7 @@ class VulkanBackend final : public CpuBackend {
   // A row op writing y into a new region a stage after what its operands wait for (mu_ held): its
   // push constants are `head` then y's place and row stride; false when y gets no region.
   bool defer_row_op(VkPipeline pipe, std::initializer_list<const Operand*> ops, Mat y, std::initializer_list<uint32_t> head,
-                    uint32_t gx) const {
+                    uint32_t gx, RowSpans sp) const {
     const int yr = output_region(y);
     if (yr < 0) return false;
     Region& r = deferred_.regions[(size_t)yr];
@@ -2386,7 +2449,9 @@ class VulkanBackend final : public CpuBackend {
     std::copy(head.begin(), head.end(), push.begin());
     push[head.size()] = out_place(r, y);
     push[head.size() + 1] = (uint32_t)r.stride;
-    deferred_.ds.push_back(row_op(pipe, push, gx, (uint32_t)y.n, stage));
+    for (const Operand* o : ops) reads(sp, *o);
+    writes(sp, r);
+    deferred_.ds.push_back(row_op(pipe, push, gx, (uint32_t)y.n, stage, sp));
     r.stage = stage;
     for (const Operand* o : ops) mark_read(*o, stage);
     return true;
@@ -2398,9 +2463,10 @@ class VulkanBackend final : public CpuBackend {
     if (hc_pre_ == VK_NULL_HANDLE || n == 0 || H == 0 || hc == 0 || X.n != n || pre.n != n || X.width != hc * H ||
         pre.width < hc || deferred_.ds.size() + 2 > kSets)
       return false;
+    const RowSpans sp = row_spans();
     Operand x, w;
     if (!operand(X, x) || !operand(pre.cols(0, hc), w)) return false;
-    return defer_row_op(hc_pre_, {&x, &w}, y, {(uint32_t)n, (uint32_t)H, hc, x.at, x.stride, w.at, w.stride}, grid_x(H));
+    return defer_row_op(hc_pre_, {&x, &w}, y, {(uint32_t)n, (uint32_t)H, hc, x.at, x.stride, w.at, w.stride}, grid_x(H), sp);
   }
 
   // Y = hc_post(F, X, mixes) (mu_ held).
@@ -2409,10 +2475,11 @@ class VulkanBackend final : public CpuBackend {
     if (hc_post_ == VK_NULL_HANDLE || n == 0 || H == 0 || hc == 0 || F.n != n || X.n != n || mixes.n != n ||
         X.width != hc * H || Y.width != hc * H || mixes.width < nmix || deferred_.ds.size() + 1 > kSets)
       return false;
+    const RowSpans sp = row_spans();
     Operand f, x, m;
     if (!operand(F, f) || !operand(X, x) || !operand(mixes.cols(0, nmix), m)) return false;
     return defer_row_op(hc_post_, {&f, &x, &m}, Y,
-                        {(uint32_t)n, (uint32_t)H, hc, f.at, f.stride, x.at, x.stride, m.at, m.stride}, grid_x(H));
+                        {(uint32_t)n, (uint32_t)H, hc, f.at, f.stride, x.at, x.stride, m.at, m.stride}, grid_x(H), sp);
   }
 
   // mixes = hc_mix(X) (mu_ held): the projections by the linear_float shader (the CPU's linear,
@@ -2425,6 +2492,7 @@ class VulkanBackend final : public CpuBackend {
         static_cast<const GpuWeight*>(fn.device)->pipe != float_ || deferred_.ds.size() + 2 > kSets)
       return false;
     const GpuWeight& gw = *static_cast<const GpuWeight*>(fn.device);
+    RowSpans sp = row_spans();
     Operand x;
     if (!operand(X, x)) return false;
     // The linear binds X's rows at an offset: a region's must suit one (a whole tensor's rows do).
@@ -2450,10 +2518,13 @@ class VulkanBackend final : public CpuBackend {
     ++st_.linear_on_device;
     Region& r = deferred_.regions[(size_t)mr];
     const uint32_t stage = lin.stage + 1;
+    reads(sp, x);
+    reads_floats(sp, raw_off / sizeof(float), (raw_off + rb) / sizeof(float));
+    writes(sp, r);
     deferred_.ds.push_back(row_op(hc_mix_,
                                   {(uint32_t)n, (uint32_t)X.width, p.hc, p.sinkhorn_iters, kInOut | (uint32_t)(raw_off / sizeof(float)),
                                    (uint32_t)nmix, x.at, x.stride, pa, out_place(r, mixes), (uint32_t)r.stride},
-                                  (uint32_t)((n + kGroup - 1) / kGroup), 1, stage));
+                                  (uint32_t)((n + kGroup - 1) / kGroup), 1, stage, sp));
     r.stage = stage;
     mark_read(x, stage);
     return true;
@@ -2468,6 +2539,7 @@ class VulkanBackend final : public CpuBackend {
     if (engram_gate_ == VK_NULL_HANDLE || n == 0 || H == 0 || X.width != hc * H || kv.n != n || kv.width < (hc + 1) * H ||
         deferred_.ds.size() + 1 > kSets)
       return false;
+    RowSpans sp = row_spans();
     Operand x, k;
     if (!operand(X, x) || !operand(kv.cols(0, (hc + 1) * H), k)) return false;
     std::vector<float> prm;
@@ -2485,10 +2557,13 @@ class VulkanBackend final : public CpuBackend {
     if (yr < 0 && (yr = output_region(X)) < 0) return false;
     Region& r = deferred_.regions[(size_t)yr];
     const uint32_t stage = std::max({x.stage, k.stage, r.read}) + 1;
+    reads(sp, x);
+    reads(sp, k);
+    writes(sp, r);
     deferred_.ds.push_back(row_op(engram_gate_,
                                   {(uint32_t)n, (uint32_t)H, hc, x.at, x.stride, k.at, k.stride, pa,
                                    gates.p ? out_place(r, gates) : out_place(r, X), (uint32_t)r.stride, gates.p ? 1u : 0u},
-                                  hc, (uint32_t)n, stage));
+                                  hc, (uint32_t)n, stage, sp));
     r.stage = stage;
     mark_read(k, stage);
     return true;
@@ -2500,9 +2575,11 @@ class VulkanBackend final : public CpuBackend {
     if (add_round_ == VK_NULL_HANDLE || n == 0 || w == 0 || a.n != n || b.n != n || a.width != w || b.width != w ||
         (!deferred_.source_of(a) && !deferred_.source_of(b)) || deferred_.ds.size() + 1 > kSets)
       return false;
+    const RowSpans sp = row_spans();
     Operand oa, ob;
     if (!operand(a, oa) || !operand(b, ob)) return false;
-    return defer_row_op(add_round_, {&oa, &ob}, out, {(uint32_t)n, (uint32_t)w, oa.at, oa.stride, ob.at, ob.stride}, grid_x(w));
+    return defer_row_op(add_round_, {&oa, &ob}, out, {(uint32_t)n, (uint32_t)w, oa.at, oa.stride, ob.at, ob.stride},
+                        grid_x(w), sp);
   }
 
   // compress_pool (mu_ held): the groups the chunk completes pooled into a new region of latents'
@@ -2520,6 +2597,7 @@ class VulkanBackend final : public CpuBackend {
     // A carry the batch still writes (a second chunk of the sequence in one batch) is not staged.
     if (ratio > 1 && (deferred_writes(CMat{carry_k, 1, cw, cw}) || deferred_writes(CMat{carry_s, 1, cw, cw})))
       return false;
+    RowSpans sp = row_spans();
     Operand ko, go;
     if (!operand(k, ko) || (ratio > 1 && !operand(g, go))) return false;
     std::vector<uint32_t> done;  // the chunk's rows completing a group
@@ -2559,8 +2637,11 @@ class VulkanBackend final : public CpuBackend {
       if (yr < 0) return false;
       Region& r = deferred_.regions[(size_t)yr];
       const uint32_t stage = std::max(ko.stage, go.stage) + 1;
+      reads(sp, ko);
+      reads(sp, go);
+      writes(sp, r);
       deferred_.ds.push_back(row_op(compress_, {G, (uint32_t)hd, ratio, m_at, out_place(r, latents), (uint32_t)r.stride, unrounded ? 1u : 0u},
-                                    grid_x(hd), G, stage));
+                                    grid_x(hd), G, stage, sp));
       r.stage = stage;
       mark_read(ko, stage);
       mark_read(go, stage);
@@ -2593,9 +2674,11 @@ class VulkanBackend final : public CpuBackend {
     if (!r) return false;
     const uint32_t stage = std::max(r->stage, r->read) + 1;
     const uint32_t k = kind == FakeQuant::Fp8Window ? 0u : kind == FakeQuant::Nvfp4 ? 1u : 2u;
+    RowSpans sp = row_spans();
+    writes(sp, *r);  // its binding 2 is the region: x's place counted from the region's start
     deferred_.ds.push_back(row_op(fake_quant_,
-                                  {(uint32_t)x.n, (uint32_t)x.width, out_place(*r, x), (uint32_t)r->stride, k},
-                                  (uint32_t)((x.width / block + kGroup - 1) / kGroup), (uint32_t)x.n, stage));
+                                  {(uint32_t)x.n, (uint32_t)x.width, (uint32_t)(x.p - r->row), (uint32_t)r->stride, k},
+                                  (uint32_t)((x.width / block + kGroup - 1) / kGroup), (uint32_t)x.n, stage, sp));
     r->stage = stage;
     return true;
   }
@@ -2609,6 +2692,7 @@ class VulkanBackend final : public CpuBackend {
       return false;
     Region* r = in_place_region(x);
     if (!r) return false;
+    RowSpans sp = row_spans();
     const std::span<const double> freqs(t.freqs, t.pairs);
     std::vector<float> tab(n * 2 * half);
     for (size_t i = 0; i < n; ++i) {
@@ -2619,10 +2703,11 @@ class VulkanBackend final : public CpuBackend {
     const uint32_t at = stage_rows(CMat{tab.data(), 1, tab.size(), tab.size()});
     if (at == UINT32_MAX) return false;
     const uint32_t heads = (uint32_t)(x.width / head_dim), stage = std::max(r->stage, r->read) + 1;
+    writes(sp, *r);
     deferred_.ds.push_back(row_op(rope_,
                                   {(uint32_t)n, (uint32_t)half, head_dim, heads, out_place(*r, x), (uint32_t)r->stride, at,
                                    inverse ? 1u : 0u},
-                                  (uint32_t)((heads * half + kGroup - 1) / kGroup), (uint32_t)n, stage));
+                                  (uint32_t)((heads * half + kGroup - 1) / kGroup), (uint32_t)n, stage, sp));
     r->stage = stage;
     return true;
   }
@@ -2783,6 +2868,7 @@ class VulkanBackend final : public CpuBackend {
     const size_t rb = fp4_row_bytes(Fp4Grid::Mxfp4, hd);
     if (deferred_.ds.size() + 1 > kSets) return false;
     const uint32_t first = std::min(a.keys.first, n_vis_max);
+    RowSpans sp = row_spans();
     // Keys a pending store writes: per key, the place of its f32 row (kInOut | place) or ~0u.
     std::vector<uint32_t> pend;
     uint32_t after = 0;
@@ -2840,11 +2926,18 @@ class VulkanBackend final : public CpuBackend {
     at = deferred_.out_used;
     deferred_.out_used += out_bytes;
     const uint32_t stage = std::max({q.stage, w.stage, after}) + 1;
-    for (const int r : read) deferred_.regions[(size_t)r].read = std::max(deferred_.regions[(size_t)r].read, stage);
+    for (const int r : read) {
+      deferred_.regions[(size_t)r].read = std::max(deferred_.regions[(size_t)r].read, stage);
+      reads_region(sp, r);
+    }
+    reads(sp, q);
+    reads(sp, w);
+    sp.out_off = at;
+    sp.out_bytes = out_bytes;
     deferred_.ds.push_back(row_op(index_scores_,
                                   {gn, h_at, q.at, q.stride, w.at, w.stride, (uint32_t)k_at, (uint32_t)rb, m_at,
                                    (uint32_t)(at / sizeof(float)), n_vis_max},
-                                  (n_vis_max + 63) / 64, gn, stage));
+                                  (n_vis_max + 63) / 64, gn, stage, sp));
     mark_read(q, stage);
     mark_read(w, stage);
     read_back(at, out_bytes);
@@ -2882,6 +2975,7 @@ class VulkanBackend final : public CpuBackend {
     // [scale][sinks][first, count per query][ids], then the rows.
     const size_t words = 1 + heads + 2 * n + ids;
     const VkDeviceSize lb = aligned(words * 4), rb = aligned((VkDeviceSize)rows.size() * hd * sizeof(uint16_t));
+    RowSpans sp = row_spans();
     Operand x;
     if (!operand(q, x)) return false;
     if (deferred_.act_used + lb + rb > io_limit_) return false;
@@ -2893,12 +2987,22 @@ class VulkanBackend final : public CpuBackend {
     w[0] = std::bit_cast<uint32_t>((float)(1.0 / std::sqrt((double)hd)));  // the CPU's scale
     for (uint32_t h = 0; h < heads; ++h) w[1 + h] = std::bit_cast<uint32_t>(sinks[h]);
     uint32_t first = 0;
+    uint32_t in_lo = UINT32_MAX, in_hi = 0;  // the rows it reads in the output buffer: their lowest and highest places
     for (uint32_t i = 0; i < n; ++i) {
       const std::vector<uint32_t>& l = list(i);
       w[1 + heads + 2 * i] = first;
       w[1 + heads + 2 * i + 1] = (uint32_t)l.size();
       std::copy(l.begin(), l.end(), w + 1 + heads + 2 * n + first);
       first += (uint32_t)l.size();
+      for (const uint32_t e : l)
+        if (e & kInOut) {
+          in_lo = std::min(in_lo, e);
+          in_hi = std::max(in_hi, e);
+        }
+    }
+    if (in_hi) {  // the regions holding the lowest and the highest, and what lies between
+      reads_place(sp, in_lo);
+      reads_place(sp, in_hi);
     }
     uint16_t* const kv = reinterpret_cast<uint16_t*>(abuf + deferred_.act_used + lb);
     for (uint32_t k = 0; k < rows.size(); ++k) {
@@ -2910,9 +3014,11 @@ class VulkanBackend final : public CpuBackend {
     deferred_.act_used += lb + rb;
     Region& r = deferred_.regions[(size_t)yr];
     const uint32_t stage = std::max(x.stage, after) + 1;
+    reads(sp, x);
+    writes(sp, r);
     deferred_.ds.push_back(row_op(attention_,
                                   {(uint32_t)n, heads, hd, x.at, x.stride, kv_at, list_at, out_place(r, o), (uint32_t)r.stride},
-                                  heads, (uint32_t)n, stage));
+                                  heads, (uint32_t)n, stage, sp));
     r.stage = stage;
     mark_read(x, stage);
     return true;
@@ -3227,8 +3333,16 @@ class VulkanBackend final : public CpuBackend {
       const Buffer& in = x.chained ? out_ : act_;
       const Buffer& out = x.quantize ? act_ : out_;
       try {
-        bi[d * kBindings + 1] = {in.buf, x.act_off, binding_range(in, x.act_off, x.act_bytes)};
+        // A binding the shader does not reach names the tables, which nothing writes.
+        if (x.row && x.act_bytes == 0)
+          bi[d * kBindings + 1] = {tables_.buf, 0, VK_WHOLE_SIZE};
+        else
+          bi[d * kBindings + 1] = {in.buf, x.act_off, binding_range(in, x.act_off, x.act_bytes)};
         bi[d * kBindings + 2] = {out.buf, x.out_off, binding_range(out, x.out_off, x.out_bytes)};
+        if (x.row && x.in_bytes)
+          bi[d * kBindings + 4] = {out_.buf, x.in_off, binding_range(out_, x.in_off, x.in_bytes)};
+        else
+          bi[d * kBindings + 4] = {tables_.buf, 0, VK_WHOLE_SIZE};
       } catch (...) {
         readback_.clear();
         throw;

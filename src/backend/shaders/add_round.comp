@@ -5,7 +5,6 @@
 // the routed experts' sums the CPU made plus the shared expert the device made. An invocation per
 // element, a row per y.
 #include "bf16.glsl"
-#include "rows_io.glsl"
 layout(local_size_x = 64) in;
 
 layout(push_constant) uniform Push {
@@ -15,11 +14,13 @@ layout(push_constant) uniform Push {
   uint b_at, b_stride;
   uint y_off, y_stride;  // row t of y at y_off + t * y_stride of the output buffer
   uint unused0, unused1, unused2;
+  uint base_staged, base_in, base_out;  // rows_io.glsl: where its bindings start
 } p;
+#include "rows_io.glsl"
 
 void main() {
   const uint k = gl_GlobalInvocationID.x, t = gl_WorkGroupID.y;
   if (k >= p.width || t >= p.n) return;
   precise float s = rd(p.a_at + t * p.a_stride + k) + rd(p.b_at + t * p.b_stride + k);
-  rows[p.y_off + t * p.y_stride + k] = round_bf16(s);
+  OUT(p.y_off + t * p.y_stride + k) = round_bf16(s);
 }

@@ -15,7 +15,6 @@
 #include "exp_f32.glsl"
 // The activation buffer's words: the staged rows (BF16, two a word, low half first), the lists
 // and staged queries (f32); rd() reads a query where it lies.
-#include "rows_io.glsl"
 layout(local_size_x = 64) in;
 
 layout(push_constant) uniform Push {
@@ -25,7 +24,9 @@ layout(push_constant) uniform Push {
   uint list_at;         // [scale bits][sinks: heads][per token: first, count][row ids (kv())], words
   uint y_off, y_stride; // token t's output at y_off + t * y_stride of the output buffer
   uint unused0, unused1;
+  uint base_staged, base_in, base_out;  // rows_io.glsl: where its bindings start
 } p;
+#include "rows_io.glsl"
 
 const uint kMaxRows = 2048u;  // VulkanBackend::kAttentionRows
 shared float sc[kMaxRows];    // the scores, then bf16(p_k)
@@ -34,8 +35,8 @@ shared float den_s;
 // Row r's value d: a staged BF16 row, or (bit 31 set) f32 values at that place of the output
 // buffer (a row the batch writes and a store_bf16 of it will keep; BF16-exact).
 float kv(uint r, uint d) {
-  if ((r & 0x80000000u) != 0u) return rows[(r & 0x7fffffffu) + d];
-  const uint w = su[p.kv_at + (r * p.head_dim + d) / 2u];
+  if ((r & 0x80000000u) != 0u) return IN((r & 0x7fffffffu) + d);
+  const uint w = SU(p.kv_at + (r * p.head_dim + d) / 2u);
   return uintBitsToFloat(((d & 1u) != 0u ? (w >> 16) : (w & 0xffffu)) << 16);
 }
 
@@ -43,12 +44,12 @@ void main() {
   const uint h = gl_WorkGroupID.x, t = gl_WorkGroupID.y, lid = gl_LocalInvocationID.x;
   if (h >= p.heads || t >= p.n) return;
   const uint hd = p.head_dim, lists = p.list_at + 1u + p.heads;
-  const float scale = uintBitsToFloat(su[p.list_at]), sink = uintBitsToFloat(su[p.list_at + 1u + h]);
-  const uint first = su[lists + 2u * t], count = min(su[lists + 2u * t + 1u], kMaxRows);
+  const float scale = uintBitsToFloat(SU(p.list_at)), sink = uintBitsToFloat(SU(p.list_at + 1u + h));
+  const uint first = SU(lists + 2u * t), count = min(SU(lists + 2u * t + 1u), kMaxRows);
   const uint ids = lists + 2u * p.n + first;
   const uint q = p.q_at + t * p.q_stride + h * hd;
   for (uint k = lid; k < count; k += 64u) {
-    const uint r = su[ids + k];
+    const uint r = SU(ids + k);
     precise float acc[16];
     for (uint l = 0u; l < 16u; ++l) acc[l] = 0.0;
     const uint padded = (hd + 15u) / 16u * 16u;
@@ -84,10 +85,10 @@ void main() {
   for (uint d = lid; d < hd; d += 64u) {
     float acc = 0.0;
     for (uint k = 0u; k < count; ++k) {
-      precise float m = sc[k] * kv(su[ids + k], d);
+      precise float m = sc[k] * kv(SU(ids + k), d);
       precise float a = acc + m;
       acc = a;
     }
-    rows[p.y_off + t * p.y_stride + h * hd + d] = round_bf16(div_rn(acc, den));
+    OUT(p.y_off + t * p.y_stride + h * hd + d) = round_bf16(div_rn(acc, den));
   }
 }

@@ -12,7 +12,6 @@
 #include "exact_div.glsl"
 #define EXP_BINDING 0
 #include "exp_f32.glsl"
-#include "rows_io.glsl"  // staged rows (f32) and the members table (words)
 layout(local_size_x = 64) in;
 
 layout(push_constant) uniform Push {
@@ -23,7 +22,9 @@ layout(push_constant) uniform Push {
   uint y_off, y_stride;  // group q's latent at y_off + q * y_stride of the output buffer
   uint unrounded;        // tests (gpu_compress_pool_unrounded): the pooled f32 values, not bf16
   uint unused1, unused2, unused3, unused4;
+  uint base_staged, base_in, base_out;  // rows_io.glsl: where its bindings start
 } p;
+#include "rows_io.glsl"  // staged rows (f32) and the members table (words)
 
 void main() {
   const uint d = gl_GlobalInvocationID.x, q = gl_WorkGroupID.y;
@@ -31,26 +32,26 @@ void main() {
   const uint m = p.m_at + q * 2u * p.ratio;
   float pooled;
   if (p.ratio == 1u) {
-    pooled = rd(su[m] + d);
+    pooled = rd(SU(m) + d);
   } else {
-    float mx = rd(su[m + 1u] + d);
+    float mx = rd(SU(m + 1u) + d);
     for (uint a = 1u; a < p.ratio; ++a) {
-      const float s = rd(su[m + 2u * a + 1u] + d);
+      const float s = rd(SU(m + 2u * a + 1u) + d);
       mx = mx < s ? s : mx;  // std::max(mx, s)
     }
     precise float den = 0.0;
     for (uint a = 0u; a < p.ratio; ++a) {
-      precise float arg = rd(su[m + 2u * a + 1u] + d) - mx;
+      precise float arg = rd(SU(m + 2u * a + 1u) + d) - mx;
       den = den + exp_f32(arg);
     }
     precise float acc = 0.0;
     for (uint a = 0u; a < p.ratio; ++a) {
-      precise float arg = rd(su[m + 2u * a + 1u] + d) - mx;
+      precise float arg = rd(SU(m + 2u * a + 1u) + d) - mx;
       const float w = div_rn(exp_f32(arg), den);
-      precise float prod = rd(su[m + 2u * a] + d) * w;
+      precise float prod = rd(SU(m + 2u * a) + d) * w;
       acc = acc + prod;
     }
     pooled = acc;
   }
-  rows[p.y_off + q * p.y_stride + d] = p.unrounded != 0u ? pooled : round_bf16(pooled);
+  OUT(p.y_off + q * p.y_stride + d) = p.unrounded != 0u ? pooled : round_bf16(pooled);
 }

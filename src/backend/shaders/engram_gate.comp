@@ -11,7 +11,6 @@
 #define EXP_BINDING 0
 #include "exp_f32.glsl"
 #include "sigmoid.glsl"
-#include "rows_io.glsl"
 layout(local_size_x = 64) in;
 
 layout(push_constant) uniform Push {
@@ -21,7 +20,9 @@ layout(push_constant) uniform Push {
   uint prm_at;             // [1/sqrt(H)][eps][masked: 0 or 1][q_norm: hc x H][k_norm: hc x H][mask: n]
   uint y_off, y_stride;    // token t's streams out, in the output buffer
   uint gates_only;         // tests (gpu_engram_gates): token t's gates to y_off + t * y_stride + h, X unchanged
+  uint base_staged, base_in, base_out;  // rows_io.glsl: where its bindings start
 } p;
+#include "rows_io.glsl"
 
 shared float gate_s;
 
@@ -64,7 +65,7 @@ void main() {
     precise float arg = sgn * sqrt_rn(m);
     const bool masked = rd(p.prm_at + 2u) != 0.0 && rd(kn + p.hc * H + t) != 0.0;
     gate_s = masked ? 0.0 : sigmoid(arg);
-    if (p.gates_only != 0u) rows[p.y_off + t * p.y_stride + h] = gate_s;
+    if (p.gates_only != 0u) OUT(p.y_off + t * p.y_stride + h) = gate_s;
   }
   if (p.gates_only != 0u) return;
   barrier();
@@ -73,6 +74,6 @@ void main() {
   for (uint k = lid; k < H; k += 64u) {
     precise float g = gate * rd(val + k);
     precise float s = rd(x + k) + g;
-    rows[y + k] = round_bf16(s);
+    OUT(y + k) = round_bf16(s);
   }
 }

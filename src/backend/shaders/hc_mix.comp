@@ -13,7 +13,6 @@
 #define EXP_BINDING 0
 #include "exp_f32.glsl"
 #include "sigmoid.glsl"
-#include "rows_io.glsl"
 layout(local_size_x = 64) in;
 
 layout(push_constant) uniform Push {
@@ -25,7 +24,9 @@ layout(push_constant) uniform Push {
   uint x_at, x_stride;      // token t's streams
   uint prm_at;              // base[hc * (2 + hc)], scale[3], hc_eps, norm_eps
   uint y_off, y_stride;     // token t's mixes at y_off + t * y_stride of the output buffer
+  uint base_staged, base_in, base_out;  // rows_io.glsl: where its bindings start
 } p;
+#include "rows_io.glsl"
 
 void main() {
   const uint t = gl_GlobalInvocationID.x;
@@ -52,10 +53,10 @@ void main() {
   for (uint h = 0u; h < hc; ++h) {
     precise float a = m[h] * rd(p.prm_at + nmix) + rd(p.prm_at + h);
     precise float pre = sigmoid(a) + eps;
-    rows[y + h] = pre;
+    OUT(y + h) = pre;
     precise float b = m[hc + h] * rd(p.prm_at + nmix + 1u) + rd(p.prm_at + hc + h);
     precise float post = 2.0 * sigmoid(b);
-    rows[y + hc + h] = post;
+    OUT(y + hc + h) = post;
   }
   float C[64];
   for (uint k = 0u; k < hc * hc; ++k) {
@@ -100,5 +101,5 @@ void main() {
       for (uint i = 0u; i < hc; ++i) C[i * hc + j] = div_rn(C[i * hc + j], d);
     }
   }
-  for (uint k = 0u; k < hc * hc; ++k) rows[y + 2u * hc + k] = C[k];
+  for (uint k = 0u; k < hc * hc; ++k) OUT(y + 2u * hc + k) = C[k];
 }

@@ -5,7 +5,6 @@
 // X[hc-1][k]), each product and sum rounded in stream order; the mixes row of a token is [pre: hc]
 // [post: hc][comb: hc x hc]. An invocation per element of F, writing its hc outputs; a token per y.
 #include "bf16.glsl"
-#include "rows_io.glsl"
 layout(local_size_x = 64) in;
 
 layout(push_constant) uniform Push {
@@ -16,7 +15,9 @@ layout(push_constant) uniform Push {
   uint x_at, x_stride;   // token t's stream i at x_at + t * x_stride + i * width
   uint m_at, m_stride;   // token t's mixes at m_at + t * m_stride
   uint y_off, y_stride;  // token t's stream j out at y_off + t * y_stride + j * width (output buffer)
+  uint base_staged, base_in, base_out;  // rows_io.glsl: where its bindings start
 } p;
+#include "rows_io.glsl"
 
 void main() {
   const uint k = gl_GlobalInvocationID.x, t = gl_WorkGroupID.y;
@@ -29,6 +30,6 @@ void main() {
       precise float prod = rd(m + 2u * p.hc + i * p.hc + j) * rd(x + i * p.width);
       acc = acc + prod;
     }
-    rows[p.y_off + t * p.y_stride + j * p.width + k] = round_bf16(acc);
+    OUT(p.y_off + t * p.y_stride + j * p.width + k) = round_bf16(acc);
   }
 }

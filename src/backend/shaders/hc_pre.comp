@@ -4,7 +4,6 @@
 // with its pre weights, y[k] = bf16(w[0] * X[0][k] + ... + w[hc-1] * X[hc-1][k]), from 0, each
 // product and sum rounded in stream order. An invocation per element, a token per y.
 #include "bf16.glsl"
-#include "rows_io.glsl"
 layout(local_size_x = 64) in;
 
 layout(push_constant) uniform Push {
@@ -15,7 +14,9 @@ layout(push_constant) uniform Push {
   uint w_at, w_stride;   // token t's pre weights at w_at + t * w_stride
   uint y_off, y_stride;  // token t's output at y_off + t * y_stride of the output buffer
   uint unused0, unused1;
+  uint base_staged, base_in, base_out;  // rows_io.glsl: where its bindings start
 } p;
+#include "rows_io.glsl"
 
 void main() {
   const uint k = gl_GlobalInvocationID.x, t = gl_WorkGroupID.y;
@@ -25,5 +26,5 @@ void main() {
     precise float prod = rd(p.w_at + t * p.w_stride + h) * rd(p.x_at + t * p.x_stride + h * p.width + k);
     acc = acc + prod;
   }
-  rows[p.y_off + t * p.y_stride + k] = round_bf16(acc);
+  OUT(p.y_off + t * p.y_stride + k) = round_bf16(acc);
 }

@@ -14,7 +14,6 @@
 #include "exact_div.glsl"
 #include "fma_rn.glsl"
 #include "fp_grids.glsl"
-#include "rows_io.glsl"
 layout(local_size_x = 64) in;
 
 layout(push_constant) uniform Push {
@@ -26,11 +25,13 @@ layout(push_constant) uniform Push {
   uint row_bytes;
   uint m_at;             // a consumer's kept blocks, one word each, `units` per query; ~0u: not a consumer
   uint y_off, y_stride;  // query t's scores at y_off + t * y_stride of the output buffer
+  uint base_staged, base_in, base_out;  // rows_io.glsl: where its bindings start
 } p;
+#include "rows_io.glsl"
 
 const uint kMaxDim = 256u;  // VulkanBackend::kIndexMaxDim
 
-uint key_byte(uint b) { return (su[b >> 2] >> ((b & 3u) * 8u)) & 0xffu; }
+uint key_byte(uint b) { return (SU(b >> 2) >> ((b & 3u) * 8u)) & 0xffu; }
 
 // E2M1 code -> its value (numerics.h e2m1_value; 8 is -0).
 float e2m1(uint c) {
@@ -42,18 +43,18 @@ float e2m1(uint c) {
 void main() {
   const uint j = gl_GlobalInvocationID.x, t = gl_WorkGroupID.y;
   if (t >= p.n) return;
-  const uint p0 = su[p.h_at], ratio = su[p.h_at + 1u], block = su[p.h_at + 2u], units = su[p.h_at + 3u];
-  const float denom = uintBitsToFloat(su[p.h_at + 4u]);
-  const uint heads = su[p.h_at + 5u], hd = su[p.h_at + 6u], pend_at = su[p.h_at + 7u];
+  const uint p0 = SU(p.h_at), ratio = SU(p.h_at + 1u), block = SU(p.h_at + 2u), units = SU(p.h_at + 3u);
+  const float denom = uintBitsToFloat(SU(p.h_at + 4u));
+  const uint heads = SU(p.h_at + 5u), hd = SU(p.h_at + 6u), pend_at = SU(p.h_at + 7u);
   const uint n_vis = (p0 + t + 1u) / ratio;
   if (j >= n_vis) return;
   const uint y = p.y_off + t * p.y_stride + j;
-  if (p.m_at != 0xffffffffu && su[p.m_at + t * units + j / block] == 0u) {
-    rows[y] = uintBitsToFloat(0xff800000u);  // -inf: a block the consumer does not keep
+  if (p.m_at != 0xffffffffu && SU(p.m_at + t * units + j / block) == 0u) {
+    OUT(y) = uintBitsToFloat(0xff800000u);  // -inf: a block the consumer does not keep
     return;
   }
   float key[kMaxDim];
-  const uint pend = pend_at != 0xffffffffu ? su[pend_at + j] : 0xffffffffu;
+  const uint pend = pend_at != 0xffffffffu ? SU(pend_at + j) : 0xffffffffu;
   if (pend != 0xffffffffu) {
     // A key a pending store_fp4 of the batch writes: its f32 values where the batch holds them,
     // put on the MXFP4 grid as fp4_pack_row will pack them (fake_quant_mxfp4: the unpacked values;
@@ -62,13 +63,13 @@ void main() {
     for (uint b = 0u; b < hd; b += 32u) {
       float amax = 0.0;
       for (uint i = 0u; i < 32u; ++i) {
-        const float a = abs(rows[at + b + i]);
+        const float a = abs(IN(at + b + i));
         amax = amax < a ? a : amax;  // std::max(amax, |v|)
       }
       const float lo = uintBitsToFloat(0x01c00000u);  // 6 * 2^-126
       const float s = pow2_ceil(div_rn(amax < lo ? lo : amax, 6.0));
       for (uint i = 0u; i < 32u; ++i) {
-        precise float y = e2m1_rne(div_rn(rows[at + b + i], s)) * s;
+        precise float y = e2m1_rne(div_rn(IN(at + b + i), s)) * s;
         key[b + i] = round_bf16(y);
       }
     }
@@ -103,5 +104,5 @@ void main() {
     precise float m = r * div_rn(rd(w0 + h), denom);  // w' (numerics.md 6)
     score = score + m;
   }
-  rows[y] = score;
+  OUT(y) = score;
 }

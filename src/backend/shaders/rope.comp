@@ -7,7 +7,6 @@
 // product and difference rounded, s negated for the inverse. An invocation per pair and head, a
 // token per y.
 #include "bf16.glsl"
-#include "rows_io.glsl"
 layout(local_size_x = 64) in;
 
 layout(push_constant) uniform Push {
@@ -19,7 +18,9 @@ layout(push_constant) uniform Push {
   uint tab_at;    // token t's cos at tab_at + t * 2 * half, its sin half after (rows_io.glsl)
   uint inverse;   // 1: turn back
   uint unused0, unused1, unused2;
+  uint base_staged, base_in, base_out;  // rows_io.glsl: where its bindings start
 } p;
+#include "rows_io.glsl"
 
 void main() {
   const uint j = gl_GlobalInvocationID.x % p.half_, h = gl_GlobalInvocationID.x / p.half_, t = gl_WorkGroupID.y;
@@ -28,13 +29,13 @@ void main() {
   const float s0 = rd(p.tab_at + t * 2u * p.half_ + p.half_ + j);
   const float s = p.inverse != 0u ? -s0 : s0;
   const uint at = p.x_off + t * p.x_stride + h * p.head_dim + (p.head_dim - 2u * p.half_) + 2u * j;
-  const float re = rows[at], im = rows[at + 1u];
+  const float re = OUT(at), im = OUT(at + 1u);
   precise float a = re * c;
   precise float b = im * s;
   precise float r0 = a - b;
   precise float e = re * s;
   precise float f = im * c;
   precise float r1 = e + f;
-  rows[at] = round_bf16(r0);
-  rows[at + 1u] = round_bf16(r1);
+  OUT(at) = round_bf16(r0);
+  OUT(at + 1u) = round_bf16(r1);
 }
