@@ -2400,14 +2400,18 @@ class VulkanBackend final : public CpuBackend {
     reads_floats(s, r.off / sizeof(float), r.off / sizeof(float) + (uint64_t)r.n * r.stride);
   }
   void reads(RowSpans& s, const Operand& o) const { reads_region(s, o.region); }
-  // A place in the output buffer (kInOut set): the region holding it.
-  void reads_place(RowSpans& s, uint32_t place) const {
+  // A place in the output buffer (kInOut set): the region holding it; false when none does (the
+  // op runs on the host).
+  bool reads_place(RowSpans& s, uint32_t place) const {
     const uint64_t f = place & ~kInOut;
     for (size_t i = 0; i < deferred_.regions.size(); ++i) {
       const Region& r = deferred_.regions[i];
-      if (f >= r.off / sizeof(float) && f < r.off / sizeof(float) + (uint64_t)r.n * r.stride) return reads_region(s, (int)i);
+      if (f >= r.off / sizeof(float) && f < r.off / sizeof(float) + (uint64_t)r.n * r.stride) {
+        reads_region(s, (int)i);
+        return true;
+      }
     }
-    throw Error("vulkan: a row op reads a place of the output buffer in no region of the batch");
+    return false;
   }
   static void writes(RowSpans& s, const Region& r) {
     s.out_off = r.off;
@@ -2968,9 +2972,16 @@ class VulkanBackend final : public CpuBackend {
         q.width != (size_t)heads * hd || o.width != q.width || deferred_.ds.size() + 1 > kSets)
       return false;
     size_t ids = 0;
+    uint32_t in_lo = UINT32_MAX, in_hi = 0;  // the rows it reads in the output buffer: their lowest and highest places
     for (uint32_t i = 0; i < n; ++i) {
-      if (list(i).size() > kAttentionRows) return false;
-      ids += list(i).size();
+      const std::vector<uint32_t>& l = list(i);
+      if (l.size() > kAttentionRows) return false;
+      ids += l.size();
+      for (const uint32_t e : l)
+        if (e & kInOut) {
+          in_lo = std::min(in_lo, e);
+          in_hi = std::max(in_hi, e);
+        }
     }
     // [scale][sinks][first, count per query][ids], then the rows.
     const size_t words = 1 + heads + 2 * n + ids;
@@ -2979,6 +2990,8 @@ class VulkanBackend final : public CpuBackend {
     Operand x;
     if (!operand(q, x)) return false;
     if (deferred_.act_used + lb + rb > io_limit_) return false;
+    // The regions holding the lowest and the highest, and what lies between.
+    if (in_hi && (!reads_place(sp, in_lo) || !reads_place(sp, in_hi))) return false;
     const int yr = output_region(o);
     if (yr < 0) return false;
     uint8_t* const abuf = static_cast<uint8_t*>(act_.map);
@@ -2987,22 +3000,12 @@ class VulkanBackend final : public CpuBackend {
     w[0] = std::bit_cast<uint32_t>((float)(1.0 / std::sqrt((double)hd)));  // the CPU's scale
     for (uint32_t h = 0; h < heads; ++h) w[1 + h] = std::bit_cast<uint32_t>(sinks[h]);
     uint32_t first = 0;
-    uint32_t in_lo = UINT32_MAX, in_hi = 0;  // the rows it reads in the output buffer: their lowest and highest places
     for (uint32_t i = 0; i < n; ++i) {
       const std::vector<uint32_t>& l = list(i);
       w[1 + heads + 2 * i] = first;
       w[1 + heads + 2 * i + 1] = (uint32_t)l.size();
       std::copy(l.begin(), l.end(), w + 1 + heads + 2 * n + first);
       first += (uint32_t)l.size();
-      for (const uint32_t e : l)
-        if (e & kInOut) {
-          in_lo = std::min(in_lo, e);
-          in_hi = std::max(in_hi, e);
-        }
-    }
-    if (in_hi) {  // the regions holding the lowest and the highest, and what lies between
-      reads_place(sp, in_lo);
-      reads_place(sp, in_hi);
     }
     uint16_t* const kv = reinterpret_cast<uint16_t*>(abuf + deferred_.act_used + lb);
     for (uint32_t k = 0; k < rows.size(); ++k) {
