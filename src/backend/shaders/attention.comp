@@ -13,8 +13,6 @@
 #include "fma_rn.glsl"
 #define EXP_BINDING 0
 #include "exp_f32.glsl"
-// The activation buffer's words: the staged rows (BF16, two a word, low half first), the lists
-// and staged queries (f32); rd() reads a query where it lies.
 layout(local_size_x = 64) in;
 
 layout(push_constant) uniform Push {
@@ -26,6 +24,8 @@ layout(push_constant) uniform Push {
   uint unused0, unused1;
   uint base_staged, base_in, base_out;  // rows_io.glsl: where its bindings start
 } p;
+// The activation buffer's words: the staged rows (BF16, two a word, low half first), the lists
+// and staged queries (f32); rd() reads a query where it lies.
 #include "rows_io.glsl"
 
 const uint kMaxRows = 2048u;  // VulkanBackend::kAttentionRows
