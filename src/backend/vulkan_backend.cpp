@@ -2394,20 +2394,24 @@ class VulkanBackend final : public CpuBackend {
     s.in_lo = std::min(s.in_lo, lo);
     s.in_hi = std::max(s.in_hi, hi);
   }
+  // The floats [first, end) of the output buffer that region r spans.
+  static std::pair<uint64_t, uint64_t> floats_of(const Region& r) {
+    return {r.off / sizeof(float), r.off / sizeof(float) + (uint64_t)r.n * r.stride};
+  }
   void reads_region(RowSpans& s, int region) const {
     if (region < 0) return;
-    const Region& r = deferred_.regions[(size_t)region];
-    reads_floats(s, r.off / sizeof(float), r.off / sizeof(float) + (uint64_t)r.n * r.stride);
+    const auto [lo, hi] = floats_of(deferred_.regions[(size_t)region]);
+    reads_floats(s, lo, hi);
   }
   void reads(RowSpans& s, const Operand& o) const { reads_region(s, o.region); }
   // A place in the output buffer (kInOut set): the region holding it; false when none does (the
   // op runs on the host).
   bool reads_place(RowSpans& s, uint32_t place) const {
     const uint64_t f = place & ~kInOut;
-    for (size_t i = 0; i < deferred_.regions.size(); ++i) {
-      const Region& r = deferred_.regions[i];
-      if (f >= r.off / sizeof(float) && f < r.off / sizeof(float) + (uint64_t)r.n * r.stride) {
-        reads_region(s, (int)i);
+    for (const Region& r : deferred_.regions) {
+      const auto [lo, hi] = floats_of(r);
+      if (f >= lo && f < hi) {
+        reads_floats(s, lo, hi);
         return true;
       }
     }
@@ -3342,7 +3346,7 @@ class VulkanBackend final : public CpuBackend {
         else
           bi[d * kBindings + 1] = {in.buf, x.act_off, binding_range(in, x.act_off, x.act_bytes)};
         bi[d * kBindings + 2] = {out.buf, x.out_off, binding_range(out, x.out_off, x.out_bytes)};
-        if (x.row && x.in_bytes)
+        if (x.in_bytes)
           bi[d * kBindings + 4] = {out_.buf, x.in_off, binding_range(out_, x.in_off, x.in_bytes)};
         else
           bi[d * kBindings + 4] = {tables_.buf, 0, VK_WHOLE_SIZE};
