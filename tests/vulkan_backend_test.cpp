@@ -15,6 +15,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <span>
@@ -1292,7 +1293,19 @@ TEST(Vulkan, ABudgetWithoutRoomForTheBatchRowsIsRefused) {
   go.weight_budget = 20ull << 20;
   const GpuStats st = gpu_stats(*make_vulkan_backend(go));
   EXPECT_EQ(st.device_total, 20ull << 20);
-  EXPECT_EQ(st.device_budget, 4ull << 20);
+  EXPECT_EQ(st.kv_bytes, (20ull << 20) / 8) << "--gpu-kv auto: an eighth of a budget under 512 MiB";
+  EXPECT_EQ(st.device_budget, (4ull << 20) - st.kv_bytes);
+  // Kept attention rows asked for beyond the budget are refused the same way, and named.
+  go.kv_auto = false;
+  go.kv_bytes = 8ull << 20;
+  try {
+    (void)make_vulkan_backend(go);
+    FAIL() << "16 MiB of rows and 8 MiB of kept attention rows in 20 MiB was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sequence state (attention rows kept, --gpu-kv) 8.00 MiB"), std::string::npos)
+        << e.what();
+  }
+  go.kv_auto = true;
   // Where the host maps the rows they are not the device's: the whole budget is the weights'.
   go.scratch_on_device = false;
   const GpuStats mapped = gpu_stats(*make_vulkan_backend(go));
@@ -1336,6 +1349,7 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
     GpuIndexer indexer = GpuIndexer::Auto;
     uint32_t prompt = 21;  // tokens
     GpuIntDot int_dot = GpuIntDot::Auto;
+    std::optional<uint64_t> kv = std::nullopt;  // --gpu-kv bytes (none: auto)
   };
   auto rows_of = [&](const std::string& backend, SessionStats* st, GpuStats* gs, Experts x = {}) {
     const uint64_t slots = x.slots;
@@ -1359,6 +1373,8 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
     so.gpu_no_timeline = x.no_timeline;
     so.gpu_indexer = x.indexer;
     so.gpu_int_dot = x.int_dot;
+    so.gpu_kv_auto = !x.kv;
+    so.gpu_kv = x.kv.value_or(0);
     Session s(so);
     std::vector<float> rows;
     EvalObserver o;
@@ -1403,7 +1419,8 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
         // In place: the experts are the host store's or the model's own bytes; only a group's
         // rows are the device path's.
         if (slots == 0) {
-          EXPECT_EQ(planned, (kGpuStagingBuffers + x.scratch) * kGpuStagingBytes + (x.in_place ? 2 * kGpuExpertGroupBytes : 0));
+          EXPECT_EQ(planned, (kGpuStagingBuffers + x.scratch) * kGpuStagingBytes + (x.in_place ? 2 * kGpuExpertGroupBytes : 0) +
+                                 gs->kv_bytes);
         }
       }
       // The device's own plan: its budget, its mandatory part (the batch's rows where they are
@@ -1412,10 +1429,11 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
       for (const PlanLine& l : s.plan().device_plan) dev[l.name] = l.bytes;
       EXPECT_EQ(dev["budget"], gs->device_total);
       EXPECT_EQ(dev["scratch"], gs->scratch_bytes);
-      EXPECT_EQ(dev["mandatory total"], gs->scratch_bytes);
+      EXPECT_EQ(dev["sequence state"], gs->kv_bytes);
+      EXPECT_EQ(dev["mandatory total"], gs->scratch_bytes + gs->kv_bytes);
       EXPECT_EQ(dev["scratch"] + dev["sequence state"] + dev["dense weights"] + dev["expert slots"] + dev["unused"],
                 dev["budget"]);
-      EXPECT_EQ(gs->device_budget + gs->scratch_bytes, gs->device_total);
+      EXPECT_EQ(gs->device_budget + gs->scratch_bytes + gs->kv_bytes, gs->device_total);
     }
     return rows;
   };
@@ -1493,6 +1511,29 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
     EXPECT_EQ(sg.scratch_bytes, kGpuStagingBytes);
     EXPECT_GT(sg.bytes_read_back, 0u);
     EXPECT_EQ(sg.expert_misses > 0, slots > 0);
+    // The attention rows kept on the device (--gpu-kv auto there): the decode steps read again
+    // rows they copied before, and the window ring's rows rewritten at the same places are
+    // copied again (window 8, 27 positions).
+    EXPECT_GT(sg.kv_bytes, 0u);
+    EXPECT_GT(sg.kv_slots, 0u);
+    EXPECT_GT(sg.kv_hits, 0u);
+    EXPECT_GT(sg.kv_misses, 0u);
+    EXPECT_EQ(sg.kv_staged, 0u) << "a batch read more rows than the slots hold";
+    EXPECT_EQ(sg.kv_upload_bytes, sg.kv_misses * 64 * sizeof(uint16_t));
+  }
+  // Fewer kept rows than a layer reads (8 of 64 BF16 values): some are staged with their batch,
+  // the slots are given to other rows every step; and none kept. The CPU's logits either way.
+  for (const uint64_t kv : {1024u, 0u}) {
+    SCOPED_TRACE("--gpu-kv " + std::to_string(kv));
+    SessionStats ss;
+    GpuStats sg;
+    const std::vector<float> got = rows_of("vulkan", &ss, &sg, {.scratch = true, .kv = kv});
+    ASSERT_EQ(got.size(), cpu.size());
+    EXPECT_EQ(std::memcmp(got.data(), cpu.data(), cpu.size() * sizeof(float)), 0) << "logits differ";
+    EXPECT_EQ(sg.kv_bytes, kv);
+    EXPECT_EQ(sg.kv_slots, kv / 128);
+    EXPECT_EQ(sg.kv_staged > 0, kv > 0);
+    EXPECT_EQ(sg.kv_hits > 0, kv > 0);
   }
   EXPECT_FALSE(gg.scratch_on_device);
   // Slots the host does not map, as a card's VRAM (forced on lavapipe): this layer's misses and
@@ -1690,13 +1731,17 @@ TEST(Vulkan, AFailedDispatchLeavesTheSequenceAsItWas) {
   // found by the retry (hint-started copies off, or they would take the misses first).
   // Fifth: the hint-started copies' own submission failing before it reaches the queue: the
   // slots it named must not be found by the retry either.
-  for (const int mode : {0, 1, 2, 3, 4}) {
+  // Sixth: attention rows kept on the device (--gpu-kv, with the batch's rows there), the
+  // failure striking a submission carrying their copies: the slots it would have filled must
+  // not be found by the retry.
+  for (const int mode : {0, 1, 2, 3, 4, 5}) {
     const bool slots = mode == 1;
     SCOPED_TRACE(mode == 0   ? "no expert slots"
                  : slots     ? "expert slots, staged uploads"
                  : mode == 2 ? "expert slots, --cpu-experts 0.5"
                  : mode == 3 ? "expert slots, uploads folded into a group's submission"
-                             : "expert slots, hint-started copies");
+                 : mode == 4 ? "expert slots, hint-started copies"
+                             : "kept attention rows");
     // Fail the submission (with slots: the upload) at which this counts down to 1.
     std::atomic<int> armed{0};
     GpuOptions go;
@@ -1706,6 +1751,7 @@ TEST(Vulkan, AFailedDispatchLeavesTheSequenceAsItWas) {
       if (mode == 2 && std::string(what) != "a batch of linear dispatches beside the CPU's experts") return false;
       if (mode == 3 && std::string(what) != "expert uploads and a batch of linear dispatches") return false;
       if (mode == 4 && std::string(what) != "copying hinted experts") return false;
+      if (mode == 5 && std::string(what) != "attention-row copies and a batch of linear dispatches") return false;
       return armed.load() > 0 && armed.fetch_sub(1) == 1;
     };
     if (slots) {
@@ -1719,7 +1765,8 @@ TEST(Vulkan, AFailedDispatchLeavesTheSequenceAsItWas) {
     }
     if (mode >= 3) {
       // Before it reaches the queue, so none of its copies land.
-      go.expert_slots = 1000;
+      go.expert_slots = mode == 5 ? 0 : 1000;
+      go.scratch_on_device = mode == 5;
       go.force_staging = true;
       go.fault_before_submit = go.fault;
       go.fault = nullptr;
@@ -1775,6 +1822,10 @@ TEST(Vulkan, AFailedDispatchLeavesTheSequenceAsItWas) {
     }
     if (mode == 4) {
       EXPECT_NE(err.find("copying hinted experts"), std::string::npos) << err;
+    }
+    if (mode == 5) {
+      EXPECT_NE(err.find("attention-row copies"), std::string::npos) << err;
+      EXPECT_GT(gpu_stats(*gpu).kv_slots, 0u);
     }
     armed = 0;
     eng.eval(s, p2, got.data());

@@ -46,7 +46,8 @@ GpuDevicePlan gpu_device_plan(const GpuWeightBudget& budget, bool host_memory, c
   p.mandatory = n.scratch + n.sequence_state;
   if (p.mandatory > p.budget)
     throw Error("vulkan: device " + device_name + " cannot hold what it must to run: scratch (the deferred batch's rows) " +
-                format_bytes(n.scratch) + " + sequence state " + format_bytes(n.sequence_state) + " = " +
+                format_bytes(n.scratch) + " + sequence state (attention rows kept, --gpu-kv) " +
+                format_bytes(n.sequence_state) + " = " +
                 format_bytes(p.mandatory) + ", more than its budget of " + format_bytes(p.budget) + " (" + budget.why +
                 "); give it at least " + format_bytes(p.mandatory) + " with --gpu-mem");
   p.for_weights = p.budget - p.mandatory;
@@ -61,7 +62,9 @@ GpuDevicePlan gpu_device_plan(const GpuWeightBudget& budget, bool host_memory, c
                      n.scratch ? "the deferred batch's rows in " + mem + "; the host reads what it needs of them through a copy"
                                : std::string("none: the deferred batch's rows are host memory the host maps (the host plan's GPU line)")});
   p.lines.push_back({"sequence state", n.sequence_state,
-                     n.sequence_state ? std::string("in ") + mem
+                     n.sequence_state ? "attention rows kept between steps (--gpu-kv) in " + mem +
+                                            "; the host's sequence state stays its own, and its plan's GPU line "
+                                            "counts the copy of each kept row's bytes it compares"
                                       : std::string("none: the host's (its plan line); a batch stages the rows it reads")});
   if (n.host_staging)
     p.lines.push_back({"staging", 0,

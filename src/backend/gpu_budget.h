@@ -35,13 +35,14 @@ GpuWeightBudget gpu_weight_budget(std::span<const GpuHeap> heaps, bool host_memo
 
 // The device's own plan (docs/backends.md "Where memory goes"). --gpu-mem (or auto) holds, in
 // this order: what the device must hold to run at all (the mandatory part: the deferred batch's
-// rows where they are the card's, and the sequence state the device keeps: none yet, it is the
-// host's), then the dense weights the dispatches read (one that does not fit runs on the CPU),
+// rows where they are the card's, and the attention rows it keeps between steps), then the dense weights the dispatches read (one that does not fit runs on the CPU),
 // then routed-expert slots (as many as are left room for, at most those asked). On an
 // integrated GPU or a CPU device all of it is the host's memory, which the host plan counts once.
 struct GpuDeviceNeeds {
   uint64_t scratch = 0;         // device-local rows of the deferred batch
-  uint64_t sequence_state = 0;  // sequence state in device memory
+  // Sequence state in device memory: the attention rows it keeps between steps (--gpu-kv), a
+  // cache of the host's sequence state (which stays the host's, in its plan).
+  uint64_t sequence_state = 0;
   uint64_t host_staging = 0;    // the staging buffers, always host memory: listed, not charged here
   uint64_t dense = 0;           // the weights the dispatches read, as the loader prepares them
   bool dense_in_place = false;  // imported pages (an integrated GPU): no copy, no device bytes

@@ -1,6 +1,7 @@
 #include "backend/vulkan_backend.h"
 
 #include "util/error.h"
+#include "util/format_bytes.h"
 
 #if SLUICE_HAVE_VULKAN
 #include <vulkan/vulkan.h>
@@ -19,6 +20,7 @@
 
 #include "backend/cpu_backend.h"
 #include "backend/cpu_linear.h"
+#include "backend/device_rows.h"
 #include "backend/expert_split.h"
 #include "backend/held_chunk.h"
 #include "backend/live_tensors.h"
@@ -54,6 +56,10 @@ using vk::Spirv;
 // The most rows one query of the device's attention attends (attention.comp kMaxRows: its scores
 // in workgroup memory); a query with more runs on the CPU. The published model's is 640.
 constexpr uint32_t kAttentionRows = 2048;
+// --gpu-kv auto on a card with memory of its own: the rows one sequence of the published model
+// reads a step (40 layers x (128 window + 512 selected) x 1 KiB) twice over, or an eighth of the
+// device budget where that is less.
+constexpr uint64_t kGpuKvAutoBytes = 64ull << 20;
 // The indexer's head_dim at most (index_scores.comp kMaxDim: an invocation holds one key).
 constexpr uint32_t kIndexMaxDim = 256;
 // GpuIndexer::Auto scores on a GPU when a call's work (queries x visible keys x heads x head_dim
@@ -179,6 +185,13 @@ class VulkanBackend final : public CpuBackend {
     scratch_local_ = local_type_ != UINT32_MAX && (!st_.weights_in_host_memory || o.scratch_on_device);
     GpuDeviceNeeds needs;
     needs.scratch = scratch_local_ ? io_limit_ : 0;
+    // The attention rows it keeps (--gpu-kv; auto: some where the batch's rows are the card's, so
+    // a step's rows need not cross again) are the sequence state it holds.
+    kv_bytes_ = o.kv_auto ? (scratch_local_ ? std::min<uint64_t>({kGpuKvAutoBytes, wb.bytes / 8, max_range_}) : 0) : o.kv_bytes;
+    if (kv_bytes_ > max_range_)  // one binding holds them all
+      throw Error("vulkan: --gpu-kv " + format_bytes(kv_bytes_) + " is more than device " + info_.name +
+                  " binds at once (" + format_bytes(max_range_) + ")");
+    needs.sequence_state = kv_bytes_;
     const GpuDevicePlan dp = gpu_device_plan(wb, st_.weights_in_host_memory, needs, info_.name);  // throws: no room
     budget_ = dp.for_weights;
     st_.device_total = wb.bytes;
@@ -187,6 +200,7 @@ class VulkanBackend final : public CpuBackend {
     st_.budget_why = wb.why;
     st_.scratch_on_device = scratch_local_;
     st_.scratch_bytes = needs.scratch;
+    st_.kv_bytes = kv_bytes_;
     force_staging_ = o.force_staging;
     host_quantize_ = o.host_quantize;
     slots_wanted_ = o.expert_slots;
@@ -1583,6 +1597,9 @@ class VulkanBackend final : public CpuBackend {
       exp_consts_ = make_buffer(ec.size_bytes());
       std::memcpy(exp_consts_.map, ec.data(), ec.size_bytes());
     }
+    if (kv_bytes_ && attention_)
+      kv_ = local_type_ != UINT32_MAX ? make_buffer(kv_bytes_, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, false)
+                                      : make_buffer(kv_bytes_);
     // The IQ2 grids, read by linear_iq2_xxs / linear_iq2_xs (shaders/linear_common.glsl Tables).
     tables_ = make_buffer(sizeof iq2xxs_grid + sizeof iq2xs_grid);
     std::memcpy(tables_.map, iq2xxs_grid, sizeof iq2xxs_grid);
@@ -1823,6 +1840,8 @@ class VulkanBackend final : public CpuBackend {
     // binding 4 the output buffer's in_bytes from in_off, read only (none: no operand there).
     bool row = false;
     VkDeviceSize in_off = 0, in_bytes = 0;
+    // The attention's binding 3: the rows the device keeps (--gpu-kv), whole; else the tables.
+    VkBuffer kept = VK_NULL_HANDLE;
   };
 
   // The bytes of n rows `stride` apart whose last is `row` bytes long, in whole words.
@@ -2208,6 +2227,12 @@ class VulkanBackend final : public CpuBackend {
         if (c.n) read_back(c.off, ((c.n - 1) * c.src_step + c.rows) * sizeof(float));
     }
     double s = 0;
+    // The kept rows this batch reads may be given to others once it is on its way (submitted and
+    // waited for, or failed).
+    struct NextBatch {
+      DeviceRows& r;
+      ~NextBatch() { r.next_batch(); }
+    } next{kv_rows_};
     if (!sub.ds.empty()) s = dispatch(sub.ds, meanwhile);
     else if (!readback_.empty()) submit([] {}, "reading back rows");
     const uint8_t* out = rows_out();
@@ -2295,6 +2320,14 @@ class VulkanBackend final : public CpuBackend {
   // writes only in part, or for which the buffers or the descriptor sets have no room, runs on the
   // host after the batch instead (the callers above).
   static constexpr uint32_t kInOut = 0x80000000u;  // rows_io.glsl: the place is in the output buffer
+  static constexpr uint32_t kKept = 0x40000000u;   // attention.comp: the row is in that slot of the kept rows
+  // A row an attention reads, as the kept rows name it (DeviceRows): its bytes in host memory and
+  // how they are read (kRawRow: BF16 values; 1 + grid: packed on that FP4 grid).
+  struct KeptRow {
+    const uint8_t* p = nullptr;
+    uint32_t bytes = 0, tag = 0;
+  };
+  static constexpr uint32_t kRawRow = 0;
   struct Operand {
     uint32_t at = 0, stride = 0;  // rows_io.glsl's place of the first row, and floats a row
     uint32_t stage = 0;           // the stage that last wrote it (0: staged)
@@ -2741,6 +2774,7 @@ class VulkanBackend final : public CpuBackend {
     std::vector<const uint16_t*> rows;            // distinct rows, in first-use order (null: a compressed one)
     std::vector<const uint8_t*> packed;           // a compressed row's bytes, by its index in rows (else null)
     std::vector<Fp4Grid> grids;                   // and its grid
+    std::vector<KeptRow> kept;                    // what names each row among the kept ones (DeviceRows)
     std::vector<std::vector<uint32_t>> lists(n_all);  // per query, indices into rows
     uint32_t after = 0;              // the stage after which the batch's rows read here are written
     std::vector<int> read;           // and their regions
@@ -2768,6 +2802,7 @@ class VulkanBackend final : public CpuBackend {
             rows.push_back(r);
             packed.push_back(nullptr);
             grids.push_back(a.comp.grid);
+            kept.push_back({reinterpret_cast<const uint8_t*>(r), (uint32_t)hd * 2, kRawRow});
           }
           list.push_back(it->second);
         }
@@ -2785,6 +2820,7 @@ class VulkanBackend final : public CpuBackend {
             rows.push_back(nullptr);
             packed.push_back(b);
             grids.push_back(a.comp.grid);
+            kept.push_back({b, (uint32_t)a.comp.row_bytes(), 1u + (uint32_t)a.comp.grid});
           }
           list.push_back(it->second);
         }
@@ -2798,7 +2834,7 @@ class VulkanBackend final : public CpuBackend {
                          after, [&](uint32_t k, uint16_t* dst) {
                            if (packed[k]) fp4_unpacker()(grids[k], packed[k], hd, dst);
                            else std::memcpy(dst, rows[k], hd * sizeof(uint16_t));
-                         }))
+                         }, kept))
       return false;
     const uint32_t stage = deferred_.ds[at].stage;
     for (const int r : read) deferred_.regions[(size_t)r].read = std::max(deferred_.regions[(size_t)r].read, stage);
@@ -2962,15 +2998,59 @@ class VulkanBackend final : public CpuBackend {
     return nullptr;
   }
 
+  // Row k of an attention, in a slot of the rows the device keeps (mu_ held): true with its
+  // slot, its BF16 values (`fill`, else a copy of rows[k]) staged for a copy into the slot at the
+  // head of the next submission when the slot does not hold them yet. False where the device
+  // keeps no rows (or none of this width: the first attention sets it) or the batch being
+  // recorded reads every slot already: the row is staged with the batch.
+  bool keep_row(const KeptRow& r, uint32_t hd, uint32_t k, const std::function<void(uint32_t, uint16_t*)>& fill,
+                std::span<const uint16_t* const> rows, uint32_t& slot) const {
+    if (!kv_.buf) return false;
+    const VkDeviceSize bytes = (VkDeviceSize)hd * sizeof(uint16_t);
+    if (kv_hd_ == 0 && bytes <= staging_bytes_ && kv_.size / bytes > 0) {
+      kv_hd_ = hd;
+      kv_rows_ = DeviceRows(kv_.size / bytes, bytes);
+      st_.kv_slots = kv_rows_.slots();
+      st_.kv_host_bytes = kv_rows_.host_bytes();
+    }
+    DeviceRows::Found f;
+    if (hd != kv_hd_ || !kv_rows_.find({r.p, r.bytes}, r.tag, f)) {
+      ++st_.kv_staged;
+      return false;
+    }
+    slot = f.slot;
+    if (f.hit) {
+      ++st_.kv_hits;
+      return true;
+    }
+    if (staged_used_ + bytes > staging_bytes_) flush_uploads();
+    if (staged_used_ == 0) ensure(stage_, staging_bytes_);
+    uint16_t* const dst = reinterpret_cast<uint16_t*>(static_cast<uint8_t*>(stage_.map) + staged_used_);
+    if (fill)
+      fill(k, dst);
+    else
+      std::memcpy(dst, rows[k], bytes);
+    pending_.push_back({kv_.buf, VkBufferCopy{staged_used_, (VkDeviceSize)slot * bytes, bytes}});
+    kv_pending_.push_back(slot);
+    staged_used_ += bytes;
+    ++st_.kv_misses;
+    st_.kv_upload_bytes += bytes;
+    return true;
+  }
+
   // Attention of the queries q (heads x head_dim each) over the rows list(i) names per query i
-  // (mu_ held): an entry k < kInOut is rows[k], staged into the activation buffer with the lists
-  // (`fill` writes row k's BF16 values; by default a copy of rows[k]); an entry kInOut | place is
-  // a row of f32 values (BF16-exact) at that place of the output buffer, written by stage `after`
-  // at the latest. q is read where the batch holds it or staged, o is a new region.
+  // (mu_ held): an entry k < kInOut is rows[k] (`fill` writes its BF16 values; by default a copy
+  // of rows[k]); an entry kInOut | place is a row of f32 values (BF16-exact) at that place of the
+  // output buffer, written by stage `after` at the latest. q is read where the batch holds it or
+  // staged, o is a new region. Where the device keeps rows (--gpu-kv) and `kept` names them, a
+  // row is read from its slot (kKept | slot in the lists the shader reads), filled through the
+  // staging buffer when it is not there yet; the others are staged into the activation buffer
+  // with the lists.
   template <class List>
   bool defer_attention(CMat q, uint32_t heads, uint32_t hd, const float* sinks, Mat o,
                        std::span<const uint16_t* const> rows, List&& list, uint32_t after,
-                       const std::function<void(uint32_t, uint16_t*)>& fill = {}) const {
+                       const std::function<void(uint32_t, uint16_t*)>& fill = {},
+                       std::span<const KeptRow> kept = {}) const {
     const size_t n = q.n;
     if (attention_ == VK_NULL_HANDLE || n == 0 || heads == 0 || hd == 0 || hd % 2 != 0 || o.n != n ||
         q.width != (size_t)heads * hd || o.width != q.width || deferred_.ds.size() + 1 > kSets)
@@ -2989,10 +3069,18 @@ class VulkanBackend final : public CpuBackend {
     }
     // [scale][sinks][first, count per query][ids], then the rows.
     const size_t words = 1 + heads + 2 * n + ids;
-    const VkDeviceSize lb = aligned(words * 4), rb = aligned((VkDeviceSize)rows.size() * hd * sizeof(uint16_t));
+    const VkDeviceSize lb = aligned(words * 4);
     RowSpans sp = row_spans();
     Operand x;
     if (!operand(q, x)) return false;
+    // Each row's id in the lists: its slot (a kept row) or its place among the staged ones.
+    std::vector<uint32_t> id(rows.size());
+    uint32_t staged = 0;
+    for (uint32_t k = 0; k < rows.size(); ++k) {
+      uint32_t slot = 0;
+      id[k] = k < kept.size() && keep_row(kept[k], hd, k, fill, rows, slot) ? kKept | slot : staged++;
+    }
+    const VkDeviceSize rb = aligned((VkDeviceSize)staged * hd * sizeof(uint16_t));
     if (deferred_.act_used + lb + rb > io_limit_) return false;
     // The regions holding the lowest and the highest, and what lies between.
     if (in_hi && (!reads_place(sp, in_lo) || !reads_place(sp, in_hi))) return false;
@@ -3008,15 +3096,17 @@ class VulkanBackend final : public CpuBackend {
       const std::vector<uint32_t>& l = list(i);
       w[1 + heads + 2 * i] = first;
       w[1 + heads + 2 * i + 1] = (uint32_t)l.size();
-      std::copy(l.begin(), l.end(), w + 1 + heads + 2 * n + first);
+      for (size_t j = 0; j < l.size(); ++j) w[1 + heads + 2 * n + first + j] = l[j] & kInOut ? l[j] : id[l[j]];
       first += (uint32_t)l.size();
     }
     uint16_t* const kv = reinterpret_cast<uint16_t*>(abuf + deferred_.act_used + lb);
     for (uint32_t k = 0; k < rows.size(); ++k) {
+      if (id[k] & kKept) continue;
+      uint16_t* const dst = kv + (size_t)id[k] * hd;
       if (fill)
-        fill(k, kv + (size_t)k * hd);
+        fill(k, dst);
       else
-        std::memcpy(kv + (size_t)k * hd, rows[k], hd * sizeof(uint16_t));
+        std::memcpy(dst, rows[k], hd * sizeof(uint16_t));
     }
     deferred_.act_used += lb + rb;
     Region& r = deferred_.regions[(size_t)yr];
@@ -3026,6 +3116,7 @@ class VulkanBackend final : public CpuBackend {
     deferred_.ds.push_back(row_op(attention_,
                                   {(uint32_t)n, heads, hd, x.at, x.stride, kv_at, list_at, out_place(r, o), (uint32_t)r.stride},
                                   heads, (uint32_t)n, stage, sp));
+    if (kv_.buf) deferred_.ds.back().kept = kv_.buf;
     r.stage = stage;
     mark_read(x, stage);
     return true;
@@ -3278,8 +3369,11 @@ class VulkanBackend final : public CpuBackend {
 
   // After the submission that carried the staged copies: done (ok), or un-name their slots.
   void settle_uploads(bool ok) const {
-    if (!ok)
+    if (!ok) {
       for (const size_t i : pending_slots_) unname_slot(slots_[i]);
+      for (const uint32_t i : kv_pending_) kv_rows_.forget(i);
+    }
+    kv_pending_.clear();
     pending_.clear();
     pending_slots_.clear();
     staged_used_ = 0;
@@ -3354,7 +3448,7 @@ class VulkanBackend final : public CpuBackend {
         readback_.clear();
         throw;
       }
-      bi[d * kBindings + 3] = {tables_.buf, 0, VK_WHOLE_SIZE};
+      bi[d * kBindings + 3] = {x.kept ? x.kept : tables_.buf, 0, VK_WHOLE_SIZE};
       for (uint32_t i = 0; i < kBindings; ++i) {
         VkWriteDescriptorSet& w = wr[d * kBindings + i];
         w.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET;
@@ -3367,7 +3461,8 @@ class VulkanBackend final : public CpuBackend {
     }
     vkUpdateDescriptorSets(dev_, (uint32_t)wr.size(), wr.data(), 0, nullptr);
     const char* what = meanwhile          ? "a batch of linear dispatches beside the CPU's experts"
-                       : !pending_.empty() ? "expert uploads and a batch of linear dispatches"
+                       : !pending_slots_.empty() ? "expert uploads and a batch of linear dispatches"
+                       : !kv_pending_.empty()    ? "attention-row copies and a batch of linear dispatches"
                        : ds.size() == 1    ? "a linear dispatch"
                                            : "a batch of linear dispatches";
     begin_submit(
@@ -3532,6 +3627,7 @@ class VulkanBackend final : public CpuBackend {
     free_buffer(hint_stage_);
     free_buffer(tables_);
     free_buffer(exp_consts_);
+    free_buffer(kv_);
     for (VkPipeline& q : quant_)
       if (q) vkDestroyPipeline(dev_, q, nullptr);
     for (VkPipeline& q : quant_tiled_)
@@ -3622,6 +3718,13 @@ class VulkanBackend final : public CpuBackend {
   mutable GpuIndexer indexer_ = GpuIndexer::Auto;  // GpuOptions::indexer (index_scores_alone sets it for a call)
   bool host_quantize_ = false;  // GpuOptions::host_quantize
   Buffer tables_;
+  // The attention rows the device keeps (--gpu-kv; none: kv_.buf null): kv_hd_ BF16 values a
+  // slot, which rows they hold, and the slots whose copies wait in pending_.
+  uint64_t kv_bytes_ = 0;
+  mutable Buffer kv_;
+  mutable uint32_t kv_hd_ = 0;
+  mutable DeviceRows kv_rows_;
+  mutable std::vector<uint32_t> kv_pending_;
   Buffer exp_consts_;  // exp_f32_constants(), binding 0 of swiglu
 
   // One queue, one command buffer and one descriptor set: linear() calls take turns (the forward

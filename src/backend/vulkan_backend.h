@@ -87,6 +87,12 @@ struct GpuStats {
   // host-visible memory the host maps (an integrated GPU or a CPU device).
   bool scratch_on_device = false;
   uint64_t scratch_bytes = 0;
+  // Attention rows kept on the device (GpuOptions::kv_bytes): its bytes, the slots they make (from
+  // the first attention's head_dim) and the host's copies of their rows; the rows read from a slot
+  // (hits), copied into one (misses, and their bytes), and staged with their batch instead (the
+  // batch read every slot, or a head_dim other than the slots').
+  uint64_t kv_bytes = 0, kv_slots = 0, kv_host_bytes = 0;
+  uint64_t kv_hits = 0, kv_misses = 0, kv_upload_bytes = 0, kv_staged = 0;
   uint64_t device_total = 0;  // --gpu-mem or auto, before the scratch was taken off
   std::string device;         // the device's name
   uint64_t bytes_read_back = 0;  // copied from device rows into the mapped buffer for the host
@@ -239,6 +245,14 @@ struct GpuOptions {
   // on a device whose memory could be mapped.
   bool scratch_on_device = false;
   GpuIndexer indexer = GpuIndexer::Auto;  // --gpu-indexer
+  // --gpu-kv B|auto|off: bytes of device memory for the attention rows it keeps between steps
+  // (backend/device_rows.h: window rows and unpacked compressed rows, named by their host bytes and
+  // read again only while those are unchanged), out of --gpu-mem as sequence state; as many bytes
+  // of host memory hold the copies a lookup compares. Auto: 64 MiB (an eighth of the budget where
+  // that is less) where the batch's rows are the card's (GpuStats::scratch_on_device), none where
+  // its memory is the host's.
+  uint64_t kv_bytes = 0;
+  bool kv_auto = true;
   // Tests: no timeline semaphores, as on a Vulkan 1.1 device (the hint copies ordered by a
   // barrier on the compute queue).
   bool no_timeline = false;

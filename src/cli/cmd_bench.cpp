@@ -558,6 +558,13 @@ int run_bench(const BenchOptions& o) {
       j["gpu_submissions"] = gs.submissions;
       j["gpu_scratch_on_device"] = gs.scratch_on_device;  // the batch's rows in device memory, read back by copy
       j["gpu_bytes_read_back"] = gs.bytes_read_back;
+      // Attention rows kept on the device between steps (--gpu-kv): read from a slot, copied in,
+      // staged with their batch.
+      j["gpu_kv_bytes"] = gs.kv_bytes;
+      j["gpu_kv_hits"] = gs.kv_hits;
+      j["gpu_kv_misses"] = gs.kv_misses;
+      j["gpu_kv_upload_bytes"] = gs.kv_upload_bytes;
+      j["gpu_kv_staged"] = gs.kv_staged;
       j["gpu_index_on_device"] = gs.index_on_device;  // index_select calls scored on the device (--gpu-indexer)
       j["gpu_linears"] = gs.subgroup_linears ? "subgroup" : "plain";
       j["gpu_subgroup_size"] = gs.subgroup_size;

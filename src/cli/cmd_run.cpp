@@ -307,6 +307,13 @@ void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
                   "stays the CPU's), cpu, or auto: the device on a GPU when a call scores enough (long contexts, "
                   "prefill chunks) to pay for the round trip it adds; the same results (default auto)")
       ->check(CLI::IsMember({"auto", "device", "cpu"}));
+  sub->add_option("--gpu-kv", o.gpu_kv,
+                  "with --backend vulkan: bytes of device memory (out of --gpu-mem, as sequence state) for the "
+                  "attention rows the device keeps between steps (window rows and unpacked compressed rows), so a "
+                  "step copies only the rows it has not read before; the host keeps a copy of each row's bytes (as "
+                  "many bytes of host memory) and a row is read from the device only while they are unchanged; the "
+                  "same results; off: every step stages the rows it reads; auto: 64 MiB (an eighth of --gpu-mem where "
+                  "that is less) on a card with memory of its own, off on an integrated GPU or a CPU device (default auto)");
   sub->add_option("--route-bias", o.route_bias,
                   "LOSSY, off by default: add D to the routing score of experts already in the cache, so near-ties "
                   "cost no read (mixing weights stay exact; `sluice bench --route-bias D` measures what it buys and "
@@ -373,10 +380,20 @@ SessionOptions session_options(const EngineCliOptions& e, const std::string& mod
   parse_gpu_memory_options(e.gpu_mem, e.gpu_experts, so);
   const bool gpu_experts = so.gpu_experts != 0 || so.gpu_experts_in_place;
   if ((e.gpu_mem != "auto" || e.device != 0 || gpu_experts || e.gpu_linears != "auto" || e.gpu_gemm != "on" ||
-       e.gpu_int_dot != "auto" || e.gpu_indexer != "auto") &&
+       e.gpu_int_dot != "auto" || e.gpu_indexer != "auto" || e.gpu_kv != "auto") &&
       e.backend != "vulkan")
-    throw UsageError(
-        "--device, --gpu-mem, --gpu-experts, --gpu-linears, --gpu-gemm, --gpu-int-dot and --gpu-indexer need --backend vulkan");
+    throw UsageError("--device, --gpu-mem, --gpu-experts, --gpu-linears, --gpu-gemm, --gpu-int-dot, --gpu-indexer and "
+                     "--gpu-kv need --backend vulkan");
+  so.gpu_kv_auto = e.gpu_kv == "auto";
+  if (e.gpu_kv == "off") {
+    so.gpu_kv_auto = false;
+  } else if (!so.gpu_kv_auto) {
+    try {
+      so.gpu_kv = parse_bytes(e.gpu_kv, "--gpu-kv");
+    } catch (const Error& err) {
+      throw UsageError(err.what());
+    }
+  }
   so.gpu_gemm = e.gpu_gemm == "on";
   so.gpu_int_dot = e.gpu_int_dot == "on" ? GpuIntDot::On : e.gpu_int_dot == "off" ? GpuIntDot::Off : GpuIntDot::Auto;
   so.gpu_indexer = e.gpu_indexer == "device" ? GpuIndexer::Device : e.gpu_indexer == "cpu" ? GpuIndexer::Cpu : GpuIndexer::Auto;
@@ -489,6 +506,16 @@ std::string session_summary(const Session& s, uint64_t tokens_evaluated) {
     if (g.scratch_on_device)
       out += "; the batch's rows in device memory (" + format_bytes(g.scratch_bytes) + "), " +
              format_bytes(g.bytes_read_back) + " of them read back";
+    if (g.kv_bytes) {
+      const uint64_t rows = g.kv_hits + g.kv_misses + g.kv_staged;
+      std::snprintf(buf, sizeof buf,
+                    "; attention rows kept on the device: %llu slots (%s), %.1f%% read from a slot (%llu/%llu), %s "
+                    "copied in, %llu staged with their batch",
+                    (unsigned long long)g.kv_slots, format_bytes(g.kv_bytes).c_str(),
+                    rows ? 100.0 * (double)g.kv_hits / (double)rows : 0.0, (unsigned long long)g.kv_hits,
+                    (unsigned long long)rows, format_bytes(g.kv_upload_bytes).c_str(), (unsigned long long)g.kv_staged);
+      out += buf;
+    }
     // The expert tiers: device slots, then the host store (the expert cache figures above).
     const uint64_t looks = g.expert_hits + g.expert_misses + g.expert_on_cpu;
     if (g.expert_slots) {

@@ -36,6 +36,7 @@ struct EngineCliOptions {
   std::string gpu_gemm = "on";       // --gpu-gemm on|off (GpuOptions::gemm)
   std::string gpu_int_dot = "auto";  // --gpu-int-dot auto|on|off (GpuOptions::int_dot)
   std::string gpu_indexer = "auto";  // --gpu-indexer auto|device|cpu (GpuOptions::indexer)
+  std::string gpu_kv = "auto";       // --gpu-kv BYTES|auto|off (GpuOptions::kv_bytes)
   uint32_t checkpoint_every = 1024;   // prefix checkpoints every N tokens (0: only at prompt ends)
   std::string checkpoint_budget;      // their byte budget (0: none; empty: kDefaultCheckpointBudget)
   std::string watchdog;        // SOFT:HARD; handled in main() (re-executes under the watchdog)

@@ -68,7 +68,9 @@ void plan_session_device(const Backend& b, uint64_t slots, bool slots_auto, cons
   // Hint-started expert copies (unmapped slots) have a staging buffer of their own.
   const uint64_t staging =
       kGpuStagingBuffers + (g.scratch_on_device && g.weights_in_host_memory ? 1 : 0) + (g.hint_staging ? 1 : 0);
-  plan.device_bytes = copies + staging * kGpuStagingBytes + group_scratch;
+  // Kept attention rows (--gpu-kv): the host's copy of each row's bytes, which a lookup compares,
+  // at most as many bytes as the device's slots.
+  plan.device_bytes = copies + staging * kGpuStagingBytes + group_scratch + g.kv_bytes;
   // The shared expert's [g | u] rows (VulkanBackend::shared_ffn) outlive the op until its
   // deferred batch runs, beside the routed op's own temporaries.
   plan.device_held_bytes = [Fs = (uint64_t)cfg.moe_intermediate_size * std::max<uint32_t>(1, cfg.n_shared_experts)](
@@ -88,11 +90,13 @@ void plan_session_device(const Backend& b, uint64_t slots, bool slots_auto, cons
                                 : "weights in device memory (budget " + format_bytes(g.device_budget) + ": " +
                                       g.budget_why + slot_text + "); ") +
                            std::to_string(staging) + " x " + format_bytes(kGpuStagingBytes) + " staging" +
-                           (group_scratch ? " + " + format_bytes(group_scratch) + " expert-group rows" : "");
+                           (group_scratch ? " + " + format_bytes(group_scratch) + " expert-group rows" : "") +
+                           (g.kv_bytes ? " + " + format_bytes(g.kv_bytes) + " copies of the kept attention rows" : "");
   // The device's own plan beside the host's: the backend made it already (and refused a
   // budget without room for the mandatory part); this is its account for the plan's reader.
   GpuDeviceNeeds dn;
   dn.scratch = g.scratch_bytes;
+  dn.sequence_state = g.kv_bytes;
   dn.host_staging = staging * kGpuStagingBytes;
   dn.dense = loaded;
   dn.dense_in_place = g.imports_host_memory;

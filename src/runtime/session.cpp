@@ -611,6 +611,8 @@ GpuOptions gpu_options(const SessionOptions& o) {
   go.gemm = o.gpu_gemm;
   go.int_dot = o.gpu_int_dot;
   go.indexer = o.gpu_indexer;
+  go.kv_bytes = o.gpu_kv;
+  go.kv_auto = o.gpu_kv_auto;
   go.experts_in_place = o.gpu_experts_in_place;
   go.scratch_on_device = o.gpu_scratch_on_device;
   go.force_staging = o.gpu_force_staging;

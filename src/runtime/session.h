@@ -80,6 +80,8 @@ struct SessionOptions {
   bool gpu_gemm = true;                       // --gpu-gemm (GpuOptions::gemm)
   GpuIntDot gpu_int_dot = GpuIntDot::Auto;    // --gpu-int-dot (GpuOptions::int_dot)
   GpuIndexer gpu_indexer = GpuIndexer::Auto;  // --gpu-indexer (GpuOptions::indexer)
+  uint64_t gpu_kv = 0;       // --gpu-kv: bytes of kept attention rows (GpuOptions::kv_bytes)
+  bool gpu_kv_auto = true;   // --gpu-kv auto
   bool gpu_scratch_on_device = false;         // tests: GpuOptions::scratch_on_device
   bool gpu_force_staging = false;             // tests: GpuOptions::force_staging (unmapped slots)
   bool gpu_no_timeline = false;               // tests: GpuOptions::no_timeline

@@ -32,11 +32,17 @@ const uint kMaxRows = 2048u;  // VulkanBackend::kAttentionRows
 shared float sc[kMaxRows];    // the scores, then bf16(p_k)
 shared float den_s;
 
-// Row r's value d: a staged BF16 row, or (bit 31 set) f32 values at that place of the output
-// buffer (a row the batch writes and a store_bf16 of it will keep; BF16-exact).
+// The rows the device keeps between steps (VulkanBackend::kv_, --gpu-kv): head_dim BF16 values a
+// slot, two a word. Bound to the tables when it keeps none (then no id names a slot).
+layout(std430, set = 0, binding = 3) readonly buffer Kept { uint kept[]; };
+
+// Row r's value d: a staged BF16 row; (bit 30 set) the BF16 row in that slot of the kept rows;
+// or (bit 31 set) f32 values at that place of the output buffer (a row the batch writes and a
+// store_bf16 of it will keep; BF16-exact).
 float kv(uint r, uint d) {
   if ((r & 0x80000000u) != 0u) return IN((r & 0x7fffffffu) + d);
-  const uint w = SU(p.kv_at + (r * p.head_dim + d) / 2u);
+  const uint w = (r & 0x40000000u) != 0u ? kept[((r & 0x3fffffffu) * p.head_dim + d) / 2u]
+                                         : SU(p.kv_at + (r * p.head_dim + d) / 2u);
   return uintBitsToFloat(((d & 1u) != 0u ? (w >> 16) : (w & 0xffffu)) << 16);
 }
 
