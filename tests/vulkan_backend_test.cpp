@@ -1420,7 +1420,7 @@ TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {
         // rows are the device path's.
         if (slots == 0) {
           EXPECT_EQ(planned, (kGpuStagingBuffers + x.scratch) * kGpuStagingBytes + (x.in_place ? 2 * kGpuExpertGroupBytes : 0) +
-                                 gs->kv_bytes);
+                                 2 * gs->kv_bytes);
         }
       }
       // The device's own plan: its budget, its mandatory part (the batch's rows where they are
@@ -1887,6 +1887,33 @@ TEST(Vulkan, ThePlanCommandShowsTheDevicesOwnLines) {
   bool host_line = false;
   for (const auto& l : j["mandatory"]) host_line |= l["name"] == "GPU weight copies";
   EXPECT_TRUE(host_line) << "the host's plan has no line for the device's share of it";
+  EXPECT_EQ(dev["sequence state"], 0u) << "kept attention rows on a device whose memory is the host's (auto: none)";
+  // --gpu-kv: the kept attention rows are the device's sequence state, in its mandatory part, and
+  // the host's copies of them are in its GPU line; too many for one binding, or a bad value, are refused.
+  const test::CmdResult kv =
+      test::run_sluice(dir, "plan -m " + test::q(model) + " --backend vulkan --gpu-experts 10 --gpu-kv 3MiB --json");
+  ASSERT_EQ(kv.rc, 0) << kv.err;
+  const nlohmann::json jk = nlohmann::json::parse(kv.out);
+  std::map<std::string, uint64_t> kdev;
+  for (const auto& l : jk["device"]["lines"]) kdev[l["name"].get<std::string>()] = l["bytes"].get<uint64_t>();
+  EXPECT_EQ(kdev["sequence state"], 3ull << 20);
+  EXPECT_EQ(kdev["mandatory total"], dev["mandatory total"] + (3ull << 20));
+  uint64_t copies = 0, kv_copies = 0;
+  for (const auto& l : j["mandatory"])
+    if (l["name"] == "GPU weight copies") copies = l["bytes"].get<uint64_t>();
+  for (const auto& l : jk["mandatory"])
+    if (l["name"] == "GPU weight copies") kv_copies = l["bytes"].get<uint64_t>();
+  // lavapipe's memory is the host's: the slots and the host's copies of their rows.
+  EXPECT_EQ(kv_copies, copies + 2 * (3ull << 20)) << "the kept rows are not in the host's plan";
+  const test::CmdResult huge = test::run_sluice(dir, "plan -m " + test::q(model) + " --backend vulkan --gpu-kv 1TiB");
+  EXPECT_EQ(huge.rc, 1);
+  EXPECT_NE(huge.err.find("--gpu-kv 1.00 TiB is more than device"), std::string::npos) << huge.err;
+  const test::CmdResult word = test::run_sluice(dir, "plan -m " + test::q(model) + " --backend vulkan --gpu-kv lots");
+  EXPECT_EQ(word.rc, 2);
+  EXPECT_NE(word.err.find("--gpu-kv"), std::string::npos) << word.err;
+  const test::CmdResult cpu = test::run_sluice(dir, "plan -m " + test::q(model) + " --gpu-kv off");
+  EXPECT_EQ(cpu.rc, 2);
+  EXPECT_NE(cpu.err.find("need --backend vulkan"), std::string::npos) << cpu.err;
 }
 
 TEST(Vulkan, CommandLine) {

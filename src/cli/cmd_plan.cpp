@@ -1,5 +1,5 @@
 // `sluice plan -m FILE -c N --mem-budget B [--chunk N] [--threads N] [--cache-policy P]
-//  [--allow-swap] [--backend vulkan [--device N] [--gpu-mem B] [--gpu-experts N]] [--json]`
+//  [--allow-swap] [--backend vulkan [--device N] [--gpu-mem B] [--gpu-experts N] [--gpu-kv B]] [--json]`
 #include "cli/cmd_plan.h"
 
 #include <cstdio>
@@ -63,6 +63,7 @@ CLI::App* setup_plan(CLI::App& app, PlanCommandOptions& o) {
   sub->add_option("--device", o.device, "with --backend vulkan: the device index from `sluice devices` (default 0)");
   sub->add_option("--gpu-mem", o.gpu_mem, "with --backend vulkan: as run takes it (default auto)");
   sub->add_option("--gpu-experts", o.gpu_experts, "with --backend vulkan: N, in-place or auto, as run takes it (default auto)");
+  sub->add_option("--gpu-kv", o.gpu_kv, "with --backend vulkan: BYTES, auto or off, as run takes it (default auto)");
   sub->add_flag("--json", o.json, "print one JSON object instead of the table");
   return sub;
 }
@@ -102,8 +103,8 @@ int run_plan(const PlanCommandOptions& o) {
     plan_dspark(o.dspark, cfg, o.draft_max, spo.plan, spo.store);
   }
   // The device as run would open it (before the plan measures this process, driver included).
-  if (o.backend != "vulkan" && (o.device != 0 || o.gpu_mem != "auto" || !o.gpu_experts.empty()))
-    throw UsageError("--device, --gpu-mem and --gpu-experts need --backend vulkan");
+  if (o.backend != "vulkan" && (o.device != 0 || o.gpu_mem != "auto" || !o.gpu_experts.empty() || o.gpu_kv != "auto"))
+    throw UsageError("--device, --gpu-mem, --gpu-experts and --gpu-kv need --backend vulkan");
   SessionDevice dev;
   if (o.backend == "vulkan") {
     SessionOptions so;
@@ -112,6 +113,7 @@ int run_plan(const PlanCommandOptions& o) {
     so.gpu_device = o.device;
     so.threads = o.threads;
     parse_gpu_memory_options(o.gpu_mem, o.gpu_experts, so);
+    parse_gpu_kv(o.gpu_kv, so);
     if (!o.dspark.empty()) so.dspark_path = o.dspark;
     dev = make_session_device(so, cfg);
     plan_session_device(*dev.backend, dev.slots, dev.slots_auto, f, cfg, so.stream_experts, spo.plan);

@@ -31,6 +31,7 @@ struct PlanCommandOptions {
   std::string backend = "cpu";
   uint32_t device = 0;
   std::string gpu_mem = "auto";
+  std::string gpu_kv = "auto";
   std::string gpu_experts;
 };
 CLI::App* setup_plan(CLI::App& app, PlanCommandOptions& o);

@@ -246,6 +246,17 @@ void parse_gpu_memory_options(const std::string& gpu_mem, const std::string& gpu
   }
 }
 
+void parse_gpu_kv(const std::string& gpu_kv, SessionOptions& so) {
+  so.gpu_kv_auto = gpu_kv == "auto";
+  so.gpu_kv = 0;
+  if (so.gpu_kv_auto || gpu_kv == "off") return;
+  try {
+    so.gpu_kv = parse_bytes(gpu_kv, "--gpu-kv");
+  } catch (const Error& err) {
+    throw UsageError(std::string(err.what()) + " (or auto, or off)");
+  }
+}
+
 void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
   sub->add_option("--chunk", o.chunk, "prompt tokens processed together; default: the largest the budget admits, up to 256")
       ->each([&o](const std::string&) { o.chunk_given = true; });
@@ -384,16 +395,7 @@ SessionOptions session_options(const EngineCliOptions& e, const std::string& mod
       e.backend != "vulkan")
     throw UsageError("--device, --gpu-mem, --gpu-experts, --gpu-linears, --gpu-gemm, --gpu-int-dot, --gpu-indexer and "
                      "--gpu-kv need --backend vulkan");
-  so.gpu_kv_auto = e.gpu_kv == "auto";
-  if (e.gpu_kv == "off") {
-    so.gpu_kv_auto = false;
-  } else if (!so.gpu_kv_auto) {
-    try {
-      so.gpu_kv = parse_bytes(e.gpu_kv, "--gpu-kv");
-    } catch (const Error& err) {
-      throw UsageError(err.what());
-    }
-  }
+  parse_gpu_kv(e.gpu_kv, so);
   so.gpu_gemm = e.gpu_gemm == "on";
   so.gpu_int_dot = e.gpu_int_dot == "on" ? GpuIntDot::On : e.gpu_int_dot == "off" ? GpuIntDot::Off : GpuIntDot::Auto;
   so.gpu_indexer = e.gpu_indexer == "device" ? GpuIndexer::Device : e.gpu_indexer == "cpu" ? GpuIndexer::Cpu : GpuIndexer::Auto;

@@ -51,6 +51,8 @@ struct EngineCliOptions {
 void add_engine_options(CLI::App* sub, EngineCliOptions& o);
 // --gpu-mem BYTES|auto and --gpu-experts N|in-place|auto into so; UsageError for bad values.
 void parse_gpu_memory_options(const std::string& gpu_mem, const std::string& gpu_experts, SessionOptions& so);
+// --gpu-kv BYTES|auto|off into so; UsageError for a bad value.
+void parse_gpu_kv(const std::string& gpu_kv, SessionOptions& so);
 // Throws UsageError for bad values. ctx 0: the session's default.
 SessionOptions session_options(const EngineCliOptions& e, const std::string& model, uint32_t ctx);
 // --temp/--top-p/--top-k/--min-p checked by sluice::check_sampling, the check the server's APIs

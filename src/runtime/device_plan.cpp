@@ -69,8 +69,10 @@ void plan_session_device(const Backend& b, uint64_t slots, bool slots_auto, cons
   const uint64_t staging =
       kGpuStagingBuffers + (g.scratch_on_device && g.weights_in_host_memory ? 1 : 0) + (g.hint_staging ? 1 : 0);
   // Kept attention rows (--gpu-kv): the host's copy of each row's bytes, which a lookup compares,
-  // at most as many bytes as the device's slots.
-  plan.device_bytes = copies + staging * kGpuStagingBytes + group_scratch + g.kv_bytes;
+  // at most as many bytes as the device's slots; and the slots themselves where the device's
+  // memory is the host's.
+  const uint64_t kv = g.kv_bytes * (g.weights_in_host_memory ? 2 : 1);
+  plan.device_bytes = copies + staging * kGpuStagingBytes + group_scratch + kv;
   // The shared expert's [g | u] rows (VulkanBackend::shared_ffn) outlive the op until its
   // deferred batch runs, beside the routed op's own temporaries.
   plan.device_held_bytes = [Fs = (uint64_t)cfg.moe_intermediate_size * std::max<uint32_t>(1, cfg.n_shared_experts)](
@@ -91,7 +93,9 @@ void plan_session_device(const Backend& b, uint64_t slots, bool slots_auto, cons
                                       g.budget_why + slot_text + "); ") +
                            std::to_string(staging) + " x " + format_bytes(kGpuStagingBytes) + " staging" +
                            (group_scratch ? " + " + format_bytes(group_scratch) + " expert-group rows" : "") +
-                           (g.kv_bytes ? " + " + format_bytes(g.kv_bytes) + " copies of the kept attention rows" : "");
+                           (kv ? " + " + format_bytes(kv) + " of kept attention rows" +
+                                     (g.weights_in_host_memory ? " (the slots and the host's copies)" : " (the host's copies)")
+                               : "");
   // The device's own plan beside the host's: the backend made it already (and refused a
   // budget without room for the mandatory part); this is its account for the plan's reader.
   GpuDeviceNeeds dn;
