@@ -222,6 +222,11 @@ std::string render_metrics(const MetricsInput& in) {
     w.one("sluice_gpu_linear_total", "counter", "Linear layers run on the device.", (double)g.linear_on_device);
     w.one("sluice_gpu_linear_host_total", "counter", "Linear layers run on the CPU (no copy on the device).",
           (double)g.linear_on_host);
+    w.one("sluice_gpu_kv_slots", "gauge", "Attention rows the device keeps between steps (--gpu-kv).", (double)g.kv_slots);
+    w.one("sluice_gpu_kv_hits_total", "counter", "Attention rows read from a device slot.", (double)g.kv_hits);
+    w.one("sluice_gpu_kv_misses_total", "counter", "Attention rows copied into a device slot.", (double)g.kv_misses);
+    w.one("sluice_gpu_kv_staged_total", "counter", "Attention rows staged with their batch (no slot free of it).",
+          (double)g.kv_staged);
     w.one("sluice_gpu_expert_slots", "gauge", "Routed-expert slots on the device (--gpu-experts).", (double)g.expert_slots);
     w.one("sluice_gpu_expert_hits_total", "counter", "Routed-expert lookups served by a device slot.", (double)g.expert_hits);
     w.one("sluice_gpu_expert_misses_total", "counter", "Routed-expert lookups copied into a slot from the host store.",
