@@ -804,7 +804,8 @@ class VulkanBackend final : public CpuBackend {
     const uint64_t floor = use_clock_ + 1;  // slots used from here on are this call's
     for (const uint32_t e : now)
       if (ExpertSlot* sl = find_slot(src.id, layer, e)) slot_used(*sl);
-    if (!settle_hint() || deferred_.reads_experts || !pending_.empty()) {
+    // Staged copies of kept attention rows name no expert slot (pending_slots_ lists those that do).
+    if (!settle_hint() || deferred_.reads_experts || !pending_slots_.empty()) {
       ++st_.expert_hints_dropped;
       return;
     }
