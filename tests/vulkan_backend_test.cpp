@@ -2074,8 +2074,9 @@ TEST(Vulkan, CommandLine) {
   }
   // bench --backend vulkan: the copy rate into device memory beside a memcpy, and the device's share.
   const test::CmdResult bench = test::run_sluice(
-      dir, "bench -m " + test::q(model) + " -p 4 -n 2 -r 1 --backend vulkan --gpu-experts 8");
+      dir, "bench -m " + test::q(model) + " -p 4 -n 2 -r 1 --backend vulkan --gpu-experts 8 --gpu-kv 64KiB");
   EXPECT_EQ(bench.rc, 0) << bench.err;
+  EXPECT_NE(bench.out.find("GPU kept rows 512 attention-row slots (64.00 KiB, --gpu-kv): "), std::string::npos) << bench.out;
   EXPECT_NE(bench.out.find("GPU copy      host -> device "), std::string::npos) << bench.out;
   EXPECT_NE(bench.out.find("host memcpy "), std::string::npos) << bench.out;
   EXPECT_NE(bench.out.find("routed experts in 8 device slots, hit rate "), std::string::npos) << bench.out;

@@ -512,6 +512,7 @@ class VulkanBackend final : public CpuBackend {
       const std::lock_guard<std::mutex> lk(mu_);
       if (defer_sparse_attention(std::span(&a, 1), std::span(&o, 1))) return;
       flush_deferred();
+      ++st_.attention_on_host;
     }
     CpuBackend::sparse_attention(a, o);
   }

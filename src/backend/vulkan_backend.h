@@ -68,6 +68,7 @@ struct GpuStats {
   uint64_t inputs_chained = 0;  // of them, read on the device from linears earlier in the submission
   uint64_t ops_on_device = 0;   // ops other than linears run on the device (rms_norm on deferred rows)
   uint64_t index_on_device = 0;  // index_select calls (groups of queries) scored on the device
+  uint64_t attention_on_host = 0;  // sparse_attention calls (a sequence's chunk) run on the CPU
   // The quantized linears ran their subgroup build (a subgroup per output) rather than an
   // invocation per output; the device's subgroup size.
   bool subgroup_linears = false;

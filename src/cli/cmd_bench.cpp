@@ -697,6 +697,14 @@ int run_bench(const BenchOptions& o) {
                        std::to_string(gs.expert_in_place_refused) + " on the CPU (all runs)")
                           .c_str()
                     : "on the CPU");
+    if (gs.kv_bytes) {
+      const uint64_t rows = gs.kv_hits + gs.kv_misses + gs.kv_staged;
+      std::printf("GPU kept rows %llu attention-row slots (%s, --gpu-kv): %.1f%% read from a slot (%llu/%llu), %s "
+                  "copied in, %llu staged with their batch (all runs)\n",
+                  (unsigned long long)gs.kv_slots, format_bytes(gs.kv_bytes).c_str(),
+                  rows ? 100.0 * (double)gs.kv_hits / (double)rows : 0.0, (unsigned long long)gs.kv_hits,
+                  (unsigned long long)rows, format_bytes(gs.kv_upload_bytes).c_str(), (unsigned long long)gs.kv_staged);
+    }
   }
   if (streaming && !t.hit_rate.empty()) {
     std::printf("decode expert-cache hit rate %.1f%% (min %.1f, max %.1f)\n", 100 * fhit.median, 100 * fhit.min,

@@ -505,6 +505,7 @@ std::string session_summary(const Session& s, uint64_t tokens_evaluated) {
                   (unsigned long long)g.submissions);
     out += buf;
     if (g.index_on_device) out += "; indexer scored on the device " + std::to_string(g.index_on_device) + " times";
+    if (g.attention_on_host) out += "; attention on the CPU " + std::to_string(g.attention_on_host) + " times";
     if (g.scratch_on_device)
       out += "; the batch's rows in device memory (" + format_bytes(g.scratch_bytes) + "), " +
              format_bytes(g.bytes_read_back) + " of them read back";
