@@ -170,6 +170,79 @@ TEST(VulkanAttention, SparseAttentionOnTheDeviceHasTheCpuBits) {
       }
 }
 
+// Rows kept on the device (--gpu-kv): a second call reads them from their slots; a window row
+// and a compressed row rewritten in place between calls are copied again, never read stale; with
+// fewer slots than the call reads, the rest are staged. The CPU's bits every time.
+TEST(VulkanAttention, KeptRowsAreReadAgainOnlyWhileTheirBytesAreUnchanged) {
+  if (!kBuilt) return;
+  const CpuBackend cpu(1);
+  std::mt19937_64 rng(59);
+  const uint32_t hd = 32, heads = 2, W = 6, ratio = 1, n = 3, p0 = 20, ncomp = p0 + n;
+  std::vector<uint16_t> ring((size_t)W * hd), fresh((size_t)n * hd);
+  for (uint16_t& v : ring) v = f32_to_bf16(bf16_values(rng, 1, 2.0f)[0]);
+  for (uint16_t& v : fresh) v = f32_to_bf16(bf16_values(rng, 1, 2.0f)[0]);
+  const size_t rb = fp4_row_bytes(Fp4Grid::Nvfp4, hd);
+  std::vector<uint8_t> packed((size_t)ncomp * rb);
+  auto pack = [&](uint32_t g) {
+    const std::vector<float> v = bf16_values(rng, hd, 2.0f);
+    fp4_pack_row(Fp4Grid::Nvfp4, v.data(), hd, packed.data() + (size_t)g * rb);
+  };
+  for (uint32_t g = 0; g < ncomp; ++g) pack(g);
+  std::vector<std::vector<int32_t>> sel(n);
+  for (uint32_t i = 0; i < n; ++i)
+    for (uint32_t g = i; g < ncomp; g += 3) sel[i].push_back((int32_t)g);
+  const std::vector<float> sinks = bf16_values(rng, heads, 2.0f), qv = bf16_values(rng, (size_t)n * heads * hd, 2.0f);
+  SparseAttention a;
+  a.heads = heads;
+  a.head_dim = hd;
+  a.p0 = p0;
+  a.window = WindowRows{ring.data(), fresh.data(), W, p0, hd};
+  a.comp = CacheRows{packed.data(), packed.data(), ncomp, hd, Fp4Grid::Nvfp4};
+  a.comp_ratio = ratio;
+  a.sel = &sel;
+  a.sinks = sinks.data();
+  const Tensor cq = cpu.tensor(n, heads * hd), co = cpu.tensor(n, heads * hd);
+  fill(cq, qv);
+  for (const uint64_t slots : {64u, 5u}) {
+    SCOPED_TRACE(std::to_string(slots) + " slots");
+    GpuOptions go;
+    go.kv_auto = false;
+    go.kv_bytes = slots * hd * sizeof(uint16_t);
+    const std::unique_ptr<Backend> gpu = make_vulkan_backend(go);
+    const Tensor gq = gpu->tensor(n, heads * hd), go1 = gpu->tensor(n, heads * hd);
+    fill(gq, qv);
+    for (int round = 0; round < 3; ++round) {
+      SCOPED_TRACE("round " + std::to_string(round));
+      if (round == 2) {  // rewritten in place: a ring row (position p0 - 1) and a selected compressed row
+        for (uint32_t k = 0; k < hd; ++k) ring[(size_t)((p0 - 1) % W) * hd + k] ^= 0x0040;
+        pack(4);
+      }
+      a.q = cq.c();
+      cpu.sparse_attention(a, co.m());
+      a.q = gq.c();
+      const GpuStats s0 = gpu_stats(*gpu);
+      gpu->sparse_attention(a, go1.m());
+      gpu->sync();
+      EXPECT_EQ(first_difference(go1, co), -1);
+      const GpuStats s1 = gpu_stats(*gpu);
+      EXPECT_EQ(s1.kv_slots, slots);
+      EXPECT_EQ(s1.ops_on_device - s0.ops_on_device, 1u) << "the attention ran on the host";
+      const uint64_t hits = s1.kv_hits - s0.kv_hits, misses = s1.kv_misses - s0.kv_misses, staged = s1.kv_staged - s0.kv_staged;
+      // The call reads W - 1 ring rows (the window's others are the chunk's fresh rows, a second
+      // set of pointers) and the union of the selections.
+      EXPECT_GT(hits + misses + staged, slots == 64 ? 0u : 5u);
+      if (slots == 64) {
+        EXPECT_EQ(staged, 0u);
+        EXPECT_EQ(hits == 0, round == 0);
+        EXPECT_EQ(misses, round == 0 ? hits + misses : round == 1 ? 0u : 2u) << "rows copied again: " << misses;
+      } else {
+        EXPECT_GT(staged, 0u) << "5 slots held every row";
+        EXPECT_LE(misses, 5u);
+      }
+    }
+  }
+}
+
 // The fake-quant grids on rows the batch holds (the window row after its RoPE, the index
 // queries): every grid on blocks whose largest value spans the binades (down to the amax floors,
 // up to past E4M3's 448 saturation), zeros and NaNs, the CPU's bits.
