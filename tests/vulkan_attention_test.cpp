@@ -170,9 +170,10 @@ TEST(VulkanAttention, SparseAttentionOnTheDeviceHasTheCpuBits) {
       }
 }
 
-// Rows kept on the device (--gpu-kv): a second call reads them from their slots; a window row
-// and a compressed row rewritten in place between calls are copied again, never read stale; with
-// fewer slots than the call reads, the rest are staged. The CPU's bits every time.
+// Rows kept on the device (--gpu-kv): a second call reads them from their slots (the compressed
+// ones packed, unpacked by the shader); a window row and a compressed row rewritten in place
+// between calls are copied again, never read stale; with fewer slots than the call reads, the
+// rest are staged. The CPU's bits every time.
 TEST(VulkanAttention, KeptRowsAreReadAgainOnlyWhileTheirBytesAreUnchanged) {
   if (!kBuilt) return;
   const CpuBackend cpu(1);
@@ -183,9 +184,19 @@ TEST(VulkanAttention, KeptRowsAreReadAgainOnlyWhileTheirBytesAreUnchanged) {
   for (uint16_t& v : fresh) v = f32_to_bf16(bf16_values(rng, 1, 2.0f)[0]);
   const size_t rb = fp4_row_bytes(Fp4Grid::Nvfp4, hd);
   std::vector<uint8_t> packed((size_t)ncomp * rb);
+  // Compressed rows whose blocks take the E4M3 scales' corners (the shader unpacks kept ones):
+  // small values (subnormal scales), large ones (scales near 448's binade), signed zeros, and a
+  // scale with its sign bit set.
   auto pack = [&](uint32_t g) {
-    const std::vector<float> v = bf16_values(rng, hd, 2.0f);
-    fp4_pack_row(Fp4Grid::Nvfp4, v.data(), hd, packed.data() + (size_t)g * rb);
+    std::vector<float> v = bf16_values(rng, hd, 2.0f);
+    for (uint32_t k = 0; k < hd; ++k) {
+      if (g % 4 == 1) v[k] = std::ldexp(v[k], -8);
+      if (g % 4 == 2) v[k] = std::ldexp(v[k], 8);
+      if (g % 4 == 3 && k < 16) v[k] = k % 2 ? -0.0f : 0.0f;
+    }
+    uint8_t* const row = packed.data() + (size_t)g * rb;
+    fp4_pack_row(Fp4Grid::Nvfp4, v.data(), hd, row);
+    if (g % 4 == 3) row[hd / 2 + 1] |= 0x80;  // a negative scale: bytes no packing makes, unpacked all the same
   };
   for (uint32_t g = 0; g < ncomp; ++g) pack(g);
   std::vector<std::vector<int32_t>> sel(n);

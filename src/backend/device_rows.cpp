@@ -8,7 +8,7 @@ namespace sluice {
 
 DeviceRows::DeviceRows(uint64_t slots, size_t copy_bytes)
     : slots_(slots), copies_(slots * copy_bytes), copy_bytes_(copy_bytes) {
-  if (slots >= (1u << 30)) throw Error("device rows: " + std::to_string(slots) + " slots, more than a list can name");
+  if (slots >= (1u << 29)) throw Error("device rows: " + std::to_string(slots) + " slots, more than a list can name");
   index_.reserve(slots);
 }
 

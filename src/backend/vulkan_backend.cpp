@@ -2323,11 +2323,14 @@ class VulkanBackend final : public CpuBackend {
   // host after the batch instead (the callers above).
   static constexpr uint32_t kInOut = 0x80000000u;  // rows_io.glsl: the place is in the output buffer
   static constexpr uint32_t kKept = 0x40000000u;   // attention.comp: the row is in that slot of the kept rows
+  static constexpr uint32_t kPacked = 0x20000000u;  // and kept as it is cached, packed on the NVFP4 grid
   // A row an attention reads, as the kept rows name it (DeviceRows): its bytes in host memory and
-  // how they are read (kRawRow: BF16 values; 1 + grid: packed on that FP4 grid).
+  // how they are read (kRawRow: BF16 values; 1 + grid: packed on that FP4 grid); `packed`: its
+  // slot holds those bytes (the shader unpacks them), else its BF16 values.
   struct KeptRow {
     const uint8_t* p = nullptr;
     uint32_t bytes = 0, tag = 0;
+    bool packed = false;
   };
   static constexpr uint32_t kRawRow = 0;
   struct Operand {
@@ -2822,7 +2825,9 @@ class VulkanBackend final : public CpuBackend {
             rows.push_back(nullptr);
             packed.push_back(b);
             grids.push_back(a.comp.grid);
-            kept.push_back({b, (uint32_t)a.comp.row_bytes(), 1u + (uint32_t)a.comp.grid});
+            // Kept packed where the shader unpacks them (NVFP4, the compressed rows' grid): a
+            // quarter of the bytes to copy and to hold, and nothing for the host to unpack.
+            kept.push_back({b, (uint32_t)a.comp.row_bytes(), 1u + (uint32_t)a.comp.grid, a.comp.grid == Fp4Grid::Nvfp4});
           }
           list.push_back(it->second);
         }
@@ -3001,8 +3006,8 @@ class VulkanBackend final : public CpuBackend {
   }
 
   // Row k of an attention, in a slot of the rows the device keeps (mu_ held): true with its
-  // slot, its BF16 values (`fill`, else a copy of rows[k]) staged for a copy into the slot at the
-  // head of the next submission when the slot does not hold them yet. False where the device
+  // slot, its BF16 values (`fill`, else a copy of rows[k]; a packed row its bytes) staged for a
+  // copy into the slot at the head of the next submission when the slot does not hold them yet. False where the device
   // keeps no rows (or none of this width: the first attention sets it) or the batch being
   // recorded reads every slot already: the row is staged with the batch.
   bool keep_row(const KeptRow& r, uint32_t hd, uint32_t k, const std::function<void(uint32_t, uint16_t*)>& fill,
@@ -3025,18 +3030,21 @@ class VulkanBackend final : public CpuBackend {
       ++st_.kv_hits;
       return true;
     }
-    if (staged_used_ + bytes > staging_bytes_) flush_uploads();
+    const VkDeviceSize up = r.packed ? r.bytes : bytes, room = (up + 3) / 4 * 4;  // the next one word-aligned
+    if (staged_used_ + room > staging_bytes_) flush_uploads();
     if (staged_used_ == 0) ensure(stage_, staging_bytes_);
-    uint16_t* const dst = reinterpret_cast<uint16_t*>(static_cast<uint8_t*>(stage_.map) + staged_used_);
-    if (fill)
-      fill(k, dst);
+    uint8_t* const dst = static_cast<uint8_t*>(stage_.map) + staged_used_;
+    if (r.packed)
+      std::memcpy(dst, r.p, r.bytes);
+    else if (fill)
+      fill(k, reinterpret_cast<uint16_t*>(dst));
     else
       std::memcpy(dst, rows[k], bytes);
-    pending_.push_back({kv_.buf, VkBufferCopy{staged_used_, (VkDeviceSize)slot * bytes, bytes}});
+    pending_.push_back({kv_.buf, VkBufferCopy{staged_used_, (VkDeviceSize)slot * bytes, up}});
     kv_pending_.push_back(slot);
-    staged_used_ += bytes;
+    staged_used_ += room;
     ++st_.kv_misses;
-    st_.kv_upload_bytes += bytes;
+    st_.kv_upload_bytes += up;
     return true;
   }
 
@@ -3080,7 +3088,8 @@ class VulkanBackend final : public CpuBackend {
     uint32_t staged = 0;
     for (uint32_t k = 0; k < rows.size(); ++k) {
       uint32_t slot = 0;
-      id[k] = k < kept.size() && keep_row(kept[k], hd, k, fill, rows, slot) ? kKept | slot : staged++;
+      id[k] = k < kept.size() && keep_row(kept[k], hd, k, fill, rows, slot) ? kKept | (kept[k].packed ? kPacked : 0) | slot
+                                                                            : staged++;
     }
     const VkDeviceSize rb = aligned((VkDeviceSize)staged * hd * sizeof(uint16_t));
     if (deferred_.act_used + lb + rb > io_limit_) return false;

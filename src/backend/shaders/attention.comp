@@ -32,16 +32,42 @@ const uint kMaxRows = 2048u;  // VulkanBackend::kAttentionRows
 shared float sc[kMaxRows];    // the scores, then bf16(p_k)
 shared float den_s;
 
-// The rows the device keeps between steps (VulkanBackend::kv_, --gpu-kv): head_dim BF16 values a
-// slot, two a word. Bound to the tables when it keeps none (then no id names a slot).
+// The rows the device keeps between steps (VulkanBackend::kv_, --gpu-kv): head_dim * 2 bytes a
+// slot, holding a window row's BF16 values (two a word) or a compressed row as it is cached,
+// packed on the NVFP4 grid (kernels/fp4_rows.h: head_dim / 2 bytes of E2M1 codes, then an E4M3
+// scale per 16). Bound to the tables when it keeps none (then no id names a slot).
 layout(std430, set = 0, binding = 3) readonly buffer Kept { uint kept[]; };
 
-// Row r's value d: a staged BF16 row; (bit 30 set) the BF16 row in that slot of the kept rows;
-// or (bit 31 set) f32 values at that place of the output buffer (a row the batch writes and a
-// store_bf16 of it will keep; BF16-exact).
+uint kept_byte(uint b) { return (kept[b >> 2] >> ((b & 3u) * 8u)) & 0xffu; }
+
+// kernels/fp.h e4m3_to_f32, exactly: the value is built from its bits.
+float e4m3_value(uint c) {
+  const uint e = (c >> 3) & 15u, m = c & 7u;
+  if (e == 15u && m == 7u) return uintBitsToFloat(0x7fc00000u);
+  const float mag = e == 0u ? float(m) * uintBitsToFloat((127u - 9u) << 23) : uintBitsToFloat(((e + 120u) << 23) | (m << 20));
+  return (c & 0x80u) != 0u ? -mag : mag;
+}
+
+// fp4_unpack_row's value d of a packed NVFP4 row at byte `base` of the kept rows: bf16(q * s),
+// which is q * s (a 3-bit by 4-bit product of normal numbers: exact in BF16), and the one NaN
+// for a block whose scale is NaN.
+float nvfp4_value(uint base, uint d) {
+  const float s = e4m3_value(kept_byte(base + p.head_dim / 2u + d / 16u));
+  if (isnan(s)) return uintBitsToFloat(0x7fc00000u);
+  const uint c = (kept_byte(base + d / 2u) >> ((d & 1u) * 4u)) & 15u;
+  const float e2m1[8] = float[8](0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0);
+  const float q = (c & 8u) != 0u ? -e2m1[c & 7u] : e2m1[c & 7u];
+  precise float v = q * s;
+  return v;
+}
+
+// Row r's value d: a staged BF16 row; (bit 30 set) the row in that slot of the kept rows, BF16
+// or (bit 29 set too) packed; or (bit 31 set) f32 values at that place of the output buffer (a
+// row the batch writes and a store_bf16 of it will keep; BF16-exact).
 float kv(uint r, uint d) {
   if ((r & 0x80000000u) != 0u) return IN((r & 0x7fffffffu) + d);
-  const uint w = (r & 0x40000000u) != 0u ? kept[((r & 0x3fffffffu) * p.head_dim + d) / 2u]
+  if ((r & 0x60000000u) == 0x60000000u) return nvfp4_value((r & 0x1fffffffu) * p.head_dim * 2u, d);
+  const uint w = (r & 0x40000000u) != 0u ? kept[((r & 0x1fffffffu) * p.head_dim + d) / 2u]
                                          : SU(p.kv_at + (r * p.head_dim + d) / 2u);
   return uintBitsToFloat(((d & 1u) != 0u ? (w >> 16) : (w & 0xffffu)) << 16);
 }
