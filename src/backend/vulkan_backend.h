@@ -247,9 +247,9 @@ struct GpuOptions {
   bool scratch_on_device = false;
   GpuIndexer indexer = GpuIndexer::Auto;  // --gpu-indexer
   // --gpu-kv B|auto|off: bytes of device memory for the attention rows it keeps between steps
-  // (backend/device_rows.h: window rows and unpacked compressed rows, named by their host bytes and
-  // read again only while those are unchanged), out of --gpu-mem as sequence state; as many bytes
-  // of host memory hold the copies a lookup compares. Auto: 64 MiB (an eighth of the budget where
+  // (backend/device_rows.h: window rows as BF16, compressed rows packed, named by their host bytes
+  // and read again only while those are unchanged), out of --gpu-mem as sequence state; as many
+  // bytes of host memory hold the copies a lookup compares. Auto: 64 MiB (an eighth of the budget where
   // that is less) where the batch's rows are the card's (GpuStats::scratch_on_device), none where
   // its memory is the host's.
   uint64_t kv_bytes = 0;

@@ -320,8 +320,9 @@ void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
       ->check(CLI::IsMember({"auto", "device", "cpu"}));
   sub->add_option("--gpu-kv", o.gpu_kv,
                   "with --backend vulkan: bytes of device memory (out of --gpu-mem, as sequence state) for the "
-                  "attention rows the device keeps between steps (window rows and unpacked compressed rows), so a "
-                  "step copies only the rows it has not read before; the host keeps a copy of each row's bytes (as "
+                  "attention rows the device keeps between steps (window rows, and compressed rows as they are "
+                  "cached), so a step copies only the rows it has not read before; the host keeps a copy of each "
+                  "row's bytes (as "
                   "many bytes of host memory) and a row is read from the device only while they are unchanged; the "
                   "same results; off: every step stages the rows it reads; auto: 64 MiB (an eighth of --gpu-mem where "
                   "that is less) on a card with memory of its own, off on an integrated GPU or a CPU device (default auto)");
