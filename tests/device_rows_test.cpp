@@ -67,7 +67,9 @@ TEST(DeviceRows, ABatchKeepsItsSlotsUntilItIsSubmitted) {
     used.insert(f.slot);
   }
   EXPECT_EQ(used.size(), 5u) << "a batch's rows share a slot";
+  const uint64_t steps = d.clock_steps();
   EXPECT_FALSE(d.find(row(mem, 5, 8), 0, f)) << "a slot the batch reads was given to another row";
+  EXPECT_EQ(d.clock_steps(), steps) << "a row refused for a full batch scanned the slots first";
   for (size_t i = 0; i < 5; ++i) {
     ASSERT_TRUE(d.find(row(mem, i, 8), 0, f));
     EXPECT_TRUE(f.hit) << i;
@@ -100,11 +102,14 @@ TEST(DeviceRows, RandomTrafficNeverFindsStaleBytesNorSharesASlotInABatch) {
         const size_t i = rng() % 37;
         const std::span<const uint8_t> r = row(mem, i, bytes);
         Found f;
+        const uint64_t steps = d.clock_steps();
         if (!d.find(r, 0, f)) {
           EXPECT_TRUE(std::all_of(batch_row.begin(), batch_row.end(), [](int x) { return x >= 0; }))
               << "a row refused while a slot was free of this batch";
+          EXPECT_EQ(d.clock_steps(), steps) << "a refusal scanned the slots";
           continue;
         }
+        EXPECT_LE(d.clock_steps() - steps, 2 * slots);
         ASSERT_LT(f.slot, slots);
         if (f.hit) {
           ++hits;

@@ -20,7 +20,7 @@ bool DeviceRows::find(std::span<const uint8_t> bytes, uint32_t tag, Found& out) 
     Slot& s = slots_[it->second];
     copy = copies_.data() + (size_t)it->second * copy_bytes_;
     if (s.bytes == bytes.size() && std::memcmp(copy, bytes.data(), bytes.size()) == 0) {
-      s.batch = batch_;
+      hold(s);
       s.recent = true;
       out = Found{it->second, true};
       return true;
@@ -30,7 +30,7 @@ bool DeviceRows::find(std::span<const uint8_t> bytes, uint32_t tag, Found& out) 
     if (s.batch != batch_) {
       std::memcpy(copy, bytes.data(), bytes.size());
       s.bytes = (uint32_t)bytes.size();
-      s.batch = batch_;
+      hold(s);
       s.recent = true;
       out = Found{it->second, false};
       return true;
@@ -39,8 +39,10 @@ bool DeviceRows::find(std::span<const uint8_t> bytes, uint32_t tag, Found& out) 
     index_.erase(it);
   }
   // The clock: a slot this batch reads is passed over, a recently read one gets a second chance.
-  // Two turns see every slot clear its mark; none found then means the batch reads them all.
+  // Two turns see every slot clear its mark, so a slot the batch does not read is found within them.
+  if (held_ == slots_.size()) return false;
   for (size_t step = 0; step < 2 * slots_.size(); ++step) {
+    ++steps_;
     const size_t i = hand_;
     hand_ = (hand_ + 1) % slots_.size();
     Slot& s = slots_[i];
@@ -50,13 +52,20 @@ bool DeviceRows::find(std::span<const uint8_t> bytes, uint32_t tag, Found& out) 
       continue;
     }
     if (s.named) index_.erase(s.key);
-    s = Slot{key, (uint32_t)bytes.size(), batch_, true, true};
+    s = Slot{key, (uint32_t)bytes.size(), 0, true, true};
+    hold(s);
     std::memcpy(copies_.data() + i * copy_bytes_, bytes.data(), bytes.size());
     index_.emplace(key, (uint32_t)i);
     out = Found{(uint32_t)i, false};
     return true;
   }
   return false;
+}
+
+void DeviceRows::hold(Slot& s) {
+  if (s.batch == batch_) return;
+  s.batch = batch_;
+  ++held_;
 }
 
 void DeviceRows::forget(uint32_t slot) {

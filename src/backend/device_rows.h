@@ -42,9 +42,14 @@ class DeviceRows {
   // slot is kept for this batch (the caller stages the row instead).
   bool find(std::span<const uint8_t> bytes, uint32_t tag, Found& out);
   // The batch being recorded was submitted or dropped: its slots may be taken again.
-  void next_batch() { ++batch_; }
+  void next_batch() {
+    ++batch_;
+    held_ = 0;
+  }
   // The slot's bytes never arrived (a failed submission carried its copy): forget its row.
   void forget(uint32_t slot);
+  // Slots the clock hand has passed, over all lookups (what a miss costs; tests bound it).
+  uint64_t clock_steps() const { return steps_; }
 
  private:
   struct Key {
@@ -63,11 +68,15 @@ class DeviceRows {
     uint64_t batch = 0;  // the last batch that read it
     bool named = false, recent = false;
   };
+  void hold(Slot& s);
+
   std::vector<Slot> slots_;
   std::vector<uint8_t> copies_;  // slot i's bytes at i * copy_bytes_
   size_t copy_bytes_ = 0;
   std::unordered_map<Key, uint32_t, KeyHash> index_;
   uint64_t batch_ = 1;
+  uint64_t held_ = 0;  // slots the batch being recorded reads: all of them, and a miss is refused at once
+  uint64_t steps_ = 0;
   size_t hand_ = 0;
 };
 

@@ -3030,19 +3030,16 @@ class VulkanBackend final : public CpuBackend {
       ++st_.kv_hits;
       return true;
     }
-    const VkDeviceSize up = r.packed ? r.bytes : bytes, room = (up + 3) / 4 * 4;  // the next one word-aligned
-    if (staged_used_ + room > staging_bytes_) flush_uploads();
-    if (staged_used_ == 0) ensure(stage_, staging_bytes_);
-    uint8_t* const dst = static_cast<uint8_t*>(stage_.map) + staged_used_;
-    if (r.packed)
-      std::memcpy(dst, r.p, r.bytes);
-    else if (fill)
-      fill(k, reinterpret_cast<uint16_t*>(dst));
-    else
-      std::memcpy(dst, rows[k], bytes);
-    pending_.push_back({kv_.buf, VkBufferCopy{staged_used_, (VkDeviceSize)slot * bytes, up}});
+    const VkDeviceSize up = r.packed ? r.bytes : bytes;
+    stage_copy(kv_.buf, (VkDeviceSize)slot * bytes, up, [&](uint8_t* dst) {
+      if (r.packed)
+        std::memcpy(dst, r.p, r.bytes);
+      else if (fill)
+        fill(k, reinterpret_cast<uint16_t*>(dst));
+      else
+        std::memcpy(dst, rows[k], bytes);
+    });
     kv_pending_.push_back(slot);
-    staged_used_ += room;
     ++st_.kv_misses;
     st_.kv_upload_bytes += up;
     return true;
@@ -3304,13 +3301,21 @@ class VulkanBackend final : public CpuBackend {
       upload(b, at, src, bytes);
       return false;
     }
-    if (staged_used_ + bytes > staging_bytes_) flush_uploads();
-    if (staged_used_ == 0) ensure(stage_, staging_bytes_);  // never regrown while copies are pending
-    std::memcpy(static_cast<uint8_t*>(stage_.map) + staged_used_, src, bytes);
-    pending_.push_back({b.buf, VkBufferCopy{staged_used_, at, bytes}});
-    staged_used_ += bytes;
+    stage_copy(b.buf, at, bytes, [&](uint8_t* dst) { std::memcpy(dst, src, bytes); });
     ++st_.staged_uploads;
     return true;
+  }
+
+  // `bytes` written by `fill` into the staging buffer (submitted first when it is full) and their
+  // copy to `at` in `dst` recorded at the head of the next submission. Each staged part starts on
+  // a word, so a `fill` may write it as 16- or 32-bit values.
+  void stage_copy(VkBuffer dst, VkDeviceSize at, VkDeviceSize bytes, const std::function<void(uint8_t*)>& fill) const {
+    const VkDeviceSize room = (bytes + 3) / 4 * 4;
+    if (staged_used_ + room > staging_bytes_) flush_uploads();
+    if (staged_used_ == 0) ensure(stage_, staging_bytes_);  // never regrown while copies are pending
+    fill(static_cast<uint8_t*>(stage_.map) + staged_used_);
+    pending_.push_back({dst, VkBufferCopy{staged_used_, at, bytes}});
+    staged_used_ += room;
   }
 
   // The staged copies in a submission of their own (the staging buffer is full, or it is needed).
