@@ -49,6 +49,28 @@ struct TempDir {
   std::string operator/(const std::string& name) const { return (path / name).string(); }
 };
 
+// An environment variable set for a scope (the processes it starts inherit it), then put back
+// as it was, unset where it was unset.
+struct ScopedEnv {
+  std::string name, old;
+  bool had = false;
+  ScopedEnv(const std::string& n, const std::string& value) : name(n) {
+    if (const char* v = std::getenv(n.c_str())) {
+      had = true;
+      old = v;
+    }
+    ::setenv(n.c_str(), value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (had)
+      ::setenv(name.c_str(), old.c_str(), 1);
+    else
+      ::unsetenv(name.c_str());
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+};
+
 // The whole file as bytes; empty when it cannot be read.
 inline std::string slurp(const std::string& p) {
   std::ifstream in(p, std::ios::binary);

@@ -1327,6 +1327,59 @@ TEST(Vulkan, AMissingDeviceIsNamedWithTheCount) {
   }
 }
 
+// With no Vulkan driver (the loader pointed at none), `devices` and a run on the Vulkan backend
+// fail with one line saying so and what to install.
+TEST(Vulkan, NoDriverIsNamed) {
+  if (!kBuilt) return;
+  const test::TempDir dir("sluice_vulkan_no_driver");
+  const std::string model = dir / "tiny.gguf";
+  ASSERT_EQ(test::run_sluice(dir, "make-model --preset tiny -o " + test::q(model)).rc, 0);
+  test::CmdResult d, r;
+  {
+    const std::string none = dir / "no-such-icd.json";
+    const test::ScopedEnv icd("VK_ICD_FILENAMES", none), driver("VK_DRIVER_FILES", none);
+    d = test::run_sluice(dir, "devices");
+    r = test::run_sluice(dir, "run -m " + test::q(model) + " --tokens 5 -n 1 --backend vulkan");
+  }
+  for (const test::CmdResult* c : {&d, &r}) {
+    EXPECT_EQ(c->rc, 1) << c->err;
+    EXPECT_EQ(c->err_lines(), 1u) << c->err;
+    EXPECT_NE(c->err.find("sluice: error: vulkan: no Vulkan driver answered (install the GPU's Vulkan driver"),
+              std::string::npos)
+        << c->err;
+  }
+}
+
+// A shader the driver cannot build is named, with the driver's result, when the backend is made;
+// what was built before it is freed (ASan's leak check sees it), and the device works after.
+TEST(Vulkan, AShaderTheDriverCannotBuildIsNamed) {
+  if (!kBuilt) return;
+  for (const std::string shader : {"linear_q2_k", "rms_norm", "attention"}) {
+    SCOPED_TRACE(shader);
+    GpuOptions o;
+    o.threads = 1;
+    int asked = 0;
+    o.fault_shader = [&](const char* what) {
+      ++asked;
+      return shader == what;
+    };
+    try {
+      make_vulkan_backend(o);
+      FAIL() << "the backend was made without shader " << shader;
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()), "vulkan: the driver could not build shader " + shader +
+                                           ": out of device memory");
+    }
+    EXPECT_GT(asked, 1);
+  }
+  GpuOptions o;
+  o.threads = 1;
+  const std::unique_ptr<Backend> be = make_vulkan_backend(o);
+  std::vector<float> x(64, 1.5f), w(64, 1.0f);
+  gpu_rms_norm(*be, x.data(), 1, 64, w.data(), 1e-6f);
+  EXPECT_FLOAT_EQ(x[0], 1.0f);
+}
+
 // The whole engine on the tiny model: every logit row of a chunked prompt and of the decode steps
 // equals the CPU backend's, and the dense linear layers really ran on the device.
 TEST(Vulkan, TinyModelLogitsEqualTheCpuBackend) {

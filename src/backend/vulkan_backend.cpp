@@ -146,7 +146,7 @@ struct GpuWeight {
 
 class VulkanBackend final : public CpuBackend {
  public:
-  explicit VulkanBackend(const GpuOptions& o) : CpuBackend(resolved(o.threads)), fault_(o.fault), fault_before_(o.fault_before_submit) {
+  explicit VulkanBackend(const GpuOptions& o) : CpuBackend(resolved(o.threads)), fault_(o.fault), fault_before_(o.fault_before_submit), fault_shader_(o.fault_shader) {
     const std::vector<VkPhysicalDevice> devs = instance().devices();
     if (devs.empty()) throw Error("vulkan: the driver lists no device");
     if (o.device >= devs.size())
@@ -1624,7 +1624,8 @@ class VulkanBackend final : public CpuBackend {
     ci.stage.pName = "main";
     ci.layout = layout_;
     VkPipeline p = VK_NULL_HANDLE;
-    r = vkCreateComputePipelines(dev_, VK_NULL_HANDLE, 1, &ci, nullptr, &p);
+    r = fault_shader_ && fault_shader_(what) ? VK_ERROR_OUT_OF_DEVICE_MEMORY
+                                             : vkCreateComputePipelines(dev_, VK_NULL_HANDLE, 1, &ci, nullptr, &p);
     vkDestroyShaderModule(dev_, mod, nullptr);
     if (r != VK_SUCCESS) throw Error(std::string("vulkan: the driver could not build shader ") + what + ": " + result_name(r));
     return p;
@@ -3665,7 +3666,7 @@ class VulkanBackend final : public CpuBackend {
     dev_ = VK_NULL_HANDLE;
   }
 
-  std::function<bool(const char*)> fault_, fault_before_;
+  std::function<bool(const char*)> fault_, fault_before_, fault_shader_;
   VkPhysicalDevice phys_ = VK_NULL_HANDLE;
   GpuDevice info_;
   VkPhysicalDeviceMemoryProperties mem_{};

@@ -200,6 +200,9 @@ struct GpuOptions {
   // Tests: asked before each submission reaches the queue; true fails it as a lost device
   // would, before anything in it ran.
   std::function<bool(const char* what)> fault_before_submit;
+  // Tests: asked before each shader's pipeline is built (`what` names the shader); true fails
+  // it as a driver that runs out of memory building it would.
+  std::function<bool(const char* what)> fault_shader;
   // Tests: weights go through the staging copy even where device memory can be mapped, in
   // chunks of this many bytes (0: kGpuStagingBytes).
   bool force_staging = false;
