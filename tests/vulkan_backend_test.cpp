@@ -2135,6 +2135,7 @@ TEST(Vulkan, CommandLine) {
   EXPECT_NE(bench.out.find("GPU copy      host -> device "), std::string::npos) << bench.out;
   EXPECT_NE(bench.out.find("host memcpy "), std::string::npos) << bench.out;
   EXPECT_NE(bench.out.find("routed experts in 8 device slots, hit rate "), std::string::npos) << bench.out;
+  EXPECT_NE(bench.out.find(" copied in ("), std::string::npos) << bench.out;
   EXPECT_NE(bench.out.find(" on the device (quantized ones "), std::string::npos) << bench.out;
   // bench --ops --backend vulkan: the device's linear at the model's shapes, each figure naming
   // the build that ran it (the GEMM from 16 tokens on, for the quantized types).

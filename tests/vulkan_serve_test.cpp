@@ -76,6 +76,7 @@ TEST(VulkanServe, SeveralStreamsAtOnceGetTheCpusText) {
   EXPECT_EQ(metric(m, "sluice_gpu_kv_slots"), 512);
   EXPECT_GT(metric(m, "sluice_gpu_kv_hits_total"), 0);
   EXPECT_GT(metric(m, "sluice_gpu_expert_hits_total"), 0) << m;
+  EXPECT_GT(metric(m, "sluice_gpu_expert_upload_seconds_total"), 0) << "the slot tier's stall is not reported";
 }
 
 }  // namespace

@@ -131,6 +131,12 @@ struct GpuStats {
   uint64_t expert_on_cpu = 0;
   double split_upload_s = 0, split_device_s = 0, split_cpu_s = 0;
   std::vector<GpuLayerStats> expert_layers;  // the slot tier per layer (run --expert-stats)
+  // The slot tier's stall: the time the host spent copying misses in, over every layer.
+  uint64_t expert_upload_ns() const {
+    uint64_t ns = 0;
+    for (const GpuLayerStats& l : expert_layers) ns += l.upload_ns;
+    return ns;
+  }
   bool expert_slots_refused = false;  // slots were asked for but the device budget held none
   // --gpu-experts in-place (GpuOptions::experts_in_place): expert runs on the device from the
   // source's own memory, the chunks of it mapped (imported once each, the host's memory: nothing

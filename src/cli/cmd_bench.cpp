@@ -573,6 +573,7 @@ int run_bench(const BenchOptions& o) {
       j["gpu_expert_slots"] = gs.expert_slots;
       j["gpu_expert_hit_rate"] = gpu_hit;
       j["gpu_expert_upload_bytes"] = gs.expert_upload_bytes;
+      j["gpu_expert_upload_s"] = (double)gs.expert_upload_ns() / 1e9;  // the host's time copying misses in
       j["gpu_expert_on_cpu"] = gs.expert_on_cpu;
       j["gpu_expert_uploads_hinted"] = gs.expert_uploads_hinted;  // hint-started copies (unmapped slots)
       j["gpu_expert_hints_used"] = gs.expert_hints_used;
@@ -681,6 +682,8 @@ int run_bench(const BenchOptions& o) {
                 gc.median_gbps, gc.min_gbps, gc.max_gbps, std::to_string(gc.bytes >> 20).c_str(),
                 gc.staged ? "through the staging buffer" : "into mapped device memory", gc.memcpy_gbps,
                 gc.memcpy_gbps > 0 ? gc.median_gbps / gc.memcpy_gbps : 0.0);
+    char upload_s[32];  // the host's time copying slot misses in
+    std::snprintf(upload_s, sizeof upload_s, "%.3f", (double)gs.expert_upload_ns() / 1e9);
     std::printf("GPU share     linear %llu on the device (quantized ones %s), %llu on the CPU; routed experts %s\n",
                 (unsigned long long)gs.linear_on_device,
                 gpu_linears_text(gs).c_str(),
@@ -688,7 +691,8 @@ int run_bench(const BenchOptions& o) {
                 gs.expert_slots ? ("in " + std::to_string(gs.expert_slots) + " device slots, hit rate " +
                                    std::to_string((int)std::lround(100 * gpu_hit)) + "% (" + std::to_string(gs.expert_hits) +
                                    "/" + std::to_string(gpu_looks) + "), " + format_bytes(gs.expert_upload_bytes) +
-                                   " copied in, " + std::to_string(gs.expert_on_cpu) +
+                                   " copied in (" + upload_s + " s), " +
+                                   std::to_string(gs.expert_on_cpu) +
                                    " misses computed on the CPU (all runs)")
                                       .c_str()
                 : gs.experts_in_place

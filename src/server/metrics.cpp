@@ -233,6 +233,9 @@ std::string render_metrics(const MetricsInput& in) {
           (double)g.expert_misses);
     w.one("sluice_gpu_expert_upload_bytes_total", "counter", "Bytes of experts copied into device slots.",
           (double)g.expert_upload_bytes);
+    w.one("sluice_gpu_expert_upload_seconds_total", "counter",
+          "Time the host spent copying routed-expert misses into device slots (the slot tier's stall).",
+          (double)g.expert_upload_ns() / 1e9);
     w.one("sluice_gpu_expert_uploads_ahead_total", "counter",
           "Routed experts copied into mapped slots while the device ran the group before.",
           (double)g.expert_uploads_ahead);
