@@ -43,6 +43,8 @@ struct BackendCase {
   std::string name;
   std::function<std::unique_ptr<Backend>()> make;
   std::function<Tolerance(const std::string& op)> tolerance;
+  // A backend with a device: whether the op must run there (its stats show it); null: no device.
+  std::function<bool(const std::string& op)> on_device = nullptr;
 };
 
 std::vector<BackendCase> backends() {
@@ -52,9 +54,12 @@ std::vector<BackendCase> backends() {
       {"cpu3", [] { return std::make_unique<CpuBackend>(3); }, exact},
   };
   // The Vulkan backend on the machine's first device (lavapipe in CI; vulkan_backend_test fails
-  // when a build with Vulkan finds none). Its linear shaders give the CPU's bits there (Q8_0 on
-  // every conformant device, the float formats where fma is fused: docs/numerics.md 1b); every
-  // other op is the CPU backend's own.
+  // when a build with Vulkan finds none), held to the CPU's bits (docs/numerics.md 1b). Every op
+  // but two runs on the device here: embed decodes the table's rows on the host, and store_fp4
+  // packs rows on the host once the batch has run (so does store_bf16, beside add_round and
+  // fill_rows in bf16_add_fill). The ops that run on the device only on rows the batch holds
+  // take their inputs from produced().
+  const auto device_but_host_ops = [](const std::string& op) { return op != "embed" && op != "store_fp4"; };
   if (vulkan_built())
     out.push_back({"vulkan",
                    [] {
@@ -63,7 +68,7 @@ std::vector<BackendCase> backends() {
                      o.indexer = GpuIndexer::Device;  // index_select's scores there too
                      return make_vulkan_backend(o);
                    },
-                   exact});
+                   exact, device_but_host_ops});
   // The same with routed-expert slots on the device, fewer than the op tests' experts: the routed
   // FFN runs there and evicts (vulkan_backend_test counts the hits and the reads); and the
   // quantized linears a subgroup per output where the device can (auto leaves lavapipe, a CPU
@@ -79,7 +84,10 @@ std::vector<BackendCase> backends() {
                      if (vulkan_devices()[0].int_dot) o.int_dot = GpuIntDot::On;
                      return make_vulkan_backend(o);
                    },
-                   exact});
+                   exact,
+                   [=](const std::string& op) {  // the indexer as auto chooses: calls this small on the CPU
+                     return device_but_host_ops(op) && op != "index_select";
+                   }});
   return out;
 }
 
@@ -109,6 +117,26 @@ Strided upload(const Backend& be, const std::vector<float>& v, size_t rows, size
   }
   return s;
 }
+// Values as an earlier op's output: uploaded, then copied by an exact F32 identity linear into a
+// fresh strided tensor. A backend that keeps results where it computed them (the Vulkan batch)
+// runs the op under test there too, on rows it holds; uploaded rows it would leave to the CPU.
+struct Produced {
+  Strided in, out;
+  test::HostWeight identity;  // read by the linear until it has run
+  Mat m() const { return out.m(); }
+  CMat c() const { return out.c(); }
+};
+Produced produced(const Backend& be, const std::vector<float>& v, size_t rows, size_t width) {
+  Produced p{upload(be, v, rows, width), upload(be, std::vector<float>(rows * width), rows, width), {}};
+  p.identity = test::random_host_weight(GgmlType::F32, width, width, 1);
+  float* w = reinterpret_cast<float*>(p.identity.bytes.data());
+  std::fill(w, w + width * width, 0.0f);
+  for (size_t k = 0; k < width; ++k) w[k * width + k] = 1.0f;
+  be.prepare_weight(p.identity.w);
+  be.linear(p.identity.w, p.in.c(), p.out.m(), false);
+  return p;
+}
+
 std::vector<float> download(const Backend& be, CMat m) {
   be.sync();
   std::vector<float> v(m.n * m.width);
@@ -243,7 +271,7 @@ void op_rms_norm(const Backend& be, Rng& rng, Tolerance tol) {
   for (const size_t n : kTokens) {
     const size_t w = 37;
     const std::vector<float> x = randoms(rng, n * w, -3, 3), g = randoms(rng, w, 0.5f, 1.5f);
-    const Strided xs = upload(be, x, n, w);
+    const Produced xs = produced(be, x, n, w);
     be.rms_norm(xs.m(), g.data(), 1e-6f);
     std::vector<float> want(n * w);
     for (size_t i = 0; i < n; ++i) {
@@ -264,7 +292,7 @@ void op_rope(const Backend& be, Rng& rng, Tolerance tol) {
       const std::vector<float> x = randoms(rng, n * hd * heads, -2, 2, true);
       std::vector<uint64_t> pos(n);
       for (size_t i = 0; i < n; ++i) pos[i] = 5 + 1000 * i;
-      const Strided xs = upload(be, x, n, (size_t)hd * heads);
+      const Produced xs = produced(be, x, n, (size_t)hd * heads);
       be.rope(xs.m(), hd, RopeTable{freqs.data(), freqs.size()}, pos, inverse);
       std::vector<float> want = x;
       for (size_t i = 0; i < n; ++i)
@@ -287,7 +315,7 @@ void op_fake_quant(const Backend& be, Rng& rng, Tolerance tol) {
     for (const size_t n : kTokens) {
       const size_t w = 96;
       const std::vector<float> x = randoms(rng, n * w, -40, 40, true);
-      const Strided xs = upload(be, x, n, w);
+      const Produced xs = produced(be, x, n, w);
       be.fake_quant(xs.m(), kind);
       std::vector<float> want = x;
       for (size_t i = 0; i < n; ++i) {
@@ -306,7 +334,7 @@ void op_store_fp4(const Backend& be, Rng& rng, Tolerance) {
     for (const size_t n : kTokens) {
       const size_t w = 96, rb = fp4_row_bytes(grid, w);
       const std::vector<float> x = randoms(rng, n * w, -40, 40, true);
-      const Strided xs = upload(be, x, n, w);
+      const Produced xs = produced(be, x, n, w);
       std::vector<uint8_t> packed(n * rb + 1, 0xa5);
       be.store_fp4(xs.c(), grid, packed.data());
       be.sync();
@@ -325,14 +353,16 @@ void op_store_fp4(const Backend& be, Rng& rng, Tolerance) {
 void op_small(const Backend& be, Rng& rng, Tolerance tol) {  // store_bf16, add_round, fill_rows
   const size_t n = 5, w = 19;
   const std::vector<float> a = randoms(rng, n * w, -2, 2, true), b = randoms(rng, n * w, -2, 2);
-  const Strided as = upload(be, a, n, w), bs = upload(be, b, n, w), out = upload(be, std::vector<float>(n * w), n, w);
+  const Produced as = produced(be, a, n, w), bs = produced(be, b, n, w);
+  const Strided out = upload(be, std::vector<float>(n * w), n, w);
   std::vector<uint16_t> bits(n * (w + 3), 0xffff);
   be.store_bf16(as.c(), bits.data(), w + 3);
+  be.add_round(as.c(), bs.c(), out.m());
+  be.sync();  // dst is written once the ops before have run (Backend::store_bf16)
   for (size_t i = 0; i < n; ++i) {
     for (size_t k = 0; k < w; ++k) EXPECT_EQ(bits[i * (w + 3) + k], f32_to_bf16(a[i * w + k]));
     EXPECT_EQ(bits[i * (w + 3) + w], 0xffff) << "store_bf16 wrote past the row";
   }
-  be.add_round(as.c(), bs.c(), out.m());
   std::vector<float> want(n * w);
   for (size_t k = 0; k < n * w; ++k) want[k] = round_bf16(a[k] + b[k]);
   expect_close(download(be, out.c()), want, tol, "add_round");
@@ -725,6 +755,16 @@ TEST_P(BackendOps, MatchesTheReference) {
   const std::unique_ptr<Backend> be = bc.make();
   Rng rng(0x5eed + GetParam().op);
   op.run(*be, rng, bc.tolerance(op.name));
+  if (bc.on_device) {
+    // What the op put on the device: linears for the linear ops, other ops for the rest (so the
+    // identity linears of produced() do not count).
+    const GpuStats g = gpu_stats(*be);
+    const uint64_t work = op.name == "linear" || op.name == "linears" ? g.linear_on_device : g.ops_on_device;
+    if (bc.on_device(op.name))
+      EXPECT_GT(work, 0u) << op.name << " ran on the CPU: the device's build of it went untested";
+    else
+      EXPECT_EQ(work, 0u) << op.name << " ran on the device: say so in backends()";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(All, BackendOps, ::testing::ValuesIn(all_params()),

@@ -1,8 +1,12 @@
 // The Vulkan backend (issue 12; docs/backends.md "The Vulkan backend"). It is the CPU backend
-// with its linear layers moved to a Vulkan device: weights of every type the CPU computes (the
-// float formats where the device has shaderFloat64; not Q8_K, an activation format) are uploaded
-// once at load (prepare_weight) and every linear() on them runs as one compute dispatch; every other op, and a weight the device cannot hold, runs
-// on the CPU backend it extends, which gives the engine one set of results to compare with.
+// with the forward's work moved to a Vulkan device, with the CPU's bits: weights of every type
+// the CPU computes (the float formats where the device has shaderFloat64; not Q8_K, an
+// activation format) are uploaded or imported once at load (prepare_weight); the linears, the
+// routed experts (from slots, or in place) and the row ops on rows the batch holds (norms, hc
+// mixes, rope, fake-quant grids, the attention, the compressor's pooling, the Engram gate, the
+// indexer's scores) are recorded as compute dispatches and submitted together when the host
+// needs a result. What the device cannot run (a weight it cannot hold, rows only the host has,
+// the indexer's top-k, embeddings) runs on the CPU backend it extends.
 //
 // Nothing here includes vulkan.h: a build without libvulkan-dev and glslc compiles the same
 // interface, and its functions say that Vulkan is not built in.
