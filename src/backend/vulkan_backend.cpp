@@ -73,6 +73,8 @@ constexpr uint32_t kTokenTile = SLUICE_GPU_TOKEN_TILE;
 // each row and token, each in its size in words plus two (linear_common.glsl W_WORDS, A_WORDS).
 constexpr uint32_t kGemmTile = SLUICE_GPU_GEMM_TILE;
 constexpr uint32_t kGemmRows = 64;
+// The float formats' GEMM build (linear_float.comp FLOAT_GEMM TR, TT): rows and tokens of a tile.
+constexpr uint32_t kFloatTileRows = 8, kFloatTileTokens = 8;
 uint64_t gemm_shared_bytes(GgmlType t) {
   const TypeTraits& w = type_traits(t);
   const uint64_t a_block = activation_bytes(w.act, w.block_elems);
@@ -1573,6 +1575,10 @@ class VulkanBackend final : public CpuBackend {
       }
     }
     if (float64_) float_ = pipeline(kOpShaders.linear_float, "linear_float");
+    if (float64_ && gemm_) {
+      float_mm_ = pipeline(kOpShaders.linear_float_mm, "linear_float_mm");
+      st_.gemm_formats += 3;  // F32, F16, BF16
+    }
     // The activation quantizers divide exactly with doubles (quantize_common.glsl); without them
     // the host quantizes.
     if (float64_ && !host_quantize_) {
@@ -1861,8 +1867,16 @@ class VulkanBackend final : public CpuBackend {
   void shape_linear(Dispatch& d, size_t rows, size_t n) const {
     d.gx = grid_x(rows);
     d.gy = (uint32_t)n;
+    if (d.wt.pipe == float_) {  // an invocation per output; from a GEMM tile of tokens on, its GEMM build
+      if (n < kGemmTile || !float_mm_) return;
+      d.wt.pipe = float_mm_;
+      d.gx = (uint32_t)std::min<uint64_t>((rows + kFloatTileRows - 1) / kFloatTileRows, max_groups_x_);
+      d.gy = (uint32_t)((n + kFloatTileTokens - 1) / kFloatTileTokens);
+      ++st_.gemm_dispatches;
+      return;
+    }
     const size_t i = (size_t)(std::find(quant_, quant_ + kQuantShaderCount, d.wt.pipe) - quant_);
-    if (i == kQuantShaderCount) return;  // linear_float: an invocation per output
+    if (i == kQuantShaderCount) return;
     if (n >= kGemmTile && quant_mm_[i]) {
       d.wt.pipe = quant_mm_[i];
       d.gx = (uint32_t)std::min<uint64_t>((rows + kGemmRows - 1) / kGemmRows, max_groups_x_);
@@ -3651,7 +3665,7 @@ class VulkanBackend final : public CpuBackend {
       if (q) vkDestroyPipeline(dev_, q, nullptr);
     for (VkPipeline& q : quant_mm_)
       if (q) vkDestroyPipeline(dev_, q, nullptr);
-    for (VkPipeline p : {float_, quantize_q8_0_, quantize_q8_k_, rms_norm_, swiglu_, exp_, hc_pre_, hc_post_, hc_mix_, rope_, attention_, engram_gate_, fake_quant_, compress_, add_round_, routed_sum_, index_scores_})
+    for (VkPipeline p : {float_, float_mm_, quantize_q8_0_, quantize_q8_k_, rms_norm_, swiglu_, exp_, hc_pre_, hc_post_, hc_mix_, rope_, attention_, engram_gate_, fake_quant_, compress_, add_round_, routed_sum_, index_scores_})
       if (p) vkDestroyPipeline(dev_, p, nullptr);
     if (desc_pool_) vkDestroyDescriptorPool(dev_, desc_pool_, nullptr);
     if (layout_) vkDestroyPipelineLayout(dev_, layout_, nullptr);
@@ -3718,6 +3732,7 @@ class VulkanBackend final : public CpuBackend {
   VkPipeline quant_tiled_[kQuantShaderCount] = {};  // their token-tile builds (subgroup_ only)
   VkPipeline quant_mm_[kQuantShaderCount] = {};     // their GEMM builds (gemm_, where the tile fits)
   VkPipeline float_ = VK_NULL_HANDLE;
+  VkPipeline float_mm_ = VK_NULL_HANDLE;  // linear_float's GEMM build
   VkPipeline quantize_q8_0_ = VK_NULL_HANDLE, quantize_q8_k_ = VK_NULL_HANDLE;
   VkPipeline rms_norm_ = VK_NULL_HANDLE;  // on rows deferred linears write (rms_norm())
   VkPipeline swiglu_ = VK_NULL_HANDLE;    // on the gate and up rows deferred linears write (shared_ffn)

@@ -78,8 +78,9 @@ struct GpuStats {
   bool subgroup_linears = false;
   uint32_t subgroup_size = 0;
   bool int_dot = false;  // their builds with the device's integer dot product (GpuOptions::int_dot)
-  // The quantized formats with a GEMM build on this device (GpuOptions::gemm, and their tile fits
-  // its workgroup memory), and the linear dispatches that ran it.
+  // The formats with a GEMM build on this device (GpuOptions::gemm: the quantized ones whose tile
+  // fits its workgroup memory, the float ones where it has shaderFloat64), and the linear
+  // dispatches that ran one.
   uint32_t gemm_formats = 0;
   uint32_t gemm_tile = 0;  // tokens a GEMM workgroup takes
   uint64_t gemm_dispatches = 0;

@@ -15,6 +15,9 @@ const uint32_t kLinearQ8_0[] = {
 const uint32_t kLinearFloat[] = {
 #include "linear_float.spv.inc"
 };
+const uint32_t kLinearFloatMm[] = {
+#include "linear_float_mm.spv.inc"
+};
 const uint32_t kLinearQ2_K[] = {
 #include "linear_q2_k.spv.inc"
 };
@@ -306,6 +309,7 @@ static_assert(std::size(kQuantShaders) == kQuantShaderCount);
 #define SLUICE_SPIRV(words) Spirv{words, sizeof words}
 const OpShaders kOpShaders{
     .linear_float = SLUICE_SPIRV(kLinearFloat),
+    .linear_float_mm = SLUICE_SPIRV(kLinearFloatMm),
     .quantize_q8_0 = SLUICE_SPIRV(kQuantizeQ8_0),
     .quantize_q8_k = SLUICE_SPIRV(kQuantizeQ8_K),
     .rms_norm = SLUICE_SPIRV(kRmsNorm),

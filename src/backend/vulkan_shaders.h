@@ -38,6 +38,7 @@ extern const QuantShader kQuantShaders[];  // kQuantShaderCount of them
 // Every other shader, one module each.
 struct OpShaders {
   Spirv linear_float;
+  Spirv linear_float_mm;  // its GEMM build (prefill)
   Spirv quantize_q8_0;
   Spirv quantize_q8_k;
   Spirv rms_norm;
