@@ -7,7 +7,7 @@
 
 namespace sluice::cli {
 
-std::string ctx_text_problem(std::string& text) {
+std::string ctx_text_problem(std::string& text, uint64_t min_ctx, const std::string& min_why) {
   const std::string got = "got '" + text + "'";
   if (text.empty()) return "needs a number of positions (" + got + ")";
   if (text[0] == '-') return "must not be negative (" + got + "; 0 means the default)";
@@ -26,8 +26,7 @@ std::string ctx_text_problem(std::string& text) {
   if (ec != std::errc() || end != text.data() + digits)
     return "is not a whole number (" + got + "; a number of positions, or with k / M: 32k = 32768)";
   v *= mult;
-  if (v != 0 && v < kMinCtx)
-    return "must be at least " + std::to_string(kMinCtx) + ", one prompt token and one generated token (" + got + ")";
+  if (v != 0 && v < min_ctx) return "must be at least " + std::to_string(min_ctx) + ", " + min_why + " (" + got + ")";
   text = std::to_string(v);  // what the option's integer is parsed from
   return "";
 }

@@ -19,8 +19,10 @@ inline constexpr uint64_t kMinCtx = 2;
 inline constexpr const char* kCtxFlag = "-c/--ctx-size";
 
 // The parse-time check, as a CLI11 validator: "" when `text` is 0 or a number in
-// [kMinCtx, UINT32_MAX] (then rewritten to plain digits, a suffix applied), else why not.
-std::string ctx_text_problem(std::string& text);
+// [min_ctx, UINT32_MAX] (then rewritten to plain digits, a suffix applied), else why not;
+// min_why says what the minimum is for (perplexity's is larger than run's).
+std::string ctx_text_problem(std::string& text, uint64_t min_ctx = kMinCtx,
+                             const std::string& min_why = "one prompt token and one generated token");
 
 // Registers -c,--ctx-size (with --ctx too when ctx_alias) on `sub`. default_meaning says what
 // 0 / no -c gives for this command ("prompt + n", "min(model maximum, 4096)").

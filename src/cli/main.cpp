@@ -11,6 +11,7 @@
 
 #include "cli/cmd_bench.h"
 #include "cli/cmd_chat.h"
+#include "cli/cmd_perplexity.h"
 #include "cli/cmd_devices.h"
 #include "cli/cmd_plan.h"
 #include "cli/cmd_run.h"
@@ -143,6 +144,8 @@ int main(int argc, char** argv) {
   CLI::App* serve_cmd = sluice::cli::setup_serve(app, serve);
   sluice::cli::ChatCommandOptions chat;
   CLI::App* chat_cmd = sluice::cli::setup_chat(app, chat);
+  sluice::cli::PerplexityOptions perplexity;
+  CLI::App* perplexity_cmd = sluice::cli::setup_perplexity(app, perplexity);
   sluice::cli::TokenizeOptions tokenize;
   CLI::App* tokenize_cmd = sluice::cli::setup_tokenize(app, tokenize);
   sluice::cli::PlanCommandOptions plan;
@@ -177,10 +180,11 @@ int main(int argc, char** argv) {
 
   try {
     // --watchdog SOFT:HARD: this same command line again, minus the flag, under `sluice watchdog`.
-    const std::string* watchdog_spec = run_cmd->parsed()     ? &run.engine.watchdog
-                                       : chat_cmd->parsed()  ? &chat.engine.watchdog
-                                       : serve_cmd->parsed() ? &serve.engine.watchdog
-                                                             : nullptr;
+    const std::string* watchdog_spec = run_cmd->parsed()          ? &run.engine.watchdog
+                                       : chat_cmd->parsed()       ? &chat.engine.watchdog
+                                       : serve_cmd->parsed()      ? &serve.engine.watchdog
+                                       : perplexity_cmd->parsed() ? &perplexity.engine.watchdog
+                                                                  : nullptr;
     if (watchdog_spec && !watchdog_spec->empty() && !sluice::under_watchdog()) {
       std::pair<uint64_t, uint64_t> limits;
       try {
@@ -197,6 +201,7 @@ int main(int argc, char** argv) {
     if (run_cmd->parsed()) return sluice::cli::run_run(run);
     if (serve_cmd->parsed()) return sluice::cli::run_serve(serve);
     if (chat_cmd->parsed()) return sluice::cli::run_chat(chat);
+    if (perplexity_cmd->parsed()) return sluice::cli::run_perplexity(perplexity);
     if (tokenize_cmd->parsed()) return sluice::cli::run_tokenize(tokenize);
     if (plan_cmd->parsed()) return sluice::cli::run_plan(plan);
     if (bench_cmd->parsed()) return sluice::cli::run_bench(bench);

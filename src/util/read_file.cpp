@@ -59,6 +59,30 @@ std::string read_file_bounded(const std::string& path, uint64_t limit, const std
   }
 }
 
+std::string read_regular_file_bounded(const std::string& path, uint64_t limit, const std::string& why) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw Error("cannot open " + path + ": " + std::strerror(errno));
+  try {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) throw Error("cannot read " + path + ": " + std::strerror(errno));
+    if (!S_ISREG(st.st_mode)) {
+      const char* what = S_ISDIR(st.st_mode)    ? "a directory"
+                         : S_ISFIFO(st.st_mode) ? "a FIFO"
+                         : S_ISCHR(st.st_mode)  ? "a character device"
+                         : S_ISBLK(st.st_mode)  ? "a block device"
+                         : S_ISSOCK(st.st_mode) ? "a socket"
+                                                : "of an unknown type";
+      throw Error(path + " is " + what + ", not a regular file");
+    }
+    std::string s = read_fd_bounded(fd, path, limit, why);  // O_NONBLOCK changes nothing for a regular file
+    ::close(fd);
+    return s;
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+}
+
 LineRead read_line_bounded(std::istream& in, std::string& line, size_t limit) {
   line.clear();
   std::streambuf* sb = in.rdbuf();

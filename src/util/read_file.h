@@ -16,6 +16,12 @@ std::string read_file_bounded(const std::string& path, uint64_t limit, const std
 // The same for an open descriptor read to its end; `name` stands for it in messages.
 std::string read_fd_bounded(int fd, const std::string& name, uint64_t limit, const std::string& why);
 
+// read_file_bounded for an input that must be a regular file (a symbolic link to one is
+// followed): a directory, FIFO, device or socket is an Error naming what it is, found before a
+// byte is read and without blocking (the open is O_NONBLOCK, so a FIFO with no writer does not
+// hang it). For inputs read whole and more than once in spirit, such as perplexity's text.
+std::string read_regular_file_bounded(const std::string& path, uint64_t limit, const std::string& why);
+
 // One line of `in` (without its '\n') into `line`, stored only up to `limit` bytes: a longer
 // line is consumed to its end without being kept and reported as TooLong, so an endless line
 // (`chat < /dev/zero`) costs no memory. End: no more input (a last line without '\n' is a Line).
