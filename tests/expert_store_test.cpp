@@ -22,13 +22,23 @@
 #include "model/model.h"
 #include "model/streamed_experts.h"
 #include "storage/expert_store.h"
+#include "storage/policy_replay.h"
 #include "util/error.h"
 
 namespace sluice {
 namespace {
 
 namespace fs = std::filesystem;
+using storage::eviction_kind;
+using storage::eviction_name;
+using storage::eviction_names;
+using storage::eviction_per_layer;
 using storage::EvictionKind;
+using storage::EvictionPolicy;
+using storage::make_policy;
+using storage::replay_policy;
+using storage::ReplayResult;
+using storage::RoutingTrace;
 using storage::ExpertStore;
 using storage::Lease;
 using storage::ReadAttempt;
@@ -271,6 +281,103 @@ TEST(ExpertStore, LruOrderPerLayerAndGlobal) {
   EXPECT_EQ(store.max_union_experts(0), 3u);
   EXPECT_EQ(store.max_union_experts(1), 2u);
   EXPECT_EQ(store.max_union_experts(), 2u);
+}
+
+// The frequency-aware policy keeps an expert used often through a burst of cold ones, where LRU
+// evicts it: layer 0 has 3 slots (9 over 3 layers); expert 0 is used four times, then 1, 2, 3 once
+// each. LRU evicts 0 for 3 (it is the least recent) and misses when 0 comes back; LFU evicts 1 (count
+// 1, older than 2) and hits.
+TEST(ExpertStore, LfuKeepsAHotExpertThatLruEvicts) {
+  const gguf::File f = gguf::File::open(test_file());
+  auto run = [&](EvictionKind k) {
+    ExpertStore store(f, kLayers, kExperts, slots_opts(9, k));
+    for (uint32_t e : {0, 0, 0, 0, 1, 2, 3}) store.acquire(0, ids({e}));
+    store.reset_stats();
+    store.acquire(0, ids({0}));
+    return std::make_pair(store.resident(0), store.stats().total().hits);
+  };
+  const auto lru = run(EvictionKind::LruPerLayer);
+  EXPECT_EQ(lru.first, ids({0, 2, 3}));  // 0 was read again, evicting 1
+  EXPECT_EQ(lru.second, 0u);
+  const auto lfu = run(EvictionKind::LfuPerLayer);
+  EXPECT_EQ(lfu.first, ids({0, 2, 3}));  // 0 never left
+  EXPECT_EQ(lfu.second, 1u);
+  EXPECT_EQ(run(EvictionKind::LfuPerLayer), lfu);  // deterministic
+  // Per-layer shares, as lru-per-layer: 7 slots over 3 layers give layer 0 the extra slot.
+  ExpertStore store(f, kLayers, kExperts, slots_opts(7, EvictionKind::LfuPerLayer));
+  EXPECT_EQ(store.max_union_experts(0), 3u);
+  EXPECT_EQ(store.max_union_experts(1), 2u);
+}
+
+// Aging: counts halve every 8 x share accesses of a layer (16 here), so an entry that was hot long
+// ago loses to one in use now. Slot 0 is used 40 times (halved at 16 and 32: count 20), then slot 1
+// alone: halved again at access 48 (10 against 4), slot 1 reaches 10 at its 14th use and the tie
+// goes to the least recent, slot 0. Without aging it would take 40 (tested by breaking it once).
+TEST(EvictionPolicy, LfuAgingLetsAStaleHotEntryGo) {
+  auto p = make_policy(EvictionKind::LfuPerLayer, 2, 1, 8);
+  const auto all = [](uint32_t) { return true; };
+  EXPECT_EQ(p->choose(0, true, all), EvictionPolicy::kFree);
+  p->inserted(0, 0);
+  for (int i = 1; i < 40; ++i) p->touched(0);
+  p->inserted(1, 0);
+  uint32_t uses = 1;
+  while (p->choose(0, false, all) == 1 && uses < 100) {
+    p->touched(1);
+    ++uses;
+  }
+  EXPECT_EQ(uses, 14u);
+  EXPECT_EQ(p->choose(0, false, all), 0);
+  EXPECT_EQ(p->choose(0, false, [](uint32_t s) { return s != 0; }), 1);  // a leased entry is skipped
+  EXPECT_EQ(p->choose(0, false, [](uint32_t) { return false; }), EvictionPolicy::kNone);
+}
+
+TEST(EvictionPolicy, NamesRoundTrip) {
+  for (std::string_view n : eviction_names()) {
+    ASSERT_TRUE(eviction_kind(n).has_value()) << n;
+    EXPECT_EQ(eviction_name(*eviction_kind(n)), n);
+  }
+  EXPECT_EQ(eviction_names().size(), 3u);
+  EXPECT_FALSE(eviction_kind("lru").has_value());
+  EXPECT_TRUE(eviction_per_layer(EvictionKind::LfuPerLayer));
+  EXPECT_FALSE(eviction_per_layer(EvictionKind::LruGlobal));
+}
+
+// bench_routing's cache figures replay a trace through the policy objects alone
+// (storage/policy_replay.h): they must count exactly the hits the store itself counts for the same
+// acquires, for every policy and cache size.
+TEST(ExpertStore, PolicyReplayCountsTheStoresHits) {
+  const gguf::File f = gguf::File::open(test_file());
+  RoutingTrace trace;
+  uint64_t x = 12345;
+  for (int t = 0; t < 120; ++t) {
+    std::vector<std::vector<uint32_t>> tok;
+    for (uint32_t L = 0; L < kLayers; ++L) {
+      std::vector<uint32_t> sel;
+      while (sel.size() < 2) {  // skewed: low ids more often, as a trained router's are
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        const uint32_t e = (uint32_t)(((x >> 33) % 64) * ((x >> 17) % 64) / 512) % kExperts;
+        if (std::find(sel.begin(), sel.end(), e) == sel.end()) sel.push_back(e);
+      }
+      tok.push_back(sel);
+    }
+    trace.push_back(tok);
+  }
+  for (EvictionKind k : {EvictionKind::LruPerLayer, EvictionKind::LruGlobal, EvictionKind::LfuPerLayer})
+    for (uint32_t slots : {6u, 9u, 13u, 24u}) {
+      ExpertStore store(f, kLayers, kExperts, slots_opts(slots, k));
+      for (const auto& tok : trace)
+        for (uint32_t L = 0; L < kLayers; ++L) {
+          std::vector<uint32_t> u = tok[L];
+          std::sort(u.begin(), u.end());
+          store.acquire(L, u);  // the lease ends here, as replay's does
+        }
+      const ReplayResult r = replay_policy(k, slots, kLayers, kExperts, trace);
+      ASSERT_TRUE(r.feasible);
+      EXPECT_EQ(r.requests, store.stats().total().requests) << eviction_name(k) << " " << slots;
+      EXPECT_EQ(r.hits, store.stats().total().hits) << eviction_name(k) << " " << slots;
+    }
+  // A layer share below one token's experts: the store refuses it, the replay says so.
+  EXPECT_FALSE(replay_policy(EvictionKind::LruPerLayer, 5, kLayers, kExperts, trace).feasible);
 }
 
 TEST(ExpertStore, LeasedEntriesAreNeverEvicted) {

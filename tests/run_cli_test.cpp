@@ -435,7 +435,8 @@ TEST_F(RunCli, EveryExpertSourceGivesTheSameIds) {
   const std::string base = "--tokens " + kPrompt + " -n 8 --ignore-eos -t 2 ";
   const std::vector<uint32_t> want = run_ok(base + "--resident-experts");
   ASSERT_EQ(want.size(), 8u);
-  for (const char* extra : {"", "--cache-policy lru-global", "--no-prefetch --io-depth 1", "--no-direct-io --chunk 3"})
+  for (const char* extra : {"", "--cache-policy lru-global", "--cache-policy lfu-per-layer", "--no-prefetch --io-depth 1",
+                            "--no-direct-io --chunk 3"})
     EXPECT_EQ(run_ok(base + extra), want) << extra;
 }
 

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/budget_check.h"
+#include "cli/cache_policy_option.h"
 #include "cli/cmd_run.h"
 #include "cli/commands.h"
 #include "cli/context_option.h"
@@ -36,10 +37,7 @@ CLI::App* setup_plan(CLI::App& app, PlanCommandOptions& o) {
   sub->add_option("--mem-budget", o.mem_budget, "memory budget: BYTES (e.g. 116GiB) or auto")->capture_default_str();
   sub->add_option("--chunk", o.chunk, "prefill chunk in tokens (default: the largest that fits)");
   sub->add_option("-t,--threads", o.threads, "compute threads (default: all cores)");
-  sub->add_option("--cache-policy", o.cache_policy,
-                  "how the expert store shares slots: lru-per-layer (each layer its share) or lru-global")
-      ->check(CLI::IsMember({"lru-per-layer", "lru-global"}))
-      ->capture_default_str();
+  add_cache_policy_option(sub, o.cache_policy);
   sub->add_flag("--allow-swap", o.allow_swap, "admit even when swap is active");
   sub->add_option("--checkpoint-budget", o.checkpoint_budget,
                   "memory for prefix checkpoints, as run/chat/serve take it (default " +
@@ -93,7 +91,7 @@ int run_plan(const PlanCommandOptions& o) {
   // The same planning run/serve/chat do: the expert cache is the store's own figure.
   StorePlanOptions spo;
   spo.plan = po;
-  spo.store.policy = o.cache_policy == "lru-global" ? storage::EvictionKind::LruGlobal : storage::EvictionKind::LruPerLayer;
+  spo.store.policy = cache_policy_kind(o.cache_policy);
   const gguf::File f = open_gguf(o.model);
   const ModelConfig cfg = read_model_config(o.model, f);
   check_ctx(o.ctx, cfg.max_position_embeddings);

@@ -24,6 +24,7 @@
 
 #include "backend/vulkan_backend.h"
 #include "cli/budget_check.h"
+#include "cli/cache_policy_option.h"
 #include "cli/commands.h"
 #include "cli/context_option.h"
 #include "cli/stop_signals.h"
@@ -265,8 +266,7 @@ void add_engine_options(CLI::App* sub, EngineCliOptions& o) {
   sub->add_flag("--allow-swap", o.allow_swap, "start even when swap is active");
   sub->add_flag(kBudgetOverrideFlag, o.mem_budget_override,
                 "accept a --mem-budget above this machine's MemTotal + SwapTotal (refused otherwise)");
-  sub->add_option("--cache-policy", o.cache_policy, "expert cache eviction: lru-per-layer (default) or lru-global")
-      ->check(CLI::IsMember({"lru-per-layer", "lru-global"}));
+  add_cache_policy_option(sub, o.cache_policy);
   sub->add_option("--io-depth", o.io_depth, "expert reads in flight (default 16)");
   sub->add_flag("--no-prefetch", o.no_prefetch, "do not read predicted experts ahead (from disk, or into device slots)");
   sub->add_flag("--no-direct-io", o.no_direct_io, "buffered expert reads (drops the pages after reading)");
@@ -378,7 +378,7 @@ SessionOptions session_options(const EngineCliOptions& e, const std::string& mod
   }
   so.allow_swap = e.allow_swap;
   so.stream_experts = !e.resident_experts;
-  so.policy = e.cache_policy == "lru-global" ? storage::EvictionKind::LruGlobal : storage::EvictionKind::LruPerLayer;
+  so.policy = cache_policy_kind(e.cache_policy);
   so.io_depth = e.io_depth;
   so.prefetch = !e.no_prefetch;
   so.direct_io = !e.no_direct_io;

@@ -20,7 +20,7 @@ struct EngineCliOptions {
   std::string mem_budget = "auto";
   bool allow_swap = false;
   bool mem_budget_override = false;  // accept a --mem-budget above MemTotal + SwapTotal
-  std::string cache_policy = "lru-per-layer";
+  std::string cache_policy = "lru-per-layer";  // a storage::eviction_names() entry (cli/cache_policy_option.h)
   uint32_t io_depth = 16;
   bool no_prefetch = false;
   bool no_direct_io = false;

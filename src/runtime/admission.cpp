@@ -380,6 +380,7 @@ static Plan make_plan_with(const ModelFootprint& fp, const PlanOptions& o, const
   if (o.chunk > o.ctx) p.warnings.push_back("--chunk " + num(o.chunk) + " is larger than -c/--ctx-size: using " + num(o.ctx));
 
   p.cache_per_layer = o.cache_per_layer;
+  p.cache_policy = !o.cache_policy.empty() ? o.cache_policy : o.cache_per_layer ? "lru-per-layer" : "lru-global";
   auto cap = [&](uint64_t slots) { return union_capacity(slots, c.num_hidden_layers, c.n_routed_experts, o.cache_per_layer); };
   // One token's experts of a layer that this process computes: top_k, or for an expert server
   // at most the experts of a layer it owns.
@@ -433,7 +434,7 @@ static Plan make_plan_with(const ModelFootprint& fp, const PlanOptions& o, const
                                                    " sequence states), -c/--ctx-size, --chunk or --threads"
                                              : "raise --mem-budget or lower -c/--ctx-size, --chunk or --threads";
   const std::string holds_per_layer =
-      o.cache_per_layer ? " (" + num(p.union_capacity) + " per layer under lru-per-layer)" : std::string();
+      o.cache_per_layer ? " (" + num(p.union_capacity) + " per layer under " + p.cache_policy + ")" : std::string();
   if (!chosen.fits_mandatory) {
     const uint64_t need = p.mandatory_bytes + p.bounce_bytes + (o.store_bytes ? o.store_bytes(0) : 0);
     std::string parts;
@@ -491,7 +492,7 @@ std::string format_plan(const Plan& p) {
   row("unused", p.unused_bytes, p.cache_slots == p.total_experts && p.total_experts ? "every routed expert fits" : "");
   out += "  chunk " + num(p.chunk) + " can need min(" + num(p.chunk) + " x " + std::to_string(p.top_k) + ", " +
          num(p.n_expert) + ") = " + num(p.chunk_union) + " experts of one layer; one layer can hold " +
-         num(p.union_capacity) + (p.cache_per_layer ? " (lru-per-layer share)" : " (lru-global)") + ", " +
+         num(p.union_capacity) + (p.cache_per_layer ? " (" + p.cache_policy + " share)" : " (" + p.cache_policy + ")") + ", " +
          (p.union_capacity < p.top_k ? std::string("not one token's experts")
           : p.stream_window == 0
               ? "so a chunk's experts are leased at once"
@@ -543,7 +544,7 @@ nlohmann::ordered_json plan_to_json(const Plan& p) {
   j["total_experts"] = p.total_experts;
   j["top_k"] = p.top_k;
   j["n_expert"] = p.n_expert;
-  j["cache_policy"] = p.cache_per_layer ? "lru-per-layer" : "lru-global";
+  j["cache_policy"] = p.cache_policy;
   j["union_capacity"] = p.union_capacity;
   j["chunk_union"] = p.chunk_union;
   j["max_chunk_for_cache"] = p.max_chunk_for_cache;

@@ -142,6 +142,7 @@ struct PlanOptions {
   // each layer owns slots / n_layer of them, so one layer's union must fit that share; false
   // (lru-global): any layer may use every slot.
   bool cache_per_layer = true;
+  std::string cache_policy;  // its name, for the plan's lines; empty: lru-per-layer or lru-global by the flag
   uint32_t io_depth = 8;        // expert reads in flight = bounce buffers
   uint32_t io_align = 4096;     // direct-I/O alignment (slab and buffer padding)
   uint64_t engram_cache_rows = 65536;  // per Engram table
@@ -228,6 +229,7 @@ struct Plan {
   uint64_t total_experts = 0;
   uint32_t top_k = 0, n_expert = 0;
   bool cache_per_layer = true;
+  std::string cache_policy = "lru-per-layer";  // the eviction policy's name
   uint64_t union_capacity = 0;          // experts one layer can hold at once (see PlanOptions)
   uint64_t engram_cache_rows = 0;       // per Engram table, accounted (0: the model has none)
   uint64_t state_disk_queue = 0;        // --kv-disk-dir: bytes of snapshots waiting to be written

@@ -15,7 +15,8 @@ namespace {
 Plan plan_with_store(const gguf::File& f, ModelFootprint fp, const StorePlanOptions& o) {
   PlanOptions po = o.plan;
   if (po.overhead_bytes == 0) po.overhead_bytes = measured_process_overhead();
-  po.cache_per_layer = o.store.policy == storage::EvictionKind::LruPerLayer;
+  po.cache_per_layer = storage::eviction_per_layer(o.store.policy);
+  po.cache_policy = std::string(storage::eviction_name(o.store.policy));
   po.io_depth = o.store.queue_depth;
   if (!o.stream_experts) {
     po.store_bytes = [](uint64_t) { return uint64_t{0}; };

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -14,8 +15,17 @@ namespace sluice::storage {
 enum class EvictionKind {
   LruPerLayer,  // each layer owns an equal share of the slots, LRU within the layer
   LruGlobal,    // one LRU list over all layers
+  // Each layer owns an equal share, least frequently used out; counts halve every few times the
+  // share in accesses (aging), ties go to the least recently used (eviction_policy.cpp says why).
+  LfuPerLayer,
 };
 std::string_view eviction_name(EvictionKind k);
+// Every policy's name, in EvictionKind order: the one list the CLI checks --cache-policy against.
+std::vector<std::string_view> eviction_names();
+// The kind named `name` (as eviction_name spells it); nullopt for anything else.
+std::optional<EvictionKind> eviction_kind(std::string_view name);
+// Whether each layer owns a fixed share of the slots (so one layer's union must fit that share).
+bool eviction_per_layer(EvictionKind k);
 
 class EvictionPolicy {
  public:

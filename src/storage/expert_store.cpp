@@ -72,7 +72,7 @@ StoreBudget bytes_needed(const ExpertGeometry& g, const StoreOptions& o) {
   b.slots = (uint32_t)slots;
   b.cache_bytes = slots * l.slot_bytes;
   b.bounce_bytes = 0;
-  const uint32_t per_layer = o.policy == EvictionKind::LruPerLayer ? b.slots / g.n_layer : b.slots;
+  const uint32_t per_layer = eviction_per_layer(o.policy) ? b.slots / g.n_layer : b.slots;
   b.max_union_experts = std::min(per_layer, g.n_expert);
   // Slot table, index node, LRU links and the read descriptors of a slot being loaded; the
   // backend's ring / queue and per-layer statistics.
@@ -96,7 +96,7 @@ ExpertStore::Impl::Impl(const gguf::File& f, ExpertGeometry g, StoreOptions o)
   layout = slot_layout(geo);
   budget = bytes_needed(geo, opt);
   if (budget.max_union_experts == 0) {
-    const uint64_t min_slots = opt.policy == EvictionKind::LruPerLayer ? geo.n_layer : 1;
+    const uint64_t min_slots = eviction_per_layer(opt.policy) ? geo.n_layer : 1;
     throw Error("expert cache too small: " + num(opt.cache_bytes) + " bytes" +
                 (opt.max_slots ? " / " + num(opt.max_slots) + " slots" : std::string()) + " hold " +
                 num(budget.slots) + " experts of " + num(layout.slot_bytes) + " bytes; policy " +

@@ -81,6 +81,11 @@ struct TokenTrace {                                   // one per evaluated posit
   std::vector<std::vector<uint64_t>> engram_rows;     // [engram layer][columns] row ids
   std::vector<std::vector<uint32_t>> experts;         // [layer][k] routed expert ids (selection order: descending score)
   std::vector<std::vector<float>> expert_weights;     // [layer][k]
+  std::vector<std::vector<uint32_t>> guessed_experts; // [layer] ascending: what the read-ahead guessed for
+                                                      // this layer from the previous layer's FFN input
+                                                      // (its router there; forward_moe.cpp), made only
+                                                      // with streamed experts and prefetch on; empty for
+                                                      // layer 0 and otherwise
   std::vector<std::vector<int32_t>> selected_rows;    // [layer] compressed row indices selected
                                                       // (index-source layers; empty otherwise), ascending
   std::vector<std::vector<float>> ffn_inputs;         // [layer][hidden] the router's input f_in, filled

@@ -23,6 +23,7 @@ void begin_chunk(Chunk& ch, const SequenceState& s, uint32_t n_layer, size_t eng
     for (TokenTrace& t : ch.trace) {
       t.experts.assign(n_layer, {});
       t.expert_weights.assign(n_layer, {});
+      t.guessed_experts.assign(n_layer, {});
       t.selected_rows.assign(n_layer, {});
       t.engram_rows.assign(engram_layers, {});
     }

@@ -39,6 +39,11 @@ std::vector<uint32_t> Engine::Impl::predict_experts(uint32_t L, const Pass& p) c
     const Routing rt = route(std::span<const float>(logits.row(i), E), bias, c.num_experts_per_tok,
                              c.norm_topk_prob, c.routed_scaling_factor);
     for (uint32_t e : rt.experts) want[e] = 1;
+    if (p.tracing) {  // each row's own guess, so its recall can be measured (bench/bench_routing.cpp)
+      std::vector<uint32_t>& g = p.trace[i]->guessed_experts[L];
+      g = rt.experts;
+      std::sort(g.begin(), g.end());
+    }
   }
   std::vector<uint32_t> out;
   for (uint32_t e = 0; e < E; ++e)
