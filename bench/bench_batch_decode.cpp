@@ -6,6 +6,11 @@
 // store's hit rate, the ratio batched / in turn, and the disk's raw random-read speed measured in
 // the same run as the limit (the time the step's expert reads take at raw speed).
 // Runs `--runs` times and prints the median with min and max.
+//
+// With `--text FILE...` (a trained model's held-out files, issue 52) stream k reads file k: its
+// prompt is the file's first --prompt tokens and each step feeds the file's next token
+// (teacher-forced), so the experts are those a real model routes real text to. The bytes the
+// streams share are then the in-turn bytes per token less the batched ones, as a share.
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -25,6 +30,9 @@
 #include "runtime/sampler.h"
 #include "storage/expert_store.h"
 #include "storage/raw_read_bandwidth.h"
+#include "text/tokenizer.h"
+#include "util/error.h"
+#include "util/read_file.h"
 
 using namespace sluice;
 
@@ -53,9 +61,36 @@ std::vector<TokenId> prompt(uint32_t k, uint32_t len, uint32_t vocab) {
   return p;
 }
 
+// Each stream's tokens: synthetic ids (then greedy decode picks what follows), or a text file's
+// (prompt and every token fed after it).
+struct Streams {
+  std::vector<std::vector<TokenId>> text;  // empty: synthetic prompts, greedy decode
+  std::vector<TokenId> prompt(uint32_t k, uint32_t len, uint32_t vocab) const {
+    if (text.empty()) return ::prompt(k, len, vocab);
+    const std::vector<TokenId>& t = text[k % text.size()];
+    return std::vector<TokenId>(t.begin(), t.begin() + len);
+  }
+  // The token fed at step g: the file's, or the model's greedy choice.
+  TokenId next(uint32_t k, uint32_t len, uint32_t g, TokenId greedy) const {
+    return text.empty() ? greedy : text[k % text.size()][len + g];
+  }
+};
+
+Streams read_streams(const std::vector<std::string>& files, const Model& m, uint32_t need) {
+  Streams s;
+  const text::Tokenizer tok = text::Tokenizer::from_gguf(m.file);
+  for (const std::string& f : files) {
+    s.text.push_back(tok.encode(read_regular_file_bounded(f, 64ull << 20, "a --text file"), true, false));
+    if (s.text.back().size() < need)
+      throw Error(f + " has " + std::to_string(s.text.back().size()) + " tokens; --prompt + --gen need " +
+                  std::to_string(need));
+  }
+  return s;
+}
+
 // N streams: prompts prefilled one by one (not timed), then `gen` tokens each, batched or in turn.
 Result run(const Model& m, const storage::StoreOptions& so, int threads, uint32_t N, uint32_t prompt_len,
-           uint32_t gen, bool batched) {
+           uint32_t gen, bool batched, const Streams& streams) {
   const ModelConfig& c = m.config;
   const uint32_t V = c.vocab_size;
   // Hints in flight cover the batch's union: top_k x 2 per stream, as bench_decode_streamed gives one.
@@ -74,10 +109,10 @@ Result run(const Model& m, const storage::StoreOptions& so, int threads, uint32_
   std::vector<float> logits((size_t)N * V);
   for (uint32_t k = 0; k < N; ++k) {
     st.push_back(eng.new_sequence());
-    const std::vector<TokenId> p = prompt(k, prompt_len, V);
+    const std::vector<TokenId> p = streams.prompt(k, prompt_len, V);
     eng.eval(st[k], std::span<const TokenId>(p.data(), p.size() - 1), nullptr);
     eng.eval(st[k], std::span<const TokenId>(&p.back(), 1), logits.data());
-    next[k] = argmax_lowest(std::span<const float>(logits.data(), V));
+    next[k] = streams.next(k, prompt_len, 0, argmax_lowest(std::span<const float>(logits.data(), V)));
   }
   store->reset_stats();
   const double t0 = now_s();
@@ -86,11 +121,12 @@ Result run(const Model& m, const storage::StoreOptions& so, int threads, uint32_
       std::vector<Engine::BatchItem> items;
       for (uint32_t k = 0; k < N; ++k) items.push_back({&st[k], std::span<const TokenId>(&next[k], 1)});
       eng.eval_batch(items, logits.data());
-      for (uint32_t k = 0; k < N; ++k) next[k] = argmax_lowest(std::span<const float>(logits.data() + (size_t)k * V, V));
+      for (uint32_t k = 0; k < N; ++k)
+        next[k] = streams.next(k, prompt_len, g + 1, argmax_lowest(std::span<const float>(logits.data() + (size_t)k * V, V)));
     } else {
       for (uint32_t k = 0; k < N; ++k) {
         eng.eval(st[k], std::span<const TokenId>(&next[k], 1), logits.data());
-        next[k] = argmax_lowest(std::span<const float>(logits.data(), V));
+        next[k] = streams.next(k, prompt_len, g + 1, argmax_lowest(std::span<const float>(logits.data(), V)));
       }
     }
   }
@@ -113,6 +149,7 @@ int main(int argc, char** argv) {
   double cache_fraction = 0.25, raw_seconds = 3;
   int threads = 0;
   std::vector<uint32_t> ns{1, 2, 4};
+  std::vector<std::string> texts;
   CLI::App app{"batched decode of N streams vs the same streams in turn, through a 25% expert cache"};
   app.add_option("--file", file, "model (make it with bench_decode_streamed, which generates it when missing)");
   app.add_option("--prompt", prompt_len);
@@ -123,6 +160,7 @@ int main(int argc, char** argv) {
   app.add_option("--runs", runs)->check(CLI::Range(1u, 99u));
   app.add_option("-n,--streams", ns, "stream counts to measure");
   app.add_option("-t,--threads", threads);
+  app.add_option("--text", texts, "text files: stream k reads file k, teacher-forced (a trained model's held-out text)");
   CLI11_PARSE(app, argc, argv);
   try {
     struct stat sb {};
@@ -134,6 +172,7 @@ int main(int argc, char** argv) {
     lo.resident_experts = false;
     std::unique_ptr<Model> m = load_model(file, lo);
     const ModelConfig& c = m->config;
+    const Streams streams = read_streams(texts, *m, prompt_len + gen + 1);
     if (threads <= 0) threads = (int)std::max(1u, std::thread::hardware_concurrency());
     const uint64_t total_experts = (uint64_t)c.num_hidden_layers * c.n_routed_experts;
     storage::StoreOptions so;
@@ -157,8 +196,8 @@ int main(int argc, char** argv) {
       for (uint32_t r = 0; r < runs; ++r) {
         const storage::RawReadResult raw =
             storage::raw_direct_reads(file, region_begin, region_end, qd, raw_seconds, 7 + r);
-        const Result in_turn = run(*m, so, threads, N, prompt_len, gen, false);
-        const Result batch = run(*m, so, threads, N, prompt_len, gen, true);
+        const Result in_turn = run(*m, so, threads, N, prompt_len, gen, false, streams);
+        const Result batch = run(*m, so, threads, N, prompt_len, gen, true, streams);
         tt.push_back(in_turn.tok_s);
         tb.push_back(batch.tok_s);
         mbt.push_back(in_turn.mb_per_token);
@@ -178,6 +217,9 @@ int main(int argc, char** argv) {
                   rt.lo, rt.hi);
       std::printf("%7u %-8s %8.2f (%5.2f-%5.2f) %10.1f (%5.1f-%5.1f)\n", N, "in turn", st1.med, st1.lo, st1.hi, mt1.med,
                   mt1.lo, mt1.hi);
+      if (N > 1 && mt1.med > 0)
+        std::printf("        expert bytes the %u streams shared: %.1f%% (1 - batched / in turn, per token)\n", N,
+                    100.0 * (1.0 - mb1.med / mt1.med));
       if (one_stream > 0 && N > 1)
         std::printf("        %u streams batched / one stream: %.2fx (target for 4: >= 2.5x)\n", N, sb1.med / one_stream);
       const Stat rg = stat(raw_gbps);
