@@ -8,10 +8,16 @@ every position (the next token's log-probability, the argmax and its margin over
 choice) and its held-out perplexity by llama-perplexity's method: what the engine's cross-check
 test and `sluice perplexity` are held to.
 """
-import argparse
+import os
+
+# Debian's torch does not know its BLAS is OpenBLAS (BLAS_INFO=generic), so it never sets
+# OpenBLAS's thread count: OpenBLAS would run its own spinning threads beside torch's and, with
+# anything else on the machine, make each product many times slower. torch's threads do the work.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import argparse  # noqa: E402
 import json
 import math
-import os
 import shutil
 import sys
 
@@ -97,9 +103,13 @@ def load_back(model, path):
 
 
 @torch.no_grad()
-def perplexity(model, ids, n_ctx, bos):
-    """llama-perplexity: disjoint chunks of n_ctx, BOS first, the second half of each scored."""
+def perplexity(model, ids, n_ctx, bos, chunks=None):
+    """llama-perplexity as `sluice perplexity` does it (docs/perplexity.md): the file's tokens with
+    BOS first, disjoint windows of n_ctx, each window's first token replaced by BOS, the
+    predictions at positions n_ctx/2 .. n_ctx-2 scored."""
+    ids = np.concatenate([np.array([bos], dtype=ids.dtype), ids])
     nll, n = [], len(ids) // n_ctx
+    n = n if chunks is None else min(n, chunks)
     for c in range(n):
         x = torch.from_numpy(ids[c * n_ctx:(c + 1) * n_ctx].astype(np.int64))[None]
         target = x[0, 1:].clone()
@@ -138,6 +148,7 @@ def main(argv=None):
     ap.add_argument("--n-ctx", type=int, default=256)
     ap.add_argument("--ref-seqs", type=int, default=4)
     ap.add_argument("--ref-len", type=int, default=256)
+    ap.add_argument("--head-chunks", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
@@ -151,8 +162,10 @@ def main(argv=None):
     held = np.fromfile(os.path.join(a.work, "heldout.ids"), dtype=np.uint16)
     bos = cfg["bos_token_id"]
     ref = {"perplexity": perplexity(model, held, a.n_ctx, bos),
+           "perplexity_head": perplexity(model, held, a.n_ctx, bos, a.head_chunks),
            "sequences": reference(model, held, a.ref_seqs, a.ref_len, bos)}
     os.replace(tmp, a.out)
+    shutil.copyfile(os.path.join(a.work, "heldout.txt"), os.path.splitext(a.out)[0] + ".heldout.txt")
     with open(a.ref, "w") as f:
         json.dump(ref, f)
     print(json.dumps(ref["perplexity"]))

@@ -8,10 +8,16 @@ Each sequence starts with BOS at position 0 followed by T-1 tokens from a random
 engine sees a prompt (and as `sluice perplexity` scores a chunk). Writes WORK/model.pt and
 WORK/train-log.json (loss per step, held-out loss every --eval-every steps).
 """
-import argparse
+import os
+
+# Debian's torch does not know its BLAS is OpenBLAS (BLAS_INFO=generic), so it never sets
+# OpenBLAS's thread count: OpenBLAS would run its own spinning threads beside torch's and, with
+# anything else on the machine, make each product many times slower. torch's threads do the work.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import argparse  # noqa: E402
 import json
 import math
-import os
 import sys
 import time
 
