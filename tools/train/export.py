@@ -165,7 +165,10 @@ def main(argv=None):
            "perplexity_head": perplexity(model, held, a.n_ctx, bos, a.head_chunks),
            "sequences": reference(model, held, a.ref_seqs, a.ref_len, bos)}
     os.replace(tmp, a.out)
-    shutil.copyfile(os.path.join(a.work, "heldout.txt"), os.path.splitext(a.out)[0] + ".heldout.txt")
+    stem = os.path.splitext(a.out)[0]
+    for src, dst in (("heldout.txt", ".heldout.txt"), ("model-config.json", ".config.json"),
+                     ("train-log.json", ".train-log.json")):
+        shutil.copyfile(os.path.join(a.work, src), stem + dst)
     with open(a.ref, "w") as f:
         json.dump(ref, f)
     print(json.dumps(ref["perplexity"]))
