@@ -567,7 +567,7 @@ TEST(AdmissionCli, PlanOnThePublishedSparseFile) {
   // The store's own figure: the slots plus its per-slot records, never less than the slots.
   EXPECT_GE(j["cache_bytes"].get<uint64_t>(), j["cache_slots"].get<uint64_t>() * j["slot_bytes"].get<uint64_t>());
   EXPECT_LT(j["cache_bytes"].get<uint64_t>(), j["cache_slots"].get<uint64_t>() * (j["slot_bytes"].get<uint64_t>() + 4096));
-  EXPECT_EQ(j["cache_policy"], "lru-per-layer");
+  EXPECT_EQ(j["cache_policy"], "lfu-per-layer");  // the CLI's default (cli/cache_policy_option.h)
   EXPECT_EQ(j["chunk"].get<uint64_t>(), 256u);
   EXPECT_EQ(j["stream_window"].get<uint64_t>(), j["union_capacity"].get<uint64_t>() / 2);
   EXPECT_EQ(j["union_capacity"].get<uint64_t>(), j["cache_slots"].get<uint64_t>() / 40);

@@ -7,6 +7,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli/cache_policy_option.h"
+
 namespace sluice::cli {
 
 struct PlanCommandOptions {
@@ -15,7 +17,7 @@ struct PlanCommandOptions {
   std::string mem_budget = "auto";
   uint32_t chunk = 0;  // 0: the largest that fits
   int threads = 0;     // 0: all cores
-  std::string cache_policy = "lru-per-layer";  // a storage::eviction_names() entry (cli/cache_policy_option.h)
+  std::string cache_policy = kDefaultCachePolicy;  // a storage::eviction_names() entry (cli/cache_policy_option.h)
   bool allow_swap = false;
   std::string checkpoint_budget;  // empty: kDefaultCheckpointBudget, as run, chat and serve
   uint64_t cache_experts = 0;     // --cache-experts, as run, chat and serve (0: no cap)

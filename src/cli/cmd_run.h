@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli/cache_policy_option.h"
 #include "cli/fabric_job.h"
 #include "runtime/session.h"
 
@@ -20,7 +21,7 @@ struct EngineCliOptions {
   std::string mem_budget = "auto";
   bool allow_swap = false;
   bool mem_budget_override = false;  // accept a --mem-budget above MemTotal + SwapTotal
-  std::string cache_policy = "lru-per-layer";  // a storage::eviction_names() entry (cli/cache_policy_option.h)
+  std::string cache_policy = kDefaultCachePolicy;  // a storage::eviction_names() entry (cli/cache_policy_option.h)
   uint32_t io_depth = 16;
   bool no_prefetch = false;
   bool no_direct_io = false;
