@@ -33,7 +33,6 @@ from train import load_model  # noqa: E402
 
 def tensor_map(model):
     """GGUF tensor name -> the torch tensor holding its values (torch [out, in] = GGUF [in, out])."""
-    cfg = model.cfg
     m = {"token_embd.weight": model.token_embd, "output_norm.weight": model.output_norm,
          "output.weight": model.output}
     for L, b in enumerate(model.blocks):

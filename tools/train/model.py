@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from grids import bf16, fp8_block32, fq, mxfp4_block32, nvfp4_block16, round_bf16, ste
+from grids import bf16, fp8_block32, fq, mxfp4_block32, nvfp4_block16, ste
 
 NEG = float("-inf")
 
@@ -191,7 +191,7 @@ class Attention(nn.Module):
 
     # -- compressed KV and index keys of a KV-source layer (spec 3.4) --
     def compress(self, x, tabs):
-        cfg, eps, ratio = self.cfg, self.cfg["rms_norm_eps"], self.ratio
+        eps, ratio = self.cfg["rms_norm_eps"], self.ratio
         B, T, _ = x.shape
         G = T // ratio
         k = x[:, :G * ratio] @ self.comp_kv.t()
@@ -337,20 +337,16 @@ class Moe(nn.Module):
         self.up_sh = lin_param(ff, D)
         self.down_sh = lin_param(D, ff, 1.0 / math.sqrt(2 * n_layer))
 
-    def swiglu(self, x, g, u, d, w=None):
+    def swiglu(self, g, u, w=None):
+        """SwiGLU of BF16 gate and up outputs: the clamps, then the routing weight, then BF16."""
         lim = self.cfg["swiglu_limit"]
-        gv = torch.clamp(lin(x, g), max=lim)
-        uv = torch.clamp(lin(x, u), -lim, lim)
-        h = F.silu(gv) * uv
-        if w is not None:
-            h = h * w
-        return lin(bf16(h), d)
+        h = F.silu(torch.clamp(g, max=lim)) * torch.clamp(u, -lim, lim)
+        return bf16(h if w is None else h * w)
 
     def routed(self, xf, sel, w):
         """The selected experts of every token, as one batched product per projection: the
         (token, slot) pairs sorted by expert and padded to the busiest expert's count."""
         N, k = sel.shape
-        lim = self.cfg["swiglu_limit"]
         flat = sel.flatten()
         order = torch.argsort(flat, stable=True)
         counts = torch.bincount(flat, minlength=self.E)
@@ -363,9 +359,8 @@ class Moe(nn.Module):
         pair_w = torch.cat((w.flatten(), torch.zeros(1, dtype=w.dtype)))
         used = (slot_of < N * k).view(self.E, cap, 1)
         xe = xf[pair_tok[slot_of]].view(self.E, cap, -1) * used
-        g = torch.clamp(bf16(torch.bmm(xe, self.gate.transpose(1, 2))), max=lim)
-        u = torch.clamp(bf16(torch.bmm(xe, self.up.transpose(1, 2))), -lim, lim)
-        h = bf16(F.silu(g) * u * pair_w[slot_of].view(self.E, cap, 1))
+        h = self.swiglu(bf16(torch.bmm(xe, self.gate.transpose(1, 2))), bf16(torch.bmm(xe, self.up.transpose(1, 2))),
+                        pair_w[slot_of].view(self.E, cap, 1))
         y = bf16(torch.bmm(h, self.down.transpose(1, 2))) * used
         out = torch.zeros(N + 1, xf.shape[1])
         idx = torch.where(slot_of < N * k, pair_tok[slot_of], torch.full_like(slot_of, N))
@@ -381,7 +376,7 @@ class Moe(nn.Module):
         ss = s.gather(-1, sel)
         w = ss / (ss.sum(-1, keepdim=True) + 1e-20) * self.cfg["routed_scaling_factor"]
         routed = self.routed(xf, sel, w)
-        sh = self.swiglu(xf, self.gate_sh, self.up_sh, self.down_sh)
+        sh = lin(self.swiglu(lin(xf, self.gate_sh), lin(xf, self.up_sh)), self.down_sh)
         if stats is not None:
             stats.append(torch.bincount(sel.flatten(), minlength=self.E))
         return bf16(routed + sh).view(B, T, D)
