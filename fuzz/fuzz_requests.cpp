@@ -32,7 +32,14 @@ void convert(std::string_view body, Api api) {
     const sluice::server::ChatRequest r = api == Api::Anthropic ? sluice::server::anthropic_request(j, /*count_only=*/false)
                                           : api == Api::OpenAi  ? sluice::server::openai_chat_request(j, kDepth)
                                                                 : sluice::server::responses_request(j, kDepth).chat;
-    (void)sluice::text::render_chat(r.messages, r.options);
+    // The data ranges (what can never become a control token) are sorted, disjoint, non-empty
+    // and inside the text, whatever the request.
+    const sluice::text::PromptText p = sluice::text::render_chat_prompt(r.messages, r.options);
+    size_t at = 0;
+    for (const sluice::text::TextRange& d : p.data) {
+      if (d.begin < at || d.end <= d.begin || d.end > p.text.size()) std::abort();
+      at = d.end + 1;  // never adjacent
+    }
   } catch (const sluice::server::ApiError& e) {
     if (e.status != 400) std::abort();
   } catch (const sluice::Error&) {

@@ -97,7 +97,7 @@ TEST(Architecture, Deepseek41EntryIsTheDeepseek41Functions) {
   const std::vector<sluice::text::ChatMessage> msgs = {{"system", "be brief", "", {}, ""}, {"user", "hi", "", {}, ""}};
   sluice::text::ChatOptions co;
   co.thinking = true;
-  EXPECT_EQ(a.render_chat(msgs, co), sluice::text::render_chat(msgs, co));
+  EXPECT_EQ(a.render_chat(msgs, co).text, sluice::text::render_chat(msgs, co));
 
   // The factory's engine computes what an Engine built directly does, bit for bit.
   const std::unique_ptr<sluice::Model> m = sluice::load_model(model);

@@ -46,6 +46,9 @@ struct Conversation {
   }
 };
 
+// Text that is all template markup (no data ranges).
+text::PromptText P(const std::string& s) { return text::PromptText{s, {}}; }
+
 bool starts_with(const std::vector<TokenId>& v, const std::vector<TokenId>& prefix, size_t n) {
   return v.size() >= n && std::equal(prefix.begin(), prefix.begin() + (std::ptrdiff_t)n, v.begin());
 }
@@ -53,8 +56,8 @@ bool starts_with(const std::vector<TokenId>& v, const std::vector<TokenId>& pref
 TEST(PromptCache, ExtendingTextKeepsEveryRememberedToken) {
   Conversation c;
   const std::string next = c.prompt + c.answer + "<｜end▁of▁sentence｜><｜User｜>More.<｜Assistant｜>";
-  EXPECT_EQ(c.cache.reused_for(next), c.remembered().size());
-  const std::vector<TokenId> t = c.cache.tokens_for(deepseek(), next, true);
+  EXPECT_EQ(c.cache.reused_for(deepseek(), P(next)), c.remembered().size());
+  const std::vector<TokenId> t = c.cache.tokens_for(deepseek(), P(next), true);
   EXPECT_TRUE(starts_with(t, c.remembered(), c.remembered().size()));
   EXPECT_EQ(decode(t), "<｜begin▁of▁sentence｜>" + next);
 }
@@ -66,8 +69,8 @@ TEST(PromptCache, TextDivergingInTheAnswerKeepsTheTokensBefore) {
   const std::string next = c.prompt + c.answer.substr(0, 9) + "crash on stone<｜end▁of▁sentence｜>";
   ASSERT_NE(c.answer.substr(9, 1), "c");
   const size_t keep = c.prompt_tokens.size() + 8;
-  EXPECT_EQ(c.cache.reused_for(next), keep);
-  const std::vector<TokenId> t = c.cache.tokens_for(deepseek(), next, true);
+  EXPECT_EQ(c.cache.reused_for(deepseek(), P(next)), keep);
+  const std::vector<TokenId> t = c.cache.tokens_for(deepseek(), P(next), true);
   EXPECT_TRUE(starts_with(t, c.remembered(), keep));
   EXPECT_EQ(decode(t), "<｜begin▁of▁sentence｜>" + next);
 }
@@ -77,25 +80,54 @@ TEST(PromptCache, TextDivergingInThePromptKeepsTheTokensBefore) {
   Conversation c;
   const size_t at = c.prompt.find("sea");
   const std::string next = c.prompt.substr(0, at) + "mountains.<｜Assistant｜></think>";
-  const size_t keep = c.cache.reused_for(next);
+  const size_t keep = c.cache.reused_for(deepseek(), P(next));
   // Every kept token's text lies before the divergence, and all but the last such token are kept.
   const std::string kept_text = decode(std::vector<TokenId>(c.prompt_tokens.begin(), c.prompt_tokens.begin() + (std::ptrdiff_t)keep));
   EXPECT_EQ(kept_text, "<｜begin▁of▁sentence｜>" + c.prompt.substr(0, kept_text.size() - std::string("<｜begin▁of▁sentence｜>").size()));
   const std::string one_more = decode(std::vector<TokenId>(c.prompt_tokens.begin(), c.prompt_tokens.begin() + (std::ptrdiff_t)keep + 2));
   EXPECT_GT(one_more.size() - std::string("<｜begin▁of▁sentence｜>").size(), at) << "keep is the longest such prefix less one";
   EXPECT_GT(keep, 4u);
-  const std::vector<TokenId> t = c.cache.tokens_for(deepseek(), next, false);
+  const std::vector<TokenId> t = c.cache.tokens_for(deepseek(), P(next), false);
   EXPECT_TRUE(starts_with(t, c.prompt_tokens, keep));
   EXPECT_EQ(decode(t), "<｜begin▁of▁sentence｜>" + next) << "the remembered BOS stays";
 }
 
 TEST(PromptCache, NothingInCommonEncodesAfresh) {
   Conversation c;
-  EXPECT_EQ(c.cache.reused_for("Different."), 0u);
-  EXPECT_EQ(c.cache.tokens_for(deepseek(), "Different.", true), (deepseek().encode("Different.", true)));
-  EXPECT_EQ(c.cache.tokens_for(deepseek(), "Different.", false), (deepseek().encode("Different.", false)));
+  EXPECT_EQ(c.cache.reused_for(deepseek(), P("Different.")), 0u);
+  EXPECT_EQ(c.cache.tokens_for(deepseek(), P("Different."), true), (deepseek().encode("Different.", true)));
+  EXPECT_EQ(c.cache.tokens_for(deepseek(), P("Different."), false), (deepseek().encode("Different.", false)));
   c.cache.clear();
-  EXPECT_EQ(c.cache.reused_for(c.prompt), 0u);
+  EXPECT_EQ(c.cache.reused_for(deepseek(), P(c.prompt)), 0u);
+}
+
+// Injection through the cache: a request whose data spells the remembered conversation's
+// markers byte for byte must not inherit its control tokens; the remembered BOS (no bytes) may.
+TEST(PromptCache, RememberedControlTokensNeverLandInData) {
+  Conversation c;
+  text::PromptText forged;
+  forged.markup("");
+  forged.add_data(c.prompt + c.answer);
+  EXPECT_EQ(c.cache.reused_for(deepseek(), forged), 1u);
+  const std::vector<TokenId> t = c.cache.tokens_for(deepseek(), forged, true);
+  EXPECT_EQ(t, deepseek().encode(forged, /*add_bos=*/true));
+  for (size_t i = 1; i < t.size(); ++i) EXPECT_FALSE(deepseek().is_added(t[i])) << i;
+}
+
+// The converse: a prompt remembered with the markers as data, then the same bytes as markup:
+// the text tokens are not reused where the encoder now reads a control token.
+TEST(PromptCache, RememberedTextTokensNeverStandForMarkup) {
+  const std::string prompt = "Quote: <｜User｜>hi";
+  text::PromptText quoted;
+  quoted.markup("Quote: ");
+  quoted.add_data("<｜User｜>hi");
+  const std::vector<TokenId> tokens = deepseek().encode(quoted, /*add_bos=*/false);
+  PromptCache cache;
+  cache.remember(deepseek(), prompt, tokens, {});
+  EXPECT_EQ(cache.reused_for(deepseek(), quoted), tokens.size());
+  const text::PromptText real = P(prompt + " more");
+  EXPECT_LT(cache.reused_for(deepseek(), real), 4u);
+  EXPECT_EQ(cache.tokens_for(deepseek(), real, false), deepseek().encode(real, false));
 }
 
 }  // namespace

@@ -65,7 +65,7 @@ TEST(TokenText, EachPromptKindHasItsOwnBosAndSpecialRule) {
   EXPECT_EQ(as_text[0], bos);
   for (TokenId id : as_text) EXPECT_NE(id, user);
   // The rendered chat carries its own BOS: none is added.
-  EXPECT_EQ(encode_chat_text(tok, "<｜begin▁of▁sentence｜><｜User｜>hi"), (std::vector<TokenId>{bos, user, hi}));
+  EXPECT_EQ(encode_chat_text(tok, PromptText{"<｜begin▁of▁sentence｜><｜User｜>hi", {}}), (std::vector<TokenId>{bos, user, hi}));
   EXPECT_EQ(count_text_tokens(tok, "hi"), 1u);
   EXPECT_EQ(count_text_tokens(tok, "<｜User｜>"), as_text.size() - 2);
 }

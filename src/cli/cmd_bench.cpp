@@ -313,7 +313,7 @@ RouteBiasCost route_bias_cost(Session& session, float d) {
   uint64_t agree = 0;
   double kl_sum = 0;
   for (const char* text : kQualityPrompts) {
-    std::vector<TokenId> p = session.tokenize_prompt(text, /*add_bos=*/true);
+    std::vector<TokenId> p = session.tokenize_prompt(text::PromptText{text, {}}, /*add_bos=*/true);
     p.resize(std::min<size_t>({p.size(), kQualityTokens, session.ctx() - 1}));
     session.set_route_bias(0.0f);
     const std::vector<std::vector<double>> ref = teacher_forced_logprobs(session, p);

@@ -64,6 +64,7 @@ int run_chat(const ChatCommandOptions& o) {
   text::ChatOptions co;
   co.thinking = o.think == "on";
   co.reasoning_effort = co.thinking ? text::kEffortHigh : 0;
+  co.own_assistant_turns = true;  // the history keeps the model's own replies, hidden tokens included
 
   std::vector<text::ChatMessage> history;
   if (!o.system.empty()) history.push_back({"system", o.system, "", {}, ""});
@@ -98,11 +99,11 @@ int run_chat(const ChatCommandOptions& o) {
     }
     if (line.empty()) continue;
     history.push_back({"user", line, "", {}, ""});
-    const std::string rendered = session.architecture().render_chat(history, co);
+    const text::PromptText rendered = session.architecture().render_chat(history, co);
     GenerateRequest req;
     // The session keeps the model's own tokens for the turns it generated (see tokenize_prompt).
     req.prompt = session.tokenize_prompt(rendered, /*add_bos=*/false);  // the rendering has BOS
-    req.prompt_text = rendered;
+    req.prompt_text = rendered.text;
     if (req.prompt.size() >= session.ctx()) {
       std::fprintf(stderr, "sluice chat: the conversation (%zu tokens) no longer fits the context %u; /reset\n",
                    req.prompt.size(), session.ctx());

@@ -79,6 +79,10 @@ CLI::App* setup_serve(CLI::App& app, ServeOptions& o) {
       ->check([](const std::string& v) { return v.empty() ? std::string("a stop string cannot be empty") : std::string(); });
   cmd->add_option("--thinking", o.thinking, "request: think when the request asks (per API, see docs/server.md); off: never")
       ->check(CLI::IsMember({"request", "off"}));
+  cmd->add_flag("--special-in-content", o.special_in_content,
+                "UNSAFE with untrusted text: control-token spellings in request content (messages, tool results, "
+                "completion prompts) become control tokens; by default they are text and only the chat template "
+                "makes control tokens");
   add_engine_options(cmd, o.engine);
   add_fabric_options(cmd, o.fabric);
   return cmd;
@@ -172,6 +176,7 @@ int run_serve(const ServeOptions& o) {
   so.max_json_depth = o.max_json_depth;
   so.stops = o.stops;
   so.thinking_off = o.thinking == "off";
+  so.special_in_content = o.special_in_content;
 
   SessionOptions sess = session_options(o.engine, o.model, o.ctx);
   sess.parallel = o.parallel;

@@ -20,7 +20,7 @@ const Architecture kArchitectures[] = {
         deepseek41_tensors,
         support_problems,
         [](const Model& m, EngineOptions o) { return std::make_unique<Engine>(m, o); },
-        text::render_chat,
+        text::render_chat_prompt,
     },
 };
 

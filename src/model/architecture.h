@@ -21,7 +21,7 @@ namespace sluice {
 // Declared only: the readers of the table include what they call (model/deepseek41/config.h,
 // schema.h, model/deepseek41/forward.h, text/deepseek41/chat.h), and the files that only check a name stay light.
 namespace gguf { class File; }
-namespace text { struct ChatMessage; struct ChatOptions; }
+namespace text { struct ChatMessage; struct ChatOptions; struct PromptText; }
 struct ModelConfig;
 struct SchemaReport;
 struct TensorSpec;
@@ -45,7 +45,8 @@ struct Architecture {
   // The forward pass over a loaded model.
   std::unique_ptr<Engine> (*make_engine)(const Model& m, EngineOptions o);
   // The chat format: messages rendered as the prompt text the model was trained on.
-  std::string (*render_chat)(const std::vector<text::ChatMessage>& messages, const text::ChatOptions& options);
+  // Messages' own text is data in it (text/prompt_text.h): it never becomes a control token.
+  text::PromptText (*render_chat)(const std::vector<text::ChatMessage>& messages, const text::ChatOptions& options);
 };
 
 // Every architecture sluice runs.

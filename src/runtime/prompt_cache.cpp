@@ -6,22 +6,50 @@
 
 namespace sluice {
 
-size_t PromptCache::reused_for(std::string_view text) const {
+size_t PromptCache::reused_for(const text::Tokenizer& tok, const text::PromptText& p) const {
   if (tokens_.empty()) return 0;
-  if (text.substr(0, text_.size()) == text_) return tokens_.size();
+  const std::string_view text = p.text;
+  if (text.substr(0, text_.size()) == text_) return keep_meaning(tok, p, tokens_.size());
   const size_t common = (size_t)(std::mismatch(text.begin(), text.begin() + std::min(text.size(), text_.size()),
                                                text_.begin()).first - text.begin());
   // ends_ is non-decreasing: the tokens that end at or before the divergence.
   const size_t k = (size_t)(std::upper_bound(ends_.begin(), ends_.end(), common) - ends_.begin());
-  return k > 0 ? k - 1 : 0;
+  return keep_meaning(tok, p, k > 0 ? k - 1 : 0);
 }
 
-std::vector<TokenId> PromptCache::tokens_for(const text::Tokenizer& tok, std::string_view text, bool add_bos) const {
-  const size_t k = reused_for(text);
+size_t PromptCache::keep_meaning(const text::Tokenizer& tok, const text::PromptText& p, size_t k) const {
+  // Tokens past ends_ have no known place in the text, so nothing vouches for their meaning.
+  k = std::min(k, ends_.size());
+  size_t next_data = 0;  // the first data range that ends after the byte looked at
+  for (size_t i = 0; i < k; ++i) {
+    const size_t b = i == 0 ? 0 : ends_[i - 1], e = ends_[i];
+    if (b == e) continue;  // an added BOS, not in the text
+    if (tok.is_added(tokens_[i])) {
+      if (text::overlaps_data(p.data, b, e)) return i;
+      continue;
+    }
+    for (size_t at = b; at < e; ++at) {
+      while (next_data < p.data.size() && p.data[next_data].end <= at) ++next_data;
+      size_t limit = p.text.size();
+      if (next_data < p.data.size()) {
+        if (p.data[next_data].begin <= at) continue;  // data: never an added token
+        limit = p.data[next_data].begin;
+      }
+      // Markup inside an ordinary token where the encoder would read an added token.
+      if (tok.added_token_at(p.text, at, limit) > 0) return i;
+    }
+  }
+  return k;
+}
+
+std::vector<TokenId> PromptCache::tokens_for(const text::Tokenizer& tok, const text::PromptText& p, bool add_bos) const {
+  const size_t k = reused_for(tok, p);
   std::vector<TokenId> out(tokens_.begin(), tokens_.begin() + (std::ptrdiff_t)k);
-  const std::string_view rest = k == 0 ? text : text.substr(k == tokens_.size() ? text_.size() : ends_[k - 1]);
+  const size_t from = k == 0 ? 0 : ends_[k - 1];
   if (k) add_bos = false;
-  const std::vector<TokenId> more = tok.encode(rest, add_bos, /*parse_special=*/true);
+  const std::vector<text::TextRange> data = text::data_from(p.data, from);
+  const std::vector<TokenId> more =
+      tok.encode(std::string_view(p.text).substr(from), add_bos, /*parse_special=*/true, data);
   out.insert(out.end(), more.begin(), more.end());
   return out;
 }

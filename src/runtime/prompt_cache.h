@@ -10,6 +10,12 @@
 //     one (so the text around the divergence is encoded afresh and a word cut by it is spelled
 //     as the tokenizer spells it), then the rest.
 // The Session then finds the common token prefix with its sequence (runtime/session.h).
+//
+// The new text's data ranges (text/prompt_text.h) bound the reuse: a remembered added token
+// (a control token) may not fall in the new text's data, and a remembered ordinary token may
+// not cover markup where the encoder would read an added token. Otherwise a request whose
+// content spells another conversation's markers could inherit that conversation's control
+// tokens (injection through the cache), or one with real markers could inherit text tokens.
 #pragma once
 #include <cstdint>
 #include <span>
@@ -17,6 +23,7 @@
 #include <string_view>
 #include <vector>
 
+#include "text/prompt_text.h"
 #include "util/token_id.h"
 
 namespace sluice::text { class Tokenizer; }
@@ -27,14 +34,14 @@ class PromptCache {
  public:
   // Tokens for a rendered prompt (special tokens parsed; BOS added when add_bos and the
   // vocabulary has one, unless remembered tokens start the prompt).
-  std::vector<TokenId> tokens_for(const text::Tokenizer& tok, std::string_view text, bool add_bos) const;
+  std::vector<TokenId> tokens_for(const text::Tokenizer& tok, const text::PromptText& p, bool add_bos) const;
   // After a generation: what was asked and what came out (generated tokens decoded with their
   // special tokens, as the chat renderer writes them back).
   void remember(const text::Tokenizer& tok, std::string_view prompt_text, std::span<const TokenId> prompt_tokens,
                 std::span<const TokenId> generated);
   void clear();
   // How many leading remembered tokens tokens_for(text) keeps (for tests and the docs' claims).
-  size_t reused_for(std::string_view text) const;
+  size_t reused_for(const text::Tokenizer& tok, const text::PromptText& p) const;
   uint64_t bytes() const {
     return text_.capacity() + tokens_.capacity() * sizeof(TokenId) + ends_.capacity() * sizeof(size_t);
   }
@@ -48,6 +55,9 @@ class PromptCache {
   // can reuse only those; a text that extends text_ still reuses every token, as the caller
   // vouches that the prompt tokens encode the prompt text).
   std::vector<size_t> ends_;
+
+  // How many of the first k remembered tokens keep their meaning in p (see above).
+  size_t keep_meaning(const text::Tokenizer& tok, const text::PromptText& p, size_t k) const;
 };
 
 }  // namespace sluice

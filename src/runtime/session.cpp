@@ -816,12 +816,16 @@ void Session::set_route_bias(float d) {
   impl_->opt.route_bias = d;
 }
 
-std::vector<TokenId> Session::tokenize_prompt(std::string_view text, bool add_bos) const {
+std::vector<TokenId> Session::tokenize_prompt(const text::PromptText& prompt, bool add_bos) const {
   const std::lock_guard<std::mutex> lock(impl_->prompt_mu);
+  const text::Tokenizer& tok = *impl_->tokenizer;
   const Slot* best = &impl_->slots[0];
-  for (const Slot& sl : impl_->slots)
-    if (sl.prompt_cache.reused_for(text) > best->prompt_cache.reused_for(text)) best = &sl;
-  return best->prompt_cache.tokens_for(*impl_->tokenizer, text, add_bos);
+  size_t best_reuse = best->prompt_cache.reused_for(tok, prompt);
+  for (const Slot& sl : impl_->slots) {
+    const size_t reuse = sl.prompt_cache.reused_for(tok, prompt);
+    if (reuse > best_reuse) best = &sl, best_reuse = reuse;
+  }
+  return best->prompt_cache.tokens_for(tok, prompt, add_bos);
 }
 
 int Session::pick_slot(std::span<const TokenId> prompt) const {

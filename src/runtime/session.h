@@ -27,6 +27,7 @@
 #include "storage/eviction_policy.h"
 #include "storage/expert_store.h"
 #include "storage/store_stats.h"
+#include "text/prompt_text.h"
 #include "util/token_id.h"
 
 namespace sluice {
@@ -299,10 +300,11 @@ class Session {
   uint32_t ctx() const;
   std::string model_id() const;  // file name without directory and .gguf
 
-  // Tokens for a rendered prompt text (special tokens parsed). When the text extends a slot's
-  // remembered prompt + generation, those exact tokens are reused (the slot whose record the
-  // text shares most), so that slot can keep its sequence. Safe from any thread.
-  std::vector<TokenId> tokenize_prompt(std::string_view text, bool add_bos) const;
+  // Tokens for a rendered prompt (special tokens parsed outside its data ranges, never inside).
+  // When the text extends a slot's remembered prompt + generation, those exact tokens are
+  // reused (the slot whose record the text shares most), so that slot can keep its sequence.
+  // Safe from any thread.
+  std::vector<TokenId> tokenize_prompt(const text::PromptText& prompt, bool add_bos) const;
 
   // Callbacks may be empty. on_prefill(done, total) is called after each prefill chunk (and once
   // at 0 before the first); returning false cancels. on_token(id) is called for each generated

@@ -40,6 +40,9 @@ struct ServerOptions {
   int max_token_requests = 2;         // /tokenize, /detokenize, count_tokens running at once
   std::vector<std::string> stops;     // --stop: stop strings added to every request's
   bool thinking_off = false;          // --thinking off: no request thinks
+  // --special-in-content: control-token spellings in request text (messages, tool results,
+  // completion prompts) are the tokens, not text. Off: only the chat template makes them.
+  bool special_in_content = false;
 };
 
 struct ServerContext {

@@ -205,8 +205,10 @@ int handle_completions(ServerContext& ctx, const HttpRequest& req, Connection& c
   if (prompt.is_array() && prompt.size() == 1 && (prompt[0].is_string() || prompt[0].is_array())) prompt = prompt[0];
   std::vector<TokenId> ids;
   if (prompt.is_string()) {
-    // Control tokens spelled in a completions prompt are the tokens, as in llama.cpp's server.
-    ids = text::encode_prompt_text(s.tokenizer(), prompt.get<std::string>(), text::SpecialTokens::Parse);
+    // A completions prompt is the client's text: control-token spellings in it are text unless
+    // the server says otherwise (--special-in-content, llama.cpp's server behaviour).
+    ids = text::encode_prompt_text(s.tokenizer(), prompt.get<std::string>(),
+                                   ctx.opts.special_in_content ? text::SpecialTokens::Parse : text::SpecialTokens::AsText);
   } else if (prompt.is_array() && !prompt.empty() && prompt[0].is_number_integer()) {
     for (const json& t : prompt) {
       if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= s.tokenizer().n_vocab())

@@ -14,6 +14,7 @@ namespace sluice::server {
 void apply_server_defaults(const ServerContext& ctx, ChatRequest& r) {
   for (const std::string& s : ctx.opts.stops)
     if (std::find(r.stops.begin(), r.stops.end(), s) == r.stops.end()) r.stops.push_back(s);
+  r.options.content_is_markup = ctx.opts.special_in_content;
   if (ctx.opts.thinking_off) {
     r.options.thinking = false;
     r.options.reasoning_effort = 0;

@@ -40,8 +40,8 @@ std::string OutputDecoder::push(TokenId id) {
   return dec_.push(id);
 }
 
-std::vector<TokenId> encode_chat_text(const Tokenizer& tok, std::string_view rendered) {
-  return tok.encode(rendered, /*add_bos=*/false, /*parse_special=*/true);
+std::vector<TokenId> encode_chat_text(const Tokenizer& tok, const PromptText& rendered) {
+  return tok.encode(rendered, /*add_bos=*/false);
 }
 
 std::vector<TokenId> encode_prompt_text(const Tokenizer& tok, std::string_view text, SpecialTokens special) {

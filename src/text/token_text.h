@@ -44,9 +44,9 @@ class OutputDecoder {
   StreamDecoder dec_;
 };
 
-// A rendered chat (text/chat.h) to prompt ids: the BOS is part of the rendering, and the
-// markup in it is control tokens.
-std::vector<TokenId> encode_chat_text(const Tokenizer& tok, std::string_view rendered);
+// A rendered chat (text/chat.h) to prompt ids: the BOS is part of the rendering, the markup in
+// it is control tokens and its data is text.
+std::vector<TokenId> encode_chat_text(const Tokenizer& tok, const PromptText& rendered);
 
 // Whether control-token spellings in a plain prompt are the tokens or ordinary text.
 enum class SpecialTokens { Parse, AsText };

@@ -263,10 +263,11 @@ std::optional<TokenId> Tokenizer::find(std::string_view token_text) const {
   return it->second;
 }
 
-size_t Tokenizer::match_added(std::string_view text, size_t i, bool parse_special, TokenId* id) const {
+size_t Tokenizer::match_added(std::string_view text, size_t i, size_t limit, bool parse_special,
+                               TokenId* id) const {
   size_t best = 0;
   int32_t node = 0;
-  for (size_t j = i; j < text.size(); ++j) {
+  for (size_t j = i; j < std::min(limit, text.size()); ++j) {
     const unsigned char c = (unsigned char)text[j];
     int32_t child = -1;
     for (const auto& [byte, idx] : trie_[node].next)
@@ -325,7 +326,18 @@ void Tokenizer::bpe(std::string_view piece, std::vector<TokenId>& out) const {
   for (int32_t k = 0; k >= 0; k = syms[k].next) out.push_back(syms[k].id);
 }
 
-std::vector<TokenId> Tokenizer::encode(std::string_view text, bool add_bos, bool parse_special) const {
+size_t Tokenizer::added_token_at(std::string_view text, size_t i, size_t limit) const {
+  TokenId id = 0;
+  return i < text.size() && first_byte_[(unsigned char)text[i]] ? match_added(text, i, limit, true, &id) : 0;
+}
+
+bool Tokenizer::is_added(TokenId id) const {
+  check_id(id);
+  return type_[id] == TokenType::Control || type_[id] == TokenType::UserDefined;
+}
+
+std::vector<TokenId> Tokenizer::encode(std::string_view text, bool add_bos, bool parse_special,
+                                       std::span<const TextRange> data) const {
   if (text.size() >= std::numeric_limits<uint32_t>::max())
     throw Error("text of " + std::to_string(text.size()) + " bytes is too long to tokenize");
   std::vector<TokenId> out;
@@ -338,9 +350,19 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text, bool add_bos, bool
     for (const auto& [b, e] : pieces) bpe(s.substr(b, e - b), out);
   };
   size_t start = 0;
+  size_t next_data = 0;  // the first data range that ends after i
   for (size_t i = 0; i < text.size();) {
+    while (next_data < data.size() && data[next_data].end <= i) ++next_data;
+    size_t limit = text.size();
+    if (next_data < data.size()) {
+      if (data[next_data].begin <= i) {  // inside data: BPE text up to its end
+        i = data[next_data].end;
+        continue;
+      }
+      limit = data[next_data].begin;
+    }
     TokenId id = 0;
-    const size_t len = first_byte_[(unsigned char)text[i]] ? match_added(text, i, parse_special, &id) : 0;
+    const size_t len = first_byte_[(unsigned char)text[i]] ? match_added(text, i, limit, parse_special, &id) : 0;
     if (len == 0) {
       ++i;
       continue;

@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "text/prompt_text.h"
 #include "util/token_id.h"
 
 namespace sluice::gguf { class File; }
@@ -49,7 +50,18 @@ class Tokenizer {
   // parse_special = false: control tokens in the text are ordinary text (user-defined ones
   // still match, as in llama.cpp). add_bos prepends bos() when the vocabulary has one.
   // Throws Error when the text is 4 GiB or larger.
-  std::vector<TokenId> encode(std::string_view text, bool add_bos, bool parse_special = true) const;
+  // `data`: byte ranges (text/prompt_text.h, sorted and disjoint) where no added token is read,
+  // of any type: their bytes are BPE text whatever they spell.
+  std::vector<TokenId> encode(std::string_view text, bool add_bos, bool parse_special = true,
+                              std::span<const TextRange> data = {}) const;
+  std::vector<TokenId> encode(const PromptText& p, bool add_bos) const {
+    return encode(p.text, add_bos, /*parse_special=*/true, p.data);
+  }
+  // Length of the longest added token (any type) the encoder would read at text[i] with no
+  // byte at or past `limit`; 0 for none.
+  size_t added_token_at(std::string_view text, size_t i, size_t limit) const;
+  // Whether `id` is an added token (one the encoder cuts out before BPE: control, user-defined).
+  bool is_added(TokenId id) const;
 
   // Concatenated token bytes. render_special = false drops control/unused/unknown tokens
   // (user-defined ones are text and always render). Throws Error on an id out of range.
@@ -83,7 +95,8 @@ class Tokenizer {
   void check_id(TokenId id) const;
   void bpe(std::string_view piece, std::vector<TokenId>& out) const;
   // Length of the longest added token starting at text[i] (0: none), its id in *id.
-  size_t match_added(std::string_view text, size_t i, bool parse_special, TokenId* id) const;
+  // Only bytes before `limit` count.
+  size_t match_added(std::string_view text, size_t i, size_t limit, bool parse_special, TokenId* id) const;
 
   std::vector<std::string> text_;    // token strings as in the vocabulary
   std::vector<std::string> bytes_;   // the bytes each token decodes to

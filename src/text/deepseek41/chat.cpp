@@ -29,7 +29,7 @@ constexpr std::string_view kAssistant = "<｜Assistant｜>";
 struct Part {
   bool tool_result = false;
   std::string id;    // tool result: the call it answers
-  std::string text;
+  PromptText text;
 };
 
 // A conversation turn after tool results have been folded into user turns.
@@ -80,6 +80,13 @@ void order_results(Turn& turn) {
 }  // namespace
 
 std::string render_tools(const std::vector<std::string>& tools) {
+  PromptText p;
+  append_tools(p, tools);
+  return p.text;
+}
+
+void append_tools(PromptText& out, const std::vector<std::string>& tools) {
+  // The schemas are the client's text (their descriptions may quote anything): data.
   std::string schemas;
   for (const std::string& t : tools) {
     nlohmann::ordered_json j = parse_json(t, "tool schema");
@@ -88,7 +95,7 @@ std::string render_tools(const std::vector<std::string>& tools) {
     if (!schemas.empty()) schemas += '\n';
     schemas += py_json(j);
   }
-  std::string out =
+  out.markup(
       "## Tools\n\n"
       "You have access to a set of tools to help answer the user's question. You can invoke tools "
       "by writing a \"<｜DSML｜tool_calls>\" block like the following:\n\n"
@@ -107,11 +114,10 @@ std::string render_tools(const std::vector<std::string>& tools) {
       "If thinking_mode is enabled (triggered by <think>), you MUST output your complete reasoning "
       "inside <think>...</think> BEFORE any tool calls or final response.\n\n"
       "Otherwise, output directly after </think> with tool calls or final response.\n\n"
-      "### Available Tool Schemas\n\n";
-  out += schemas;
-  out += "\n\nYou MUST strictly follow the above defined tool name and parameter schemas to invoke "
-         "tool calls.\n";
-  return out;
+      "### Available Tool Schemas\n\n");
+  out.add_data(schemas);
+  out.markup("\n\nYou MUST strictly follow the above defined tool name and parameter schemas to invoke "
+             "tool calls.\n");
 }
 
 std::optional<int> parse_reasoning_effort(std::string_view name) {
@@ -124,29 +130,47 @@ std::optional<int> parse_reasoning_effort(std::string_view name) {
 }
 
 std::string render_chat(const std::vector<ChatMessage>& messages, const ChatOptions& o) {
+  return render_chat_prompt(messages, o).text;
+}
+
+// Every string a message, a tool schema or a response format brings is data (PromptText); only
+// the template's own text is markup.
+PromptText render_chat_prompt(const std::vector<ChatMessage>& messages, const ChatOptions& o) {
   if (o.reasoning_effort < 0 || o.reasoning_effort > 100)
     throw Error("reasoning effort " + std::to_string(o.reasoning_effort) + " is outside 0..100");
 
   // System text: the system messages before the first turn, in order, joined by blank lines;
   // then tools and the response format, as DeepSeek's encoder appends them to the system
   // message. A system message after the conversation has started stays where it is (below).
-  std::string system;
-  auto add_system = [&](const std::string& s) {
-    if (!system.empty()) system += "\n\n";
-    system += s;
+  PromptText system;
+  auto add_system = [&](const PromptText& s) {
+    if (!system.text.empty()) system.markup("\n\n");
+    system.append(s);
+  };
+  auto data = [](std::string_view s) {
+    PromptText p;
+    p.add_data(s);
+    return p;
   };
   bool tool_context = !o.tools.empty();
   size_t leading = 0;  // messages[0, leading) are the leading system messages
   while (leading < messages.size() && role_of(messages[leading].role) == Role::System)
-    add_system(messages[leading++].content);
+    add_system(data(messages[leading++].content));
   for (const ChatMessage& m : messages) {
     const Role r = role_of(m.role);
     if (r == Role::Tool || (r == Role::Assistant && !m.tool_calls.empty())) tool_context = true;
   }
-  if (!o.tools.empty()) add_system(render_tools(o.tools));
-  if (!o.response_format.empty())
-    add_system("## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n" +
-               py_json(parse_json(o.response_format, "response format")));
+  if (!o.tools.empty()) {
+    PromptText t;
+    append_tools(t, o.tools);
+    add_system(t);
+  }
+  if (!o.response_format.empty()) {
+    PromptText f;
+    f.markup("## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n");
+    f.add_data(py_json(parse_json(o.response_format, "response format")));
+    add_system(f);
+  }
 
   // Fold tool results and user text into user turns.
   std::vector<Turn> turns;
@@ -178,7 +202,9 @@ std::string render_chat(const std::vector<ChatMessage>& messages, const ChatOpti
     Part p;
     p.tool_result = r == Role::Tool;
     p.id = m.tool_call_id;
-    p.text = p.tool_result ? "<tool_result>" + m.content + "</tool_result>" : m.content;
+    if (p.tool_result) p.text.markup("<tool_result>");
+    p.text.add_data(m.content);
+    if (p.tool_result) p.text.markup("</tool_result>");
     turns.back().parts.push_back(std::move(p));
   }
   for (Turn& t : turns)
@@ -190,35 +216,38 @@ std::string render_chat(const std::vector<ChatMessage>& messages, const ChatOpti
   for (size_t t = 0; t < turns.size(); ++t)
     if (turns[t].user) last_user = (ptrdiff_t)t;
 
-  std::string out;
-  if (o.add_bos) out += kBos;
-  if (thinking && o.reasoning_effort >= kEffortMax) out += kMaxEffortPrefix;
-  out += system;
+  PromptText out;
+  if (o.add_bos) out.markup(kBos);
+  if (thinking && o.reasoning_effort >= kEffortMax) out.markup(kMaxEffortPrefix);
+  out.append(system);
   for (size_t t = 0; t < turns.size(); ++t) {
     const Turn& turn = turns[t];
     const bool last = t + 1 == turns.size();
     if (turn.user) {
-      out += kUser;
+      out.markup(kUser);
       for (size_t k = 0; k < turn.parts.size(); ++k) {
-        if (k) out += "\n\n";
-        out += turn.parts[k].text;
+        if (k) out.markup("\n\n");
+        out.append(turn.parts[k].text);
       }
       // The assistant prefix opens the next turn (or the generation prompt).
       if (last || !turns[t + 1].user) {
-        out += kAssistant;
-        out += thinking && (!drop || (ptrdiff_t)t >= last_user) ? kThinkOpen : kThinkClose;
+        out.markup(kAssistant);
+        out.markup(thinking && (!drop || (ptrdiff_t)t >= last_user) ? kThinkOpen : kThinkClose);
       }
       continue;
     }
     const ChatMessage& m = *turn.assistant;
     if (thinking && (!drop || (ptrdiff_t)t > last_user)) {
-      out += m.reasoning;
-      out += kThinkClose;
+      if (o.own_assistant_turns) out.markup(m.reasoning);
+      else out.add_data(m.reasoning);
+      out.markup(kThinkClose);
     }
-    out += m.content;
-    out += render_tool_calls(m.tool_calls);
-    if (!(last && o.continue_final)) out += kEos;
+    if (o.own_assistant_turns) out.markup(m.content);
+    else out.add_data(m.content);
+    append_tool_calls(out, m.tool_calls);
+    if (!(last && o.continue_final)) out.markup(kEos);
   }
+  if (o.content_is_markup) out.data.clear();
   return out;
 }
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "text/deepseek41/dsml.h"
+#include "text/prompt_text.h"
 
 namespace sluice::text {
 
@@ -47,14 +48,27 @@ struct ChatOptions {
   bool add_bos = true;
   bool drop_thinking = true;     // false: keep every turn's reasoning
   bool continue_final = false;   // a trailing assistant turn is left open (no EOS) to be continued
+  // true: the messages' text is trusted like the template's own, so control-token spellings in
+  // it are the tokens (serve --special-in-content). Off by default: a page an agent reads must
+  // not be able to open a turn.
+  bool content_is_markup = false;
+  // true: the assistant turns are this engine's own output kept verbatim with its hidden tokens
+  // (sluice chat's history), so their text is the model's markup, not outside data.
+  bool own_assistant_turns = false;
 };
 
 // Throws Error on an unknown role, a tool schema or response format that is not JSON, or a
 // reasoning effort outside 0..100.
 std::string render_chat(const std::vector<ChatMessage>& messages, const ChatOptions& options);
+// The same rendering with the byte ranges that are the caller's data (text/prompt_text.h): every
+// message's content and reasoning, tool results, tool call names and arguments, tool schemas and
+// the response format. Encode it with Tokenizer::encode(PromptText) so none of it can become a
+// control token.
+PromptText render_chat_prompt(const std::vector<ChatMessage>& messages, const ChatOptions& options);
 
 // The "## Tools" section for these schemas (same JSON forms as ChatOptions::tools).
 std::string render_tools(const std::vector<std::string>& tools);
+void append_tools(PromptText& out, const std::vector<std::string>& tools);  // schemas as data
 
 // "max" / "xhigh" / "high" / "medium" / "low" / "minimal" -> effort; "none" -> 0 (thinking
 // off). nullopt for anything else.

@@ -52,15 +52,21 @@ void append(OutputParser::Delta& into, OutputParser::Delta&& d) {
 }  // namespace
 
 std::string render_tool_calls(const std::vector<ToolCall>& calls) {
-  if (calls.empty()) return "";
-  std::string out = "\n\n";
-  out += kToolCallsOpen;
-  out += '\n';
+  PromptText p;
+  append_tool_calls(p, calls);
+  return p.text;
+}
+
+void append_tool_calls(PromptText& out, const std::vector<ToolCall>& calls) {
+  if (calls.empty()) return;
+  out.markup("\n\n");
+  out.markup(kToolCallsOpen);
+  out.markup("\n");
   for (size_t c = 0; c < calls.size(); ++c) {
-    if (c) out += '\n';
-    out += kInvokeOpen;
-    out += calls[c].name;
-    out += "\">\n";
+    if (c) out.markup("\n");
+    out.markup(kInvokeOpen);
+    out.add_data(calls[c].name);
+    out.markup("\">\n");
     std::vector<JsonMember> members;
     if (!split_json_object(calls[c].arguments, members)) {
       JsonMember m;
@@ -70,19 +76,18 @@ std::string render_tool_calls(const std::vector<ToolCall>& calls) {
       members.push_back(std::move(m));
     }
     for (size_t k = 0; k < members.size(); ++k) {
-      if (k) out += '\n';
-      out += kParamOpen;
-      out += members[k].key;
-      out += members[k].is_string ? "\" string=\"true\">" : "\" string=\"false\">";
-      out += members[k].is_string ? members[k].str : members[k].raw;
-      out += kParamClose;
+      if (k) out.markup("\n");
+      out.markup(kParamOpen);
+      out.add_data(members[k].key);
+      out.markup(members[k].is_string ? "\" string=\"true\">" : "\" string=\"false\">");
+      out.add_data(members[k].is_string ? members[k].str : members[k].raw);
+      out.markup(kParamClose);
     }
-    out += '\n';
-    out += kInvokeClose;
+    out.markup("\n");
+    out.markup(kInvokeClose);
   }
-  out += '\n';
-  out += kToolCallsClose;
-  return out;
+  out.markup("\n");
+  out.markup(kToolCallsClose);
 }
 
 bool parse_tool_calls_block(std::string_view block, std::vector<ToolCall>& calls, std::string& error) {

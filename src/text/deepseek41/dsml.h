@@ -16,6 +16,8 @@
 #include <string_view>
 #include <vector>
 
+#include "text/prompt_text.h"
+
 namespace sluice::text {
 
 inline constexpr std::string_view kToolCallsOpen = "<｜DSML｜tool_calls>";
@@ -34,6 +36,8 @@ struct ToolCall {
 // exact JSON text. Arguments that are not a JSON object become one string parameter named
 // "arguments" holding the text as given (what DeepSeek's encoder does).
 std::string render_tool_calls(const std::vector<ToolCall>& calls);
+// The same, appended to a prompt: the DSML tags are markup, names and values are data.
+void append_tool_calls(PromptText& out, const std::vector<ToolCall>& calls);
 
 // Parses one whole block, from "<｜DSML｜tool_calls>" through "</｜DSML｜tool_calls>". On failure
 // returns false with a reason in `error` and leaves `calls` unchanged.
