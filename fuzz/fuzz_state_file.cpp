@@ -29,6 +29,7 @@ sluice::StateShape shape() {
 }
 
 const sluice::Digest128 kIdentity = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+const sluice::SipKey kKey = {9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 1, 2, 3, 4, 5, 6};
 
 // A valid state file at a position from the seed byte, its contents from a simple generator.
 std::vector<uint8_t> valid_file(uint8_t seed, sluice::SequenceSnapshot* snap_out) {
@@ -52,7 +53,7 @@ std::vector<uint8_t> valid_file(uint8_t seed, sluice::SequenceSnapshot* snap_out
   const std::vector<float> logits = seed & 1 ? std::vector<float>{1, 2, 3} : std::vector<float>{};
   const int fd = fuzz::input_fd();
   if (::ftruncate(fd, 0) != 0) std::abort();
-  sluice::write_state_file(fd, "fuzz", s, kIdentity, tokens, snap, logits);
+  sluice::write_state_file(fd, "fuzz", s, kIdentity, kKey, tokens, snap, logits);
   std::vector<uint8_t> bytes(sluice::state_file_bytes(s, pos, !logits.empty()));
   if (::pread(fd, bytes.data(), bytes.size(), 0) != (ssize_t)bytes.size()) std::abort();
   return bytes;
@@ -66,7 +67,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   sluice::LoadedState out;
   if (data[0] & 1) {
     fuzz::put_file(data + 1, size - 1);
-    (void)sluice::read_state_file(fuzz::input_fd(), s, kIdentity, &out);
+    (void)sluice::read_state_file(fuzz::input_fd(), s, kIdentity, kKey, &out);
     return 0;
   }
   if (size < 2) return 0;
@@ -85,8 +86,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   const bool damaged = file != intact;
   fuzz::put_file(file.data(), file.size());
-  const sluice::StateCheck c = sluice::read_state_file(fuzz::input_fd(), s, kIdentity, &out);
+  const sluice::StateCheck c = sluice::read_state_file(fuzz::input_fd(), s, kIdentity, kKey, &out);
   if (!damaged && (!c || !(out.snap == written))) std::abort();  // an intact file must read back
-  if (damaged && c) std::abort();  // every damage is noticed (the checksum covers every byte)
+  if (damaged && c) std::abort();  // every damage is noticed (the MAC covers every byte)
   return 0;
 }

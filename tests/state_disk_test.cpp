@@ -5,12 +5,16 @@
 // deleted and recomputed; files of another model or build are neither used nor touched; the
 // budget holds, and one directory has one owner.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <fstream>
 #include <random>
 #include <string>
@@ -68,10 +72,13 @@ SequenceSnapshot random_snapshot(const StateShape& s, uint32_t pos, std::mt19937
   return snap;
 }
 
-StateCheck read_file(const fs::path& p, const StateShape& s, const Digest128& id, LoadedState* out) {
+const SipKey kKey = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+
+StateCheck read_file(const fs::path& p, const StateShape& s, const Digest128& id, LoadedState* out,
+                     const SipKey& key = kKey) {
   const int fd = ::open(p.c_str(), O_RDONLY);
   if (fd < 0) throw Error("cannot open " + p.string());
-  const StateCheck c = read_state_file(fd, s, id, out);
+  const StateCheck c = read_state_file(fd, s, id, key, out);
   ::close(fd);
   return c;
 }
@@ -93,7 +100,7 @@ TEST(StateFile, RoundTripsAndEveryFlippedByteOrCutIsRefused) {
     {
       const int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
       ASSERT_GE(fd, 0);
-      write_state_file(fd, p.string(), shape, id, tokens, snap, logits);
+      write_state_file(fd, p.string(), shape, id, kKey, tokens, snap, logits);
       ::close(fd);
     }
     const std::vector<uint8_t> good = slurp(p);
@@ -114,6 +121,10 @@ TEST(StateFile, RoundTripsAndEveryFlippedByteOrCutIsRefused) {
     StateShape wide = shape;
     wide.sources[0].kv_row_bytes += 1;
     EXPECT_EQ(read_file(p, wide, id, &back).reject, StateReject::BadShape);
+    // Whole and well formed, but signed with another server's key: not read.
+    SipKey other_key = kKey;
+    other_key[15] ^= 0x80;
+    EXPECT_EQ(read_file(p, shape, id, &back, other_key).reject, StateReject::Checksum);
 
     for (size_t i = 0; i < good.size(); ++i) {
       std::vector<uint8_t> bad = good;
@@ -135,6 +146,48 @@ TEST(StateFile, RoundTripsAndEveryFlippedByteOrCutIsRefused) {
     LoadedState out;
     EXPECT_EQ(read_file(p, shape, id, &out).reject, StateReject::Truncated);
   }
+}
+
+// A signed file whose logits row is not finite would fail every request that loads it (the
+// sampler refuses a NaN): it is refused when read, so the prompt is recomputed instead.
+TEST(StateFile, ANonFiniteLogitsRowIsRefused) {
+  test::TempDir dir("sluice-state-nan");
+  const StateShape shape = small_shape();
+  std::mt19937 rng(3);
+  const Digest128 id{};
+  const SequenceSnapshot snap = random_snapshot(shape, 4, rng);
+  const std::vector<TokenId> tokens = {5, 6, 7, 8};
+  for (const float bad : {std::nanf(""), INFINITY, -INFINITY}) {
+    const fs::path p = dir.path / "n.sstate";
+    fs::remove(p);
+    const int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+    ASSERT_GE(fd, 0);
+    write_state_file(fd, p.string(), shape, id, kKey, tokens, snap, std::vector<float>{1, 2, bad, 4, 5});
+    ::close(fd);
+    LoadedState out;
+    EXPECT_EQ(read_file(p, shape, id, &out).reject, StateReject::Values) << bad;
+  }
+}
+
+// SipHash-2-4-128 against the reference vectors (key 00..0f, message 00..len-1), fed whole and
+// in pieces.
+TEST(StateFile, SipHashMatchesTheReferenceVectors) {
+  SipKey k;
+  for (uint8_t i = 0; i < 16; ++i) k[i] = i;
+  const char* want[6] = {"a3817f04ba25a8e66df67214c7550293", "da87c1d86b99af44347659119b22fc45",
+                         "8177228da4a45dc7fca38bdef60affe4", "9c70b60c5267a94e5f33b6b02985ed51",
+                         "f88164c12d9c8faf7d0f6e7c7bcd5579", "1368875980776f8854527a07690e9627"};
+  uint8_t msg[64];
+  for (uint8_t i = 0; i < 64; ++i) msg[i] = i;
+  for (size_t len = 0; len < 6; ++len) {
+    SipHash128 h(k);
+    h.update(msg, len);
+    EXPECT_STREQ(digest_hex(h.digest()).data(), want[len]) << len;
+  }
+  SipHash128 whole(k), parts(k);
+  whole.update(msg, 63);
+  for (size_t at = 0, step = 1; at < 63; at += step, step = step % 5 + 1) parts.update(msg + at, std::min<size_t>(step, 63 - at));
+  EXPECT_EQ(parts.digest(), whole.digest());
 }
 
 TEST(StateFile, KeysFollowTheTokensAndTheModel) {
@@ -324,7 +377,7 @@ TEST_F(StateDiskSession, ADamagedFileIsReportedOnceDeletedAndRecomputed) {
   expect_tail_equal(rows, cold_rows, cold.config().vocab_size);
   ASSERT_EQ(log_.size(), 2u);
   EXPECT_NE(log_[0].find("truncated"), std::string::npos) << log_[0];
-  EXPECT_NE(log_[1].find("checksum"), std::string::npos) << log_[1];
+  EXPECT_NE(log_[1].find("signature"), std::string::npos) << log_[1];
   EXPECT_EQ(s.stats().disk_rejected, 2u);
   // Recomputed and written again; the next request finds them and nothing more is reported.
   run(s, request(45, 9), nullptr);
@@ -358,7 +411,7 @@ TEST_F(StateDiskSession, WhenTheLongestStateIsDamagedTheNextShorterOneIsUsed) {
     EXPECT_EQ(s.stats().disk_rejected, 1u);
   }
   ASSERT_EQ(log_.size(), 1u);
-  EXPECT_NE(log_[0].find("checksum"), std::string::npos) << log_[0];
+  EXPECT_NE(log_[0].find("signature"), std::string::npos) << log_[0];
   // Deleted, recomputed (this prompt ends past it) and written again.
   ASSERT_TRUE(fs::exists(longest));
   EXPECT_NE(slurp(longest), b);
@@ -460,6 +513,89 @@ TEST_F(StateDiskSession, OneDirectoryHasOneOwner) {
   EXPECT_EQ(slurp(f), std::vector<uint8_t>{'x'});
 }
 
+// Issue 53 finding 6: a directory another user owns or others can write could hold forged
+// states, so it is refused at start, naming why; a file in it that others could have written
+// is not read (and not deleted: the server did not make it).
+TEST_F(StateDiskSession, ADirectoryOrFileOthersCanWriteIsNotTrusted) {
+  fs::create_directories(states_);
+  ::chmod(states_.c_str(), 0777);
+  try {
+    Session t(options());
+    FAIL() << "a world-writable state directory was used";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("others can write to it (mode 0777"), std::string::npos) << e.what();
+  }
+  ::chmod(states_.c_str(), 0700);
+  const GenerateRequest a = request(40, 5);
+  { Session s(options()); run(s, a, nullptr); }
+  const std::vector<fs::path> files = state_files();
+  ASSERT_EQ(files.size(), 2u);
+  for (const fs::path& f : files) ::chmod(f.c_str(), 0666);
+  Session s(options());
+  EXPECT_EQ(s.stats().disk_ignored, 2u);
+  const GenerateResult r = run(s, a, nullptr);
+  EXPECT_EQ(r.reused_tokens, 0u) << "a state others could have written was used";
+  for (const fs::path& f : files) EXPECT_TRUE(fs::exists(f)) << f;
+}
+
+// A state file copied from another server's directory (valid, but signed with that server's
+// key) is not used: it could say anything.
+TEST_F(StateDiskSession, AFileSignedByAnotherServerIsNotUsed) {
+  const GenerateRequest a = request(40, 6);
+  const fs::path theirs = states_.string() + "-theirs";
+  fs::remove_all(theirs);
+  {
+    SessionOptions o = options();
+    o.kv_disk_dir = theirs.string();
+    Session s(o);
+    run(s, a, nullptr);
+  }
+  fs::create_directories(states_);
+  { Session s(options()); }  // makes this directory's own key
+  for (const auto& e : fs::directory_iterator(theirs))
+    if (e.path().extension() == ".sstate") fs::copy_file(e.path(), states_ / e.path().filename());
+  fs::remove_all(theirs);
+  ASSERT_EQ(state_files().size(), 2u);
+  Session cold(options(0, 0));
+  const GenerateResult rc = run(cold, a, nullptr);
+  Session s(options());
+  const GenerateResult r = run(s, a, nullptr);
+  EXPECT_EQ(r.reused_tokens, 0u) << "a state signed with another key was used";
+  EXPECT_EQ(r.tokens, rc.tokens);
+  bool said = false;
+  for (const std::string& l : log_) said |= l.find("signature does not verify") != std::string::npos;
+  EXPECT_TRUE(said) << "the forged file was not reported";
+}
+
+// Issue 53 finding 5: a FIFO put in place of an indexed state file must not block the request
+// (open without O_NONBLOCK would wait for a writer forever); the prompt is computed instead.
+TEST_F(StateDiskSession, AFifoInPlaceOfAStateFileDoesNotBlock) {
+  const GenerateRequest a = request(40, 7);
+  { Session s(options()); run(s, a, nullptr); }
+  Session cold(options(0, 0));
+  const GenerateResult rc = run(cold, a, nullptr);
+  Session s(options());  // indexes both files
+  std::vector<std::string> fifos;
+  for (const fs::path& f : state_files()) {
+    fs::remove(f);
+    ASSERT_EQ(::mkfifo(f.c_str(), 0600), 0);
+    fifos.push_back(f.string());
+  }
+  auto done = std::async(std::launch::async, [&] { return run(s, a, nullptr); });
+  if (done.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+    // Unblock the reader (each FIFO in turn, as a shorter state is tried next) so the test ends.
+    while (done.wait_for(std::chrono::milliseconds(50)) != std::future_status::ready)
+      for (const std::string& f : fifos) {
+        const int fd = ::open(f.c_str(), O_WRONLY | O_NONBLOCK);
+        if (fd >= 0) ::close(fd);
+      }
+    FAIL() << "the request blocked on a FIFO in the state directory";
+  }
+  const GenerateResult r = done.get();
+  EXPECT_EQ(r.reused_tokens, 0u);
+  EXPECT_EQ(r.tokens, rc.tokens);
+  for (const std::string& f : fifos) EXPECT_TRUE(fs::exists(f)) << "a FIFO the server did not make was removed";
+}
 
 // A dead writer's temporary (".<32 hex>.<pid>.tmp") is removed when the directory is opened, but
 // only when it is what a writer leaves: empty, or starting with a state file's magic. A file of

@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "model/deepseek41/engine_footprint.h"
+#include "runtime/state_dir_trust.h"
 #include "util/error.h"
 #include "util/unique_fd.h"
 
@@ -124,12 +125,15 @@ StateDisk::StateDisk(StateDiskOptions o) : opt_(std::move(o)) {
   struct stat st {};
   if (::stat(d.c_str(), &st) != 0) {
     if (errno != ENOENT) throw Error(d + ": " + err(errno));
-    if (::mkdir(d.c_str(), 0755) != 0) throw Error(d + ": cannot create the state directory: " + err(errno));
+    if (::mkdir(d.c_str(), 0700) != 0) throw Error(d + ": cannot create the state directory: " + err(errno));
+    if (::stat(d.c_str(), &st) != 0) throw Error(d + ": " + err(errno));
   } else if (!S_ISDIR(st.st_mode)) {
     throw Error(d + ": not a directory (--kv-disk-dir)");
   }
+  if (const auto why = untrusted_dir_problem(st))
+    throw Error(d + ": the state directory is " + *why + ": states read back from it could be forged (--kv-disk-dir)");
   const std::string lock = d + "/.lock";
-  lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
   if (lock_fd_ < 0) throw Error(lock + ": cannot open the state directory's lock: " + err(errno));
   if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
     const int e = errno;
@@ -139,6 +143,7 @@ StateDisk::StateDisk(StateDiskOptions o) : opt_(std::move(o)) {
   }
   st_.budget = opt_.budget;
   try {
+    key_ = state_dir_key(d);
     scan();
   } catch (...) {
     ::close(lock_fd_);
@@ -202,7 +207,11 @@ void StateDisk::scan() {
     if (fd < 0) continue;
     UniqueFd guard(fd);
     struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    if (::fstat(fd, &st) != 0 || !trusted_state_file(st)) {  // not one only this user could write
+      ++ignored[StateReject::NotState];
+      ++st_.ignored;
+      continue;
+    }
     StateFileSummary sum;
     StateCheck c = read_state_summary(fd, opt_.shape, opt_.identity, &sum);
     if (c && sum.key != key) c = StateCheck{StateReject::Tokens, "its key does not match its name"};
@@ -278,15 +287,21 @@ uint32_t StateDisk::find(std::span<const TokenId> prompt, uint32_t better_than) 
 bool StateDisk::load(std::span<const TokenId> prompt, uint32_t pos, LoadedState* out) {
   const Digest128 key = state_key(opt_.identity, prompt.first(pos));
   const std::string path = path_of(key);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) {  // evicted since find(), or removed by hand
+  // O_NONBLOCK: a FIFO or device put in the file's place must not stall the worker in open().
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  struct stat st {};
+  if (fd < 0 || ::fstat(fd, &st) != 0 || !trusted_state_file(st)) {
+    // Evicted since find(), removed by hand, or replaced by something this server did not
+    // write (left where it is): either way not used.
+    if (fd >= 0) ::close(fd);
     std::lock_guard lk(mu_);
+    if (fd >= 0) say(path + ": not a regular file of this user writable by no one else; not read, its state is recomputed");
     if (auto it = index_.find(key); it != index_.end()) erase(it, false);
     return false;
   }
   UniqueFd guard(fd);
   LoadedState ls;
-  StateCheck c = read_state_file(fd, opt_.shape, opt_.identity, &ls, pos);
+  StateCheck c = read_state_file(fd, opt_.shape, opt_.identity, key_, &ls, pos);
   if (c && (ls.tokens.size() != pos || !std::equal(ls.tokens.begin(), ls.tokens.end(), prompt.begin())))
     c = StateCheck{StateReject::Tokens, "its tokens are not the prompt's (a key collision)"};
   if (c && ls.snap.pos() > opt_.shape.ctx) c = StateCheck{StateReject::BadShape, "beyond the context"};
@@ -404,13 +419,14 @@ void StateDisk::write_one(Pending& p) {
     return;
   }
   const std::string tmp = opt_.dir + "/." + digest_hex(p.key).data() + "." + std::to_string(::getpid()) + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+  // 0600: a state holds what a prompt computed, and is read back only when no one else could write it.
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
   std::string failure;
   if (fd < 0) {
     failure = tmp + ": cannot create: " + err(errno);
   } else {
     try {
-      write_state_file(fd, tmp, opt_.shape, opt_.identity, p.tokens, p.snap, p.logits);
+      write_state_file(fd, tmp, opt_.shape, opt_.identity, key_, p.tokens, p.snap, p.logits);
       if (::fdatasync(fd) != 0) throw Error(tmp + ": cannot sync: " + err(errno));
     } catch (const std::exception& e) {
       failure = e.what();

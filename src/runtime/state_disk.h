@@ -65,7 +65,8 @@ struct StateDiskStats {
 
 class StateDisk {
  public:
-  // Creates dir (not its parents) when it does not exist, takes its lock and reads the index.
+  // Creates dir (not its parents, mode 0700) when it does not exist, refuses one that another
+  // user owns or others can write, takes its lock, reads or makes its key and reads the index.
   // Throws Error naming the directory and the cause.
   explicit StateDisk(StateDiskOptions o);
   ~StateDisk();  // writes what is queued, then stops
@@ -114,6 +115,7 @@ class StateDisk {
   std::string path_of(const Digest128& key) const;
 
   StateDiskOptions opt_;
+  SipKey key_{};  // signs and verifies the files (runtime/state_dir_trust.h)
   int lock_fd_ = -1;
   mutable std::mutex mu_;
   std::condition_variable cv_, idle_;

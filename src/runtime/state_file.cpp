@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 
 #include "util/error.h"
@@ -13,7 +14,6 @@ namespace sluice {
 namespace {
 
 constexpr uint64_t kKeySeed = 0x73746174656b6579ull;       // "statekey"
-constexpr uint64_t kChecksumSeed = 0x636865636b73756dull;  // "checksum"
 constexpr uint32_t kFlagLogits = 1;
 
 // Header offsets (docs/state.md).
@@ -63,7 +63,7 @@ Sections sections(const StateShape& s, uint32_t pos, bool with_logits) {
 
 class Writer {
  public:
-  Writer(int fd, const std::string& name) : fd_(fd), name_(name), hash_(kChecksumSeed) {}
+  Writer(int fd, const std::string& name, const SipKey& mac_key) : fd_(fd), name_(name), hash_(mac_key) {}
   void bytes(const void* p, uint64_t n, bool hashed = true) {
     if (hashed) hash_.update(p, n);
     const uint8_t* b = static_cast<const uint8_t*>(p);
@@ -85,13 +85,13 @@ class Writer {
  private:
   int fd_;
   const std::string& name_;
-  Hasher hash_;
+  SipHash128 hash_;
   uint64_t off_ = 0;
 };
 
 class Reader {
  public:
-  explicit Reader(int fd) : fd_(fd), hash_(kChecksumSeed) {}
+  Reader(int fd, const SipKey& mac_key) : fd_(fd), hash_(mac_key) {}
   // false: the file ended (or an I/O error: io_error()).
   bool bytes(void* p, uint64_t n) {
     uint8_t* b = static_cast<uint8_t*>(p);
@@ -118,7 +118,7 @@ class Reader {
 
  private:
   int fd_;
-  Hasher hash_;
+  SipHash128 hash_;
   uint64_t off_ = 0;
   int err_ = 0;
 };
@@ -175,7 +175,7 @@ StateCheck check_header(const uint8_t* h, uint64_t file_len, const StateShape& s
 StateCheck header_of(int fd, const StateShape& shape, const Digest128& identity, uint8_t* h, StateFileSummary* sum) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) return fail(StateReject::Io, std::string("cannot stat: ") + std::strerror(errno));
-  Reader r(fd);
+  Reader r(fd, SipKey{});  // the header alone: its MAC is checked with the payload
   if (!r.bytes(h, kStateHeaderBytes))
     return r.io_error() ? fail(StateReject::Io, std::string("cannot read: ") + std::strerror(r.io_error()))
                         : fail(StateReject::NotState, "shorter than a state file's header");
@@ -193,7 +193,8 @@ const char* state_reject_name(StateReject r) {
     case StateReject::OtherModel: return "another model";
     case StateReject::BadShape: return "wrong shape";
     case StateReject::Truncated: return "truncated";
-    case StateReject::Checksum: return "checksum mismatch";
+    case StateReject::Checksum: return "signature mismatch";
+    case StateReject::Values: return "non-finite values";
     case StateReject::Tokens: return "tokens do not match the key";
     case StateReject::Io: return "I/O error";
   }
@@ -230,7 +231,8 @@ std::vector<Digest128> state_keys_at(const Digest128& model_identity, std::span<
 }
 
 void write_state_file(int fd, const std::string& name, const StateShape& shape, const Digest128& model_identity,
-                      std::span<const TokenId> tokens, const SequenceSnapshot& snap, std::span<const float> logits) {
+                      const SipKey& mac_key, std::span<const TokenId> tokens, const SequenceSnapshot& snap,
+                      std::span<const float> logits) {
   const uint32_t pos = snap.pos();
   const bool with_logits = !logits.empty();
   if (tokens.size() != pos || pos == 0 || (with_logits && logits.size() != shape.vocab) ||
@@ -251,8 +253,8 @@ void write_state_file(int fd, const std::string& name, const StateShape& shape, 
   put<uint32_t>(h, kOffVocab, shape.vocab);
   put<uint32_t>(h, kOffSources, (uint32_t)shape.sources.size());
   put<uint64_t>(h, kOffFileBytes, state_file_bytes(shape, pos, with_logits));
-  // The checksum covers the header (with its checksum field zero) and then the payload.
-  Writer w(fd, name);
+  // The MAC covers the header (with its MAC field zero) and then the payload.
+  Writer w(fd, name, mac_key);
   w.bytes(h, sizeof h);
   if (x.tokens) w.bytes(tokens.data(), x.tokens);
   w.vec(snap.ck.window_kv, x.window);
@@ -274,8 +276,8 @@ StateCheck read_state_summary(int fd, const StateShape& shape, const Digest128& 
   return header_of(fd, shape, model_identity, h, out);
 }
 
-StateCheck read_state_file(int fd, const StateShape& shape, const Digest128& model_identity, LoadedState* out,
-                           uint32_t expect_pos) {
+StateCheck read_state_file(int fd, const StateShape& shape, const Digest128& model_identity, const SipKey& mac_key,
+                           LoadedState* out, uint32_t expect_pos) {
   uint8_t h[kStateHeaderBytes];
   StateFileSummary sum;
   if (StateCheck c = header_of(fd, shape, model_identity, h, &sum); !c) return c;
@@ -286,7 +288,7 @@ StateCheck read_state_file(int fd, const StateShape& shape, const Digest128& mod
   Digest128 stored;
   std::memcpy(stored.data(), h + kOffChecksum, stored.size());
   std::memset(h + kOffChecksum, 0, stored.size());
-  Reader r(fd);
+  Reader r(fd, mac_key);
   r.hash(h, sizeof h);
   r.at(kStateHeaderBytes);
   LoadedState ls;
@@ -302,9 +304,14 @@ StateCheck read_state_file(int fd, const StateShape& shape, const Digest128& mod
   if (!ok)
     return r.io_error() ? fail(StateReject::Io, std::string("cannot read: ") + std::strerror(r.io_error()))
                         : fail(StateReject::Truncated, "ended before its payload (truncated while read)");
-  if (r.digest() != stored) return fail(StateReject::Checksum, "checksum mismatch (the file is damaged)");
+  if (r.digest() != stored)
+    return fail(StateReject::Checksum, "its signature does not verify (damaged, or not written by this server)");
   if (state_key(model_identity, ls.tokens) != sum.key)
     return fail(StateReject::Tokens, "its tokens do not hash to its key");
+  // A signed file is this server's own, but a state must never fail the request that loads it:
+  // a logits row that is not finite would (the sampler refuses it), so it is not used.
+  for (const float v : ls.logits)
+    if (!std::isfinite(v)) return fail(StateReject::Values, "its logits row holds a NaN or an infinity");
   *out = std::move(ls);
   return {};
 }

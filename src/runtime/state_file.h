@@ -5,7 +5,8 @@
 // the same model, after a restart too. Everything read back is outside input: the header is
 // checked against what this build and this model expect before anything is allocated (sizes
 // follow from the model's shape and the position, never from the file), the whole file against
-// its checksum, and the tokens against the key; any mismatch is reported with its cause and the
+// its MAC (SipHash-2-4 under the state directory's secret key, so a file is only read back
+// by the server that can sign it), and the tokens against the key; any mismatch is reported with its cause and the
 // state is recomputed, never used.
 #pragma once
 #include <cstdint>
@@ -16,13 +17,14 @@
 
 #include "model/deepseek41/sequence_state.h"
 #include "util/hash.h"
+#include "util/siphash.h"
 #include "util/token_id.h"
 
 namespace sluice {
 
 // Raise with any change to the layout below or to what a state means (the numerics that
 // produce it): files of another version are ignored, never read.
-inline constexpr uint32_t kStateFormatVersion = 1;
+inline constexpr uint32_t kStateFormatVersion = 2;  // 2: the checksum became a keyed MAC
 inline constexpr char kStateMagic[8] = {'S', 'L', 'U', 'I', 'C', 'E', 'S', 'T'};
 inline constexpr uint32_t kStateHeaderBytes = 128;
 
@@ -52,7 +54,8 @@ std::vector<Digest128> state_keys_at(const Digest128& model_identity, std::span<
 // Writes the file to fd (at offset 0, an empty file) and checks every write. Throws Error
 // naming `name` and the cause.
 void write_state_file(int fd, const std::string& name, const StateShape& shape, const Digest128& model_identity,
-                      std::span<const TokenId> tokens, const SequenceSnapshot& snap, std::span<const float> logits);
+                      const SipKey& mac_key, std::span<const TokenId> tokens, const SequenceSnapshot& snap,
+                      std::span<const float> logits);
 
 // What a header says, once it is known to be a file of this format, build and model whose
 // sizes agree with the shape and the file's length.
@@ -64,7 +67,9 @@ struct StateFileSummary {
 };
 // Why a file is not used. NotState, OtherFormat, OtherBuild and OtherModel are files that are not
 // this model's states (left alone); the others are this model's and damaged.
-enum class StateReject : uint8_t { None, NotState, OtherFormat, OtherBuild, OtherModel, BadShape, Truncated, Checksum, Tokens, Io };
+enum class StateReject : uint8_t {
+  None, NotState, OtherFormat, OtherBuild, OtherModel, BadShape, Truncated, Checksum, Tokens, Values, Io
+};
 const char* state_reject_name(StateReject r);
 
 struct StateCheck {
@@ -81,10 +86,11 @@ struct LoadedState {
   SequenceSnapshot snap;
   std::vector<float> logits;  // empty without a logits row
 };
-// Reads the whole file, checks the header, the checksum and that the tokens hash to the key.
+// Reads the whole file, checks the header, the MAC under mac_key, that the tokens hash to the key
+// and that the logits row is finite.
 // expect_pos (0: any): the position the caller looked it up at; a header with another position
 // is refused before anything past the header is read.
-StateCheck read_state_file(int fd, const StateShape& shape, const Digest128& model_identity, LoadedState* out,
-                           uint32_t expect_pos = 0);
+StateCheck read_state_file(int fd, const StateShape& shape, const Digest128& model_identity, const SipKey& mac_key,
+                           LoadedState* out, uint32_t expect_pos = 0);
 
 }  // namespace sluice
