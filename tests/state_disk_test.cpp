@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "format/gguf.h"
+#include "runtime/request_boundaries.h"
 #include "runtime/session.h"
 #include "runtime/state_disk.h"
 #include "runtime/state_file.h"
@@ -595,6 +596,36 @@ TEST_F(StateDiskSession, AFifoInPlaceOfAStateFileDoesNotBlock) {
   EXPECT_EQ(r.reused_tokens, 0u);
   EXPECT_EQ(r.tokens, rc.tokens);
   for (const std::string& f : fifos) EXPECT_TRUE(fs::exists(f)) << "a FIFO the server did not make was removed";
+}
+
+// Issue 53 finding 2: a request with a boundary at every token (a 13 KB request of 1,000 markers
+// wrote 1,002 state files and prefilled in 1-token pieces) is held to kMaxBoundaries boundaries,
+// kMinBoundaryGap apart: at most that many + 2 state files, and its answer unchanged.
+TEST_F(StateDiskSession, BoundariesPerRequestAreBounded) {
+  GenerateRequest a = request(200, 8);
+  for (uint32_t b = 1; b < 200; ++b) a.checkpoint_at.push_back(b);
+  Session cold(options(0, 0));
+  const GenerateResult rc = run(cold, request(200, 8), nullptr);
+  {
+    Session s(options());
+    const GenerateResult r = run(s, a, nullptr);
+    EXPECT_EQ(r.tokens, rc.tokens);
+  }
+  EXPECT_LE(state_files().size(), kMaxBoundaries + 2u);
+  EXPECT_GE(state_files().size(), 3u) << "the boundaries kept were not written";
+}
+
+TEST(RequestBoundaries, KeepTheFirstAndTheLastApart) {
+  std::vector<uint32_t> every;
+  for (uint32_t b = 1; b < 1000; ++b) every.push_back(b);
+  const std::vector<uint32_t> kept = bound_boundaries(every);
+  ASSERT_EQ(kept.size(), kMaxBoundaries);
+  EXPECT_EQ(kept.front(), 1u);
+  EXPECT_EQ(kept.back(), 999u);
+  for (size_t i = 1; i < kept.size(); ++i) EXPECT_GE(kept[i] - kept[i - 1], kMinBoundaryGap) << i;
+  EXPECT_EQ(bound_boundaries({5, 40}), (std::vector<uint32_t>{5, 40}));
+  EXPECT_EQ(bound_boundaries({5, 9, 40, 41}), (std::vector<uint32_t>{5, 41}));
+  EXPECT_TRUE(bound_boundaries({}).empty());
 }
 
 // A dead writer's temporary (".<32 hex>.<pid>.tmp") is removed when the directory is opened, but

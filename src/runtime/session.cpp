@@ -26,6 +26,7 @@
 #include "runtime/state_disk.h"
 #include "runtime/meminfo.h"
 #include "runtime/prompt_cache.h"
+#include "runtime/request_boundaries.h"
 #include "runtime/speculative.h"
 #include "runtime/store_plan.h"
 #include "text/tokenizer.h"
@@ -864,6 +865,7 @@ void Session::start(uint32_t k, GenerateRequest r, SlotEvents ev) {
                   std::to_string(r.prompt.size()) + " tokens");
   std::sort(r.checkpoint_at.begin(), r.checkpoint_at.end());
   r.checkpoint_at.erase(std::unique(r.checkpoint_at.begin(), r.checkpoint_at.end()), r.checkpoint_at.end());
+  r.checkpoint_at = bound_boundaries(r.checkpoint_at);
 
   s.start_for(sl, r.prompt);
   sl.job.emplace(std::move(r), std::move(ev), s.started++);

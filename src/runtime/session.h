@@ -172,7 +172,8 @@ struct GenerateRequest {
   // of the slot's sequence: where a later prompt sharing this one's start is likely to diverge
   // (the chat front ends put one after each user-turn marker, so a second conversation with the
   // same system prompt, or an edited last message, restarts there instead of from an interval
-  // checkpoint far before it). Unordered and duplicates are fine; others are refused.
+  // checkpoint far before it). Unordered and duplicates are fine; others are refused. At most
+  // kMaxBoundaries are kept, kMinBoundaryGap tokens apart (runtime/request_boundaries.h).
   std::vector<uint32_t> checkpoint_at;
 };
 
