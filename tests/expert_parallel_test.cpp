@@ -118,7 +118,7 @@ GenerateRequest request(std::vector<uint32_t> prompt, uint32_t max_tokens, const
 // `rows`: the most rows per exchange the rank's admission holds (a peer's plan's chunk).
 fabric::Hello hello_for(const SessionOptions& so, const fabric::Placement& p, int rank, uint32_t rows) {
   const ModelHeader h = open_model_header(so.model_path);
-  fabric::Hello me = own_hello(so.model_path, h.file.data_offset(), h.config, p);
+  fabric::Hello me = own_hello(so.model_path, h.config, p);
   me.owned_experts = p.owned_by(rank);
   me.resident = !so.stream_experts;
   me.rows = rows;

@@ -71,7 +71,7 @@ std::unique_ptr<FabricJob> FabricJob::open(const FabricCliOptions& o, const Mode
 
 FabricJob::FabricJob(std::unique_ptr<fabric::Fabric> f, fabric::Placement p, const FabricCliOptions& o,
                      const ModelHeader& h)
-    : f_(std::move(f)), p_(std::move(p)), o_(o), model_path_(h.path), data_offset_(h.file.data_offset()), cfg_(h.config) {
+    : f_(std::move(f)), p_(std::move(p)), o_(o), model_path_(h.path), cfg_(h.config) {
   if (f_->rank() == 0)
     experts_ = std::make_unique<FabricExperts>(*f_, p_, cfg_.hidden_size, std::chrono::milliseconds(o_.timeout_ms));
 }
@@ -83,7 +83,7 @@ FabricJob::~FabricJob() {
 }
 
 fabric::Hello FabricJob::hello(const Plan& pl, uint64_t owned, bool resident) const {
-  fabric::Hello h = own_hello(model_path_, data_offset_, cfg_, p_);
+  fabric::Hello h = own_hello(model_path_, cfg_, p_);
   h.owned_experts = owned;
   h.owned_bytes = owned * pl.expert_bytes;
   h.budget = pl.budget;

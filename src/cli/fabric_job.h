@@ -59,7 +59,6 @@ class FabricJob {
   fabric::Placement p_;
   FabricCliOptions o_;
   std::string model_path_;
-  uint64_t data_offset_ = 0;
   ModelConfig cfg_;
   std::unique_ptr<FabricExperts> experts_;
   bool ended_ = false;

@@ -298,7 +298,7 @@ std::span<const uint8_t> decode_result(std::span<const uint8_t> m, const Expect&
 std::string hello_mismatch(const Hello& a, const Hello& b) {
   if (a.build != b.build) return "build (" + a.build + " vs " + b.build + ")";
   if (a.isa != b.isa) return "kernel ISA (" + a.isa + " vs " + b.isa + ")";
-  if (a.model != b.model) return "model file identity";
+  if (a.model != b.model) return "model file identity (a hash of every byte of the model file)";
   if (a.ranks != b.ranks) return "ranks";
   if (a.layers != b.layers || a.experts != b.experts || a.hidden != b.hidden) return "model shape";
   if (a.placement != b.placement) return "placement";

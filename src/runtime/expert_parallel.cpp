@@ -38,12 +38,12 @@ double percentile(std::vector<float> v, double q) {
 
 }  // namespace
 
-fabric::Hello own_hello(const std::string& model_path, uint64_t data_offset, const ModelConfig& c,
+fabric::Hello own_hello(const std::string& model_path, const ModelConfig& c,
                         const fabric::Placement& p) {
   fabric::Hello h;
   h.build = std::string("sluice " SLUICE_VERSION " ") + __VERSION__;
   h.isa = std::string(isa_name(active_isa()));
-  h.model = model_file_identity(model_path, data_offset, 0.0f);
+  h.model = model_file_identity(model_path, 0.0f);
   h.placement = p.hash();
   h.ranks = p.ranks;
   h.layers = c.num_hidden_layers;

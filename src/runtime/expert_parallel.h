@@ -53,7 +53,7 @@ std::string fabric_metrics(const std::vector<PeerTraffic>& t);
 inline uint32_t exchange_rows(uint32_t chunk, uint32_t parallel) { return std::max({chunk, parallel, 16u}); }
 
 // This process's Hello: build, ISA, identity of the model file, the placement and the shape.
-fabric::Hello own_hello(const std::string& model_path, uint64_t data_offset, const ModelConfig& c,
+fabric::Hello own_hello(const std::string& model_path, const ModelConfig& c,
                         const fabric::Placement& p);
 
 // Rank 0: every peer's Hello (within `timeout`), compared with `mine`; each gets Welcome, or,

@@ -740,7 +740,7 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
     d.budget = opt.kv_disk_budget;
     d.shape = state_shape(cfg, s.plan.ctx);
     d.queue_bytes = s.plan.state_disk_queue;
-    d.identity = model_file_identity(opt.model_path, header.file.data_offset(), opt.route_bias);
+    d.identity = model_file_identity(opt.model_path, opt.route_bias);
     d.log = opt.log;
     s.disk = std::make_unique<StateDisk>(std::move(d));
   }

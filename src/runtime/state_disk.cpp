@@ -81,38 +81,6 @@ StateShape state_shape(const ModelConfig& c, uint32_t ctx) {
   return s;
 }
 
-Digest128 model_file_identity(const std::string& path, uint64_t data_offset, float route_bias) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error(path + ": cannot open: " + err(errno));
-  UniqueFd guard(fd);
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) throw Error(path + ": cannot stat: " + err(errno));
-  const uint64_t size = (uint64_t)st.st_size;
-  if (data_offset > size) throw Error(path + ": the data section starts past the end of the file");
-  Hasher h(0x6d6f64656c6964ull);  // "modelid"
-  h.update(&size, sizeof size);
-  uint32_t bias_bits;
-  std::memcpy(&bias_bits, &route_bias, sizeof bias_bits);
-  h.update(&bias_bits, sizeof bias_bits);
-  std::vector<uint8_t> buf(1u << 20);
-  auto hash_range = [&](uint64_t off, uint64_t n) {
-    while (n) {
-      const ssize_t r = ::pread(fd, buf.data(), std::min<uint64_t>(n, buf.size()), (off_t)off);
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) throw Error(path + ": cannot read: " + (r < 0 ? err(errno) : std::string("unexpected end")));
-      h.update(buf.data(), (size_t)r);
-      off += (uint64_t)r, n -= (uint64_t)r;
-    }
-  };
-  hash_range(0, data_offset);
-  const uint64_t data = size - data_offset, sample = 4096;
-  for (uint64_t i = 0; i < 16 && data; ++i) {
-    const uint64_t at = data_offset + (data > sample ? (data - sample) / 15 * i : 0);
-    hash_range(at, std::min(sample, size - at));
-  }
-  return h.digest();
-}
-
 uint64_t state_queue_charge(const StateShape& s, uint32_t pos, bool with_logits) {
   // The vectors of a snapshot, its tokens and logits, each with the allocator's bound.
   return state_file_bytes(s, pos, with_logits) + (6 + 4 * s.sources.size()) * kBlockSlack;

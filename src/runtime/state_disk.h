@@ -27,18 +27,13 @@
 #include <vector>
 
 #include "model/deepseek41/config.h"
+#include "runtime/model_identity.h"
 #include "runtime/state_file.h"
 
 namespace sluice {
 
 // The shapes of this model's snapshots for a context (what state files must hold).
 StateShape state_shape(const ModelConfig& c, uint32_t ctx);
-// What a state file's key is made from besides its tokens: the model file's size, its GGUF header
-// (metadata and tensor table), 4 KiB from each of 16 places across its tensor data, and the
-// numerics options that change a state (a lossy route bias). Not the path or the mtime: a copied
-// model finds its states. Throws Error naming the path.
-Digest128 model_file_identity(const std::string& path, uint64_t data_offset, float route_bias);
-
 // The largest queue charge one snapshot of a state at pos can have (state_disk's and the plan's).
 uint64_t state_queue_charge(const StateShape& s, uint32_t pos, bool with_logits);
 
