@@ -4,6 +4,7 @@
 // must be self-consistent (checked below), or the connection loop would misframe the stream.
 #include <cstddef>
 #include <cstdint>
+#include <algorithm>
 #include <cstdlib>
 #include <string_view>
 
@@ -31,6 +32,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using State = sluice::server::HeadParse::State;
   while (!rest.empty()) {
     const sluice::server::HeadParse r = sluice::server::parse_request_head(rest, kMaxHead, kMaxBody);
+    // The same bytes arriving in pieces (the server's incremental search, HeadScan) end the same
+    // way, and the search looks at each byte about once.
+    {
+      sluice::server::HeadScan scan;
+      sluice::server::HeadParse inc;
+      size_t piece = 1 + (rest.size() % 7), calls = 0;
+      for (size_t have = std::min(piece, rest.size());; have = std::min(have + piece, rest.size())) {
+        inc = sluice::server::parse_request_head(rest.substr(0, have), kMaxHead, kMaxBody, &scan);
+        ++calls;
+        if (inc.state != State::Incomplete || have == rest.size()) break;
+        piece = piece % 13 + 1;
+      }
+      check(inc.state == r.state && inc.head_bytes == r.head_bytes && inc.status == r.status &&
+            inc.content_length == r.content_length);
+      check(scan.examined <= std::min(rest.size(), kMaxHead) + 2 * calls);
+    }
     if (r.state == State::Incomplete) {
       check(rest.size() <= kMaxHead);  // a head that cannot fit must fail, not wait for more
       break;

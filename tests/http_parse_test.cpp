@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "server/http_parse.h"
 
@@ -29,6 +30,33 @@ TEST(HttpParse, IncompleteUntilTheBlankLine) {
   EXPECT_EQ(parse("GET / HTTP/1.1\r\nHost: h\r\n").state, HeadParse::State::Incomplete);
   EXPECT_EQ(parse("GET / HTTP/1.1\r\nHost: h\r\n\r").state, HeadParse::State::Incomplete);
   EXPECT_EQ(parse("").state, HeadParse::State::Incomplete);
+}
+
+// Issue 53 finding 11: a head dribbled a line at a time is searched once per byte (the server
+// re-parsed the whole buffer at every line end: 16 such connections cost a core), and ends as a
+// one-shot parse does.
+TEST(HttpParse, ADribbledHeadIsSearchedOncePerByte) {
+  std::string head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n";
+  std::vector<size_t> line_ends;
+  while (head.size() < 60000) {
+    head += "X-A: b\r\n";
+    line_ends.push_back(head.size());
+  }
+  head += "Content-Length: 0\r\n\r\n";
+  line_ends.push_back(head.size());
+  HeadScan scan;
+  HeadParse r;
+  for (const size_t end : line_ends) {
+    r = parse_request_head(std::string_view(head).substr(0, end), 65536, 1024, &scan);
+    if (r.state != HeadParse::State::Incomplete) break;
+  }
+  // Refused in the end (more than 100 fields), as a one-shot parse refuses it: the cost of
+  // getting there is what counts.
+  const HeadParse once = parse_request_head(head, 65536, 1024);
+  EXPECT_EQ(r.state, once.state);
+  EXPECT_EQ(r.status, once.status);
+  EXPECT_EQ(r.message, once.message);
+  EXPECT_LE(scan.examined, head.size() + 2 * line_ends.size()) << "the head was searched again from its start";
 }
 
 TEST(HttpParse, ConnectionAndVersion) {

@@ -408,7 +408,8 @@ bool HttpServer::read_request(int fd, Connection& conn, std::string& buf, bool f
     }
     return false;
   };
-  hp = buf.empty() ? HeadParse{} : parse_request_head(buf, limits_.max_header_bytes, limits_.max_body_bytes);
+  HeadScan scan;  // the head's end is searched for once per byte, however it arrives
+  hp = buf.empty() ? HeadParse{} : parse_request_head(buf, limits_.max_header_bytes, limits_.max_body_bytes, &scan);
   while (hp.state == HeadParse::State::Incomplete) {
     bool got_lf = false;
     const Read r = read_some(fd, buf, deadline, &got_lf);
@@ -420,7 +421,7 @@ bool HttpServer::read_request(int fd, Connection& conn, std::string& buf, bool f
     }
     // The head can only have ended, or become invalid, where a line ended.
     if (got_lf || buf.size() > limits_.max_header_bytes)
-      hp = parse_request_head(buf, limits_.max_header_bytes, limits_.max_body_bytes);
+      hp = parse_request_head(buf, limits_.max_header_bytes, limits_.max_body_bytes, &scan);
   }
   if (hp.state == HeadParse::State::Failed) {
     reject(conn, hp.status, hp.message);

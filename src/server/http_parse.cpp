@@ -1,6 +1,8 @@
 // HTTP/1.1 request-head parsing (RFC 9112 §2-§6), pure: bytes in, a request or a refusal out.
 #include "server/http_parse.h"
 
+#include <algorithm>
+
 #include <cctype>
 
 namespace sluice::server {
@@ -100,7 +102,7 @@ bool split_target(const std::string& target, HttpRequest& req) {
 
 }  // namespace
 
-HeadParse parse_request_head(std::string_view buf, size_t max_header_bytes, size_t max_body_bytes) {
+HeadParse parse_request_head(std::string_view buf, size_t max_header_bytes, size_t max_body_bytes, HeadScan* scan) {
   // Leading empty lines.
   size_t start = 0;
   for (size_t n = 0; buf.substr(start, 2) == "\r\n"; ++n) {
@@ -110,7 +112,10 @@ HeadParse parse_request_head(std::string_view buf, size_t max_header_bytes, size
   // Find the blank line that ends the head, refusing a lone LF or CR on the way: a parser that
   // accepts LF as a line end and one that does not see different headers in the same bytes.
   size_t end = std::string_view::npos;  // one past the blank line
-  for (size_t i = start; i < buf.size(); ++i) {
+  // Each position's checks look back two bytes and ahead one (a CR at the end is looked at again).
+  const size_t from = scan ? std::max(start, scan->resume) : start;
+  for (size_t i = from; i < buf.size(); ++i) {
+    if (scan) ++scan->examined;
     if (i >= max_header_bytes)
       return fail(431, "request head larger than " + std::to_string(max_header_bytes) + " bytes");
     const char c = buf[i];
@@ -124,7 +129,10 @@ HeadParse parse_request_head(std::string_view buf, size_t max_header_bytes, size
       }
     }
   }
-  if (end == std::string_view::npos) return {};  // Incomplete
+  if (end == std::string_view::npos) {  // Incomplete
+    if (scan) scan->resume = buf.empty() || buf.back() != '\r' ? buf.size() : buf.size() - 1;
+    return {};
+  }
 
   HeadParse r;
   HttpRequest& req = r.request;

@@ -43,6 +43,14 @@ struct HeadParse {
 // buf holds the bytes received so far for this request (it may hold more: a body, a pipelined
 // request). Incomplete means "read more"; a head that cannot fit in max_header_bytes, or a
 // framing error in the part already received, fails at once.
-HeadParse parse_request_head(std::string_view buf, size_t max_header_bytes, size_t max_body_bytes);
+// scan (optional): where the search for the head's end resumes, kept by the caller across calls
+// for one request (reset for the next): each call then looks only at the bytes that arrived since
+// the last, so a client dribbling a 64 KiB head a line at a time costs linear time, not quadratic.
+struct HeadScan {
+  size_t resume = 0;      // bytes already checked for line ends without finding the blank line
+  uint64_t examined = 0;  // bytes the search has looked at over all calls (for the tests)
+};
+HeadParse parse_request_head(std::string_view buf, size_t max_header_bytes, size_t max_body_bytes,
+                             HeadScan* scan = nullptr);
 
 }  // namespace sluice::server
