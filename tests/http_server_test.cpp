@@ -280,12 +280,14 @@ TEST(HttpTransport, ConnectionBurstDoesNotLockOutHealth) {
     EXPECT_EQ(status_of(got), 200) << "round " << round << ": " << got;
     ::close(fd);
   }
+  // Any other request gets in too: the burst, older than the grace and still sending its heads a
+  // line at a time, is slower than a client that sends its head at once, so one of them is
+  // dropped for it (issue 53 finding 4; before, dripping kept them safe and this was a 503).
   const int fd = connect_to(t.port(), 0x7f000003);
   ASSERT_GE(fd, 0);
   send_all(fd, "GET /other HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
   const std::string other = read_until_close(fd, 5);
-  EXPECT_EQ(status_of(other), 503) << other;
-  EXPECT_NE(other.find("too many open connections"), std::string::npos) << other;
+  EXPECT_NE(status_of(other), 503) << other;
   ::close(fd);
   done = true;
   drip.join();

@@ -179,6 +179,72 @@ TEST(ServerSlowloris, HealthAnswersWhileSlowClientsHoldEverySlot) {
   EXPECT_GT(answered_408, 0);
 }
 
+// Issue 53 finding 4: connections from several addresses, each sending its head one byte every
+// 90 ms (never quiet for 100 ms), hold every slot; a new client's chat must still get in (the
+// slowest sender, the most time for the least head, is dropped for it), and the dribblers end
+// with a 503 (dropped) or a 408 at the head deadline.
+TEST(ServerSlowloris, ASteadyDribbleCannotLockOutANewClient) {
+  Server s({"--max-connections", "16", "--request-timeout", "60", "--header-timeout", "60"});
+  std::atomic<bool> stop{false};
+  std::atomic<int> connected{0}, dropped{0};
+  std::vector<std::thread> slow;
+  for (uint32_t addr = 2; addr < 6; ++addr)
+    for (int k = 0; k < 4; ++k)
+      slow.emplace_back([&, addr] {
+        const int fd = connect_to(s.port(), (127u << 24) | addr);
+        if (fd < 0) return;
+        ++connected;
+        send_all(fd, "GET /health HTTP/1.1\r\n");
+        const std::string dribble = "X-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n";
+        for (size_t i = 0; !stop; ++i) {
+          pollfd p{fd, POLLIN, 0};
+          if (::poll(&p, 1, 90) > 0) {
+            ++dropped;  // answered (503) or closed: either way its slot is free
+            break;
+          }
+          if (::send(fd, &dribble[i % dribble.size()], 1, MSG_NOSIGNAL) != 1) break;
+        }
+        ::close(fd);
+      });
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));  // every slot taken, all still sending
+  ASSERT_EQ(connected.load(), 16);
+  for (int i = 0; i < 3; ++i) {
+    const Response r = s.post("/v1/chat/completions", kChat);
+    EXPECT_EQ(r.status, 200) << "a new client was locked out by the dribblers: " << r.body;
+  }
+  stop = true;
+  for (auto& t : slow) t.join();
+  EXPECT_GE(dropped.load(), 1);
+}
+
+// The head has its own deadline (--header-timeout): a head still arriving after it gets a 408
+// naming it, although the request deadline is far away.
+TEST(ServerSlowloris, AHeadMustArriveWithinTheHeaderTimeout) {
+  Server s({"--request-timeout", "30", "--header-timeout", "0.5"});
+  const int fd = connect_to(s.port());
+  ASSERT_GE(fd, 0);
+  send_all(fd, "GET /health HTTP/1.1\r\n");
+  std::string got;
+  const auto t0 = Clock::now();
+  while (Clock::now() - t0 < std::chrono::seconds(10)) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) > 0) {
+      char buf[4096];
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      got.append(buf, (size_t)n);
+      continue;
+    }
+    ::send(fd, "X-A: b\r\n", 8, MSG_NOSIGNAL);
+  }
+  ::close(fd);
+  const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+  const Response r = parse_response(got);
+  EXPECT_EQ(r.status, 408) << got;
+  EXPECT_NE(r.body.find("--header-timeout"), std::string::npos) << r.body;
+  EXPECT_LT(took, 5.0);
+}
+
 // --- API key -------------------------------------------------------------------------------
 
 void expect_key_required(const Server& s, const std::string& good_header) {

@@ -64,6 +64,9 @@ CLI::App* setup_serve(CLI::App& app, ServeOptions& o) {
       ->check(CLI::Range(size_t{4}, size_t{4096}));
   cmd->add_option("--request-timeout", o.request_timeout_s, "seconds a request's headers and body may take to arrive (408)")
       ->check(CLI::Range(0.1, 3600.0));
+  cmd->add_option("--header-timeout", o.header_timeout_s,
+                  "seconds a request's headers may take to arrive (408); slow senders are also dropped first when full")
+      ->check(CLI::Range(0.1, 3600.0));
   cmd->add_option("--idle-timeout", o.idle_timeout_s, "seconds a keep-alive connection waits for its next request")
       ->check(CLI::Range(0.1, 3600.0));
   cmd->add_option("-a,--alias", o.alias, "model id reported by the API (default: the file name without .gguf)");
@@ -164,6 +167,7 @@ int run_serve(const ServeOptions& o) {
   so.api_key = api_key(o);
   so.max_connections = o.max_connections;
   so.request_timeout_ms = (int)(o.request_timeout_s * 1000);
+  so.header_timeout_ms = (int)(o.header_timeout_s * 1000);
   so.idle_timeout_ms = (int)(o.idle_timeout_s * 1000);
   so.alias = o.alias;
   so.ping_interval_ms = (int)(o.ping_interval_s * 1000);

@@ -29,6 +29,7 @@ struct ServeOptions {
   std::string api_key_file;          // first line is the key (keeps it out of `ps`)
   size_t max_connections = 64;
   double request_timeout_s = 30;
+  double header_timeout_s = 10;
   double idle_timeout_s = 30;
   std::string alias;
   double ping_interval_s = 5.0;

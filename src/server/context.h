@@ -26,6 +26,7 @@ struct ServerOptions {
   size_t max_body_bytes = 8u << 20;
   size_t max_connections = 64;
   int request_timeout_ms = 30000;     // a request's head and body must arrive within this (408)
+  int header_timeout_ms = 10000;      // its head within this (408)
   int idle_timeout_ms = 30000;        // keep-alive connections wait this long for the next request
   uint32_t max_tokens_limit = 4096;   // largest max_tokens a request may ask for (and the default)
   std::string api_key;                // "": no authentication

@@ -206,22 +206,23 @@ int HttpServer::pick_victim(const std::string* only_client) {
       reading[s.client]++;
   const auto now = Clock::now();
   int best = -1;
-  std::tuple<size_t, bool, int64_t> best_key{};
+  std::tuple<size_t, bool, double> best_key{};
   for (const auto& [fd, s] : open_) {
     if (s.evicted || s.probation || s.phase == Slot::Phase::Active || s.phase == Slot::Phase::Closing) continue;
     if (only_client && s.client != *only_client) continue;
-    // A connection that received bytes a moment ago (or was just accepted and not yet read) is
-    // making progress; dropping it would punish a client for our own scheduling.
-    const auto quiet = now - s.last_progress;
-    if (s.phase != Slot::Phase::Idle && quiet < kMinQuietToEvict) continue;
+    // A connection accepted (or a request begun) a moment ago has had no time to send; dropping it
+    // would punish a client for our own scheduling.
+    const auto age = now - s.since;
+    if (s.phase != Slot::Phase::Idle && age < kMinQuietToEvict) continue;
     // Bytes waiting in the socket: the client did send, its thread has not read yet (two busy
     // cores can delay that past the grace above). Ours is the slowness, not the client's.
     int unread = 0;
     if (::ioctl(fd, FIONREAD, &unread) == 0 && unread > 0) continue;
     // The address holding most reading connections first, then idle keep-alives (nothing is
-    // owed to them), then the one that has sent nothing for longest.
-    const std::tuple<size_t, bool, int64_t> key{reading[s.client], s.phase == Slot::Phase::Idle,
-                                                (int64_t)std::chrono::duration_cast<std::chrono::microseconds>(quiet).count()};
+    // owed to them), then the one that has used the most time for the least of its request.
+    const double seconds = std::chrono::duration<double>(age).count();
+    const std::tuple<size_t, bool, double> key{reading[s.client], s.phase == Slot::Phase::Idle,
+                                               -(double)s.received / std::max(seconds, 1e-3)};
     if (best < 0 || key > best_key) {
       best = fd;
       best_key = key;
@@ -358,6 +359,7 @@ void HttpServer::set_phase(int fd, Slot::Phase phase) {
   if (s.phase == Slot::Phase::Active && !s.reserved) --active_unreserved_;
   s.phase = phase;
   s.since = s.last_progress = Clock::now();
+  s.received = 0;
 }
 
 bool HttpServer::evicted(int fd) {
@@ -381,7 +383,9 @@ HttpServer::Read HttpServer::read_some(int fd, std::string& buf, Clock::time_poi
     buf.append(tmp, (size_t)n);
     {
       std::lock_guard lk(mu_);
-      open_.at(fd).last_progress = Clock::now();
+      Slot& s = open_.at(fd);
+      s.last_progress = Clock::now();
+      s.received += (uint64_t)n;
     }
     return Read::Ok;
   }
@@ -393,6 +397,9 @@ bool HttpServer::read_request(int fd, Connection& conn, std::string& buf, bool f
   // kept-alive one may wait idle, and its request timeout starts with the request's first byte.
   Clock::time_point deadline =
       Clock::now() + milliseconds(first || !buf.empty() ? limits_.request_timeout_ms : limits_.idle_timeout_ms);
+  // The head alone has its own, shorter deadline from the same start.
+  Clock::time_point head_deadline =
+      first || !buf.empty() ? std::min(deadline, Clock::now() + milliseconds(limits_.header_timeout_ms)) : deadline;
   bool started = first || !buf.empty();
   if (!buf.empty() && !first) set_phase(fd, Slot::Phase::Reading);
   // Why the read ended, answered once: evicted (503 unless idle), timeout (408 unless idle), closed.
@@ -402,6 +409,10 @@ bool HttpServer::read_request(int fd, Connection& conn, std::string& buf, bool f
         reject(conn, 503, "connection dropped: the server is at its limit of " +
                               std::to_string(limits_.max_connections) +
                               " connections and this one was the slowest still sending its request");
+    } else if (why == Read::Timeout && started && hp.state == HeadParse::State::Incomplete &&
+               head_deadline < deadline) {
+      reject(conn, 408, "the request head did not arrive within " + std::to_string(limits_.header_timeout_ms) +
+                            " ms (--header-timeout)");
     } else if (why == Read::Timeout && started) {
       reject(conn, 408, "the request did not arrive within " + std::to_string(limits_.request_timeout_ms) +
                             " ms (--request-timeout)");
@@ -412,12 +423,15 @@ bool HttpServer::read_request(int fd, Connection& conn, std::string& buf, bool f
   hp = buf.empty() ? HeadParse{} : parse_request_head(buf, limits_.max_header_bytes, limits_.max_body_bytes, &scan);
   while (hp.state == HeadParse::State::Incomplete) {
     bool got_lf = false;
-    const Read r = read_some(fd, buf, deadline, &got_lf);
+    const Read r = read_some(fd, buf, started ? head_deadline : deadline, &got_lf);
     if (r != Read::Ok) return ended(r);
     if (!started) {
       started = true;
       deadline = Clock::now() + milliseconds(limits_.request_timeout_ms);
+      head_deadline = std::min(deadline, Clock::now() + milliseconds(limits_.header_timeout_ms));
       set_phase(fd, Slot::Phase::Reading);
+      std::lock_guard lk(mu_);
+      open_.at(fd).received = buf.size();  // the bytes that began the request
     }
     // The head can only have ended, or become invalid, where a line ended.
     if (got_lf || buf.size() > limits_.max_header_bytes)

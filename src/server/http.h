@@ -24,9 +24,12 @@ namespace sluice::server {
 // Connection slots. A connection is "reading" while it waits for or receives a request and
 // "active" while its handler runs. Reading connections are the cheap ones to drop, so when the
 // slots are full a new connection takes the place of a reading one (idle keep-alive first, then
-// the one quiet for longest, from the client address holding the most), and an address over
-// max_reading_per_client loses its own quietest one: slow senders cannot lock others out. Every request
-// must arrive whole within request_timeout_ms. Requests for reserved_paths (/health, /metrics)
+// the one that has received the fewest bytes per second of its request, from the client address
+// holding the most; none younger than 100 ms), and an address over max_reading_per_client loses
+// its own slowest one: slow senders cannot lock others out, whatever steady rate they keep (a
+// byte every 90 ms beat a rule that dropped only connections quiet for 100 ms). An honest client
+// sends its head in one go, so it is never the slowest for long. Every request's head must arrive
+// within header_timeout_ms and the whole request within request_timeout_ms. Requests for reserved_paths (/health, /metrics)
 // keep reserved_connections slots that other active requests cannot take.
 struct HttpLimits {
   size_t max_header_bytes = 64 * 1024;
@@ -36,6 +39,7 @@ struct HttpLimits {
   size_t reserved_connections = 4;
   std::vector<std::string> reserved_paths;
   int request_timeout_ms = 30000;    // head and body of one request, from its first byte (408)
+  int header_timeout_ms = 10000;     // the head alone, from the same start (408; nginx's client_header_timeout)
   int idle_timeout_ms = 30000;       // keep-alive wait for the next request (then closed quietly)
 };
 
@@ -94,6 +98,7 @@ class HttpServer {
     Phase phase = Phase::Fresh;
     std::chrono::steady_clock::time_point since;          // when the phase began
     std::chrono::steady_clock::time_point last_progress;  // accept, or the last bytes received
+    uint64_t received = 0;           // bytes received in this phase (the eviction's rate)
     bool reserved = false;           // Active on a reserved path
     bool evicted = false;            // dropped for a newer connection; its thread answers 503
     // Admitted beyond max_connections (no slot was free and none could be dropped) to read its

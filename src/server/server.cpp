@@ -124,6 +124,7 @@ Server::Server(ServerOptions opts, Worker::Factory factory, std::string model_id
   limits.reserved_connections = std::min<size_t>(4, opts_.max_connections / 4);
   limits.reserved_paths = {"/health", "/v1/health", "/metrics"};
   limits.request_timeout_ms = opts_.request_timeout_ms;
+  limits.header_timeout_ms = opts_.header_timeout_ms;
   limits.idle_timeout_ms = opts_.idle_timeout_ms;
   http_ = std::make_unique<HttpServer>(
       limits, [this](const HttpRequest& r, Connection& c) { handle(r, c); },
