@@ -60,11 +60,16 @@ TEST(HttpParse, ADribbledHeadIsSearchedOncePerByte) {
 }
 
 TEST(HttpParse, ConnectionAndVersion) {
-  EXPECT_FALSE(parse("GET / HTTP/1.1\r\nConnection: keep-alive, Close\r\n\r\n").keep_alive);
+  EXPECT_FALSE(parse("GET / HTTP/1.1\r\nHost: h\r\nConnection: keep-alive, Close\r\n\r\n").keep_alive);
   EXPECT_FALSE(parse("GET / HTTP/1.0\r\n\r\n").keep_alive);
   EXPECT_TRUE(parse("GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n").keep_alive);
   EXPECT_EQ(parse("GET / HTTP/2.0\r\n\r\n").status, 505);
-  EXPECT_EQ(parse("GET http://h:1/p?q HTTP/1.1\r\n\r\n").request.path, "/p");
+  EXPECT_EQ(parse("GET http://h:1/p?q HTTP/1.1\r\nHost: h:1\r\n\r\n").request.path, "/p");
+  // RFC 9112 3.2: HTTP/1.1 needs Host; HTTP/1.0 does not.
+  const HeadParse no_host = parse("GET / HTTP/1.1\r\nX: y\r\n\r\n");
+  EXPECT_EQ(no_host.status, 400);
+  EXPECT_NE(no_host.message.find("Host"), std::string::npos) << no_host.message;
+  EXPECT_EQ(parse("GET / HTTP/1.0\r\n\r\n").state, HeadParse::State::Done);
 }
 
 struct Refusal {

@@ -199,6 +199,8 @@ HeadParse parse_request_head(std::string_view buf, size_t max_header_bytes, size
   if (has_te && n_length) return fail(400, "both Transfer-Encoding and Content-Length");
   if (has_te) return fail(411, "chunked request bodies are not supported; send Content-Length");
   if (n_host > 1) return fail(400, "more than one Host header");
+  // RFC 9112 3.2: an HTTP/1.1 request without Host is answered 400 (a proxy in front may route by it).
+  if (n_host == 0 && version == "HTTP/1.1") return fail(400, "an HTTP/1.1 request needs a Host header");
   if (n_length) {
     if (length_text.empty() || length_text.size() > kMaxLengthDigits)
       return fail(400, "malformed Content-Length (1 to 18 decimal digits)");
