@@ -72,6 +72,16 @@ TEST_F(HostileJson, DeepSchemasAndArgumentsAre400NotACrash) {
   EXPECT_EQ(server_->get("/health").status, 200) << "still serving";
 }
 
+// Issue 53 (also noted): a NUL quoted from a request cut the error message there (what() is a C
+// string); control characters in messages are written as \u00XX, so all of it arrives.
+TEST_F(HostileJson, AnErrorMessageIsNotCutAtANul) {
+  const Response r =
+      post_raw("/v1/chat/completions", R"({"max_tokens":2,"messages":[{"role":"us\u0000er","content":"hi"}]})");
+  EXPECT_EQ(r.status, 400) << r.body;
+  const std::string m = nlohmann::json::parse(r.body)["error"]["message"];
+  EXPECT_NE(m.find("unknown role 'us\\u0000er'"), std::string::npos) << m;
+}
+
 // --queue 0: nothing waits, but the running request needs no queue place.
 TEST(ServerQueue, QueueZeroRunsOneAndRefusesTheSecond) {
   Server s({"--queue", "0"});

@@ -6,11 +6,13 @@
 #include <string>
 #include <utility>
 
+#include "util/error.h"
+
 namespace sluice::server {
 
 struct ApiError : std::runtime_error {
   ApiError(int status, std::string type, const std::string& message)
-      : std::runtime_error(message), status(status), type(std::move(type)) {}
+      : std::runtime_error(printable_message(message)), status(status), type(std::move(type)) {}
   int status;
   std::string type;
   int retry_after = 0;  // seconds; > 0 adds a Retry-After header (503)  // invalid_request_error, authentication_error, not_found_error, ...

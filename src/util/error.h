@@ -6,8 +6,28 @@
 
 namespace sluice {
 
+// A message as it is shown: C0 control characters other than newline and tab written as \u00XX.
+// what() is a C string, so a NUL quoted from a request ("unknown role \"a\0b\"") would cut the
+// message there; written out, the whole message reaches the client and the log.
+inline std::string printable_message(std::string m) {
+  static const char* kHex = "0123456789abcdef";
+  std::string out;
+  for (const char c : m) {
+    const unsigned char u = (unsigned char)c;
+    if (u < 0x20 && c != '\n' && c != '\t') {
+      out += "\\u00";
+      out += kHex[u >> 4];
+      out += kHex[u & 15];
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 struct Error : std::runtime_error {
-  using std::runtime_error::runtime_error;
+  explicit Error(const std::string& what) : std::runtime_error(printable_message(what)) {}
+  explicit Error(const char* what) : std::runtime_error(printable_message(what)) {}
 };
 
 // A GGUF (or other on-disk format) problem: names the field and the byte offset where it was seen.
