@@ -20,6 +20,7 @@
 
 #include "runtime/meminfo.h"
 #include "util/error.h"
+#include "util/file_size_limit.h"
 
 extern char** environ;
 
@@ -207,6 +208,7 @@ WatchdogReport watch_command(const std::vector<std::string>& argv, const Watchdo
     }
     ::sigaction(SIGCHLD, &sig.old_chld(), nullptr);
     pthread_sigmask(SIG_SETMASK, &sig.old_mask(), nullptr);
+    restore_file_size_signal();  // sluice ignores SIGXFSZ; the command gets it as we were given it
     ::close(exec_pipe[0]);
     ::execvpe(cargv[0], cargv.data(), cenv.data());
     const int err = errno;
