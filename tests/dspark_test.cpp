@@ -185,7 +185,9 @@ TEST_F(Dspark, MissingKeysAndAliasesOfOtherConverters) {
 // it, i.e. of layer l-1's output streams; capturing changes nothing else.
 class StreamsSeen final : public TensorObserver {
  public:
-  bool wants(std::string_view name) const override { return name.ends_with(".out") || name == "embd"; }
+  bool wants(std::string_view name) const override {
+    return name.ends_with(".out") || name.ends_with(".engram_out") || name == "embd";
+  }
   void observe(std::string_view name, uint32_t, uint32_t n, const float* data, size_t width, size_t stride) override {
     std::vector<float>& v = seen[std::string(name)];
     for (uint32_t i = 0; i < n; ++i) v.insert(v.end(), data + i * stride, data + i * stride + width);
@@ -231,6 +233,55 @@ TEST_F(Dspark, TheCaptureIsTheMeanOfTheStreamsEnteringEachTargetLayer) {
       }
   }
   EXPECT_EQ(e.footprint().scratch.capture, (uint64_t)eo.chunk * layers.size() * H * sizeof(float));
+}
+
+// spec 6.3 step 1, "after any Engram": at a target layer with an Engram (tiny: layers 1 and 4)
+// the capture is the mean of the streams after that layer's Engram, the ones its attention mixes
+// (l<L>.engram_out), not of the streams the layer before handed over.
+TEST_F(Dspark, AtAnEngramLayerTheCaptureIsTakenAfterTheEngram) {
+  ASSERT_EQ(c().engram_layer_ids, (std::vector<uint32_t>{1, 4}));
+  const std::vector<uint32_t> layers = {1, 2, 4};
+  StreamsSeen obs;
+  EngineOptions eo;
+  eo.ctx = 64;
+  eo.chunk = 8;
+  eo.capture_layers = layers;
+  eo.observer = &obs;
+  Engine e(m(), eo);
+  const std::vector<TokenId> p = prompt(11, 5);
+  const size_t H = c().hidden_size, hc = c().hc_mult, n = p.size();
+  std::vector<float> hidden(n * layers.size() * H, -1.0f);
+  SequenceState s = e.new_sequence();
+  Engine::BatchItem it;
+  it.state = &s;
+  it.tokens = p;
+  it.hidden = hidden.data();
+  it.logits = Engine::BatchItem::Logits::None;
+  e.eval_batch(std::span<const Engine::BatchItem>(&it, 1), nullptr);
+  auto mean_of = [&](const std::vector<float>& X, size_t i, size_t d) {
+    float sum = 0.0f;
+    for (size_t h = 0; h < hc; ++h) sum += X[(i * hc + h) * H + d];
+    return round_bf16(sum / (float)hc);
+  };
+  for (size_t k = 0; k < layers.size(); ++k) {
+    const uint32_t L = layers[k];
+    const bool engram = L != 2;
+    const std::string before_name = std::string("l").append(std::to_string(L - 1)).append(".out");
+    const std::string engram_name = std::string("l").append(std::to_string(L)).append(".engram_out");
+    const std::vector<float>& X = obs.seen.at(engram ? engram_name : before_name);
+    const std::vector<float>& before = obs.seen.at(before_name);
+    ASSERT_EQ(X.size(), n * hc * H);
+    size_t differs_from_before = 0;
+    for (size_t i = 0; i < n; ++i)
+      for (size_t d = 0; d < H; ++d) {
+        const float want = mean_of(X, i, d), got = hidden[(i * layers.size() + k) * H + d];
+        ASSERT_EQ(std::memcmp(&want, &got, 4), 0) << "layer " << L << " token " << i << " dim " << d;
+        differs_from_before += got != mean_of(before, i, d);
+      }
+    if (engram) {
+      EXPECT_GT(differs_from_before, 0u) << "the Engram of layer " << L << " changed nothing";
+    }
+  }
 }
 
 // The captured rows of a prompt, from an engine capturing the drafter's target layers.
@@ -296,6 +347,64 @@ TEST_F(Dspark, TheDrafterProposesABlockThatDependsOnlyOnTheCommittedPositions) {
   d1.commit(shorter, h.data(), (uint32_t)p.size() - 1);
   EXPECT_FALSE(same_block(b, d1.propose(shorter, 77)));
   EXPECT_THROW(d1.propose(d1.new_state(), 77), Error);  // nothing committed
+}
+
+// spec 6.1-6.2: other converters write the Markov and confidence heads as float tensors (F16,
+// F32), whose rows take any width, so a Markov rank that is not a multiple of 32 is a valid
+// support file there; only a block type needs whole blocks (the generator's Q8_0 heads: it
+// refuses such a rank, naming it).
+TEST_F(Dspark, AMarkovRankThatIsNotAMultipleOf32IsAcceptedWithFloatHeads) {
+  DsparkConfig d = dspark_defaults(c());
+  d.markov_rank = 40;
+  std::vector<TensorSpec> specs = dspark_tensors(d, c());
+  for (TensorSpec& t : specs) {
+    if (t.name.find("markov_head") != std::string::npos) t.type = GgmlType::F16;
+    if (t.name.find("confidence_head") != std::string::npos) t.type = GgmlType::F32;
+  }
+  gguf::Writer w(kDeepseek41Alignment);
+  for (gguf::KV& kv : dspark_metadata(d, c())) w.add(std::move(kv.key), std::move(kv.value));
+  std::map<std::string, const TensorSpec*> by_name;
+  for (const TensorSpec& t : specs) {
+    w.add_tensor(t.name, t.ne, t.type);
+    by_name[t.name] = &t;
+  }
+  const std::string path = (dir_ / "rank40-dspark.gguf").string();
+  w.write(path, [&](const gguf::TensorInfo& info, const gguf::Writer::Sink& sink) {
+    const TensorSpec& t = *by_name.at(info.name);
+    std::vector<uint8_t> buf(tensor_rows(t) * tensor_row_bytes(t));
+    generate_rows(c(), t, 11, 0, tensor_rows(t), buf.data());
+    sink(buf.data(), buf.size());
+  });
+  const DsparkReport r = validate_dspark(gguf::File::open(path), &c());
+  EXPECT_TRUE(r.ok()) << errors_text(r);
+  EXPECT_EQ(r.config.markov_rank, 40u);
+  std::unique_ptr<DsparkModel> dm = load_dspark(path, m());
+  CpuBackend be1(1), be2(2);
+  const Drafter d1(m(), *dm, be1), d2(m(), *dm, be2);
+  const std::vector<TokenId> p = prompt(9, 2);
+  const std::vector<float> h = capture_rows(m(), d1, p, 1);
+  DraftState s1 = d1.new_state(), s2 = d2.new_state();
+  d1.commit(s1, h.data(), (uint32_t)p.size());
+  d2.commit(s2, h.data(), (uint32_t)p.size());
+  const DraftBlock b = d1.propose(s1, 77);
+  ASSERT_EQ(b.drafts.size(), d.block_size);
+  for (uint32_t j = 0; j < d.block_size; ++j) {
+    EXPECT_TRUE(std::isfinite(b.confidence[j]));
+    const float* l = b.logits.data() + (size_t)j * c().vocab_size;
+    for (uint32_t v = 0; v < c().vocab_size; ++v) ASSERT_TRUE(std::isfinite(l[v]));
+    EXPECT_EQ(b.drafts[j], argmax_lowest(std::span<const float>(l, c().vocab_size)));
+  }
+  EXPECT_TRUE(same_block(b, d2.propose(s2, 77)));
+  // The generator writes Q8_0 heads (32-value blocks): there the rank must be a multiple of 32.
+  GenerateOptions g;
+  g.sparse = true;
+  try {
+    generate_dspark(d, c(), (dir_ / "rank40-q8.gguf").string(), g);
+    ADD_FAILURE() << "the generator wrote Q8_0 heads of rank 40";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dspark.markov_rank: 40"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("Q8_0"), std::string::npos) << e.what();
+  }
 }
 
 // issue 15 item 2: the drafter's routed experts streamed from the support file through a store

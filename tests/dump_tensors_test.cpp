@@ -8,13 +8,18 @@
 #include <sys/wait.h>
 
 #include <cstdlib>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
+#include <memory>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -310,4 +315,71 @@ TEST(TensorDumpWriter, InvalidFilterIsAUsageErrorBeforeTheDirectoryExists) {
   const std::string deep = std::string(20000, '(') + "a" + std::string(20000, ')');
   EXPECT_THROW(sluice::cli::TensorDump(dir / "d", deep, sluice::Existing::Refuse), sluice::cli::UsageError);
   EXPECT_FALSE(fs::exists(dir / "d"));
+}
+
+// --dump-filter is matched in time linear in the name (an NFA simulation, util/linear_regex.h),
+// never by backtracking: nested quantifiers that a backtracking matcher (libstdc++'s std::regex)
+// explores for minutes on one 17-byte name answer at once. Each runs in a thread with a generous
+// deadline; one left running keeps its own TensorDump alive.
+TEST(TensorDumpWriter, APathologicalFilterIsMatchedInLinearTime) {
+  TempDir dir("sluice_tensor_dump_redos");
+  const std::vector<std::string> patterns = {"(\\w*)*(\\w*)*(\\w*)*z", "(\\w|\\w|\\w)*(\\w|\\w|\\w)*z",
+                                             "^(.*)*(.*)*(.*)*(.*)*(.*)*\\.$", "(a|aa)*(a|aa)*(\\w*)*\\.\\d$"};
+  for (size_t i = 0; i < patterns.size(); ++i) {
+    SCOPED_TRACE(patterns[i]);
+    auto d = std::make_shared<sluice::cli::TensorDump>(dir / ("d" + std::to_string(i)), patterns[i],
+                                                       sluice::Existing::Refuse);
+    auto done = std::make_shared<std::promise<bool>>();
+    std::future<bool> answer = done->get_future();
+    std::thread([d, done] {
+      bool any = false;
+      for (const char* name : {"l7.dspark_capture", "l1.engram_out", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.x"})
+        any = d->wants(name) || any;
+      done->set_value(any);
+    }).detach();
+    ASSERT_EQ(answer.wait_for(std::chrono::seconds(10)), std::future_status::ready)
+        << "the filter ran for more than 10 s on three short names";
+    EXPECT_FALSE(answer.get());
+  }
+}
+
+// What the filter selects is what ECMAScript std::regex_search selects, for the syntax the
+// tensor names need: literals, '.', classes and their escapes, anchors, word boundaries, groups,
+// alternation, greedy and lazy quantifiers and bounded repeats.
+TEST(TensorDumpWriter, TheFilterSelectsWhatAnECMAScriptSearchSelects) {
+  TempDir dir("sluice_tensor_dump_semantics");
+  const std::vector<std::string> names = {
+      "embd",     "l0.attn_in", "l0.attn_out", "l0.hc_attn", "l0.ffn_in", "l0.ffn_out", "l0.out", "l1.engram_out",
+      "l3.out",   "l13.out",    "l7.dspark_capture", "out_norm", "logits", "a/b", "l1.attn_in2", "L1.ATTN_IN",
+      "x y\tz",   "l1-2",       "",           "ab]c",       "a{b}",      "a.b*c+d?e"};
+  const std::vector<std::string> patterns = {
+      "attn_in", "^l3\\.out$", "^l1\\.(attn|ffn)_in$", "^l[4-7]\\.(out|dspark_capture)$", "^embd$", "no-such-tensor",
+      "l1", ".", "^$", "in$", "^l\\d+\\.out$", "^l[0-9]{2}\\.", "_(in|out)$", "^(?:l2|l3)\\.ffn", "ffn_(gate|up)?out",
+      "a+b*", "[^l]", "\\bout\\b", "\\Bn_", "^l1[^0-9]", "x?y?z?", "(attn|ffn)_(in|out)", "l[13579]\\.", "engram.out",
+      "^.{4}$", "^.{3,5}$", "^.{10,}$", "[.]", "[\\w.]+_in", "\\s", "^\\S+$", "\\D\\d", "[-_]", "A", "(|l1)\\.out",
+      "(a*)*b", "^(l(1|2)\\.)?out", "o.t$", "^l.*_.*$", "t{2}", "[a-c-]", "^l\\d{1,2}?\\.", "a.*?n", "(o|u)+t",
+      "\\W", "[\\]]", "\\{b\\}", "\\.b\\*c\\+d\\?e", "^(l0|l1)\\.(a|e)[a-z]+_(in|out)$", "[^\\w.]", "\\t", "i{0}n",
+      "(?:ab|a)(?:c|bcd)?", "\\x2e", "[A-Z]", "^[^aeiou]*$", "((((a))))", "\\.$|^e", "c{1,}"};
+  for (size_t i = 0; i < patterns.size(); ++i) {
+    SCOPED_TRACE(patterns[i]);
+    const std::regex want(patterns[i], std::regex::ECMAScript);
+    sluice::cli::TensorDump d(dir / ("d" + std::to_string(i)), patterns[i], sluice::Existing::Refuse);
+    for (const std::string& n : names) EXPECT_EQ(d.wants(n), std::regex_search(n, want)) << "name '" << n << "'";
+  }
+}
+
+// Features a linear-time matcher cannot have (back-references, lookaround) and syntax outside
+// its subset are refused as usage errors naming the filter, before DIR is created.
+TEST(TensorDumpWriter, FilterFeaturesOutsideTheLinearSubsetAreUsageErrors) {
+  TempDir dir("sluice_tensor_dump_subset");
+  for (const std::string p : {"(a)\\1", "(?=a)b", "(?!a)b", "(?<=a)b", "a{2,1}", "a**", "[z-a]", "a{99999}"}) {
+    SCOPED_TRACE(p);
+    try {
+      sluice::cli::TensorDump d(dir / "d", p, sluice::Existing::Refuse);
+      ADD_FAILURE() << "accepted";
+    } catch (const sluice::cli::UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("--dump-filter"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(fs::exists(dir / "d"));
+  }
 }

@@ -238,3 +238,38 @@ TEST_F(OutputPaths, RunKilledMidWayLeavesNoPartialFile) {
     }
   }
 }
+
+// Under a file size limit (ulimit -f) a write past it fails with EFBIG, and the kernel also sends
+// SIGXFSZ, whose default action kills the process before any cleanup runs. sluice ignores
+// SIGXFSZ, so make-model fails with one error line naming the cause, and its temporary file is
+// removed (docs/files.md). The limit is far below the tiny model's size.
+TEST(OutputFileSizeLimit, MakeModelFailsCleanlyAndLeavesNoTemporaryFile) {
+  TempDir dir("sluice_out_fsize");
+  const std::string out = dir / "m.gguf", err = dir / "err.txt";
+  const std::string cmd = "ulimit -f 64; exec " + q(SLUICE_BINARY) + " make-model --preset tiny -o " + q(out) +
+                          " >/dev/null 2>" + q(err);
+  const int st = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(st)) << "killed by signal " << (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+  EXPECT_EQ(WEXITSTATUS(st), 1);
+  const std::string e = slurp(err);
+  EXPECT_EQ(e.rfind("sluice: error: cannot write " + out + ": File too large", 0), 0u) << e;
+  EXPECT_NE(e.find("ulimit -f"), std::string::npos) << e;
+  EXPECT_EQ(std::count(e.begin(), e.end(), '\n'), 1) << e;
+  EXPECT_EQ(names_in(dir.path), std::set<std::string>{"err.txt"}) << "the temporary file stayed";
+}
+
+// Standard output redirected to a file that reaches the limit: the command does not die of
+// SIGXFSZ, nor exit 0 with its output cut short; it fails naming the cause.
+TEST(OutputFileSizeLimit, StandardOutputCutShortIsAnError) {
+  TempDir dir("sluice_out_fsize_stdout");
+  const std::string model = dir / "m.gguf", out = dir / "out.txt", err = dir / "err.txt";
+  ASSERT_EQ(run_sluice(dir, "make-model --preset tiny -o " + q(model)).rc, 0);
+  // inspect --tensors prints far more than the 512 or 1024 bytes of one block.
+  const std::string cmd = "ulimit -f 1; exec " + q(SLUICE_BINARY) + " inspect " + q(model) + " --tensors >" + q(out) +
+                          " 2>" + q(err);
+  const int st = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(st)) << "killed by signal " << (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+  EXPECT_EQ(WEXITSTATUS(st), 1);
+  EXPECT_EQ(slurp(err).rfind("sluice: error: cannot write standard output: File too large (the file size limit", 0), 0u)
+      << slurp(err);
+}

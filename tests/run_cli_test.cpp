@@ -138,7 +138,7 @@ TEST_F(RunCli, HelpDocumentsTheOutputs) {
   EXPECT_EQ(r.rc, 0);
   for (const char* s : {"--tokens", "-n", "--temp", "--top-p", "--seed", "--chunk", "-t", "-c", "--dump-logits",
                         "--trace", "vocab_size", "no header", "little-endian", "--top-p 0.95", "trace.jsonl", "SIGTERM",
-                        "--dump-tensors", "--dump-filter", "index.json", "regex_search"})
+                        "--dump-tensors", "--dump-filter", "index.json", "linear time"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s;
 }
 

@@ -7,6 +7,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -112,7 +113,8 @@ inline Response parse_response(const std::string& raw) {
 class Server {
  public:
   // Starts `sluice serve` on the tiny model with extra flags; waits for /health 200.
-  explicit Server(const std::vector<std::string>& flags) {
+  // file_size_limit: RLIMIT_FSIZE for the server process alone (bytes), as `ulimit -f` sets it.
+  explicit Server(const std::vector<std::string>& flags, rlim_t file_size_limit = RLIM_INFINITY) {
     dir_ = std::filesystem::temp_directory_path() / ("sluice_server_test_" + std::to_string(::getpid()) + "_" +
                                                      std::to_string(counter_++));
     std::filesystem::create_directories(dir_);
@@ -130,6 +132,10 @@ class Server {
       // The server dies with the test process: a test that aborts (an assertion under ASan)
       // must not leave a server holding ctest's output pipe open until the timeout.
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (file_size_limit != RLIM_INFINITY) {
+        const rlimit fsize{file_size_limit, file_size_limit};
+        ::setrlimit(RLIMIT_FSIZE, &fsize);
+      }
       ::dup2(pipefd[1], 2);
       ::close(pipefd[0]);
       ::close(pipefd[1]);

@@ -506,6 +506,39 @@ TEST(StateDiskServer, AConversationAfterARestartReusesItsStateFromDisk) {
   std::filesystem::remove_all(dir);
 }
 
+// Under a file size limit (ulimit -f) smaller than a state file, the write fails with EFBIG
+// instead of SIGXFSZ killing the server: the failure is logged once and counted, the temporary
+// file is removed, and the server goes on answering.
+TEST(StateDiskServer, AFileSizeLimitFailsTheStateWriteNotTheServer) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("sluice_state_disk_fsize_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::string system;
+  for (int i = 0; system.size() < 600; ++i) system += "rule " + std::to_string(i) + ": be brief. ";
+  const json chat = {{"messages", json::array({{{"role", "system"}, {"content", system}},
+                                               {{"role", "user"}, {"content", "the question"}}})},
+                     {"max_tokens", 2}, {"temperature", 0}};
+  Server s({"-c", "4k", "--kv-disk-dir", dir.string(), "--kv-disk-budget", "64MiB"}, 4096);
+  ASSERT_EQ(s.post("/v1/chat/completions", chat).status, 200);
+  // The writer thread writes after the response: wait for its verdict.
+  std::map<std::string, double> m;
+  for (const auto end = Clock::now() + std::chrono::seconds(20); Clock::now() < end;) {
+    m = parse_prometheus(s.get("/metrics").body);
+    if (m["sluice_state_disk_write_errors_total"] >= 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_GE(m["sluice_state_disk_write_errors_total"], 1) << s.log();
+  EXPECT_EQ(m["sluice_state_disk_written_total"], 0);
+  EXPECT_EQ(s.get("/health").status, 200) << s.log();
+  const std::string log = s.wait_log("File too large");
+  EXPECT_NE(log.find("File too large"), std::string::npos) << log;
+  EXPECT_NE(log.find("ulimit -f"), std::string::npos) << log;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    EXPECT_NE(e.path().extension(), ".tmp") << e.path() << " was left behind";
+  EXPECT_EQ(s.stop(), 0) << s.log();
+  std::filesystem::remove_all(dir);
+}
+
 // Thinking mode: turn 2's rendering drops turn 1's reasoning, so its prompt diverges from what
 // turn 1 evaluated right after turn 1's prompt less its last token (the generation prompt ends
 // "<｜Assistant｜><think>", the earlier turn is rendered "<｜Assistant｜></think>answer"; docs/chat.md).

@@ -305,6 +305,35 @@ TEST(ServerApiKey, UnusableKeySourcesAreRefusedAtStart) {
 }
 
 
+// A key no request can carry is refused at start, naming the problem: HTTP drops the spaces
+// around a header value (so " sekrit " never matches), and refuses control characters in one;
+// an empty --api-key would serve with no key at all.
+TEST(ServerApiKey, AKeyNoRequestCanCarryIsRefusedAtStart) {
+  TempDir dir("sluice_api_key_unusable");
+  const std::string model = q(dir / "none.gguf");
+  struct Case {
+    std::string arg, why;
+  };
+  for (const Case& c : {Case{"' sekrit'", "leading or trailing whitespace"}, Case{"'sekrit '", "leading or trailing whitespace"},
+                        Case{"\"$(printf 'sek\\trit')\"", "control character"}, Case{"''", "empty"}}) {
+    SCOPED_TRACE(c.arg);
+    const CmdResult r = run_sluice(dir, "serve -m " + model + " --api-key " + c.arg);
+    EXPECT_EQ(r.rc, 2) << r.err;
+    EXPECT_EQ(r.err.rfind("sluice: error: --api-key: ", 0), 0u) << r.err;
+    EXPECT_NE(r.err.find(c.why), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("none.gguf"), std::string::npos) << "the key is checked before the model: " << r.err;
+  }
+  { std::ofstream(dir / "ctl") << "sek\x01rit\n"; }
+  CmdResult r = run_sluice(dir, "serve -m " + model + " --api-key-file " + q(dir / "ctl"));
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("--api-key-file " + dir / "ctl" + ": the key holds a control character"), std::string::npos) << r.err;
+  ::setenv("SLUICE_API_KEY", "sek\x7frit", 1);
+  r = run_sluice(dir, "serve -m " + model);
+  ::unsetenv("SLUICE_API_KEY");
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("SLUICE_API_KEY: the key holds a control character"), std::string::npos) << r.err;
+}
+
 // --- The abuse test ------------------------------------------------------------------------
 
 uint64_t rss_of(pid_t pid) {

@@ -238,6 +238,16 @@ std::string mib_text(uint64_t bytes) { return std::to_string(bytes / MiB) + "MiB
 // kernel figure says nothing about the child and only the watchdog's sampled peaks are checked.
 bool kernel_peak_is_the_childs() { return read_self_status().hwm < kSoft / 2; }
 
+// After watch_command returns, the group's guardian was stood down and reaped (a zombie would
+// still answer kill 0).
+void expect_guardian_gone(const WatchdogReport& r) {
+  EXPECT_GT(r.guardian, 0);
+  EXPECT_NE(r.guardian, r.pgid);
+  errno = 0;
+  EXPECT_EQ(::kill(r.guardian, 0), -1);
+  EXPECT_EQ(errno, ESRCH);
+}
+
 WatchdogOptions grow_limits(const std::string& mode) {
   WatchdogOptions o;
   o.soft = kSoft;
@@ -287,6 +297,7 @@ TEST(Watchdog, RunawayChildGetsSigtermThenSigkillBeforeHard) {
   EXPECT_TRUE(r.sent_term);
   EXPECT_TRUE(r.sent_kill);
   EXPECT_NE(r.kill_reason.find("hard limit"), std::string::npos) << r.kill_reason;
+  expect_guardian_gone(r);
   // The kernel's own peak RSS of the child: killed before it reached the hard limit.
   EXPECT_GT(r.child_maxrss, kSoft);
   if (kernel_peak_is_the_childs()) {
@@ -359,6 +370,7 @@ TEST(Watchdog, WellBehavedChildKeepsItsStatusSilently) {
   auto logger = [&](const std::string& s) { log.push_back(s); };
   WatchdogReport r = watch_command({self_exe()}, grow_limits("exit:7"), logger);
   EXPECT_EQ(r.exit_code, 7);
+  expect_guardian_gone(r);
   EXPECT_TRUE(r.exited);
   EXPECT_FALSE(r.sent_term);
   EXPECT_FALSE(r.sent_kill);
@@ -380,6 +392,7 @@ TEST(Watchdog, WellBehavedChildKeepsItsStatusSilently) {
 
   r = watch_command({"/no/such/program"}, o, logger);
   EXPECT_FALSE(r.started);
+  expect_guardian_gone(r);
   EXPECT_EQ(r.exit_code, 127);
   ASSERT_EQ(log.size(), 1u);
   EXPECT_NE(log[0].find("cannot run '/no/such/program'"), std::string::npos) << log[0];
@@ -398,6 +411,7 @@ TEST(Watchdog, KillsWhatTheCommandLeftInItsGroup) {
   std::vector<std::string> log;
   const WatchdogReport r = watch_command({self_exe()}, o, [&](const std::string& s) { log.push_back(s); });
   EXPECT_EQ(r.exit_code, 5);
+  expect_guardian_gone(r);
   ASSERT_TRUE(fs::exists(file));
   const pid_t grandchild = (pid_t)std::stol(slurp(file));
   ASSERT_GT(grandchild, 0);
@@ -526,6 +540,42 @@ TEST(WatchdogCli, KilledWatchdogTakesItsCommandAlong) {
     ASSERT_EQ(r, child);
     EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) << st;
   }
+  ::prctl(PR_SET_CHILD_SUBREAPER, 0);
+}
+
+// kill -9 the watchdog of a shell that started a background job: PR_SET_PDEATHSIG reaches only
+// the shell, but the job in the command's process group must die too, within a few seconds.
+// This test process is a subreaper meanwhile, so the orphaned job becomes its child and its
+// death can be waited for (and a surviving job killed).
+TEST(WatchdogCli, KilledWatchdogTakesTheCommandsWholeGroupAlong) {
+  TempDir dir(kTmpPrefix);
+  ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  const std::string pidfile = dir / "pid";
+  const Spawned s = spawn_sluice(
+      dir, {"watchdog", "--soft", "1G", "--hard", "2G", "--", "sh", "-c", std::string("sleep 300 & echo $! > '").append(pidfile).append("'; wait")},
+      {});
+  ASSERT_GT(s.pid, 0);
+  std::string text;
+  for (int i = 0; i < 1500 && (text = slurp(pidfile)).find('\n') == std::string::npos; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const pid_t job = (pid_t)std::atol(text.c_str());
+  ASSERT_GT(job, 0) << text;
+  ASSERT_EQ(::kill(s.pid, SIGKILL), 0);
+  EXPECT_EQ(exit_code(finish(s.pid).status), 137);
+  // The job is first the shell's child, then (the shell gone) ours: ECHILD until then.
+  int st = 0;
+  pid_t r = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  while ((r = ::waitpid(job, &st, WNOHANG)) != job && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5))
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  if (r != job) {
+    ::kill(job, SIGKILL);
+    ::waitpid(job, &st, 0);
+    ADD_FAILURE() << "the background job (pid " << job << ") outlived its killed watchdog by 5 s";
+  } else {
+    EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) << st;
+  }
+  while (::waitpid(-1, &st, WNOHANG) > 0) {}  // the shell, reparented to us too
   ::prctl(PR_SET_CHILD_SUBREAPER, 0);
 }
 

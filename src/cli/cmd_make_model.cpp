@@ -111,7 +111,7 @@ int run_make_model(const MakeModelOptions& o) {
     } catch (const Error& e) {
       throw Error(o.config + ": " + e.what());
     }
-    if (const std::vector<std::string> bad = dspark_problems(d, c); !bad.empty())
+    if (const std::vector<std::string> bad = dspark_generator_problems(d, c); !bad.empty())
       throw Error((o.config.empty() ? std::string("the ") + o.preset + " preset" : o.config) + ": " + bad.front());
   }
   if (!o.out.empty()) report(o.out, generate_model(c, v, o.out, g));

@@ -673,7 +673,8 @@ CLI::App* setup_run(CLI::App& app, RunOptions& o) {
       "out_norm, logits, ...), one file DIR/<name>.f32 each: f32 little-endian rows of the tensor's\n"
       "width, one per evaluated position in order (prompt, then each token fed back); DIR/index.json\n"
       "lists name, file, width, first, count, dtype and the run. --dump-filter REGEX keeps the names\n"
-      "an ECMAScript regex matches anywhere in (std::regex_search; anchor with ^...$).\n"
+      "a regex matches anywhere in (an ECMAScript subset searched in linear time, docs/numerics.md;\n"
+      "anchor with ^...$).\n"
       "Output files appear only when the run ends well (written beside, then renamed); an existing\n"
       "OUT, OUT.json or non-empty DIR is refused unless --force; links and devices never are\n"
       "replaced (docs/files.md).\n"
@@ -703,7 +704,7 @@ CLI::App* setup_run(CLI::App& app, RunOptions& o) {
   sub->add_option("--dump-tensors", o.dump_tensors,
                   "write the forward pass's named intermediates to DIR (one f32 file each + index.json)");
   sub->add_option("--dump-filter", o.dump_filter,
-                  "with --dump-tensors: only names this ECMAScript regex matches (searched, not anchored)");
+                  "with --dump-tensors: only names this regex matches (an ECMAScript subset, searched, not anchored)");
   sub->add_option("--dump-draft-logits", o.dump_draft_logits,
                   "with --dspark: write each drafter block's logit rows to this file (+ FILE.json)");
   sub->add_flag("--draft-audit", o.draft_audit,

@@ -87,7 +87,7 @@ struct RunOptions {
   std::string trace_dir;       // <dir>/trace.jsonl
   std::string routing_profile;  // how often each routed expert was chosen (--placement local-first:FILE)
   std::string dump_tensors;    // <dir>/index.json + one f32 file per named intermediate
-  std::string dump_filter;     // ECMAScript regex searched for in tensor names; empty: all
+  std::string dump_filter;     // regex (util/linear_regex.h) searched for in tensor names; empty: all
   std::string dump_draft_logits;  // --dspark: the drafter's logit rows per block, plus <file>.json
   bool draft_audit = false;    // --dspark test mode: a block at every committed position, plain decoding
   bool force = false;          // --dump-logits / --trace / --dump-tensors may replace existing regular files

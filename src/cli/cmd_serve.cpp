@@ -59,6 +59,7 @@ CLI::App* setup_serve(CLI::App& app, ServeOptions& o) {
   auto* key = cmd->add_option("--api-key", o.api_key,
                                "require this key (Authorization: Bearer KEY or x-api-key: KEY); visible in ps, "
                                "prefer --api-key-file or SLUICE_API_KEY");
+  key->each([&o](const std::string&) { o.api_key_given = true; });
   cmd->add_option("--api-key-file", o.api_key_file, "require the key on the first line of this file")->excludes(key);
   cmd->add_option("--max-connections", o.max_connections, "open connections at once (slow senders are dropped first)")
       ->check(CLI::Range(size_t{4}, size_t{4096}));
@@ -130,15 +131,20 @@ class SignalStopper {
 };
 
 // --api-key, else --api-key-file, else SLUICE_API_KEY (set but empty is refused: a key that
-// was meant to be there must not silently turn authentication off).
+// was meant to be there must not silently turn authentication off). A key no request could
+// carry (server::api_key_problem) is refused too: a bad --api-key value is a usage error.
 std::string api_key(const ServeOptions& o) {
-  if (!o.api_key.empty()) return o.api_key;
+  if (o.api_key_given) {
+    if (const std::string why = server::api_key_problem(o.api_key); !why.empty()) throw UsageError("--api-key: the key " + why);
+    return o.api_key;
+  }
   if (!o.api_key_file.empty()) return server::read_api_key_file(o.api_key_file);
   if (const char* env = std::getenv("SLUICE_API_KEY")) {
     std::string k = env;
     while (!k.empty() && std::isspace((unsigned char)k.back())) k.pop_back();
     while (!k.empty() && std::isspace((unsigned char)k.front())) k.erase(0, 1);
     if (k.empty()) throw Error("SLUICE_API_KEY is set but empty; unset it to serve without a key");
+    if (const std::string why = server::api_key_problem(k); !why.empty()) throw Error("SLUICE_API_KEY: the key " + why);
     return k;
   }
   return "";

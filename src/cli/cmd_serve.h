@@ -26,6 +26,7 @@ struct ServeOptions {
   std::string max_body = "8MiB";
   uint32_t max_tokens_limit = 4096;
   std::string api_key;
+  bool api_key_given = false;        // --api-key was on the command line (even empty: refused)
   std::string api_key_file;          // first line is the key (keeps it out of `ps`)
   size_t max_connections = 64;
   double request_timeout_s = 30;

@@ -2,6 +2,7 @@
 // (0 success, 1 error with one `sluice: error: ...` line on stderr, 2 usage error with a hint).
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -19,6 +20,7 @@
 #include "cli/cmd_tokenize.h"
 #include "cli/cmd_watchdog.h"
 #include "util/error.h"
+#include "util/file_size_limit.h"
 #include "cli/commands.h"
 #include "runtime/watchdog.h"
 
@@ -115,6 +117,18 @@ Usage find_usage(CLI::App& app, int argc, char** argv) {
   return u;
 }
 
+// Standard output that could not be written (a full disk, the file size limit) is an error: what
+// the command printed is incomplete. Returns the exit status to use.
+int checked_stdout(int rc) {
+  errno = 0;
+  const bool flushed = std::fflush(stdout) == 0;
+  const int err = errno;
+  if (flushed && !std::ferror(stdout)) return rc;
+  const std::string why = err ? std::string(": ").append(sluice::write_error_text(err)) : std::string();
+  std::fprintf(stderr, "sluice: error: cannot write standard output%s\n", why.c_str());
+  return rc == 0 ? 1 : rc;
+}
+
 // CLI11's own text for a parse error, except where it garbles: "The following arguments were
 // not expected: 1 --tempp" lists the unknown flag after its value, in reverse order.
 std::string parse_error_text(const CLI::ParseError& e, const Usage& u) {
@@ -126,6 +140,9 @@ std::string parse_error_text(const CLI::ParseError& e, const Usage& u) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Past the file size limit (ulimit -f) a write fails with EFBIG, which each writer reports, removing
+  // its temporary file; SIGXFSZ's default action would kill the process first (util/file_size_limit.h).
+  sluice::ignore_file_size_signal();
   CLI::App app{"sluice: DeepSeek-V4.1-Flash GGUF tools", "sluice"};
   app.set_version_flag("--version", std::string("sluice ") + SLUICE_VERSION);
   app.require_subcommand(1);
@@ -195,20 +212,23 @@ int main(int argc, char** argv) {
       const auto [soft, hard] = limits;
       return sluice::run_under_watchdog(std::vector<std::string>(argv, argv + argc), soft, hard);
     }
-    if (make_model_cmd->parsed()) return sluice::cli::run_make_model(make_model);
-    if (inspect_cmd->parsed()) return sluice::cli::run_inspect(inspect);
-    if (dump_tensor_cmd->parsed()) return sluice::cli::run_dump_tensor(dump_tensor);
-    if (run_cmd->parsed()) return sluice::cli::run_run(run);
-    if (serve_cmd->parsed()) return sluice::cli::run_serve(serve);
-    if (chat_cmd->parsed()) return sluice::cli::run_chat(chat);
-    if (perplexity_cmd->parsed()) return sluice::cli::run_perplexity(perplexity);
-    if (tokenize_cmd->parsed()) return sluice::cli::run_tokenize(tokenize);
-    if (plan_cmd->parsed()) return sluice::cli::run_plan(plan);
-    if (bench_cmd->parsed()) return sluice::cli::run_bench(bench);
-    if (watchdog_cmd->parsed()) return sluice::cli::run_watchdog(watchdog);
-    if (devices_cmd->parsed()) return sluice::cli::run_devices(devices);
-    std::fprintf(stderr, "sluice: error: no command given (run 'sluice --help')\n");
-    return 2;
+    const auto dispatch = [&]() -> int {
+      if (make_model_cmd->parsed()) return sluice::cli::run_make_model(make_model);
+      if (inspect_cmd->parsed()) return sluice::cli::run_inspect(inspect);
+      if (dump_tensor_cmd->parsed()) return sluice::cli::run_dump_tensor(dump_tensor);
+      if (run_cmd->parsed()) return sluice::cli::run_run(run);
+      if (serve_cmd->parsed()) return sluice::cli::run_serve(serve);
+      if (chat_cmd->parsed()) return sluice::cli::run_chat(chat);
+      if (perplexity_cmd->parsed()) return sluice::cli::run_perplexity(perplexity);
+      if (tokenize_cmd->parsed()) return sluice::cli::run_tokenize(tokenize);
+      if (plan_cmd->parsed()) return sluice::cli::run_plan(plan);
+      if (bench_cmd->parsed()) return sluice::cli::run_bench(bench);
+      if (watchdog_cmd->parsed()) return sluice::cli::run_watchdog(watchdog);
+      if (devices_cmd->parsed()) return sluice::cli::run_devices(devices);
+      std::fprintf(stderr, "sluice: error: no command given (run 'sluice --help')\n");
+      return 2;
+    };
+    return checked_stdout(dispatch());
   } catch (const UsageError& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "sluice: error: %s (%s)\n", one_line(e.what()).c_str(),

@@ -1,9 +1,3 @@
-// GCC 12 with the sanitizers at -O2 reports libstdc++'s regex automaton (std::function moves in
-// _NFA::_M_insert_subexpr_end) as maybe-uninitialized, a known false positive; this file builds
-// the --dump-filter regex, so the warning is silenced here only.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
 #include "cli/tensor_dump.h"
 
 #include <bit>
@@ -16,18 +10,20 @@ namespace {
 
 static_assert(std::endian::native == std::endian::little, "--dump-tensors writes host floats as little-endian");
 
-// libstdc++ compiles a regex recursively: a deeply nested pattern would overflow the stack, so
-// the filter is bounded (tensor names are short; no useful filter comes near this).
+// Tensor names are short; no useful filter comes near this.
 constexpr size_t kMaxFilterBytes = 1024;
 
-std::regex compile_filter(const std::string& text) {
+// A linear-time matcher (util/linear_regex.h): std::regex backtracks, and nested quantifiers ran
+// for minutes on one name. Empty: every name (wants() does not ask it).
+LinearRegex compile_filter(const std::string& text) {
   if (text.size() > kMaxFilterBytes)
     throw UsageError("--dump-filter: " + std::to_string(text.size()) + " bytes; at most " +
                      std::to_string(kMaxFilterBytes) + " are accepted");
   try {
-    return text.empty() ? std::regex() : std::regex(text, std::regex::ECMAScript);
-  } catch (const std::regex_error& e) {
-    throw UsageError("--dump-filter: '" + text + "' is not a valid ECMAScript regular expression: " + e.what());
+    return LinearRegex(text);
+  } catch (const Error& e) {
+    throw UsageError("--dump-filter: '" + text + "' is not a regular expression of the supported subset: " + e.what() +
+                     " (docs/numerics.md lists it)");
   }
 }
 
@@ -41,7 +37,7 @@ TensorDump::TensorDump(const std::string& dir, const std::string& filter, Existi
       index_(dir_.file("index.json"), existing) {}
 
 bool TensorDump::wants(std::string_view name) const {
-  if (filter_text_.empty() || std::regex_search(name.begin(), name.end(), filter_)) return true;
+  if (filter_text_.empty() || filter_.search(name)) return true;
   if (skipped_.find(name) == skipped_.end()) skipped_.emplace(name);
   return false;
 }
@@ -114,7 +110,7 @@ size_t TensorDump::finish(nlohmann::json info) {
   info["byte_order"] = "little";
   info["layout"] = "row-major [count][width] f32; row i is position first + i";
   info["filter"] = filter_text_;
-  info["filter_match"] = "ECMAScript std::regex_search (unanchored); empty: every tensor";
+  info["filter_match"] = "ECMAScript subset, searched (unanchored) in linear time; empty: every tensor";
   info["tensors"] = std::move(list);
   info["not_dumped"] = skipped_;
   index_.write(info.dump(1) + "\n");

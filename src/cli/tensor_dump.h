@@ -11,7 +11,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <regex>
 #include <set>
 #include <string>
 #include <string_view>
@@ -20,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/deepseek41/forward.h"
+#include "util/linear_regex.h"
 #include "util/output_dir.h"
 #include "util/output_file.h"
 
@@ -27,10 +27,10 @@ namespace sluice::cli {
 
 class TensorDump final : public TensorObserver {
  public:
-  // filter: an ECMAScript regular expression searched for in each name (std::regex_search: it
-  // may match anywhere; anchor it with ^...$ for whole names); empty dumps every tensor. Throws
-  // UsageError for an invalid filter (before DIR is touched), Error for a DIR that may not be
-  // used.
+  // filter: a regular expression (util/linear_regex.h: an ECMAScript subset matched in linear
+  // time) searched for in each name (it may match anywhere; anchor it with ^...$ for whole
+  // names); empty dumps every tensor. Throws UsageError for a filter outside the subset (before
+  // DIR is touched), Error for a DIR that may not be used.
   TensorDump(const std::string& dir, const std::string& filter, Existing existing);
 
   bool wants(std::string_view name) const override;
@@ -53,7 +53,7 @@ class TensorDump final : public TensorObserver {
   std::string file_name_for(std::string_view name);
 
   std::string filter_text_;
-  std::regex filter_;  // before dir_: an invalid filter is refused before DIR is created
+  LinearRegex filter_;  // before dir_: an invalid filter is refused before DIR is created
   OutputDir dir_;      // before the files: destroyed after them, so a DIR this run created is empty again
   Existing existing_;
   AtomicOutputFile index_;  // created up front, so a refused DIR/index.json costs no load time

@@ -15,6 +15,7 @@
 #include "format/gguf.h"
 #include "format/gguf_detail.h"
 #include "util/error.h"
+#include "util/file_size_limit.h"
 #include "util/output_file.h"
 
 namespace sluice::gguf {
@@ -66,7 +67,7 @@ class Out {
       ssize_t r = ::write(fd_, p, std::min<size_t>(n, 1u << 30));
       if (r < 0) {
         if (errno == EINTR) continue;
-        throw Error("cannot write " + path_ + ": " + std::strerror(errno));
+        throw Error("cannot write " + path_ + ": " + write_error_text(errno));
       }
       p += r;
       n -= (size_t)r;
@@ -215,7 +216,7 @@ void Writer::write(const std::string& path, const Emit& emit, bool sparse, Exist
   if (sparse) {
     o.flush();
     // The payload stays a hole: the file system allocates nothing for it.
-    if (::ftruncate(fd, (off_t)file_size()) != 0) throw Error("cannot extend " + path + ": " + std::strerror(errno));
+    if (::ftruncate(fd, (off_t)file_size()) != 0) throw Error("cannot write " + path + ": " + write_error_text(errno));
   } else {
     const uint64_t base = data_offset();
     for (const auto& t : tensors_) {

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "util/error.h"
+#include "util/file_size_limit.h"
 
 namespace sluice {
 namespace {
@@ -70,7 +71,7 @@ class Writer {
     while (n) {
       const ssize_t w = ::pwrite(fd_, b, std::min<uint64_t>(n, 1u << 30), (off_t)off_);
       if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) throw Error(name_ + ": cannot write the state: " + (w < 0 ? std::strerror(errno) : "no progress"));
+      if (w <= 0) throw Error(name_ + ": cannot write the state: " + (w < 0 ? write_error_text(errno) : "no progress"));
       b += w, n -= (uint64_t)w, off_ += (uint64_t)w;
     }
   }

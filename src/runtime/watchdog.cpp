@@ -17,9 +17,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
+#include "runtime/group_guardian.h"
 #include "runtime/meminfo.h"
 #include "util/error.h"
+#include "util/file_size_limit.h"
 
 extern char** environ;
 
@@ -161,167 +164,179 @@ void check_watchdog_options(const WatchdogOptions& o) {
   if (o.interval_ms == 0) throw Error("watchdog: --interval-ms must be at least 1");
 }
 
-WatchdogReport watch_command(const std::vector<std::string>& argv, const WatchdogOptions& o,
-                             const std::function<void(const std::string&)>& log) {
-  check_watchdog_options(o);
-  if (argv.empty() || argv[0].empty()) throw Error("watchdog: no command given");
-  auto say = [&](const std::string& s) {
-    if (log) log(s);
-    else std::fprintf(stderr, "sluice watchdog: %s\n", s.c_str());
-  };
+namespace {
 
-  // Everything the child needs is built before fork: it only makes async-signal-safe calls.
-  std::vector<std::string> env = command_env(o.extra_env);
-  std::vector<char*> cargv, cenv;
-  for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
-  cargv.push_back(nullptr);
-  for (const std::string& e : env) cenv.push_back(const_cast<char*>(e.c_str()));
-  cenv.push_back(nullptr);
-  const bool give_tty = TerminalHandoff::should();
+using Say = std::function<void(const std::string&)>;
 
-  WatchdogReport rep;
-  SignalState sig;
-  int exec_pipe[2];
+// What the command's child needs, built before fork: the child makes only async-signal-safe calls.
+struct ChildSetup {
+  std::vector<char*> argv, env;
+  bool give_tty = false;
+  pid_t watchdog = 0;
+  int exec_fd = -1;  // write end: errno when exec fails
+  int go_fd = -1;    // read end: one byte once the guardian runs; end of file: the watchdog died
+};
+
+[[noreturn]] void run_child(const ChildSetup& cs, const SignalState& sig) {
+  // The command must not outlive the watchdog, even one killed with SIGKILL (which no handler
+  // sees): the kernel kills the child when its parent dies (its own children: the guardian).
+  // The parent may already have died between fork and prctl; then the child has been reparented
+  // and must not start at all.
+  if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != cs.watchdog) ::_exit(127);
+  ::setpgid(0, 0);
+  if (cs.give_tty) {
+    sigset_t ttou;
+    sigemptyset(&ttou);
+    sigaddset(&ttou, SIGTTOU);
+    pthread_sigmask(SIG_BLOCK, &ttou, nullptr);
+    ::tcsetpgrp(STDIN_FILENO, ::getpid());
+  }
+  // Nothing runs before the guardian watches the group, so no process of it can escape.
+  char go = 0;
+  ssize_t r;
+  do r = ::read(cs.go_fd, &go, 1);
+  while (r < 0 && errno == EINTR);
+  if (r != 1) ::_exit(127);
+  ::sigaction(SIGCHLD, &sig.old_chld(), nullptr);
+  pthread_sigmask(SIG_SETMASK, &sig.old_mask(), nullptr);
+  restore_file_size_signal();  // sluice ignores SIGXFSZ; the command gets what we were given
+  ::execvpe(cs.argv[0], cs.argv.data(), cs.env.data());
+  const int err = errno;
+  (void)!::write(cs.exec_fd, &err, sizeof err);
+  ::_exit(127);
+}
+
+struct Started {
+  pid_t pid = -1;
+  int exec_err = 0;  // nonzero: the command could not be run (it has exited)
+};
+
+// Forks the command into a process group of its own, starts the guardian of that group, lets
+// the command exec, and waits for the exec. Throws Error when a pipe or fork fails (nothing is
+// left running then).
+Started start_command(ChildSetup& cs, const SignalState& sig, std::optional<GroupGuardian>& guardian) {
+  int exec_pipe[2], go_pipe[2];
   if (::pipe2(exec_pipe, O_CLOEXEC) != 0) throw Error(std::string("watchdog: pipe: ") + std::strerror(errno));
-  std::fflush(nullptr);
-  const pid_t watchdog_pid = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid < 0) {
+  if (::pipe2(go_pipe, O_CLOEXEC) != 0) {
     const int err = errno;
     ::close(exec_pipe[0]);
     ::close(exec_pipe[1]);
-    throw Error(std::string("watchdog: fork: ") + std::strerror(err));
+    throw Error(std::string("watchdog: pipe: ") + std::strerror(err));
   }
-  if (pid == 0) {
-    // The command must not outlive the watchdog, even one killed with SIGKILL (which no handler
-    // sees): the kernel kills the child when its parent dies. The parent may already have died
-    // between fork and prctl; then the child has been reparented and must not start at all.
-    if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != watchdog_pid) ::_exit(127);
-    ::setpgid(0, 0);
-    if (give_tty) {
-      sigset_t ttou;
-      sigemptyset(&ttou);
-      sigaddset(&ttou, SIGTTOU);
-      pthread_sigmask(SIG_BLOCK, &ttou, nullptr);
-      ::tcsetpgrp(STDIN_FILENO, ::getpid());
-    }
-    ::sigaction(SIGCHLD, &sig.old_chld(), nullptr);
-    pthread_sigmask(SIG_SETMASK, &sig.old_mask(), nullptr);
+  std::fflush(nullptr);
+  cs.watchdog = ::getpid();
+  cs.exec_fd = exec_pipe[1];
+  cs.go_fd = go_pipe[0];
+  Started s;
+  s.pid = ::fork();
+  if (s.pid == 0) {
     ::close(exec_pipe[0]);
-    ::execvpe(cargv[0], cargv.data(), cenv.data());
-    const int err = errno;
-    (void)!::write(exec_pipe[1], &err, sizeof err);
-    ::_exit(127);
+    ::close(go_pipe[1]);
+    run_child(cs, sig);
   }
-  ::setpgid(pid, pid);  // also here, so the group exists whichever side runs first
-  const pid_t pgid = pid;
-  rep.pgid = pgid;
-  TerminalHandoff tty(give_tty);
+  const int fork_err = errno;
   ::close(exec_pipe[1]);
-  int exec_err = 0;
-  ssize_t got;
-  do got = ::read(exec_pipe[0], &exec_err, sizeof exec_err);
-  while (got < 0 && errno == EINTR);
-  ::close(exec_pipe[0]);
-  if (got == (ssize_t)sizeof exec_err) {
-    int st = 0;
-    while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
-    rep.exit_code = 127;
-    rep.exited = true;
-    rep.status = 127;
-    say("cannot run '" + argv[0] + "': " + std::strerror(exec_err));
-    return rep;
+  ::close(go_pipe[0]);
+  if (s.pid < 0) {
+    ::close(exec_pipe[0]);
+    ::close(go_pipe[1]);
+    throw Error(std::string("watchdog: fork: ") + std::strerror(fork_err));
   }
-  rep.started = true;
-
-  const double interval_s = o.interval_ms / 1000.0;
-  const bool watch_host = o.host_soft || o.host_hard;
-  bool have_last = false;
-  Clock::time_point last_t{}, term_t{};
-  uint64_t last_rss = 0, last_host = 0;
-
-  auto kill_group = [&](const std::string& why) {
-    ::kill(-pgid, SIGKILL);
-    rep.sent_kill = true;
-    rep.kill_reason = why;
-    say(why + ": sent SIGKILL to process group " + std::to_string(pgid));
-  };
-  // Growth per second since the last sample, and the look-ahead: twice the sampling gap (the
-  // gap grows when the box is loaded and we are scheduled late).
-  auto sample = [&]() {
-    const Clock::time_point now = Clock::now();
-    const GroupMemory g = process_group_memory(pgid);
-    uint64_t host = 0;
-    if (watch_host) host = read_meminfo().used();
-    ++rep.samples;
-    rep.peak_group_rss = std::max(rep.peak_group_rss, g.rss);
-    rep.peak_host_used = std::max(rep.peak_host_used, host);
-    const double dt = have_last ? seconds(now - last_t) : 0.0;
-    const double ahead = 2.0 * std::max(interval_s, dt);
-    const double rss_rate = dt > 0 && g.rss > last_rss ? (double)(g.rss - last_rss) / dt : 0.0;
-    const double host_rate = dt > 0 && host > last_host ? (double)(host - last_host) / dt : 0.0;
-    const double rss_proj = (double)g.rss + rss_rate * ahead;
-    const double host_proj = (double)host + host_rate * ahead;
-    have_last = true;
-    last_t = now;
-    last_rss = g.rss;
-    last_host = host;
-    if (rep.sent_kill) return;
-    auto limit_line = [&](const char* what, uint64_t v, double rate, double proj, uint64_t lim) {
-      std::string s = std::string(what) + " " + format_bytes(v);
-      if (v >= lim) return s + " >= " + format_bytes(lim);
-      char ms[32];
-      std::snprintf(ms, sizeof ms, "%.0f ms", ahead * 1000);
-      return s + " growing " + rate_str(rate) + " would pass " + format_bytes(lim) + " within " + ms +
-             " (projected " + format_bytes((uint64_t)proj) + ")";
-    };
-    if (o.hard && rss_proj >= (double)o.hard) {
-      kill_group("hard limit: " + limit_line("group RSS", g.rss, rss_rate, rss_proj, o.hard));
-    } else if (o.host_hard && host_proj >= (double)o.host_hard) {
-      kill_group("host hard limit: " + limit_line("host use", host, host_rate, host_proj, o.host_hard));
-    } else if (!rep.sent_term && ((o.soft && g.rss >= o.soft) || (o.host_soft && host >= o.host_soft))) {
-      ::kill(-pgid, SIGTERM);
-      rep.sent_term = true;
-      term_t = now;
-      const std::string why = o.soft && g.rss >= o.soft
-                                  ? "soft limit: group RSS " + format_bytes(g.rss) + " >= " + format_bytes(o.soft)
-                                  : "host soft limit: host use " + format_bytes(host) + " >= " + format_bytes(o.host_soft);
-      say(why + ": sent SIGTERM to process group " + std::to_string(pgid));
-    } else if (rep.sent_term && o.kill_after_ms && now - term_t >= std::chrono::milliseconds(o.kill_after_ms)) {
-      kill_group("still running " + std::to_string(o.kill_after_ms) + " ms after SIGTERM");
-    }
-  };
-
-  const timespec wait_ts{(time_t)(o.interval_ms / 1000), (long)(o.interval_ms % 1000) * 1000000L};
+  ::setpgid(s.pid, s.pid);  // also here, so the group exists whichever side runs first
   try {
-    for (;;) {
-      // Has the main process exited? WNOWAIT keeps it a zombie, so its pid (the group id)
-      // cannot be reused before the leftovers are killed.
-      siginfo_t si{};
-      if (::waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid == pid) break;
-      sample();
-      siginfo_t info{};
-      const int s = ::sigtimedwait(&sig.waited(), &info, &wait_ts);
-      if (s > 0 && s != SIGCHLD) {
-        ::kill(-pgid, s);
-        rep.forwarded.push_back(s);
-        say("forwarded " + signal_name(s) + " to process group " + std::to_string(pgid));
-      }
-    }
+    guardian.emplace(s.pid);
   } catch (...) {
-    // A command we can no longer watch must not outlive the watchdog.
-    ::kill(-pgid, SIGKILL);
+    ::close(exec_pipe[0]);
+    ::close(go_pipe[1]);  // the child reads end of file and exits
     int st = 0;
-    while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
-    reap_others(pgid);
+    while (::waitpid(s.pid, &st, 0) < 0 && errno == EINTR) {}
     throw;
   }
+  const char go = 1;
+  (void)!::write(go_pipe[1], &go, 1);
+  ::close(go_pipe[1]);
+  ssize_t got;
+  do got = ::read(exec_pipe[0], &s.exec_err, sizeof s.exec_err);
+  while (got < 0 && errno == EINTR);
+  ::close(exec_pipe[0]);
+  if (got != (ssize_t)sizeof s.exec_err) s.exec_err = 0;
+  return s;
+}
 
-  kill_leftovers(pgid, say);
-  int st = 0;
-  struct rusage ru {};
-  while (::wait4(pid, &st, 0, &ru) < 0 && errno == EINTR) {}
-  reap_others(pgid);
+// The soft and hard limits, sampled: the group's RSS (and host use when asked), with the
+// growth rate since the last sample and the look-ahead of twice the sampling gap (the gap grows
+// when the box is loaded and we are scheduled late).
+class Sampler {
+ public:
+  Sampler(const WatchdogOptions& o, pid_t pgid, WatchdogReport& rep, const Say& say)
+      : o_(o), pgid_(pgid), rep_(rep), say_(say), interval_s_(o.interval_ms / 1000.0) {}
+
+  void sample() {
+    const Clock::time_point now = Clock::now();
+    const GroupMemory g = process_group_memory(pgid_);
+    const uint64_t host = o_.host_soft || o_.host_hard ? read_meminfo().used() : 0;
+    ++rep_.samples;
+    rep_.peak_group_rss = std::max(rep_.peak_group_rss, g.rss);
+    rep_.peak_host_used = std::max(rep_.peak_host_used, host);
+    const double dt = have_last_ ? seconds(now - last_t_) : 0.0;
+    ahead_ = 2.0 * std::max(interval_s_, dt);
+    const double rss_rate = dt > 0 && g.rss > last_rss_ ? (double)(g.rss - last_rss_) / dt : 0.0;
+    const double host_rate = dt > 0 && host > last_host_ ? (double)(host - last_host_) / dt : 0.0;
+    have_last_ = true;
+    last_t_ = now;
+    last_rss_ = g.rss;
+    last_host_ = host;
+    if (!rep_.sent_kill) act(now, g.rss, rss_rate, host, host_rate);
+  }
+
+ private:
+  void act(Clock::time_point now, uint64_t rss, double rss_rate, uint64_t host, double host_rate) {
+    const double rss_proj = (double)rss + rss_rate * ahead_, host_proj = (double)host + host_rate * ahead_;
+    if (o_.hard && rss_proj >= (double)o_.hard) {
+      kill_group("hard limit: " + limit_line("group RSS", rss, rss_rate, rss_proj, o_.hard));
+    } else if (o_.host_hard && host_proj >= (double)o_.host_hard) {
+      kill_group("host hard limit: " + limit_line("host use", host, host_rate, host_proj, o_.host_hard));
+    } else if (!rep_.sent_term && ((o_.soft && rss >= o_.soft) || (o_.host_soft && host >= o_.host_soft))) {
+      ::kill(-pgid_, SIGTERM);
+      rep_.sent_term = true;
+      term_t_ = now;
+      const std::string why = o_.soft && rss >= o_.soft
+                                  ? "soft limit: group RSS " + format_bytes(rss) + " >= " + format_bytes(o_.soft)
+                                  : "host soft limit: host use " + format_bytes(host) + " >= " + format_bytes(o_.host_soft);
+      say_(why + ": sent SIGTERM to process group " + std::to_string(pgid_));
+    } else if (rep_.sent_term && o_.kill_after_ms && now - term_t_ >= std::chrono::milliseconds(o_.kill_after_ms)) {
+      kill_group("still running " + std::to_string(o_.kill_after_ms) + " ms after SIGTERM");
+    }
+  }
+  void kill_group(const std::string& why) {
+    ::kill(-pgid_, SIGKILL);
+    rep_.sent_kill = true;
+    rep_.kill_reason = why;
+    say_(why + ": sent SIGKILL to process group " + std::to_string(pgid_));
+  }
+  std::string limit_line(const char* what, uint64_t v, double rate, double proj, uint64_t lim) const {
+    std::string s = std::string(what) + " " + format_bytes(v);
+    if (v >= lim) return s + " >= " + format_bytes(lim);
+    char ms[32];
+    std::snprintf(ms, sizeof ms, "%.0f ms", ahead_ * 1000);
+    return s + " growing " + rate_str(rate) + " would pass " + format_bytes(lim) + " within " + ms + " (projected " +
+           format_bytes((uint64_t)proj) + ")";
+  }
+
+  const WatchdogOptions& o_;
+  const pid_t pgid_;
+  WatchdogReport& rep_;
+  const Say& say_;
+  const double interval_s_;
+  double ahead_ = 0;
+  bool have_last_ = false;
+  Clock::time_point last_t_{}, term_t_{};
+  uint64_t last_rss_ = 0, last_host_ = 0;
+};
+
+// The exit status as a shell reports it, and a line when the watchdog acted or someone else
+// ended the command (the exit status alone does not tell).
+void finish_report(WatchdogReport& rep, int st, const struct rusage& ru, const Say& say) {
   rep.child_maxrss = (uint64_t)ru.ru_maxrss * 1024;
   if (WIFEXITED(st)) {
     rep.exited = true;
@@ -332,7 +347,7 @@ WatchdogReport watch_command(const std::vector<std::string>& argv, const Watchdo
     rep.exit_code = 128 + rep.signal;
   }
   // A signal the watchdog did not send: someone else (or the kernel: SIGSEGV, the OOM killer's
-  // SIGKILL) ended the command. Said once, since the exit status alone does not tell.
+  // SIGKILL) ended the command.
   const bool ours = rep.signal != 0 && ((rep.sent_kill && rep.signal == SIGKILL) ||
                                         (rep.sent_term && rep.signal == SIGTERM) ||
                                         std::find(rep.forwarded.begin(), rep.forwarded.end(), rep.signal) !=
@@ -349,6 +364,79 @@ WatchdogReport watch_command(const std::vector<std::string>& argv, const Watchdo
     say("command " + how + " (" + cause + "); exit status " + std::to_string(rep.exit_code) + "; peak group RSS " +
         format_bytes(rep.peak_group_rss) + " sampled, " + format_bytes(rep.child_maxrss) + " by the kernel (main process)");
   }
+}
+
+}  // namespace
+
+WatchdogReport watch_command(const std::vector<std::string>& argv, const WatchdogOptions& o, const Say& log) {
+  check_watchdog_options(o);
+  if (argv.empty() || argv[0].empty()) throw Error("watchdog: no command given");
+  const Say say = [&](const std::string& s) {
+    if (log) log(s);
+    else std::fprintf(stderr, "sluice watchdog: %s\n", s.c_str());
+  };
+  const std::vector<std::string> env = command_env(o.extra_env);
+  ChildSetup cs;
+  for (const std::string& a : argv) cs.argv.push_back(const_cast<char*>(a.c_str()));
+  cs.argv.push_back(nullptr);
+  for (const std::string& e : env) cs.env.push_back(const_cast<char*>(e.c_str()));
+  cs.env.push_back(nullptr);
+  cs.give_tty = TerminalHandoff::should();
+
+  WatchdogReport rep;
+  SignalState sig;
+  std::optional<GroupGuardian> guardian;
+  const Started started = start_command(cs, sig, guardian);
+  const pid_t pid = started.pid, pgid = pid;
+  rep.pgid = pgid;
+  rep.guardian = guardian->pid();
+  TerminalHandoff tty(cs.give_tty);
+  if (started.exec_err) {
+    guardian->release();
+    int st = 0;
+    while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+    rep.exit_code = 127;
+    rep.exited = true;
+    rep.status = 127;
+    say("cannot run '" + argv[0] + "': " + std::strerror(started.exec_err));
+    return rep;
+  }
+  rep.started = true;
+
+  Sampler sampler(o, pgid, rep, say);
+  const timespec wait_ts{(time_t)(o.interval_ms / 1000), (long)(o.interval_ms % 1000) * 1000000L};
+  try {
+    for (;;) {
+      // Has the main process exited? WNOWAIT keeps it a zombie, so its pid (the group id)
+      // cannot be reused before the leftovers are killed.
+      siginfo_t si{};
+      if (::waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid == pid) break;
+      sampler.sample();
+      siginfo_t info{};
+      const int s = ::sigtimedwait(&sig.waited(), &info, &wait_ts);
+      if (s > 0 && s != SIGCHLD) {
+        ::kill(-pgid, s);
+        rep.forwarded.push_back(s);
+        say("forwarded " + signal_name(s) + " to process group " + std::to_string(pgid));
+      }
+    }
+  } catch (...) {
+    // A command we can no longer watch must not outlive the watchdog.
+    ::kill(-pgid, SIGKILL);
+    guardian->release();
+    int st = 0;
+    while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+    reap_others(pgid);
+    throw;
+  }
+
+  kill_leftovers(pgid, say);
+  guardian->release();  // the group is dealt with, and its id still reserved by the zombie
+  int st = 0;
+  struct rusage ru {};
+  while (::wait4(pid, &st, 0, &ru) < 0 && errno == EINTR) {}
+  reap_others(pgid);
+  finish_report(rep, st, ru, say);
   return rep;
 }
 

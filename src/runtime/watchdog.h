@@ -22,6 +22,9 @@
 //               2 x interval). host_hard works the same way on host use.
 //   kill_after  optional: SIGKILL this long after the soft SIGTERM if the group is still alive.
 //   forwarding  SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to the watchdog go to the whole group.
+// When the watchdog itself dies, however (kill -9 included), the whole group dies with it: its
+// guardian, a small process it forks (runtime/group_guardian.h), sees the watchdog's end of a
+// socket close and sends SIGKILL to the group; the command does not exec before the guardian runs.
 // When the command itself exits, any members it left in the group are killed and reaped
 // (control-group semantics). The exit status is the command's, as a shell reports it: its exit
 // code, or 128 + the signal that ended it (137 after SIGKILL, 143 after SIGTERM); 127 when it
@@ -65,6 +68,7 @@ struct WatchdogReport {
   uint64_t child_maxrss = 0;    // the kernel's peak RSS of the command's main process (wait4)
   int samples = 0;
   pid_t pgid = 0;
+  pid_t guardian = 0;           // the group's guardian (reaped when watch_command returns)
 };
 
 // Throws Error for invalid options (no limit set, soft >= hard, empty argv, interval 0).

@@ -46,6 +46,16 @@ bool has_api_key(const HttpRequest& req, std::string_view key) {
   return ok || x_ok;
 }
 
+std::string api_key_problem(std::string_view key) {
+  if (key.empty()) return "is empty (a server with a key needs one; leave the option out to serve without)";
+  if (std::isspace((unsigned char)key.front()) || std::isspace((unsigned char)key.back()))
+    return "has leading or trailing whitespace, which HTTP takes off a header value, so no request could match it";
+  for (const char c : key)
+    if ((unsigned char)c < 0x20 || c == 0x7f)
+      return "holds a control character, which HTTP refuses in a header value, so no request could carry it";
+  return "";
+}
+
 std::string read_api_key_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error("--api-key-file " + path + ": cannot read it: " + std::strerror(errno));
@@ -54,6 +64,7 @@ std::string read_api_key_file(const std::string& path) {
   if (in.bad()) throw Error("--api-key-file " + path + ": cannot read it: " + std::strerror(errno));
   const std::string key(trim(line));
   if (key.empty()) throw Error("--api-key-file " + path + ": the first line is empty (it must hold the key)");
+  if (const std::string why = api_key_problem(key); !why.empty()) throw Error("--api-key-file " + path + ": the key " + why);
   return key;
 }
 

@@ -16,8 +16,13 @@ bool same_secret(std::string_view a, std::string_view b);
 // RFC 9110 §11.1) or as Anthropic's `x-api-key: KEY`.
 bool has_api_key(const HttpRequest& req, std::string_view key);
 
+// Why no request could ever carry `key`, or "" when one can: an empty key; whitespace at either
+// end (HTTP takes the spaces around a header value off, so " k" never matches); a control
+// character (HTTP refuses them in header values). Names the problem, never the key.
+std::string api_key_problem(std::string_view key);
+
 // The key from a file: its first line without surrounding whitespace. Throws Error naming the
-// file when it cannot be read or that line is empty.
+// file when it cannot be read, when that line is empty or when the key has a problem (api_key_problem).
 std::string read_api_key_file(const std::string& path);
 
 }  // namespace sluice::server

@@ -192,7 +192,7 @@ GenerateResult generate_model(const ModelConfig& c, const Vocab& v, const std::s
 
 GenerateResult generate_dspark(const DsparkConfig& d, const ModelConfig& c, const std::string& path,
                                const GenerateOptions& o) {
-  if (const std::vector<std::string> bad = dspark_problems(d, c); !bad.empty()) throw Error(bad.front());
+  if (const std::vector<std::string> bad = dspark_generator_problems(d, c); !bad.empty()) throw Error(bad.front());
   gguf::Writer w(kDeepseek41Alignment);
   for (gguf::KV& kv : dspark_metadata(d, c)) w.add(std::move(kv.key), std::move(kv.value));
   const std::vector<TensorSpec> specs = dspark_tensors(d, c);

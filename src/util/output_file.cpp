@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "util/error.h"
+#include "util/file_size_limit.h"
 
 namespace sluice {
 namespace {
@@ -89,7 +90,7 @@ void AtomicOutputFile::write(const void* data, size_t n) {
     const ssize_t w = ::write(fd_, p, n);
     if (w < 0) {
       if (errno == EINTR) continue;
-      throw Error("cannot write " + target_ + ": " + errno_text(errno));
+      throw Error("cannot write " + target_ + ": " + write_error_text(errno));
     }
     p += w;
     n -= (size_t)w;
@@ -99,10 +100,10 @@ void AtomicOutputFile::write(const void* data, size_t n) {
 void AtomicOutputFile::commit() {
   if (fd_ < 0) throw Error("internal: " + target_ + " committed twice or after abort");
   try {
-    if (::fsync(fd_) != 0) throw Error("cannot write " + target_ + ": fsync: " + errno_text(errno));
+    if (::fsync(fd_) != 0) throw Error("cannot write " + target_ + ": fsync: " + write_error_text(errno));
     const int rc = ::close(fd_);
     fd_ = -1;
-    if (rc != 0) throw Error("cannot write " + target_ + ": close: " + errno_text(errno));
+    if (rc != 0) throw Error("cannot write " + target_ + ": close: " + write_error_text(errno));
     // The target may have changed since the constructor looked (a link or device put there).
     check_output_target(target_, existing_);
     if (existing_ == Existing::Refuse) {

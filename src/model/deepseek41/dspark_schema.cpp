@@ -60,7 +60,21 @@ std::vector<std::string> dspark_problems(const DsparkConfig& d, const ModelConfi
   if (d.expert_count == 0) bad("expert_count", "no routed experts");
   if (d.expert_used == 0 || d.expert_used > d.expert_count)
     bad("expert_used_count", std::to_string(d.expert_used) + " of " + std::to_string(d.expert_count) + " experts");
-  if (d.markov_rank == 0 || d.markov_rank % 32) bad("markov_rank", std::to_string(d.markov_rank) + " (a multiple of 32 is needed)");
+  // Any rank: float Markov and confidence heads (other converters' F32/F16/BF16) take any width;
+  // a block type needs whole blocks, which the GGUF reader checks for every tensor.
+  if (d.markov_rank == 0) bad("markov_rank", "0 (at least 1 is needed)");
+  return out;
+}
+
+std::vector<std::string> dspark_generator_problems(const DsparkConfig& d, const ModelConfig& t) {
+  std::vector<std::string> out = dspark_problems(d, t);
+  const uint32_t block = (uint32_t)type_traits(GgmlType::Q8_0).block_elems;
+  if (out.empty() && d.markov_rank % block)
+    out.push_back(std::string("dspark.markov_rank: ")
+                      .append(std::to_string(d.markov_rank))
+                      .append(": the generator writes Q8_0 Markov and confidence heads, whose rows are whole blocks of ")
+                      .append(std::to_string(block))
+                      .append(" values (a support file with float heads may have any rank)"));
   return out;
 }
 

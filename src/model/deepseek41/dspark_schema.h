@@ -38,6 +38,9 @@ DsparkConfig dspark_defaults(const ModelConfig& target);
 DsparkConfig dspark_config_from_json(const ModelConfig& target, const nlohmann::json& flat);
 // What makes d unusable with target, one line per problem naming the field; empty when fine.
 std::vector<std::string> dspark_problems(const DsparkConfig& d, const ModelConfig& target);
+// dspark_problems, and what our generator cannot write: its Markov and confidence heads are Q8_0,
+// so the Markov rank must be a multiple of 32 there (any rank is fine with float heads).
+std::vector<std::string> dspark_generator_problems(const DsparkConfig& d, const ModelConfig& target);
 
 // Every tensor of the support file in file order (sorted by name, as the converter writes it):
 // 24 per stage + mtp.0.main_proj/main_norm + the last stage's norm, Markov head and confidence

@@ -178,17 +178,18 @@ void Engine::Impl::layer_loop(Pass& p, float* logits, const std::vector<uint32_t
       throw Error("injected failure at layer " + std::to_string(L) + " of chunk " + std::to_string(p.index));
     const LayerWeights& w = m.layers[L];
     const int l = (int)L;
-    // DSpark target capture: the streams entering layer L (the previous block's output).
+    if (roles[L].engram_index >= 0) {
+      engram(p, L, X);  // spec 3.3: before the attention mixes
+      name(p, l, "engram_out", X);
+    }
+    // DSpark target capture (spec 6.3 step 1): the streams entering layer L, after any Engram of
+    // L: the previous block's output, with this layer's Engram added when it has one.
     for (size_t k = 0; capture_rows && k < opt.capture_layers.size(); ++k)
       if (opt.capture_layers[k] == L) {
         const Mat m_l = capture.m().rows(0, n).cols(k * c.hidden_size, c.hidden_size);
         be.hc_mean(X, hc, m_l);
         name(p, l, "dspark_capture", m_l);
       }
-    if (roles[L].engram_index >= 0) {
-      engram(p, L, X);  // spec 3.3: before the attention mixes
-      name(p, l, "engram_out", X);
-    }
 
     be.hc_mix(w.hc_attn_fn, w.hc_attn_base.data(), w.hc_attn_scale.data(), hp, X, A);
     be.hc_pre_norm(X, P, w.attn_norm.data(), hp, xin);

@@ -68,8 +68,9 @@ struct EngineOptions {
   // Shown every named intermediate when set (one eval() at a time). Must outlive the Engine.
   TensorObserver* observer = nullptr;
   // DSpark target capture (spec 6.3 step 1): for each listed layer, in this order, the plain
-  // mean of the hc streams entering it, BF16, written to BatchItem::hidden of the items that
-  // give one (capture_layers.size() x hidden_size floats per token). Empty: nothing is captured.
+  // mean of the hc streams entering it (after its Engram when it has one), BF16, written to
+  // BatchItem::hidden of the items that give one (capture_layers.size() x hidden_size floats per
+  // token). Empty: nothing is captured.
   std::vector<uint32_t> capture_layers;
   // Expert parallelism (docs/scale-out.md): the routed experts `remote` does not call local are
   // computed by other processes; results have the same bits. Null: every expert here. Must
