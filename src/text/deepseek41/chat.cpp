@@ -133,33 +133,25 @@ std::string render_chat(const std::vector<ChatMessage>& messages, const ChatOpti
   return render_chat_prompt(messages, o).text;
 }
 
-// Every string a message, a tool schema or a response format brings is data (PromptText); only
-// the template's own text is markup.
-PromptText render_chat_prompt(const std::vector<ChatMessage>& messages, const ChatOptions& o) {
-  if (o.reasoning_effort < 0 || o.reasoning_effort > 100)
-    throw Error("reasoning effort " + std::to_string(o.reasoning_effort) + " is outside 0..100");
+namespace {
 
-  // System text: the system messages before the first turn, in order, joined by blank lines;
-  // then tools and the response format, as DeepSeek's encoder appends them to the system
-  // message. A system message after the conversation has started stays where it is (below).
+// System text: the system messages before the first turn (messages[0, *leading)), in order,
+// joined by blank lines; then tools and the response format, as DeepSeek's encoder appends them
+// to the system message. A system message after the conversation has started stays where it is
+// (fold_turns).
+PromptText system_text(const std::vector<ChatMessage>& messages, const ChatOptions& o, size_t* leading) {
   PromptText system;
   auto add_system = [&](const PromptText& s) {
     if (!system.text.empty()) system.markup("\n\n");
     system.append(s);
   };
-  auto data = [](std::string_view s) {
-    PromptText p;
-    p.add_data(s);
-    return p;
-  };
-  bool tool_context = !o.tools.empty();
-  size_t leading = 0;  // messages[0, leading) are the leading system messages
-  while (leading < messages.size() && role_of(messages[leading].role) == Role::System)
-    add_system(data(messages[leading++].content));
-  for (const ChatMessage& m : messages) {
-    const Role r = role_of(m.role);
-    if (r == Role::Tool || (r == Role::Assistant && !m.tool_calls.empty())) tool_context = true;
+  size_t n = 0;
+  while (n < messages.size() && role_of(messages[n].role) == Role::System) {
+    PromptText d;
+    d.add_data(messages[n++].content);
+    add_system(d);
   }
+  *leading = n;
   if (!o.tools.empty()) {
     PromptText t;
     append_tools(t, o.tools);
@@ -171,8 +163,11 @@ PromptText render_chat_prompt(const std::vector<ChatMessage>& messages, const Ch
     f.add_data(py_json(parse_json(o.response_format, "response format")));
     add_system(f);
   }
+  return system;
+}
 
-  // Fold tool results and user text into user turns.
+// Tool results and user text folded into user turns, from messages[leading] on.
+std::vector<Turn> fold_turns(const std::vector<ChatMessage>& messages, size_t leading) {
   std::vector<Turn> turns;
   std::map<std::string, size_t> call_order;
   for (size_t i = leading; i < messages.size(); ++i) {
@@ -209,6 +204,24 @@ PromptText render_chat_prompt(const std::vector<ChatMessage>& messages, const Ch
   }
   for (Turn& t : turns)
     if (t.user) order_results(t);
+  return turns;
+}
+
+}  // namespace
+
+// Every string a message, a tool schema or a response format brings is data (PromptText); only
+// the template's own text is markup.
+PromptText render_chat_prompt(const std::vector<ChatMessage>& messages, const ChatOptions& o) {
+  if (o.reasoning_effort < 0 || o.reasoning_effort > 100)
+    throw Error("reasoning effort " + std::to_string(o.reasoning_effort) + " is outside 0..100");
+  size_t leading = 0;
+  const PromptText system = system_text(messages, o, &leading);
+  bool tool_context = !o.tools.empty();
+  for (const ChatMessage& m : messages) {
+    const Role r = role_of(m.role);
+    if (r == Role::Tool || (r == Role::Assistant && !m.tool_calls.empty())) tool_context = true;
+  }
+  const std::vector<Turn> turns = fold_turns(messages, leading);
 
   const bool thinking = o.thinking && o.reasoning_effort > 0;
   const bool drop = o.drop_thinking && !tool_context;
