@@ -141,6 +141,17 @@ TEST(ResponsesRequest, NamespaceToolsAreFlattenedAndBuiltinsDropped) {
   EXPECT_EQ(prompt.find("web_search"), std::string::npos);
 }
 
+// Issue 53 (also noted): a dot is accepted in a function name (agents send what their tool
+// servers call things), so a top-level "ns.f" could meet namespace ns's f: that is refused as a
+// second tool of the name, never two tools the model cannot tell apart.
+TEST(ResponsesRequest, ADottedNameThatMeetsANamespacedOneIsRefused) {
+  const json fn = {{"type", "function"}, {"name", "ns.f"}};
+  const json ns = {{"type", "namespace"}, {"name", "ns"}, {"tools", json::array({{{"type", "function"}, {"name", "f"}}})}};
+  EXPECT_NE(refusal({{"input", "x"}, {"tools", json::array({fn, ns})}}).find("a second tool named 'ns.f'"), std::string::npos);
+  EXPECT_NE(refusal({{"input", "x"}, {"tools", json::array({ns, fn})}}).find("a second tool named 'ns.f'"), std::string::npos);
+  EXPECT_EQ(convert({{"input", "x"}, {"tools", json::array({fn})}}).chat.options.tools.size(), 1u);
+}
+
 TEST(ResponsesRequest, NonTextPartsBecomePlaceholdersAndBuiltinItemsAreDropped) {
   const json input = json::array({
       {{"role", "user"},

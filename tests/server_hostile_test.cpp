@@ -133,6 +133,19 @@ TEST(ServerShutdown, SigtermEndsAnOpenAiStreamWithAnErrorEvent) {
   EXPECT_EQ(s.wait_exit(), 0);
 }
 
+// Issue 53 (also noted): SIGUSR1 and SIGUSR2 killed the server with the default action; they are
+// ignored (and logged). SIGHUP stops it cleanly, like SIGTERM.
+TEST(ServerShutdown, SigusrIsIgnoredAndSighupStopsCleanly) {
+  Server s({});
+  ::kill(s.pid(), SIGUSR1);
+  ::kill(s.pid(), SIGUSR2);
+  EXPECT_NE(s.wait_log("SIGUSR2 ignored").find("SIGUSR2 ignored"), std::string::npos) << s.log();
+  EXPECT_EQ(s.get("/health").status, 200) << "a user signal ended the server";
+  ::kill(s.pid(), SIGHUP);
+  EXPECT_EQ(s.wait_exit(), 0);
+  EXPECT_NE(s.log().find("SIGHUP, stopping"), std::string::npos) << s.log();
+}
+
 TEST(ServerShutdown, SigtermEndsAnAnthropicStreamWithAnErrorEvent) {
   Server s({});
   const json body = {{"model", "tiny"}, {"max_tokens", 4000}, {"stream", true}, {"temperature", 0},

@@ -95,20 +95,26 @@ CLI::App* setup_serve(CLI::App& app, ServeOptions& o) {
 namespace {
 
 // SIGINT/SIGTERM are blocked in every thread and taken by one waiting thread, which stops the
-// server from ordinary code (stop() takes locks, so it cannot run in a signal handler).
+// server from ordinary code (stop() takes locks, so it cannot run in a signal handler). SIGHUP
+// (the terminal went away) stops it the same way; SIGUSR1/SIGUSR2 mean nothing to it and are
+// logged and ignored: by default each would kill the process mid-answer.
 class SignalStopper {
  public:
   explicit SignalStopper(server::Server& s) : server_(s) {
     sigemptyset(&set_);
-    sigaddset(&set_, SIGINT);
-    sigaddset(&set_, SIGTERM);
+    for (const int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2}) sigaddset(&set_, sig);
     pthread_sigmask(SIG_BLOCK, &set_, &old_);
     thread_ = std::thread([this] {
       while (!done_) {
         const timespec ts{0, 200 * 1000 * 1000};
         const int sig = sigtimedwait(&set_, nullptr, &ts);
-        if (sig == SIGINT || sig == SIGTERM) {
-          std::fprintf(stderr, "sluice serve: %s, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+        if (sig == SIGUSR1 || sig == SIGUSR2) {
+          std::fprintf(stderr, "sluice serve: %s ignored\n", sig == SIGUSR1 ? "SIGUSR1" : "SIGUSR2");
+          continue;
+        }
+        if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
+          std::fprintf(stderr, "sluice serve: %s, stopping\n",
+                       sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP");
           server_.stop();
           return;
         }
