@@ -62,12 +62,14 @@ bool Connection::peer_gone() {
   if (broken_) return true;
   pollfd p{fd_, (short)(POLLIN | POLLRDHUP), 0};
   if (::poll(&p, 1, 0) <= 0) return false;
-  // A reset, or both directions closed: gone. A FIN alone (POLLRDHUP, or a readable end of
-  // file) is a half-close, not a hang-up: the client has finished sending and may still read its
-  // answer (shutdown(SHUT_WR) after the request is legal HTTP/1.1), so it is answered. A client
-  // that closed its socket altogether is found at the next write (an SSE event or keep-alive
-  // comment), which its reset makes fail.
-  return (p.revents & (POLLHUP | POLLERR | POLLNVAL)) != 0;
+  if (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return true;
+  if (p.revents & POLLIN) {
+    // Readable but not hung up: either a pipelined request (peer still there) or EOF.
+    char c;
+    const ssize_t n = ::recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+  }
+  return false;
 }
 
 void send_response(Connection& c, int status, std::string_view content_type, std::string_view body,
