@@ -492,6 +492,41 @@ TEST_F(StateDiskSession, TheBudgetHoldsAndEvictsTheLeastRecentlyUsed) {
   EXPECT_GE(small.stats().disk_skipped, 1u);
 }
 
+// The LRU order across restarts lives in the files' mtimes. The kernel stamps writes with a clock
+// that ticks every few milliseconds, so states written or used within one tick would tie and a
+// restart could evict the one used last: each write and hit gets its own, later stamp.
+TEST_F(StateDiskSession, EachWriteAndHitGetsItsOwnLaterMtime) {
+  auto mtime = [](const fs::path& f) {
+    struct stat st {};
+    EXPECT_EQ(::stat(f.c_str(), &st), 0) << f;
+    return (int64_t)st.st_mtim.tv_sec * 1'000'000'000 + st.st_mtim.tv_nsec;
+  };
+  auto by_size = [&] {  // the state before the prompt's last token, then the prompt end's
+    std::vector<fs::path> f = state_files();
+    std::sort(f.begin(), f.end(), [](const fs::path& x, const fs::path& y) { return fs::file_size(x) < fs::file_size(y); });
+    return f;
+  };
+  const GenerateRequest a = request(60, 30);
+  for (int round = 0; round < 5; ++round) {
+    fs::remove_all(states_);
+    { Session s(options()); run(s, a, nullptr); }
+    const std::vector<fs::path> f = by_size();
+    ASSERT_EQ(f.size(), 2u);
+    EXPECT_LT(mtime(f[0]), mtime(f[1])) << "two writes share a stamp (round " << round << ")";
+  }
+  // A hit stamps the file it read later than everything before it.
+  const std::vector<fs::path> f = by_size();
+  { Session s(options()); ASSERT_EQ(run(s, a, nullptr).reused_tokens, a.prompt.size()); }
+  EXPECT_GT(mtime(f[1]), mtime(f[0]));
+  // Where the file system keeps coarser times than that, the shorter prefix counts as the older:
+  // with room for one, the prompt end's state stays.
+  const timespec same[2] = {{1'700'000'000, 0}, {1'700'000'000, 0}};
+  for (const fs::path& x : f) ASSERT_EQ(::utimensat(AT_FDCWD, x.c_str(), same, 0), 0);
+  Session s(options(0, fs::file_size(f[1])));
+  EXPECT_EQ(s.stats().disk_evicted, 1u);
+  EXPECT_EQ(run(s, a, nullptr).reused_tokens, a.prompt.size()) << "the shorter state was kept";
+}
+
 TEST_F(StateDiskSession, OneDirectoryHasOneOwner) {
   Session s(options());
   try {

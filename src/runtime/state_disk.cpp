@@ -12,6 +12,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
+#include <tuple>
 
 #include "model/deepseek41/engine_footprint.h"
 #include "runtime/state_dir_trust.h"
@@ -203,9 +205,13 @@ void StateDisk::scan() {
     }
   }
   ::closedir(dir);
-  // Least recently used first: the order of their mtimes (a hit refreshes it).
-  std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) { return a.mtime_ns < b.mtime_ns; });
+  // Least recently used first: the order of their mtimes (stamp() keeps them distinct; on a file
+  // system that stores coarser times the shorter prefix is taken as the older, then the key).
+  std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) {
+    return std::tie(a.mtime_ns, a.e.pos, a.key) < std::tie(b.mtime_ns, b.e.pos, b.key);
+  });
   for (Found& f : found) {
+    last_stamp_ns_ = std::max(last_stamp_ns_, f.mtime_ns);
     f.e.used = ++tick_;
     index_[f.key] = f.e;
     ++lengths_[f.e.pos];
@@ -284,7 +290,7 @@ bool StateDisk::load(std::span<const TokenId> prompt, uint32_t pos, LoadedState*
     return false;
   }
   if (it != index_.end()) it->second.used = ++tick_;
-  ::futimens(fd, nullptr);  // the LRU order across restarts
+  stamp(fd);  // the LRU order across restarts
   ++st_.hits;
   st_.hit_tokens += pos;
   *out = std::move(ls);
@@ -327,6 +333,15 @@ void StateDisk::put(std::vector<TokenId> tokens, SequenceSnapshot snap, std::vec
 void StateDisk::flush() {
   std::unique_lock lk(mu_);
   idle_.wait(lk, [&] { return queue_.empty() && !writing_; });
+}
+
+void StateDisk::stamp(int fd) {
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  last_stamp_ns_ = std::max<int64_t>((int64_t)now.tv_sec * 1'000'000'000 + now.tv_nsec, last_stamp_ns_ + 1);
+  const timespec t{(time_t)(last_stamp_ns_ / 1'000'000'000), (long)(last_stamp_ns_ % 1'000'000'000)};
+  const timespec both[2] = {t, t};
+  ::futimens(fd, both);
 }
 
 StateDiskStats StateDisk::stats() const {
@@ -399,15 +414,16 @@ void StateDisk::write_one(Pending& p) {
     } catch (const std::exception& e) {
       failure = e.what();
     }
-    ::close(fd);
     if (failure.empty() && ::rename(tmp.c_str(), path.c_str()) != 0) failure = path + ": cannot rename into place: " + err(errno);
     if (!failure.empty()) ::unlink(tmp.c_str());
   }
+  UniqueFd guard(fd);
   std::lock_guard lk(mu_);
   if (!failure.empty()) {
     if (st_.write_errors++ == 0) say(failure + " (further write errors are counted, not logged)");
     return;
   }
+  stamp(fd);  // in the order of the ticks
   if (auto it = index_.find(p.key); it != index_.end()) erase(it, false);
   index_[p.key] = Entry{pos, with_logits, bytes, ++tick_};
   ++lengths_[pos];

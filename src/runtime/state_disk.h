@@ -8,7 +8,8 @@
 // state file's header into the index.
 //
 // Bounded: the files of this model held in DIR stay within the budget (least recently used
-// evicted before a write; a hit refreshes the file's mtime, so the order survives restarts); the
+// evicted before a write; a write or a hit stamps the file's mtime, strictly later than any stamp
+// before it, so the order survives restarts even where the clock ticks coarser than the uses); the
 // snapshots waiting to be written within queue_bytes (a snapshot that does not fit is not
 // queued, and counted). Files it does not recognise as this model's states (other names, other
 // models, formats or builds) are never touched; one of this model's that fails its checks
@@ -108,6 +109,9 @@ class StateDisk {
   // `bytes` (under mu_).
   void evict_until(uint64_t bytes, const Digest128* keep);
   std::string path_of(const Digest128& key) const;
+  // Sets fd's mtime to now, or just after the latest stamp when the clock has not moved past it
+  // (under mu_): two uses within one clock tick keep their order across a restart.
+  void stamp(int fd);
 
   StateDiskOptions opt_;
   SipKey key_{};  // signs and verifies the files (runtime/state_dir_trust.h)
@@ -119,6 +123,7 @@ class StateDisk {
   std::deque<Pending> queue_;             // the front is being written while writing_
   bool writing_ = false, stop_ = false;
   uint64_t queue_used_ = 0, tick_ = 0;
+  int64_t last_stamp_ns_ = 0;  // the latest mtime scan() found or stamp() set
   StateDiskStats st_;
   std::thread thread_;
 };
