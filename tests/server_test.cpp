@@ -374,6 +374,22 @@ TEST_F(ServerTest, FullQueueGets503AndDisconnectCancels) {
   EXPECT_EQ(server_->post("/v1/chat/completions", kChat).status, 200);
 }
 
+// A plain (not streamed) request whose client closes its socket is cancelled at once, although
+// a half-close looks the same on the wire until the server writes (it probes with a 102).
+TEST_F(ServerTest, ClosingAPlainRequestCancelsIt) {
+  const std::string cancelled = "sluice_requests_cancelled_total{reason=\"disconnect\"}";
+  const double cancelled_before = metrics()[cancelled];
+  const double predicted_before = metrics()["sluice_tokens_predicted_total"];
+  const json long_gen = {{"prompt", "tell me everything"}, {"max_tokens", 4000}, {"ignore_eos", true}};
+  const int fd = connect_to(server_->port());
+  ASSERT_GE(fd, 0);
+  send_all(fd, request_text("POST", "/v1/completions", long_gen.dump()));
+  ASSERT_TRUE(wait_metric("sluice_requests_processing", 1));
+  ::close(fd);
+  EXPECT_TRUE(wait_metric(cancelled, cancelled_before + 1)) << "the generation ran on after the client left";
+  EXPECT_LT(metrics()["sluice_tokens_predicted_total"] - predicted_before, 4000);
+}
+
 // A long prompt: the status line and a first SSE comment arrive at once, before the prefill.
 TEST_F(ServerTest, FirstByteBeforeLongPrefill) {
   std::vector<int> prompt;

@@ -111,6 +111,34 @@ TEST_F(ServerStrictHttp, DuplicateHost) { expect_refused("Host: x\r\nHost: y\r\n
 // Slow senders: each connection sends a header line every 0.3 s and never finishes. With the
 // old per-read timeout they held every slot and /health got 503; now the request deadline ends
 // them and new clients take the place of the oldest.
+// Issue 53 finding 9: a client that sends its request and then shuts down its write side
+// (a half-close) still gets its whole answer, plain and streamed. A plain answer may follow
+// interim 1xx responses (the server's probes), which a client skips.
+TEST_F(ServerStrictHttp, AHalfClosedClientGetsItsAnswer) {
+  for (const bool stream : {false, true}) {
+    json body = kChat;
+    body["stream"] = stream;
+    body["max_tokens"] = 24;
+    body["ignore_eos"] = true;
+    const int fd = connect_to(server_->port());
+    ASSERT_GE(fd, 0);
+    send_all(fd, request_text("POST", "/v1/chat/completions", body.dump()));
+    ASSERT_EQ(::shutdown(fd, SHUT_WR), 0);
+    std::string got = read_all(fd, 60);
+    ::close(fd);
+    while (got.rfind("HTTP/1.1 1", 0) == 0 && got.find("\r\n\r\n") != std::string::npos)
+      got.erase(0, got.find("\r\n\r\n") + 4);
+    const Response r = parse_response(got);
+    EXPECT_EQ(r.status, 200) << stream << ": " << got.substr(0, 300);
+    if (stream) {
+      EXPECT_NE(r.body.find("data: [DONE]"), std::string::npos) << "a cut stream: " << r.body.substr(0, 300);
+    } else {
+      ASSERT_TRUE(json::accept(r.body)) << r.body.substr(0, 300);
+      EXPECT_EQ(json::parse(r.body)["usage"]["completion_tokens"], 24);
+    }
+  }
+}
+
 TEST(ServerSlowloris, HealthAnswersWhileSlowClientsHoldEverySlot) {
   Server s({"--max-connections", "16", "--request-timeout", "1.5"});
   std::atomic<bool> stop{false};

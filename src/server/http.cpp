@@ -58,18 +58,40 @@ bool Connection::write(std::string_view data) {
   return !broken_;
 }
 
+// A half-close (shutdown(SHUT_WR) after the request, legal HTTP/1.1) and a closed socket both
+// arrive as a FIN; only a write tells them apart. So after a FIN the connection is probed with
+// bytes that do not change the answer: a socket closed altogether answers with a reset, which the
+// next check sees as POLLHUP/POLLERR (within one poll of the follower, ~200 ms); a half-closed
+// client reads on and gets its answer. Before the status line the probe is an interim
+// "102 Processing" response (clients must skip 1xx responses they do not expect, RFC 9110 15.2).
 bool Connection::peer_gone() {
   if (broken_) return true;
   pollfd p{fd_, (short)(POLLIN | POLLRDHUP), 0};
   if (::poll(&p, 1, 0) <= 0) return false;
-  if (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return true;
-  if (p.revents & POLLIN) {
-    // Readable but not hung up: either a pipelined request (peer still there) or EOF.
+  if (p.revents & (POLLHUP | POLLERR | POLLNVAL)) return true;  // a reset, or both directions closed
+  bool fin = (p.revents & POLLRDHUP) != 0;
+  if (!fin && (p.revents & POLLIN)) {
+    // Readable: a pipelined request (peer still there), an end of file, or an error.
     char c;
     const ssize_t n = ::recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return true;
+    fin = n == 0;
   }
-  return false;
+  if (fin) probe();
+  return broken_;
+}
+
+void Connection::probe() {
+  const auto now = std::chrono::steady_clock::now();
+  if (now - probed_ < std::chrono::milliseconds(500)) return;
+  probed_ = now;
+  if (!responded && !interim_ok) {
+    broken_ = true;  // nothing may be sent to an HTTP/1.0 client before its answer: taken as gone
+  } else if (!responded) {
+    write("HTTP/1.1 102 Processing\r\n\r\n");
+  } else if (!stream_probe_.empty()) {
+    write(stream_probe_);
+  }
 }
 
 void send_response(Connection& c, int status, std::string_view content_type, std::string_view body,
@@ -94,6 +116,7 @@ void send_stream_head(Connection& c, int status, std::string_view content_type,
                       const std::vector<std::string>& extra_headers) {
   c.keep_alive = false;  // the body ends when the connection closes
   c.responded = true;
+  if (content_type == "text/event-stream") c.set_stream_probe(":\n\n");  // an SSE comment
   std::string head = "HTTP/1.1 " + std::to_string(status) + " " + status_text(status) + "\r\n";
   head += "Content-Type: " + std::string(content_type) + "\r\n";
   for (const auto& h : extra_headers) head += h + "\r\n";
@@ -460,6 +483,7 @@ void HttpServer::run_connection(int fd) {
     req.body = buf.substr(hp.head_bytes, hp.content_length);
     buf.erase(0, hp.head_bytes + hp.content_length);
     conn.keep_alive = hp.keep_alive;
+    conn.interim_ok = hp.http11;
     const bool reserved = std::find(limits_.reserved_paths.begin(), limits_.reserved_paths.end(), req.path) !=
                           limits_.reserved_paths.end();
     bool full = false, was_evicted = false, no_room = false;

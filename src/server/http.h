@@ -49,17 +49,28 @@ class Connection {
  public:
   explicit Connection(int fd) : fd_(fd) {}
   bool write(std::string_view data);
-  // True when the peer has closed or reset the connection (checked without blocking).
+  // True when the peer has closed or reset the connection (checked without blocking). A FIN
+  // alone is not enough: it may be a half-close (the client finished sending and still reads).
   bool peer_gone();
   bool broken() const { return broken_; }
+  // Bytes a streamed body can carry anywhere without changing it (an SSE comment), written to
+  // tell a half-closed client from a gone one; none: such a body is not probed.
+  void set_stream_probe(std::string bytes) { stream_probe_ = std::move(bytes); }
   // The handler decides whether the connection can carry another request afterwards.
   bool keep_alive = true;
   // A status line has gone out (an error found later can no longer change the status).
   bool responded = false;
+  // The client speaks HTTP/1.1, so it may be sent an interim 1xx response.
+  bool interim_ok = true;
 
  private:
+  void probe();
+
   int fd_;
   bool broken_ = false;
+  std::string stream_probe_;  // after the status line; before it the probe is a 102
+
+  std::chrono::steady_clock::time_point probed_{};
 };
 
 // A complete response with a body (Content-Length). Extra headers are "Name: value" lines.

@@ -217,6 +217,7 @@ HeadParse parse_request_head(std::string_view buf, size_t max_header_bytes, size
 
   const std::string connection = req.header("connection");
   r.keep_alive = version == "HTTP/1.1" ? !has_token(connection, "close") : has_token(connection, "keep-alive");
+  r.http11 = version == "HTTP/1.1";
   r.expect_continue = lower(req.header("expect")) == "100-continue";
   r.head_bytes = end;
   r.state = HeadParse::State::Done;

@@ -33,6 +33,7 @@ struct HeadParse {
   size_t head_bytes = 0;
   size_t content_length = 0;
   bool keep_alive = true;       // what the client asked for (HTTP/1.0 defaults to close)
+  bool http11 = true;           // HTTP/1.1 (an HTTP/1.0 client is sent no interim 1xx response)
   bool expect_continue = false;
   // Failed: the status to answer (400, 411, 413, 431, 505) and why. The connection must be closed
   // afterwards: after a malformed head nothing says where the next request would start.
