@@ -5,6 +5,8 @@
 // the server does before it tokenizes (text::render_chat). A body may be refused — ApiError 400,
 // or sluice::Error from the renderer (the server answers both with 400) — but nothing may crash,
 // hang, or throw anything else: an escaping nlohmann type_error would be a 500 in the server.
+// The bound the server charges before parsing (text::json_tree_bound) is read from every input
+// too: it must end, and for a body that parses it must hold at least its size.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -17,6 +19,7 @@
 #include "server/request_json.h"
 #include "server/responses_request.h"
 #include "text/deepseek41/chat.h"
+#include "text/json_cost.h"
 #include "util/error.h"
 
 namespace {
@@ -50,6 +53,8 @@ void convert(std::string_view body, Api api) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view body(reinterpret_cast<const char*>(data), size);
+  const uint64_t bound = sluice::text::json_tree_bound(body);
+  if (bound < 16) std::abort();
   convert(body, Api::OpenAi);
   convert(body, Api::Anthropic);
   convert(body, Api::Responses);

@@ -54,6 +54,9 @@ CLI::App* setup_serve(CLI::App& app, ServeOptions& o) {
   disk_dir->needs(disk_budget);
   disk_budget->needs(disk_dir);
   cmd->add_option("--max-body", o.max_body, "largest request body (e.g. 8MiB); larger get 413");
+  cmd->add_option("--request-memory", o.request_memory,
+                  "memory for the requests in flight, planned with the model: bodies, their parsed JSON, tokenization "
+                  "(default 256MiB); a request that does not fit now gets 503, one larger than it 413");
   cmd->add_option("--max-tokens-limit", o.max_tokens_limit, "largest max_tokens a request may ask for (also the default)")
       ->check(CLI::Range(1u, 1u << 24));
   auto* key = cmd->add_option("--api-key", o.api_key,
@@ -172,6 +175,7 @@ int run_serve(const ServeOptions& o) {
   so.prefill_step = o.prefill_step;
   try {
     so.max_body_bytes = parse_bytes(o.max_body, "--max-body");
+    so.request_memory = parse_bytes(o.request_memory, "--request-memory");
   } catch (const Error& e) {
     throw UsageError(e.what());  // a bad flag value: exit 2
   }
@@ -196,6 +200,9 @@ int run_serve(const ServeOptions& o) {
 
   SessionOptions sess = session_options(o.engine, o.model, o.ctx);
   sess.parallel = o.parallel;
+  sess.plan_lines.push_back({"request memory", so.request_memory,
+                             "--request-memory: bodies being read, their parsed JSON, prompts being rendered and "
+                             "tokenized, answers being written (a request that does not fit waits for a 503's retry)"});
   if (!o.cache_ram.empty()) sess.cache_ram = parse_bytes(o.cache_ram, "--cache-ram");
   if (!o.kv_disk_dir.empty()) {
     sess.kv_disk_dir = o.kv_disk_dir;

@@ -24,6 +24,7 @@ struct ServeOptions {
   std::string kv_disk_dir;           // --kv-disk-dir DIR: states on disk (empty: none)
   std::string kv_disk_budget;        // --kv-disk-budget BYTES: their files at most
   std::string max_body = "8MiB";
+  std::string request_memory = "256MiB";
   uint32_t max_tokens_limit = 4096;
   std::string api_key;
   bool api_key_given = false;        // --api-key was on the command line (even empty: refused)

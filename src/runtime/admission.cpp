@@ -311,6 +311,8 @@ Eval evaluate(const ModelFootprint& fp, const PlanOptions& o, uint32_t chunk, in
         o.dspark_detail + "; rings " + format_bytes(o.dspark_per_sequence) + " x " + num(o.sequences) +
             " sequence(s); captured rows " + format_bytes(o.dspark_per_row) + " x chunk " + num(chunk));
 
+  for (const PlanLine& l : o.caller_lines) add(l.name, l.bytes, l.detail);
+
   size_store(fp, o, budget, e);
   return e;
 }

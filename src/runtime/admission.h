@@ -203,6 +203,8 @@ struct PlanOptions {
   // anything else it allocates) for a cache of `slots` experts. Must be non-decreasing in
   // slots. When set, it replaces the bounce-buffer and expert-cache formulas.
   std::function<uint64_t(uint64_t slots)> store_bytes;
+  // Lines the caller holds beside the engine (serve: its requests' working memory).
+  std::vector<PlanLine> caller_lines;
 };
 
 // An expert server's live heap for one exchange of `rows` tokens (at most rows x top_k triples):

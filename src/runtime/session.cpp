@@ -651,6 +651,7 @@ Session::Session(SessionOptions o, const ModelHeader& header) : impl_(std::make_
     spo.plan.checkpoint_budget = opt.checkpoint_budget;
     spo.plan.prefix_cache_budget = opt.cache_ram;
     spo.plan.state_disk = !opt.kv_disk_dir.empty();
+    spo.plan.caller_lines = opt.plan_lines;
     if (opt.parallel == 0) throw Error("--parallel must be at least 1");
     spo.plan.sequences = opt.parallel;
     spo.plan.max_cache_experts = opt.max_cache_experts;

@@ -113,6 +113,8 @@ struct SessionOptions {
   // the plan accounts the snapshots queued for writing and the one being read. Empty: none.
   std::string kv_disk_dir;
   uint64_t kv_disk_budget = 0;
+  // Memory the caller holds beside the engine, planned with it (serve: its request memory).
+  std::vector<PlanLine> plan_lines;
   // --dspark FILE: the DSpark drafter's support file (spec 6, docs/dspark.md): exact speculative
   // decoding while one request runs (runtime/speculative.h); empty: none. Drafts are verified
   // draft_max at most per cycle (2 .. the block size), kept while sigmoid(confidence) >=

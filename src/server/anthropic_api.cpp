@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "server/api_error.h"
+#include "server/request_body.h"
 #include "server/chat_encode.h"
 #include "server/job_follow.h"
 #include "server/request_build.h"
@@ -69,7 +70,7 @@ json tool_input(const std::string& arguments) {
 
 int handle_count_tokens(ServerContext& ctx, const HttpRequest& req, Connection& conn) {
   const TokenRequestSlot slot(ctx);  // tokenizes in this thread, outside the worker's queue
-  const json body = parse_body(req.body, ctx.opts.max_json_depth);
+  const json body = parse_charged_body(ctx, req, conn, kTextWorkPerByte);
   ChatRequest c = anthropic_request(body, /*count_only=*/true);
   apply_server_defaults(ctx, c);  // the rendering depends on thinking
   const Session& s = ready_session(ctx);
@@ -79,7 +80,7 @@ int handle_count_tokens(ServerContext& ctx, const HttpRequest& req, Connection& 
 }
 
 int handle_messages(ServerContext& ctx, const HttpRequest& req, Connection& conn) {
-  const json body = parse_body(req.body, ctx.opts.max_json_depth);
+  const json body = parse_charged_body(ctx, req, conn, kTextWorkPerByte);
   ChatRequest c = anthropic_request(body, /*count_only=*/false);
   apply_server_defaults(ctx, c);
   log_omitted(req.path, c.omitted);

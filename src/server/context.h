@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "server/metrics.h"
+#include "server/request_memory.h"
 #include "server/worker.h"
 
 namespace sluice::server {
@@ -39,6 +40,8 @@ struct ServerOptions {
   float min_p = 0.0f;
   size_t max_json_depth = 128;        // deepest nesting a request body (or JSON in its strings) may have
   int max_token_requests = 2;         // /tokenize, /detokenize, count_tokens running at once
+  // Working memory of the requests in flight (server/request_memory.h), charged in the plan.
+  uint64_t request_memory = 256ull << 20;
   std::vector<std::string> stops;     // --stop: stop strings added to every request's
   bool thinking_off = false;          // --thinking off: no request thinks
   // --special-in-content: control-token spellings in request text (messages, tool results,
@@ -50,6 +53,7 @@ struct ServerContext {
   const ServerOptions& opts;
   Worker& worker;
   HttpCounters& counters;
+  RequestMemory& memory;
   std::string model_id;               // alias, or the model file name without .gguf
   std::atomic<uint64_t> next_id{1};
   std::atomic<int> token_requests{0};  // running /tokenize, /detokenize, count_tokens (TokenRequestSlot)

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "util/error.h"
+#include "util/format_bytes.h"
 
 namespace sluice::server {
 
@@ -467,6 +468,21 @@ bool HttpServer::read_request(int fd, Connection& conn, std::string& buf, bool f
     return false;
   }
   const size_t total = hp.head_bytes + hp.content_length;
+  if (limits_.memory && hp.content_length) {
+    // The buffer grows to exactly the request (reserved, not doubled); run_connection then moves
+    // the body out of it, so the body is held once.
+    const RequestMemory::Take t = limits_.memory->take(std::max(total, buf.size()), conn.memory);
+    if (t != RequestMemory::Take::Ok) {
+      const std::string pool = format_bytes(limits_.memory->capacity());
+      reject(conn, t == RequestMemory::Take::Busy ? 503 : 413,
+             t == RequestMemory::Take::Busy
+                 ? "the server's request memory (" + pool + ", --request-memory) is held by other requests; retry"
+                 : "a body of " + std::to_string(hp.content_length) + " bytes does not fit the server's request memory (" +
+                       pool + ", --request-memory)");
+      return false;
+    }
+    buf.reserve(std::max(total, buf.size()));
+  }
   if (total > buf.size() && hp.expect_continue) conn.write("HTTP/1.1 100 Continue\r\n\r\n");
   while (buf.size() < total)
     if (const Read r = read_some(fd, buf, deadline, nullptr); r != Read::Ok) return ended(r);
@@ -480,8 +496,15 @@ void HttpServer::run_connection(int fd) {
     HeadParse hp;
     if (!read_request(fd, conn, buf, first, hp)) break;
     HttpRequest& req = hp.request;
-    req.body = buf.substr(hp.head_bytes, hp.content_length);
-    buf.erase(0, hp.head_bytes + hp.content_length);
+    if (buf.size() == hp.head_bytes + hp.content_length) {
+      req.body = std::move(buf);  // no second copy of a large body
+      req.body.erase(0, hp.head_bytes);
+      buf = std::string();
+    } else {
+      req.body = buf.substr(hp.head_bytes, hp.content_length);
+      buf.erase(0, hp.head_bytes + hp.content_length);
+      if (buf.capacity() > 2 * limits_.max_header_bytes) buf.shrink_to_fit();  // an idle connection keeps no body's buffer
+    }
     conn.keep_alive = hp.keep_alive;
     conn.interim_ok = hp.http11;
     const bool reserved = std::find(limits_.reserved_paths.begin(), limits_.reserved_paths.end(), req.path) !=
@@ -530,9 +553,12 @@ void HttpServer::run_connection(int fd) {
     }
     conn.responded = false;
     handler_(req, conn);
+    req.body = std::string();
+    conn.memory.release();
     set_phase(fd, Slot::Phase::Idle);
     if (!conn.keep_alive) break;
   }
+  conn.memory.release();  // a request refused or cut short
   {
     // Answered: from here the connection only drains, so it no longer takes a slot from new ones.
     std::lock_guard lk(mu_);

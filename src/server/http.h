@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "server/http_parse.h"
+#include "server/request_memory.h"
 
 namespace sluice::server {
 
@@ -41,6 +42,8 @@ struct HttpLimits {
   int request_timeout_ms = 30000;    // head and body of one request, from its first byte (408)
   int header_timeout_ms = 10000;     // the head alone, from the same start (408; nginx's client_header_timeout)
   int idle_timeout_ms = 30000;       // keep-alive wait for the next request (then closed quietly)
+  // The pool a body's bytes are taken from before it is read (nullptr: not charged).
+  RequestMemory* memory = nullptr;
 };
 
 // One client connection, handed to the handler for one request. Writes are blocking and never
@@ -62,6 +65,9 @@ class Connection {
   bool responded = false;
   // The client speaks HTTP/1.1, so it may be sent an interim 1xx response.
   bool interim_ok = true;
+  // What the request being handled holds of the server's request memory (its body, then what
+  // its handler adds); given back when the handler returns.
+  RequestMemory::Lease memory;
 
  private:
   void probe();
@@ -121,6 +127,7 @@ class HttpServer {
   void run_connection(int fd);
   // Reads the next request into buf (head and body); false when the connection is to end (the
   // answer, if one was owed, has been sent).
+  // The body's bytes are taken from limits_.memory into conn.memory before it is read.
   bool read_request(int fd, Connection& conn, std::string& buf, bool first, HeadParse& hp);
   Read read_some(int fd, std::string& buf, std::chrono::steady_clock::time_point deadline, bool* got_lf);
   void set_phase(int fd, Slot::Phase phase);

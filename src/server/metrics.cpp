@@ -285,6 +285,15 @@ std::string render_metrics(const MetricsInput& in) {
         (double)s.store.slots * (double)s.store.slot_bytes);
 
   w.one("sluice_memory_rss_bytes", "gauge", "Resident memory of the server process now.", (double)in.rss_bytes);
+  w.one("sluice_request_memory_bytes", "gauge", "The request memory (--request-memory), planned with the model.",
+        (double)in.request_memory_bytes);
+  w.one("sluice_request_memory_used_bytes", "gauge", "Request memory taken by the requests in flight now.",
+        (double)in.request_memory_used);
+  w.one("sluice_request_memory_peak_bytes", "gauge", "The most request memory taken at once since the start.",
+        (double)in.request_memory_peak);
+  w.one("sluice_request_memory_refused_total", "counter",
+        "Requests refused because their working memory was not free (503) or larger than the pool (413).",
+        (double)in.request_memory_refused);
   w.one("sluice_memory_budget_bytes", "gauge", "Memory budget admitted at load (--mem-budget).", (double)s.budget_bytes);
   w.one("sluice_memory_planned_bytes", "gauge", "Memory the load plan accounts for.", (double)s.planned_bytes);
   return w.out;

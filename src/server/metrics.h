@@ -49,6 +49,9 @@ struct MetricsInput {
   size_t queue_depth = 0;
   SessionStats session;   // zero before the model is loaded
   uint64_t rss_bytes = 0; // now, read by the caller
+  // The request memory (server/request_memory.h): its size, what is taken now and at most so far,
+  // and the takes it refused.
+  uint64_t request_memory_bytes = 0, request_memory_used = 0, request_memory_peak = 0, request_memory_refused = 0;
 };
 
 std::string render_metrics(const MetricsInput& in);

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "server/api_error.h"
+#include "server/request_body.h"
 #include "server/chat_encode.h"
 #include "server/job_follow.h"
 #include "server/request_build.h"
@@ -80,7 +81,7 @@ struct Streamer {
 }  // namespace
 
 int handle_chat_completions(ServerContext& ctx, const HttpRequest& req, Connection& conn) {
-  const json body = parse_body(req.body, ctx.opts.max_json_depth);
+  const json body = parse_charged_body(ctx, req, conn, kTextWorkPerByte);
   ChatRequest cr = openai_chat_request(body, ctx.opts.max_json_depth);
   apply_server_defaults(ctx, cr);
   log_omitted(req.path, cr.omitted);
@@ -196,7 +197,7 @@ int handle_chat_completions(ServerContext& ctx, const HttpRequest& req, Connecti
 }
 
 int handle_completions(ServerContext& ctx, const HttpRequest& req, Connection& conn) {
-  const json body = parse_body(req.body, ctx.opts.max_json_depth);
+  const json body = parse_charged_body(ctx, req, conn, kTextWorkPerByte);
   const Session& s = ready_session(ctx);
   const auto it = body.find("prompt");
   if (it == body.end()) throw bad_request("'prompt' is required");

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "server/api_error.h"
+#include "server/request_body.h"
 #include "server/chat_encode.h"
 #include "server/job_follow.h"
 #include "server/openai_api.h"
@@ -79,7 +80,7 @@ std::string context_message(size_t n, uint32_t n_ctx) {
 }  // namespace
 
 int handle_responses(ServerContext& ctx, const HttpRequest& req, Connection& conn) {
-  const json body = parse_body(req.body, ctx.opts.max_json_depth);
+  const json body = parse_charged_body(ctx, req, conn, kTextWorkPerByte);
   ResponsesRequest rr = responses_request(body, ctx.opts.max_json_depth);
   log_dropped(rr.dropped);
   apply_server_defaults(ctx, rr.chat);

@@ -81,6 +81,10 @@ int handle_metrics(ServerContext& ctx, Connection& conn) {
   in.waiting = ctx.worker.waiting();
   in.queue_depth = ctx.opts.queue_depth;
   in.session = ctx.worker.stats();
+  in.request_memory_bytes = ctx.memory.capacity();
+  in.request_memory_used = ctx.memory.in_use();
+  in.request_memory_peak = ctx.memory.peak();
+  in.request_memory_refused = ctx.memory.refused();
   try {
     in.rss_bytes = read_self_status().rss;
   } catch (const Error&) {
@@ -115,8 +119,12 @@ int handle_slots(ServerContext& ctx, Connection& conn) {
 }  // namespace
 
 Server::Server(ServerOptions opts, Worker::Factory factory, std::string model_id)
-    : opts_(std::move(opts)), factory_(std::move(factory)), model_id_(std::move(model_id)) {
+    : opts_(std::move(opts)),
+      memory_(opts_.request_memory),
+      factory_(std::move(factory)),
+      model_id_(std::move(model_id)) {
   HttpLimits limits;
+  limits.memory = &memory_;
   limits.max_body_bytes = opts_.max_body_bytes;
   limits.max_connections = opts_.max_connections;
   // One address may hold a quarter of the slots with requests still arriving (slow senders).
@@ -149,7 +157,7 @@ uint16_t Server::listen() {
         if (s == Worker::State::Failed) http_->stop();
       },
       opts_.on_step_error);
-  ctx_.reset(new ServerContext{opts_, *worker_, counters_, model_id_});
+  ctx_.reset(new ServerContext{opts_, *worker_, counters_, memory_, model_id_});
   return port;
 }
 

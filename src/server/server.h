@@ -38,6 +38,7 @@ class Server {
 
   ServerOptions opts_;
   HttpCounters counters_;
+  RequestMemory memory_;
   std::unique_ptr<HttpServer> http_;
   Worker::Factory factory_;
   std::unique_ptr<Worker> worker_;

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "server/api_error.h"
+#include "server/request_body.h"
 #include "server/request_json.h"
 #include "server/worker_access.h"
 #include "text/json_text.h"
@@ -73,7 +74,7 @@ TokenRequestSlot::~TokenRequestSlot() { ctx_.token_requests.fetch_sub(1); }
 // {"content", "add_special" (false), "parse_special" (true), "with_pieces"}.
 int handle_tokenize(ServerContext& ctx, const HttpRequest& req, Connection& conn) {
   const TokenRequestSlot slot(ctx);
-  const json body = parse_body(req.body, ctx.opts.max_json_depth);
+  const json body = parse_charged_body(ctx, req, conn, kTextWorkPerByte);
   const text::Tokenizer& tok = ready_session(ctx).tokenizer();
   const auto it = body.find("content");
   if (it == body.end() || !it->is_string()) throw bad_request("'content' (a string) is required");
@@ -112,9 +113,11 @@ int handle_tokenize(ServerContext& ctx, const HttpRequest& req, Connection& conn
   return 200;
 }
 
+// The answer is written as it is decoded, in pieces of kWriteChunk: an id list of long tokens
+// decodes to many times its size, which is never held whole.
 int handle_detokenize(ServerContext& ctx, const HttpRequest& req, Connection& conn) {
   const TokenRequestSlot slot(ctx);
-  const json body = parse_body(req.body, ctx.opts.max_json_depth);
+  const json body = parse_charged_body(ctx, req, conn, kIdsWorkPerByte, kAnswerBufferBytes);
   const text::Tokenizer& tok = ready_session(ctx).tokenizer();
   if (!body.contains("tokens") || !body["tokens"].is_array()) throw bad_request("'tokens' (an array of ids) is required");
   std::vector<TokenId> ids;
@@ -125,7 +128,22 @@ int handle_detokenize(ServerContext& ctx, const HttpRequest& req, Connection& co
     ids.push_back(t.get<TokenId>());
   }
   ChunkedJson out(conn);
-  out.buf() = "{\"content\":" + text::py_json_string(tok.decode(ids)) + "}";
+  std::string& b = out.buf();
+  b.reserve(kWriteChunk + 4096);
+  b += "{\"content\":\"";
+  // Whole characters at a time (StreamDecoder), escaped as the whole string would be.
+  auto put = [&b](const std::string& text) {
+    if (text.empty()) return;
+    const std::string quoted = text::py_json_string(text);
+    b.append(quoted, 1, quoted.size() - 2);
+  };
+  text::StreamDecoder dec(tok);
+  for (const TokenId id : ids) {
+    put(dec.push(id));
+    if (!out.flush_if_full()) return 499;
+  }
+  put(dec.finish());
+  b += "\"}";
   out.finish();
   return 200;
 }
