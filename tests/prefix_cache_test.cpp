@@ -142,5 +142,35 @@ TEST(PrefixCache, RefusesAnEntryLargerThanTheBudgetWithoutEvicting) {
   EXPECT_EQ(cache.stats().evicted, 1u);
 }
 
+// Issue 53 finding 10: an entry serves only its own scope (an API key's); the budget and the
+// least-recently-used order are shared, and a scope whose last entry goes leaves nothing behind.
+TEST(PrefixCache, AScopeSeesOnlyItsOwnEntries) {
+  const PrefixEntry e0 = entry(4, 100, true);
+  const uint64_t one = prefix_entry_charge(e0.bytes(), e0.blocks(), 4);
+  PrefixCache cache(2 * one);
+  const std::vector<TokenId> p = {1, 2, 3, 4}, longer = {1, 2, 3, 4, 5};
+  cache.insert(p, entry(4, 100, true), /*scope=*/7);
+  EXPECT_NE(cache.lookup(longer, 7), nullptr);
+  EXPECT_EQ(cache.lookup(longer, 8), nullptr) << "another scope found the entry";
+  EXPECT_EQ(cache.lookup(longer), nullptr) << "the shared scope found a scoped entry";
+  EXPECT_EQ(cache.peek(p, 8), nullptr);
+  EXPECT_TRUE(cache.contains(p, true, 7));
+  EXPECT_FALSE(cache.contains(p, false, 8));
+  // The same prefix in another scope is another entry.
+  cache.insert(p, entry(4, 100, true), 8);
+  EXPECT_EQ(cache.stats().entries, 2u);
+  ASSERT_NE(cache.lookup(longer, 8), nullptr);
+  // A third entry evicts the least recently used, whichever scope holds it (7's, looked up first).
+  ASSERT_TRUE(cache.make_room(one));
+  cache.insert(p, entry(4, 100, true), 0);
+  EXPECT_EQ(cache.stats().entries, 2u);
+  EXPECT_EQ(cache.lookup(longer, 7), nullptr);
+  EXPECT_NE(cache.lookup(longer, 8), nullptr);
+  EXPECT_NE(cache.lookup(longer, 0), nullptr);
+  ASSERT_TRUE(cache.make_room(2 * one));
+  EXPECT_EQ(cache.stats().entries, 0u);
+  EXPECT_EQ(cache.stats().bytes, 0u);
+}
+
 }  // namespace
 }  // namespace sluice

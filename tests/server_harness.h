@@ -2,6 +2,7 @@
 // a server on an ephemeral port, requests written by hand, responses and SSE streams parsed
 // strictly (so framing mistakes fail the test). Shared by every server test file.
 #pragma once
+#include <algorithm>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -140,6 +141,10 @@ class Server {
       ::close(pipefd[0]);
       ::close(pipefd[1]);
       std::vector<std::string> args = {binary, "serve", "-m", model_, "--port", "0", "--allow-swap"};
+      // Exact cached_tokens unless a test asks for the server's default rounding (the tests that
+      // check what a request reused compare counts to the token).
+      if (std::find(flags.begin(), flags.end(), "--cached-tokens-granularity") == flags.end())
+        args.insert(args.end(), {"--cached-tokens-granularity", "1"});
       args.insert(args.end(), flags.begin(), flags.end());
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());

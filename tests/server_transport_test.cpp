@@ -265,10 +265,89 @@ void expect_key_required(const Server& s, const std::string& good_header) {
 
 TEST(ServerApiKey, FromAFile) {
   TempDir dir("sluice_api_key");
-  { std::ofstream(dir / "key") << "  file-key-123  \nsecond line ignored\n"; }
+  { std::ofstream(dir / "key") << "# the operator\n  file-key-123  \n\n"; }
   Server s({"--api-key-file", dir / "key"});
   expect_key_required(s, "Authorization: Bearer file-key-123\r\n");
-  EXPECT_EQ(s.post("/v1/chat/completions", kChat, "Authorization: Bearer second line ignored\r\n").status, 401);
+  EXPECT_EQ(s.post("/v1/chat/completions", kChat, "Authorization: Bearer # the operator\r\n").status, 401);
+}
+
+// Issue 53 finding 10: a key file with several keys; each key's reused states are its own. Key
+// b sends the prompt key a just ran (its slot's sequence, the RAM prefix cache and, after a
+// restart, the state directory all hold it) and reuses nothing; a reuses it every time. Counts
+// are reported in multiples of the default granularity (16). /metrics and /slots answer only a.
+TEST(ServerApiKey, SeveralKeysEachReuseOnlyTheirOwnStates) {
+  TempDir dir("sluice_api_keys");
+  { std::ofstream(dir / "keys") << "key-a\nkey-b\n"; }
+  const std::string a = "Authorization: Bearer key-a\r\n", b = "x-api-key: key-b\r\n";
+  std::string text;
+  for (int i = 0; text.size() < 400; ++i) text += "line " + std::to_string(i) + " of a private prompt. ";
+  const json chat = {{"messages", json::array({{{"role", "user"}, {"content", text}}})}, {"max_tokens", 2}, {"temperature", 0}};
+  auto cached = [&](const Server& s, const std::string& key) {
+    const Response r = s.post("/v1/chat/completions", chat, key);
+    EXPECT_EQ(r.status, 200) << r.body;
+    return json::parse(r.body)["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>();
+  };
+  const std::vector<std::string> flags = {"--api-key-file", dir / "keys", "--cache-ram", "64MiB", "--kv-disk-dir",
+                                          dir / "states", "--kv-disk-budget", "256MiB",
+                                          "--cached-tokens-granularity", "16"};
+  {
+    Server s(flags);
+    EXPECT_EQ(cached(s, a), 0);
+    const int again = cached(s, a);
+    EXPECT_GT(again, 300) << "a's own sequence was not reused";
+    EXPECT_EQ(again % 16, 0) << again;
+    EXPECT_EQ(cached(s, b), 0) << "b reused a's sequence or cache";
+    EXPECT_GT(cached(s, a), 300) << "a lost its state to b's request";
+    EXPECT_GT(cached(s, b), 300) << "b's own state was not reused";
+    EXPECT_EQ(s.roundtrip(request_text("GET", "/metrics", "", b)).status, 403);
+    EXPECT_EQ(s.roundtrip(request_text("GET", "/slots", "", b)).status, 403);
+    EXPECT_EQ(s.roundtrip(request_text("GET", "/metrics", "", a)).status, 200);
+  }
+  // The state directory: a fresh one that only a's prompt reaches, then restarts (only the
+  // files remember).
+  std::vector<std::string> disk = flags;
+  disk[std::find(disk.begin(), disk.end(), "--kv-disk-dir") - disk.begin() + 1] = dir / "states2";
+  { Server s(disk); EXPECT_EQ(cached(s, a), 0); }
+  { Server s(disk); EXPECT_EQ(cached(s, b), 0) << "b found a's state file"; }
+  Server s(disk);
+  EXPECT_GT(cached(s, a), 300) << "a's state file was not found again";
+}
+
+// cached_tokens is rounded down to --cached-tokens-granularity (CLI default 16), and so is
+// everything derived from it: Anthropic's input_tokens and cache_read_input_tokens, llama.cpp's
+// timings.cache_n. The same conversations on a server reporting exact counts give the reference.
+TEST(ServerCachedTokens, RoundedDownToTheGranularity) {
+  const Server exact({"--cached-tokens-granularity", "1"}), coarse({"--cached-tokens-granularity", "16"});
+  bool uneven = false;
+  for (const std::string tail : {"a", "bb", "ccc", "dddd"}) {
+    const json first = {{"model", "m"}, {"max_tokens", 3}, {"temperature", 0},
+                        {"messages", json::array({{{"role", "user"}, {"content", "tell me about " + tail}}})}};
+    json second = first;
+    second["messages"].push_back({{"role", "assistant"}, {"content", "ok"}});
+    second["messages"].push_back({{"role", "user"}, {"content", "and more " + tail}});
+    std::vector<json> got[2];
+    for (int k = 0; k < 2; ++k) {
+      const Server& s = k ? coarse : exact;
+      ASSERT_EQ(s.post("/v1/messages", first).status, 200);
+      const Response r = s.post("/v1/messages", second);
+      ASSERT_EQ(r.status, 200) << r.body;
+      got[k].push_back(json::parse(r.body)["usage"]);
+      ASSERT_EQ(s.post("/v1/chat/completions", first).status, 200);
+      const Response o = s.post("/v1/chat/completions", second);
+      ASSERT_EQ(o.status, 200) << o.body;
+      got[k].push_back(json::parse(o.body));
+    }
+    const int e = got[0][0]["cache_read_input_tokens"], c = got[1][0]["cache_read_input_tokens"];
+    ASSERT_GT(e, 0) << "the second turn reused nothing";
+    uneven |= e % 16 != 0;
+    EXPECT_EQ(c, e / 16 * 16) << tail;
+    EXPECT_EQ(got[1][0]["input_tokens"].get<int>() + c, got[0][0]["input_tokens"].get<int>() + e) << "the prompt's size changed";
+    const int oe = got[0][1]["usage"]["prompt_tokens_details"]["cached_tokens"];
+    const int oc = got[1][1]["usage"]["prompt_tokens_details"]["cached_tokens"];
+    EXPECT_EQ(oc, oe / 16 * 16) << tail;
+    EXPECT_EQ(got[1][1]["timings"]["cache_n"].get<int>(), oc) << tail;
+  }
+  EXPECT_TRUE(uneven) << "no count to round: the test shows nothing";
 }
 
 TEST(ServerApiKey, FromTheEnvironment) {
@@ -294,7 +373,7 @@ TEST(ServerApiKey, UnusableKeySourcesAreRefusedAtStart) {
   // The key is read before the model is looked at, so a missing model does not hide the error.
   CmdResult r = run_sluice(dir, "serve -m " + q(dir / "none.gguf") + " --api-key-file " + q(dir / "empty"));
   EXPECT_EQ(r.rc, 1);
-  EXPECT_NE(r.err.find("--api-key-file " + dir / "empty" + ": the first line is empty"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--api-key-file " + dir / "empty" + ": holds no key"), std::string::npos) << r.err;
   r = run_sluice(dir, "serve -m " + q(dir / "none.gguf") + " --api-key-file " + q(dir / "missing"));
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.err.find("cannot read it"), std::string::npos) << r.err;
@@ -329,7 +408,11 @@ TEST(ServerApiKey, AKeyNoRequestCanCarryIsRefusedAtStart) {
   { std::ofstream(dir / "ctl") << "sek\x01rit\n"; }
   CmdResult r = run_sluice(dir, "serve -m " + model + " --api-key-file " + q(dir / "ctl"));
   EXPECT_EQ(r.rc, 1) << r.err;
-  EXPECT_NE(r.err.find("--api-key-file " + dir / "ctl" + ": the key holds a control character"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--api-key-file " + dir / "ctl" + " line 1: the key holds a control character"), std::string::npos) << r.err;
+  { std::ofstream(dir / "twice") << "k1\nk2\n# k1\nk1\n"; }
+  r = run_sluice(dir, "serve -m " + model + " --api-key-file " + q(dir / "twice"));
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find("--api-key-file " + dir / "twice" + " line 4: the key is given twice"), std::string::npos) << r.err;
   ::setenv("SLUICE_API_KEY", "sek\x7frit", 1);
   r = run_sluice(dir, "serve -m " + model);
   ::unsetenv("SLUICE_API_KEY");

@@ -63,7 +63,14 @@ CLI::App* setup_serve(CLI::App& app, ServeOptions& o) {
                                "require this key (Authorization: Bearer KEY or x-api-key: KEY); visible in ps, "
                                "prefer --api-key-file or SLUICE_API_KEY");
   key->each([&o](const std::string&) { o.api_key_given = true; });
-  cmd->add_option("--api-key-file", o.api_key_file, "require the key on the first line of this file")->excludes(key);
+  cmd->add_option("--api-key-file", o.api_key_file,
+                  "require one of the keys in this file, one per line ('#' lines skipped); with several, each key's "
+                  "prefix caches and state files serve no other key, and /metrics and /slots answer only the first")
+      ->excludes(key);
+  cmd->add_option("--cached-tokens-granularity", o.cached_tokens_granularity,
+                  "report cached_tokens rounded down to a multiple of this (default 16), so a count does not tell "
+                  "single tokens of a prompt sharing the cache; 1: exact")
+      ->check(CLI::Range(1u, 1u << 20));
   cmd->add_option("--max-connections", o.max_connections, "open connections at once (slow senders are dropped first)")
       ->check(CLI::Range(size_t{4}, size_t{4096}));
   cmd->add_option("--request-timeout", o.request_timeout_s, "seconds a request's headers and body may take to arrive (408)")
@@ -142,10 +149,12 @@ class SignalStopper {
 // --api-key, else --api-key-file, else SLUICE_API_KEY (set but empty is refused: a key that
 // was meant to be there must not silently turn authentication off). A key no request could
 // carry (server::api_key_problem) is refused too: a bad --api-key value is a usage error.
-std::string api_key(const ServeOptions& o) {
+// The file may hold several keys, one per line: each is then a scope of its own (its prefix
+// caches and state files serve no other key).
+std::vector<std::string> api_keys(const ServeOptions& o) {
   if (o.api_key_given) {
     if (const std::string why = server::api_key_problem(o.api_key); !why.empty()) throw UsageError("--api-key: the key " + why);
-    return o.api_key;
+    return {o.api_key};
   }
   if (!o.api_key_file.empty()) return server::read_api_key_file(o.api_key_file);
   if (const char* env = std::getenv("SLUICE_API_KEY")) {
@@ -154,9 +163,9 @@ std::string api_key(const ServeOptions& o) {
     while (!k.empty() && std::isspace((unsigned char)k.front())) k.erase(0, 1);
     if (k.empty()) throw Error("SLUICE_API_KEY is set but empty; unset it to serve without a key");
     if (const std::string why = server::api_key_problem(k); !why.empty()) throw Error("SLUICE_API_KEY: the key " + why);
-    return k;
+    return {k};
   }
-  return "";
+  return {};
 }
 
 }  // namespace
@@ -180,7 +189,8 @@ int run_serve(const ServeOptions& o) {
     throw UsageError(e.what());  // a bad flag value: exit 2
   }
   so.max_tokens_limit = o.max_tokens_limit;
-  so.api_key = api_key(o);
+  so.api_keys = api_keys(o);
+  so.cached_tokens_granularity = o.cached_tokens_granularity;
   so.max_connections = o.max_connections;
   so.request_timeout_ms = (int)(o.request_timeout_s * 1000);
   so.header_timeout_ms = (int)(o.header_timeout_s * 1000);

@@ -28,7 +28,8 @@ struct ServeOptions {
   uint32_t max_tokens_limit = 4096;
   std::string api_key;
   bool api_key_given = false;        // --api-key was on the command line (even empty: refused)
-  std::string api_key_file;          // first line is the key (keeps it out of `ps`)
+  std::string api_key_file;          // one key per line (keeps them out of `ps`)
+  uint32_t cached_tokens_granularity = 16;
   size_t max_connections = 64;
   double request_timeout_s = 30;
   double header_timeout_s = 10;

@@ -15,9 +15,10 @@ struct PrefixCache::Node {
   std::optional<PrefixEntry> entry;
   uint64_t charge = 0;                            // of entry
   uint64_t used = 0;                              // tick of the last lookup or insert
+  uint64_t scope = 0;                             // of the tree (kept at its root)
 };
 
-PrefixCache::PrefixCache(uint64_t budget) : root_(std::make_unique<Node>()) { stats_.budget = budget; }
+PrefixCache::PrefixCache(uint64_t budget) { stats_.budget = budget; }
 PrefixCache::~PrefixCache() = default;
 
 namespace {
@@ -29,22 +30,28 @@ size_t common_run(std::span<const TokenId> a, std::span<const TokenId> b) {
 
 }  // namespace
 
-const PrefixEntry* PrefixCache::lookup(std::span<const TokenId> prompt) {
+PrefixCache::Node* PrefixCache::root(uint64_t scope) const {
+  const auto it = roots_.find(scope);
+  return it == roots_.end() ? nullptr : it->second.get();
+}
+
+const PrefixEntry* PrefixCache::lookup(std::span<const TokenId> prompt, uint64_t scope) {
   ++stats_.lookups;
-  Node* best = deepest(prompt);
+  Node* best = deepest(prompt, scope);
   if (!best) return nullptr;
   best->used = ++tick_;
   return &*best->entry;
 }
 
-const PrefixEntry* PrefixCache::peek(std::span<const TokenId> prompt) const {
-  const Node* n = deepest(prompt);
+const PrefixEntry* PrefixCache::peek(std::span<const TokenId> prompt, uint64_t scope) const {
+  const Node* n = deepest(prompt, scope);
   return n ? &*n->entry : nullptr;
 }
 
-PrefixCache::Node* PrefixCache::deepest(std::span<const TokenId> prompt) const {
+PrefixCache::Node* PrefixCache::deepest(std::span<const TokenId> prompt, uint64_t scope) const {
   Node* best = nullptr;
-  Node* n = root_.get();
+  Node* n = root(scope);
+  if (!n) return nullptr;
   size_t at = 0;  // tokens of prompt matched through n
   while (true) {
     if (n->entry && (at < prompt.size() || !n->entry->logits.empty())) best = n;
@@ -59,8 +66,9 @@ PrefixCache::Node* PrefixCache::deepest(std::span<const TokenId> prompt) const {
   return best;
 }
 
-PrefixCache::Node* PrefixCache::find(std::span<const TokenId> prefix) const {
-  Node* n = root_.get();
+PrefixCache::Node* PrefixCache::find(std::span<const TokenId> prefix, uint64_t scope) const {
+  Node* n = root(scope);
+  if (!n) return nullptr;
   size_t at = 0;
   while (at < prefix.size()) {
     const auto it = n->kids.find(prefix[at]);
@@ -74,8 +82,8 @@ PrefixCache::Node* PrefixCache::find(std::span<const TokenId> prefix) const {
   return n;
 }
 
-bool PrefixCache::contains(std::span<const TokenId> prefix, bool with_logits) const {
-  const Node* n = find(prefix);
+bool PrefixCache::contains(std::span<const TokenId> prefix, bool with_logits, uint64_t scope) const {
+  const Node* n = find(prefix, scope);
   return n && n->entry && (!with_logits || !n->entry->logits.empty());
 }
 
@@ -93,18 +101,23 @@ bool PrefixCache::make_room(uint64_t charge) {
   return true;
 }
 
-void PrefixCache::insert(std::span<const TokenId> prefix, PrefixEntry e) {
+void PrefixCache::insert(std::span<const TokenId> prefix, PrefixEntry e, uint64_t scope) {
   if (prefix.size() != e.pos())
     throw Error("prefix cache: an entry at position " + std::to_string(e.pos()) + " for a prefix of " +
                 std::to_string(prefix.size()) + " tokens");
   const uint64_t charge = prefix_entry_charge(e.bytes(), e.blocks(), prefix.size());
-  Node* held = find(prefix);
+  Node* held = find(prefix, scope);
   const uint64_t freed = held && held->entry ? held->charge : 0;
   if (stats_.bytes - freed + charge > stats_.budget)
     throw Error("prefix cache: an entry of " + std::to_string(charge) + " bytes does not fit the budget of " +
                 std::to_string(stats_.budget) + " (" + std::to_string(stats_.bytes) + " held)");
   // Walk down, splitting the edge where the prefix leaves it and adding the rest as a leaf.
-  Node* n = root_.get();
+  std::unique_ptr<Node>& top = roots_[scope];
+  if (!top) {
+    top = std::make_unique<Node>();
+    top->scope = scope;
+  }
+  Node* n = top.get();
   size_t at = 0;
   while (at < prefix.size()) {
     const auto it = n->kids.find(prefix[at]);
@@ -161,7 +174,7 @@ void PrefixCache::erase_entry(Node* n) {
 // Removes entry-less leaves and merges an entry-less node with its only child, up the path
 // (a loop, not recursion: the path is as long as the entries along it).
 void PrefixCache::prune(Node* n) {
-  while (n != root_.get() && !n->entry) {
+  while (n->parent && !n->entry) {
     Node* parent = n->parent;
     if (n->kids.empty()) {
       const TokenId first = n->label.front();
@@ -179,10 +192,11 @@ void PrefixCache::prune(Node* n) {
     }
     return;
   }
+  if (!n->parent && !n->entry && n->kids.empty()) roots_.erase(n->scope);  // a scope with nothing left
 }
 
 void PrefixCache::clear() {
-  root_ = std::make_unique<Node>();
+  roots_.clear();
   holders_.clear();
   stats_.bytes = 0;
 }

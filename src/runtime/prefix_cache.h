@@ -11,6 +11,10 @@
 // a snapshot is taken (make_room evicts the least recently used entries), so the bytes held
 // never exceed the budget; an entry is charged its snapshot, its logits row and its whole token
 // prefix (an upper bound on the edge storage it adds, which shared edges make smaller).
+//
+// Scopes: every entry belongs to a scope (serve: the API key that computed it; 0 when there is
+// one key or none), and a prompt finds only its own scope's entries: one tree per scope, so a
+// client can neither reuse nor detect another key's prompts. The budget is shared.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -67,18 +71,18 @@ class PrefixCache {
   // The deepest entry a prompt can start from: its prefix is a prefix of prompt, and shorter
   // than the prompt unless the entry has its logits row (a prompt needs the row after its last
   // token). Counted as a lookup; the entry found is marked as used. null: none.
-  const PrefixEntry* lookup(std::span<const TokenId> prompt);
+  const PrefixEntry* lookup(std::span<const TokenId> prompt, uint64_t scope = 0);
   // The same entry, neither counted nor marked as used.
-  const PrefixEntry* peek(std::span<const TokenId> prompt) const;
+  const PrefixEntry* peek(std::span<const TokenId> prompt, uint64_t scope = 0) const;
   // Whether an entry for exactly this prefix is held (with logits, when with_logits).
-  bool contains(std::span<const TokenId> prefix, bool with_logits) const;
+  bool contains(std::span<const TokenId> prefix, bool with_logits, uint64_t scope = 0) const;
   // Evicts least recently used entries until `charge` more bytes fit. false (nothing evicted,
   // counted as skipped) when charge alone exceeds the budget.
   bool make_room(uint64_t charge);
   // Adds (or replaces) the entry for prefix == e's tokens (prefix.size() == e.pos()). The
   // caller made room for its prefix_entry_charge first; throws Error if
   // it does not fit (nothing changed).
-  void insert(std::span<const TokenId> prefix, PrefixEntry e);
+  void insert(std::span<const TokenId> prefix, PrefixEntry e, uint64_t scope = 0);
   // Counted a hit of `tokens` reused tokens (the caller restored the entry).
   void count_hit(uint32_t tokens) { ++stats_.hits, stats_.hit_tokens += tokens; }
   void clear();
@@ -88,12 +92,13 @@ class PrefixCache {
 
  private:
   struct Node;
-  Node* find(std::span<const TokenId> prefix) const;
-  Node* deepest(std::span<const TokenId> prompt) const;
+  Node* root(uint64_t scope) const;  // null: the scope holds nothing
+  Node* find(std::span<const TokenId> prefix, uint64_t scope) const;
+  Node* deepest(std::span<const TokenId> prompt, uint64_t scope) const;
   void erase_entry(Node* n);
   void prune(Node* n);
 
-  std::unique_ptr<Node> root_;
+  std::map<uint64_t, std::unique_ptr<Node>> roots_;  // a scope's tree, while it holds an entry
   std::vector<Node*> holders_;  // nodes with an entry (few: the budget bounds them)
   uint64_t tick_ = 0;
   PrefixCacheStats stats_;

@@ -86,6 +86,8 @@ struct Slot {
   std::vector<float> last_logits;  // the row after history.back() (empty: not computed)
   CheckpointSet checkpoints{0};    // of prefixes of `history`
   PromptCache prompt_cache;        // guarded by Impl::prompt_mu (handler threads read it)
+  uint64_t prompt_scope = 0;       // the scope of the text prompt_cache remembers (prompt_mu)
+  uint64_t scope = 0;              // the scope of `history` and its checkpoints (GenerateRequest::scope)
   std::optional<ActiveRequest> job;
   // --dspark: the drafter's rings of `history`'s positions. Entries from draft_from on were
   // committed by this slot's evaluations; a state that jumped (rollback, restore, reset) leaves
@@ -200,19 +202,19 @@ struct Session::Impl {
     const std::span<const TokenId> key(sl.history.data(), pos);
     const bool with_draft = drafter && sl.draft.committed == pos;
     bool ram = false;
-    if (prefix && !prefix->contains(key, with_logits)) {
+    if (prefix && !prefix->contains(key, with_logits, sl.scope)) {
       const uint64_t need = prefix_entry_charge(snapshot_bytes(model->config, pos) +
                                                     (with_logits ? sl.last_logits.size() * sizeof(float) : 0) +
                                                     (with_draft ? sl.draft.rings.size() * sizeof(uint16_t) : 0),
                                                 prefix_entry_blocks(sl.state.sources.size()), pos);
       ram = prefix->make_room(need);
     }
-    const bool to_disk = disk && disk->wants(key, with_logits);
+    const bool to_disk = disk && disk->wants(key, with_logits, sl.scope);
     if (ram || to_disk) {
       SequenceSnapshot snap = engine->snapshot(sl.state);
       if (to_disk)
         disk->put(std::vector<TokenId>(key.begin(), key.end()), ram ? snap : std::move(snap),
-                  with_logits ? sl.last_logits : std::vector<float>{});
+                  with_logits ? sl.last_logits : std::vector<float>{}, sl.scope);
       if (ram) {
         PrefixEntry e;
         e.snap = std::move(snap);
@@ -221,7 +223,7 @@ struct Session::Impl {
           e.draft_rings = sl.draft.rings;
           e.draft_from = sl.draft_from;
         }
-        prefix->insert(key, std::move(e));
+        prefix->insert(key, std::move(e), sl.scope);
       }
     }
     if (prefix) publish_prefix();
@@ -232,7 +234,7 @@ struct Session::Impl {
   bool restore_from_disk(Slot& sl, std::span<const TokenId> prompt, size_t common, uint32_t better_than) {
     LoadedState ls;
     uint32_t pos = 0;
-    while ((pos = disk->find(prompt, better_than)) != 0 && !disk->load(prompt, pos, &ls)) {
+    while ((pos = disk->find(prompt, better_than, sl.scope)) != 0 && !disk->load(prompt, pos, &ls, sl.scope)) {
     }
     if (pos == 0) return false;
     engine->restore(sl.state, ls.snap);
@@ -241,14 +243,14 @@ struct Session::Impl {
     sl.last_logits = ls.logits;
     sl.checkpoints.drop_after((uint32_t)std::min<size_t>(common, pos));
     publish_checkpoints();
-    if (prefix && !prefix->contains(prompt.first(pos), !ls.logits.empty())) {
+    if (prefix && !prefix->contains(prompt.first(pos), !ls.logits.empty(), sl.scope)) {
       const uint64_t need = prefix_entry_charge(ls.snap.bytes() + ls.logits.size() * sizeof(float),
                                                 prefix_entry_blocks(sl.state.sources.size()), pos);
       if (prefix->make_room(need)) {
         PrefixEntry e;
         e.snap = std::move(ls.snap);
         e.logits = std::move(ls.logits);
-        prefix->insert(prompt.first(pos), std::move(e));
+        prefix->insert(prompt.first(pos), std::move(e), sl.scope);
       }
       publish_prefix();
     }
@@ -271,11 +273,11 @@ struct Session::Impl {
     const SessionCheckpoint* c = extends ? nullptr : sl.checkpoints.best_for((uint32_t)common, (uint32_t)prompt.size());
     const size_t own = extends ? sl.history.size() : c ? c->pos() : 0;
     if (disk) {
-      const PrefixEntry* ram = prefix ? prefix->peek(prompt) : nullptr;
+      const PrefixEntry* ram = prefix ? prefix->peek(prompt, sl.scope) : nullptr;
       if (restore_from_disk(sl, prompt, common, (uint32_t)std::max<size_t>(own, ram ? ram->pos() : 0))) return;
     }
     if (prefix) {
-      const PrefixEntry* hit = prefix->lookup(prompt);
+      const PrefixEntry* hit = prefix->lookup(prompt, sl.scope);
       if (hit && hit->pos() > own) {
         const uint32_t pos = hit->pos();
         engine->restore(sl.state, hit->snap);
@@ -373,6 +375,7 @@ struct Session::Impl {
     if (!a.r.prompt_text.empty()) {
       const std::lock_guard<std::mutex> lock(prompt_mu);
       sl.prompt_cache.remember(*tokenizer, a.r.prompt_text, a.r.prompt, a.res.tokens);
+      sl.prompt_scope = a.r.scope;
     }
     decode_ns += (uint64_t)(a.res.decode_s * 1e9);
     publish_slot(sl);
@@ -818,25 +821,27 @@ void Session::set_route_bias(float d) {
   impl_->opt.route_bias = d;
 }
 
-std::vector<TokenId> Session::tokenize_prompt(const text::PromptText& prompt, bool add_bos) const {
+std::vector<TokenId> Session::tokenize_prompt(const text::PromptText& prompt, bool add_bos, uint64_t scope) const {
   const std::lock_guard<std::mutex> lock(impl_->prompt_mu);
   const text::Tokenizer& tok = *impl_->tokenizer;
-  const Slot* best = &impl_->slots[0];
-  size_t best_reuse = best->prompt_cache.reused_for(tok, prompt);
+  // Only the scope's own conversations: another's would show in how this text is tokenized.
+  const Slot* best = nullptr;
+  size_t best_reuse = 0;
   for (const Slot& sl : impl_->slots) {
+    if (sl.prompt_scope != scope) continue;
     const size_t reuse = sl.prompt_cache.reused_for(tok, prompt);
-    if (reuse > best_reuse) best = &sl, best_reuse = reuse;
+    if (!best || reuse > best_reuse) best = &sl, best_reuse = reuse;
   }
-  return best->prompt_cache.tokens_for(tok, prompt, add_bos);
+  return best ? best->prompt_cache.tokens_for(tok, prompt, add_bos) : PromptCache().tokens_for(tok, prompt, add_bos);
 }
 
-int Session::pick_slot(std::span<const TokenId> prompt) const {
+int Session::pick_slot(std::span<const TokenId> prompt, uint64_t scope) const {
   int best = -1;
   size_t best_common = 0;
   for (uint32_t k = 0; k < impl_->slots.size(); ++k) {
     const Slot& sl = impl_->slots[k];
     if (sl.job) continue;
-    const size_t common = Impl::common_prefix(sl.history, prompt);
+    const size_t common = sl.scope == scope ? Impl::common_prefix(sl.history, prompt) : 0;
     if (best < 0 || common > best_common) best = (int)k, best_common = common;
   }
   return best;
@@ -868,6 +873,10 @@ void Session::start(uint32_t k, GenerateRequest r, SlotEvents ev) {
   r.checkpoint_at.erase(std::unique(r.checkpoint_at.begin(), r.checkpoint_at.end()), r.checkpoint_at.end());
   r.checkpoint_at = bound_boundaries(r.checkpoint_at);
 
+  if (sl.scope != r.scope) {  // another key's sequence: nothing of it is reused
+    s.forget(sl);
+    sl.scope = r.scope;
+  }
   s.start_for(sl, r.prompt);
   sl.job.emplace(std::move(r), std::move(ev), s.started++);
   ++s.busy;

@@ -177,6 +177,10 @@ struct GenerateRequest {
   // checkpoint far before it). Unordered and duplicates are fine; others are refused. At most
   // kMaxBoundaries are kept, kMinBoundaryGap tokens apart (runtime/request_boundaries.h).
   std::vector<uint32_t> checkpoint_at;
+  // Whose states this request may reuse and leaves (serve: its API key's; 0: shared). A slot's
+  // sequence and checkpoints, the prefix cache and the state directory serve a request only
+  // states of its own scope, so one key can neither reuse nor detect another's prompts.
+  uint64_t scope = 0;
 };
 
 // Why a generate() ended.
@@ -307,7 +311,7 @@ class Session {
   // When the text extends a slot's remembered prompt + generation, those exact tokens are
   // reused (the slot whose record the text shares most), so that slot can keep its sequence.
   // Safe from any thread.
-  std::vector<TokenId> tokenize_prompt(const text::PromptText& prompt, bool add_bos) const;
+  std::vector<TokenId> tokenize_prompt(const text::PromptText& prompt, bool add_bos, uint64_t scope = 0) const;
 
   // Callbacks may be empty. on_prefill(done, total) is called after each prefill chunk (and once
   // at 0 before the first); returning false cancels. on_token(id) is called for each generated
@@ -347,7 +351,7 @@ class Session {
   };
   // The free slot whose sequence shares the longest prefix with `prompt` (ties: the lowest);
   // -1 when every slot is busy.
-  int pick_slot(std::span<const TokenId> prompt) const;
+  int pick_slot(std::span<const TokenId> prompt, uint64_t scope = 0) const;
   // Starts r on a free slot. Throws Error for a bad request (as generate()) or a busy slot,
   // before anything changes. May end the request at once (a cancel at the first on_prefill, a
   // prompt whose logits the slot holds and max_tokens reached): on_done runs before it returns.

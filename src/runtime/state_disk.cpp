@@ -238,7 +238,7 @@ void StateDisk::evict_until(uint64_t bytes, const Digest128* keep) {
   }
 }
 
-uint32_t StateDisk::find(std::span<const TokenId> prompt, uint32_t better_than) {
+uint32_t StateDisk::find(std::span<const TokenId> prompt, uint32_t better_than, uint64_t scope) {
   std::vector<uint32_t> lengths;
   {
     std::lock_guard lk(mu_);
@@ -247,7 +247,7 @@ uint32_t StateDisk::find(std::span<const TokenId> prompt, uint32_t better_than) 
       if (len > better_than && len <= prompt.size() && len <= opt_.shape.ctx) lengths.push_back(len);
   }
   if (lengths.empty()) return 0;
-  const std::vector<Digest128> keys = state_keys_at(opt_.identity, prompt, lengths);
+  const std::vector<Digest128> keys = state_keys_at(opt_.identity, prompt, lengths, scope);
   std::lock_guard lk(mu_);
   for (size_t i = keys.size(); i-- > 0;) {
     const auto it = index_.find(keys[i]);
@@ -258,8 +258,8 @@ uint32_t StateDisk::find(std::span<const TokenId> prompt, uint32_t better_than) 
   return 0;
 }
 
-bool StateDisk::load(std::span<const TokenId> prompt, uint32_t pos, LoadedState* out) {
-  const Digest128 key = state_key(opt_.identity, prompt.first(pos));
+bool StateDisk::load(std::span<const TokenId> prompt, uint32_t pos, LoadedState* out, uint64_t scope) {
+  const Digest128 key = state_key(opt_.identity, prompt.first(pos), scope);
   const std::string path = path_of(key);
   // O_NONBLOCK: a FIFO or device put in the file's place must not stall the worker in open().
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
@@ -275,7 +275,7 @@ bool StateDisk::load(std::span<const TokenId> prompt, uint32_t pos, LoadedState*
   }
   UniqueFd guard(fd);
   LoadedState ls;
-  StateCheck c = read_state_file(fd, opt_.shape, opt_.identity, key_, &ls, pos);
+  StateCheck c = read_state_file(fd, opt_.shape, opt_.identity, key_, &ls, pos, scope);
   if (c && (ls.tokens.size() != pos || !std::equal(ls.tokens.begin(), ls.tokens.end(), prompt.begin())))
     c = StateCheck{StateReject::Tokens, "its tokens are not the prompt's (a key collision)"};
   if (c && ls.snap.pos() > opt_.shape.ctx) c = StateCheck{StateReject::BadShape, "beyond the context"};
@@ -297,9 +297,9 @@ bool StateDisk::load(std::span<const TokenId> prompt, uint32_t pos, LoadedState*
   return true;
 }
 
-bool StateDisk::wants(std::span<const TokenId> prefix, bool with_logits) {
+bool StateDisk::wants(std::span<const TokenId> prefix, bool with_logits, uint64_t scope) {
   if (prefix.empty() || prefix.size() > opt_.shape.ctx) return false;
-  const Digest128 key = state_key(opt_.identity, prefix);
+  const Digest128 key = state_key(opt_.identity, prefix, scope);
   const uint32_t pos = (uint32_t)prefix.size();
   std::lock_guard lk(mu_);
   if (auto it = index_.find(key); it != index_.end() && (it->second.with_logits || !with_logits)) return false;
@@ -313,9 +313,10 @@ bool StateDisk::wants(std::span<const TokenId> prefix, bool with_logits) {
   return true;
 }
 
-void StateDisk::put(std::vector<TokenId> tokens, SequenceSnapshot snap, std::vector<float> logits) {
+void StateDisk::put(std::vector<TokenId> tokens, SequenceSnapshot snap, std::vector<float> logits, uint64_t scope) {
   Pending p;
-  p.key = state_key(opt_.identity, tokens);
+  p.key = state_key(opt_.identity, tokens, scope);
+  p.scope = scope;
   p.charge = state_queue_charge(opt_.shape, (uint32_t)tokens.size(), !logits.empty());
   p.tokens = std::move(tokens);
   p.snap = std::move(snap);
@@ -409,7 +410,7 @@ void StateDisk::write_one(Pending& p) {
     failure = tmp + ": cannot create: " + err(errno);
   } else {
     try {
-      write_state_file(fd, tmp, opt_.shape, opt_.identity, key_, p.tokens, p.snap, p.logits);
+      write_state_file(fd, tmp, opt_.shape, opt_.identity, key_, p.tokens, p.snap, p.logits, p.scope);
       if (::fdatasync(fd) != 0) throw Error(tmp + ": cannot sync: " + err(errno));
     } catch (const std::exception& e) {
       failure = e.what();

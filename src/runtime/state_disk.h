@@ -72,16 +72,18 @@ class StateDisk {
   // The longest prefix of prompt held here that is longer than better_than, fits the context
   // and is shorter than the prompt unless its file has the logits row; 0: none. Counted as a
   // lookup.
-  uint32_t find(std::span<const TokenId> prompt, uint32_t better_than);
+  // Every call names the scope of the prompt (state_file.h: state_key): another scope's files
+  // are neither found nor replaced.
+  uint32_t find(std::span<const TokenId> prompt, uint32_t better_than, uint64_t scope = 0);
   // Reads and checks the state of prompt[0, pos). false: not usable (a damaged file is reported
   // once and deleted; a file evicted meanwhile is just gone; either way it leaves the index, so
   // find() goes on to the next shorter one). true counts a hit.
-  bool load(std::span<const TokenId> prompt, uint32_t pos, LoadedState* out);
+  bool load(std::span<const TokenId> prompt, uint32_t pos, LoadedState* out, uint64_t scope = 0);
   // Whether a snapshot of this prefix is worth queuing: not held or queued already (with its
   // logits row when with_logits), and it fits the queue and the budget (else counted skipped).
   // When true, the caller puts it next.
-  bool wants(std::span<const TokenId> prefix, bool with_logits);
-  void put(std::vector<TokenId> tokens, SequenceSnapshot snap, std::vector<float> logits);
+  bool wants(std::span<const TokenId> prefix, bool with_logits, uint64_t scope = 0);
+  void put(std::vector<TokenId> tokens, SequenceSnapshot snap, std::vector<float> logits, uint64_t scope = 0);
   void flush();  // returns once every queued snapshot is written (or failed)
 
   StateDiskStats stats() const;
@@ -99,6 +101,7 @@ class StateDisk {
     std::vector<float> logits;
     Digest128 key{};
     uint64_t charge = 0;
+    uint64_t scope = 0;
   };
   void scan();
   void writer();

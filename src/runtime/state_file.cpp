@@ -209,17 +209,30 @@ uint64_t state_file_bytes(const StateShape& s, uint32_t pos, bool with_logits) {
   return b;
 }
 
-Digest128 state_key(const Digest128& model_identity, std::span<const TokenId> tokens) {
-  Hasher h(kKeySeed);
+namespace {
+// The hash of every key starts with the model and, when it has one, the scope (a marker byte
+// first, so no token run of the shared scope can spell a scoped key's start).
+void key_start(Hasher& h, const Digest128& model_identity, uint64_t scope) {
   h.update(model_identity.data(), model_identity.size());
+  if (scope) {
+    const uint8_t marker = 0xfe;
+    h.update(&marker, 1);
+    h.update(&scope, sizeof scope);
+  }
+}
+}  // namespace
+
+Digest128 state_key(const Digest128& model_identity, std::span<const TokenId> tokens, uint64_t scope) {
+  Hasher h(kKeySeed);
+  key_start(h, model_identity, scope);
   h.update(tokens.data(), tokens.size_bytes());
   return h.digest();
 }
 
 std::vector<Digest128> state_keys_at(const Digest128& model_identity, std::span<const TokenId> tokens,
-                                     std::span<const uint32_t> lengths) {
+                                     std::span<const uint32_t> lengths, uint64_t scope) {
   Hasher h(kKeySeed);
-  h.update(model_identity.data(), model_identity.size());
+  key_start(h, model_identity, scope);
   std::vector<Digest128> keys;
   size_t done = 0;
   for (const uint32_t n : lengths) {
@@ -233,7 +246,7 @@ std::vector<Digest128> state_keys_at(const Digest128& model_identity, std::span<
 
 void write_state_file(int fd, const std::string& name, const StateShape& shape, const Digest128& model_identity,
                       const SipKey& mac_key, std::span<const TokenId> tokens, const SequenceSnapshot& snap,
-                      std::span<const float> logits) {
+                      std::span<const float> logits, uint64_t scope) {
   const uint32_t pos = snap.pos();
   const bool with_logits = !logits.empty();
   if (tokens.size() != pos || pos == 0 || (with_logits && logits.size() != shape.vocab) ||
@@ -247,7 +260,7 @@ void write_state_file(int fd, const std::string& name, const StateShape& shape, 
   put<uint32_t>(h, kOffHeaderBytes, kStateHeaderBytes);
   std::memcpy(h + kOffBuild, build_id().data(), kBuildBytes);
   std::memcpy(h + kOffIdentity, model_identity.data(), model_identity.size());
-  const Digest128 key = state_key(model_identity, tokens);
+  const Digest128 key = state_key(model_identity, tokens, scope);
   std::memcpy(h + kOffKey, key.data(), key.size());
   put<uint32_t>(h, kOffPos, pos);
   put<uint32_t>(h, kOffFlags, with_logits ? kFlagLogits : 0);
@@ -278,7 +291,7 @@ StateCheck read_state_summary(int fd, const StateShape& shape, const Digest128& 
 }
 
 StateCheck read_state_file(int fd, const StateShape& shape, const Digest128& model_identity, const SipKey& mac_key,
-                           LoadedState* out, uint32_t expect_pos) {
+                           LoadedState* out, uint32_t expect_pos, uint64_t scope) {
   uint8_t h[kStateHeaderBytes];
   StateFileSummary sum;
   if (StateCheck c = header_of(fd, shape, model_identity, h, &sum); !c) return c;
@@ -307,7 +320,7 @@ StateCheck read_state_file(int fd, const StateShape& shape, const Digest128& mod
                         : fail(StateReject::Truncated, "ended before its payload (truncated while read)");
   if (r.digest() != stored)
     return fail(StateReject::Checksum, "its signature does not verify (damaged, or not written by this server)");
-  if (state_key(model_identity, ls.tokens) != sum.key)
+  if (state_key(model_identity, ls.tokens, scope) != sum.key)
     return fail(StateReject::Tokens, "its tokens do not hash to its key");
   // A signed file is this server's own, but a state must never fail the request that loads it:
   // a logits row that is not finite would (the sampler refuses it), so it is not used.

@@ -44,18 +44,19 @@ struct StateShape {
 // The file's size for a state at pos (pos tokens), with or without its logits row.
 uint64_t state_file_bytes(const StateShape& s, uint32_t pos, bool with_logits);
 
-// The key of a token prefix on a model: the file's name.
-Digest128 state_key(const Digest128& model_identity, std::span<const TokenId> tokens);
+// The key of a token prefix on a model, in a scope (serve: the API key's; 0: shared): the file's
+// name. A scope's keys are not another's, so a prompt finds only its own scope's files.
+Digest128 state_key(const Digest128& model_identity, std::span<const TokenId> tokens, uint64_t scope = 0);
 // Keys of the prefixes of `tokens` of each length in `lengths` (ascending, each <= tokens.size()),
 // in one pass over the tokens.
 std::vector<Digest128> state_keys_at(const Digest128& model_identity, std::span<const TokenId> tokens,
-                                     std::span<const uint32_t> lengths);
+                                     std::span<const uint32_t> lengths, uint64_t scope = 0);
 
 // Writes the file to fd (at offset 0, an empty file) and checks every write. Throws Error
 // naming `name` and the cause.
 void write_state_file(int fd, const std::string& name, const StateShape& shape, const Digest128& model_identity,
                       const SipKey& mac_key, std::span<const TokenId> tokens, const SequenceSnapshot& snap,
-                      std::span<const float> logits);
+                      std::span<const float> logits, uint64_t scope = 0);
 
 // What a header says, once it is known to be a file of this format, build and model whose
 // sizes agree with the shape and the file's length.
@@ -91,6 +92,6 @@ struct LoadedState {
 // expect_pos (0: any): the position the caller looked it up at; a header with another position
 // is refused before anything past the header is read.
 StateCheck read_state_file(int fd, const StateShape& shape, const Digest128& model_identity, const SipKey& mac_key,
-                           LoadedState* out, uint32_t expect_pos = 0);
+                           LoadedState* out, uint32_t expect_pos = 0, uint64_t scope = 0);
 
 }  // namespace sluice

@@ -74,7 +74,7 @@ int handle_count_tokens(ServerContext& ctx, const HttpRequest& req, Connection& 
   ChatRequest c = anthropic_request(body, /*count_only=*/true);
   apply_server_defaults(ctx, c);  // the rendering depends on thinking
   const Session& s = ready_session(ctx);
-  const size_t n = encode_chat(s, c.messages, c.options).size();
+  const size_t n = encode_chat(s, c.messages, c.options, nullptr, conn.scope).size();
   send_response(conn, 200, "application/json", dump(json{{"input_tokens", n}}));
   return 200;
 }
@@ -88,11 +88,12 @@ int handle_messages(ServerContext& ctx, const HttpRequest& req, Connection& conn
   const bool stream = c.stream;
   const std::vector<std::string>& stops = c.stops;
   std::string prompt_text;
-  std::vector<TokenId> prompt = encode_chat(s, c.messages, c.options, &prompt_text);
+  std::vector<TokenId> prompt = encode_chat(s, c.messages, c.options, &prompt_text, conn.scope);
   const uint32_t n_prompt = (uint32_t)prompt.size();
   RequestInfo info{req.path, req.body.size(), c.tools, {}};
   GenerateRequest gr = make_request(ctx, std::move(prompt), c.max_tokens, c.sampling, chat_stop_tokens(s.tokenizer()),
                                     &info.max_tokens);
+  gr.scope = conn.scope;
   gr.prompt_text = std::move(prompt_text);
   gr.checkpoint_at = turn_checkpoints(s.tokenizer(), gr.prompt);
   const TextMode mode = c.options.thinking ? TextMode::Thinking : TextMode::Chat;

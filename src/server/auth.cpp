@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "util/error.h"
+#include "util/hash.h"
 
 namespace sluice::server {
 
@@ -56,16 +57,39 @@ std::string api_key_problem(std::string_view key) {
   return "";
 }
 
-std::string read_api_key_file(const std::string& path) {
+int matched_key(const HttpRequest& req, const std::vector<std::string>& keys) {
+  int found = -1;
+  for (size_t k = 0; k < keys.size(); ++k)
+    if (has_api_key(req, keys[k]) && found < 0) found = (int)k;
+  return found;
+}
+
+uint64_t key_scope(std::string_view key) {
+  Hasher h(0x73636f7065ull);  // "scope"
+  h.update(key.data(), key.size());
+  const Digest128 d = h.digest();
+  uint64_t s = 0;
+  std::memcpy(&s, d.data(), sizeof s);
+  return s | 1;
+}
+
+std::vector<std::string> read_api_key_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error("--api-key-file " + path + ": cannot read it: " + std::strerror(errno));
+  std::vector<std::string> keys;
   std::string line;
-  std::getline(in, line);
+  for (size_t n = 1; std::getline(in, line); ++n) {
+    const std::string key(trim(line));
+    if (key.empty() || key.front() == '#') continue;
+    const std::string at = "--api-key-file " + path + " line " + std::to_string(n) + ": ";
+    if (const std::string why = api_key_problem(key); !why.empty()) throw Error(at + "the key " + why);
+    for (const std::string& k : keys)
+      if (same_secret(k, key)) throw Error(at + "the key is given twice");
+    keys.push_back(key);
+  }
   if (in.bad()) throw Error("--api-key-file " + path + ": cannot read it: " + std::strerror(errno));
-  const std::string key(trim(line));
-  if (key.empty()) throw Error("--api-key-file " + path + ": the first line is empty (it must hold the key)");
-  if (const std::string why = api_key_problem(key); !why.empty()) throw Error("--api-key-file " + path + ": the key " + why);
-  return key;
+  if (keys.empty()) throw Error("--api-key-file " + path + ": holds no key (one per line; blank and '#' lines are skipped)");
+  return keys;
 }
 
 }  // namespace sluice::server

@@ -3,6 +3,7 @@
 #pragma once
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "server/http_parse.h"
 
@@ -21,8 +22,17 @@ bool has_api_key(const HttpRequest& req, std::string_view key);
 // character (HTTP refuses them in header values). Names the problem, never the key.
 std::string api_key_problem(std::string_view key);
 
-// The key from a file: its first line without surrounding whitespace. Throws Error naming the
-// file when it cannot be read, when that line is empty or when the key has a problem (api_key_problem).
-std::string read_api_key_file(const std::string& path);
+// Which of `keys` the request carries (has_api_key), or -1. Every key is compared, whichever
+// matches, so the time does not tell which.
+int matched_key(const HttpRequest& req, const std::vector<std::string>& keys);
+
+// The cache scope of a key among several (GenerateRequest::scope): a hash of the key, never 0,
+// the same after a restart, so a key's state files serve it again.
+uint64_t key_scope(std::string_view key);
+
+// The keys in a file: each line that is not blank or a '#' comment, without surrounding
+// whitespace. Throws Error naming the file and the line when it cannot be read, holds no key,
+// repeats one, or a key has a problem (api_key_problem).
+std::vector<std::string> read_api_key_file(const std::string& path);
 
 }  // namespace sluice::server

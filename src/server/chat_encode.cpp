@@ -7,7 +7,7 @@
 namespace sluice::server {
 
 std::vector<TokenId> encode_chat(const Session& s, const std::vector<text::ChatMessage>& messages,
-                                 const text::ChatOptions& options, std::string* text_out) {
+                                 const text::ChatOptions& options, std::string* text_out, uint64_t scope) {
   text::PromptText prompt;
   try {
     prompt = s.architecture().render_chat(messages, options);
@@ -16,7 +16,7 @@ std::vector<TokenId> encode_chat(const Session& s, const std::vector<text::ChatM
   }
   // The BOS is part of the rendered text. The session reuses the model's own tokens for a
   // conversation that extends the previous request (tokenize_prompt), so it keeps its state.
-  std::vector<TokenId> ids = s.tokenize_prompt(prompt, /*add_bos=*/false);
+  std::vector<TokenId> ids = s.tokenize_prompt(prompt, /*add_bos=*/false, scope);
   if (text_out) *text_out = std::move(prompt.text);
   return ids;
 }

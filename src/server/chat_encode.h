@@ -14,7 +14,7 @@ namespace sluice::server {
 // Renders a chat with text::render_chat (ApiError 400 on what it rejects) and tokenizes it
 // with Session::tokenize_prompt; the rendered text goes to *text_out (for prompt_text).
 std::vector<TokenId> encode_chat(const Session& s, const std::vector<text::ChatMessage>& messages,
-                                 const text::ChatOptions& options, std::string* text_out = nullptr);
+                                 const text::ChatOptions& options, std::string* text_out = nullptr, uint64_t scope = 0);
 // Tokens that end a chat turn besides eos: the model opening a new user turn.
 std::vector<TokenId> chat_stop_tokens(const text::Tokenizer& tok);
 // Where a chat prompt gets prefix checkpoints (GenerateRequest::checkpoint_at): after each

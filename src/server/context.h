@@ -30,7 +30,13 @@ struct ServerOptions {
   int header_timeout_ms = 10000;      // its head within this (408)
   int idle_timeout_ms = 30000;        // keep-alive connections wait this long for the next request
   uint32_t max_tokens_limit = 4096;   // largest max_tokens a request may ask for (and the default)
-  std::string api_key;                // "": no authentication
+  // Keys a request must carry one of (empty: no authentication). With several, each key is a
+  // scope of its own: the prefix caches and state files of one key serve no other
+  // (GenerateRequest::scope), and /metrics and /slots answer only the first key.
+  std::vector<std::string> api_keys;
+  // cached_tokens (and what is derived from it) is reported rounded down to a multiple of this,
+  // so a count does not tell a client single tokens of a prompt it shares a cache with.
+  uint32_t cached_tokens_granularity = 16;
   std::string alias;                  // model id reported by the API ("": the file name)
   int ping_interval_ms = 5000;        // SSE keep-alive while a request waits or prefills
   int retry_after_s = 2;              // Retry-After of a 503 for a full queue
@@ -58,5 +64,11 @@ struct ServerContext {
   std::atomic<uint64_t> next_id{1};
   std::atomic<int> token_requests{0};  // running /tokenize, /detokenize, count_tokens (TokenRequestSlot)
 };
+
+// What a request is told of its reused prompt tokens (ServerOptions::cached_tokens_granularity).
+inline uint32_t reported_cached(const ServerContext& ctx, uint32_t reused) {
+  const uint32_t g = ctx.opts.cached_tokens_granularity ? ctx.opts.cached_tokens_granularity : 1;
+  return reused / g * g;
+}
 
 }  // namespace sluice::server

@@ -68,6 +68,8 @@ class Connection {
   // What the request being handled holds of the server's request memory (its body, then what
   // its handler adds); given back when the handler returns.
   RequestMemory::Lease memory;
+  // The cache scope of the request being handled (its API key's among several; 0: shared).
+  uint64_t scope = 0;
 
  private:
   void probe();

@@ -55,7 +55,7 @@ DriveOutcome drive_job(ServerContext& ctx, Job& job, Connection& conn, TextMode 
         case JobEvent::Kind::Prefill:
           if (!started) {
             started = true;
-            if (hooks.started && !hooks.started(e.a)) gone = true;
+            if (hooks.started && !hooks.started(reported_cached(ctx, e.a))) gone = true;
           }
           if (!gone && hooks.prefill) {
             last_write = std::chrono::steady_clock::now();
@@ -72,6 +72,7 @@ DriveOutcome drive_job(ServerContext& ctx, Job& job, Connection& conn, TextMode 
           break;
         case JobEvent::Kind::Done: {
           out.result = std::move(e.result);
+          out.result.reused_tokens = reported_cached(ctx, out.result.reused_tokens);
           if (!gone && !stopper.hit()) {
             const std::string tail = dec.finish();
             gone = raw ? !emit(raw_delta(tail)) : (!emit(parser.push(tail)) || !emit(parser.finish()));

@@ -89,10 +89,11 @@ int handle_chat_completions(ServerContext& ctx, const HttpRequest& req, Connecti
   const bool stream = cr.stream;
   const std::vector<std::string>& stops = cr.stops;
   std::string prompt_text;
-  std::vector<TokenId> prompt = encode_chat(s, cr.messages, cr.options, &prompt_text);
+  std::vector<TokenId> prompt = encode_chat(s, cr.messages, cr.options, &prompt_text, conn.scope);
   RequestInfo info{req.path, req.body.size(), cr.tools, {}};
   GenerateRequest gr = make_request(ctx, std::move(prompt), cr.max_tokens, cr.sampling, chat_stop_tokens(s.tokenizer()),
                                     &info.max_tokens);
+  gr.scope = conn.scope;
   const std::vector<std::string> headers = max_tokens_headers(info.max_tokens);
   gr.prompt_text = std::move(prompt_text);
   gr.checkpoint_at = turn_checkpoints(s.tokenizer(), gr.prompt);
@@ -228,6 +229,7 @@ int handle_completions(ServerContext& ctx, const HttpRequest& req, Connection& c
   const std::optional<int64_t> max_tokens = openai_max_tokens(body);
   RequestInfo info{req.path, req.body.size(), 0, {}};
   GenerateRequest gr = make_request(ctx, std::move(ids), max_tokens, sampling_fields(body, max_tokens), {}, &info.max_tokens);
+  gr.scope = conn.scope;
   const std::vector<std::string> headers = max_tokens_headers(info.max_tokens);
   gr.ignore_eos = get_bool(body, "ignore_eos").value_or(false);
   auto job = submit(ctx, std::move(gr));

@@ -88,7 +88,7 @@ int handle_responses(ServerContext& ctx, const HttpRequest& req, Connection& con
   const ChatRequest& cr = rr.chat;
   const Session& s = ready_session(ctx);
   std::string prompt_text;
-  std::vector<TokenId> prompt = encode_chat(s, cr.messages, cr.options, &prompt_text);
+  std::vector<TokenId> prompt = encode_chat(s, cr.messages, cr.options, &prompt_text, conn.scope);
   const size_t n_prompt = prompt.size();
   ResponseMeta meta{new_id(ctx, "resp_"), ctx.model_id, (int64_t)std::time(nullptr),
                     cr.sampling.temperature.value_or(ctx.opts.temp), cr.sampling.top_p.value_or(ctx.opts.top_p)};
@@ -109,6 +109,7 @@ int handle_responses(ServerContext& ctx, const HttpRequest& req, Connection& con
   if (!too_long) {
     GenerateRequest gr = make_request(ctx, std::move(prompt), cr.max_tokens, cr.sampling, chat_stop_tokens(s.tokenizer()),
                                       &info.max_tokens);
+    gr.scope = conn.scope;
     gr.prompt_text = std::move(prompt_text);
     gr.checkpoint_at = turn_checkpoints(s.tokenizer(), gr.prompt);
     job = submit(ctx, std::move(gr));

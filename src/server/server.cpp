@@ -240,8 +240,14 @@ int Server::route(const HttpRequest& req, Connection& conn) {
     return handle_health(ctx, conn);
   }
   if (p == "/") return handle_root(req, conn);
-  if (!opts_.api_key.empty()) {
-    if (!has_api_key(req, opts_.api_key)) throw ApiError(401, "authentication_error", "invalid or missing API key");
+  if (!opts_.api_keys.empty()) {
+    const int k = matched_key(req, opts_.api_keys);
+    if (k < 0) throw ApiError(401, "authentication_error", "invalid or missing API key");
+    const bool several = opts_.api_keys.size() > 1;
+    conn.scope = several ? key_scope(opts_.api_keys[(size_t)k]) : 0;
+    // Counts of every key's traffic and what each slot holds: the operator's (the first key) alone.
+    if (several && k != 0 && (p == "/metrics" || p == "/slots"))
+      throw ApiError(403, "permission_error", p + " answers only the first key of --api-key-file (the operator's)");
   }
   if (p == "/metrics") {
     require_method(req, "GET");

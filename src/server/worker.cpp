@@ -197,7 +197,7 @@ void Worker::run(Factory factory) {
     // Each on the free slot sharing the most of its prompt; one at a time, as a start can end
     // its job at once (and free the slot again).
     for (std::shared_ptr<Job>& job : starting) {
-      const int k = session_->pick_slot(job->request.prompt);
+      const int k = session_->pick_slot(job->request.prompt, job->request.scope);
       if (k < 0) throw Error("no free slot though fewer jobs run than there are slots");  // cannot happen
       {
         std::lock_guard lk(mu_);

@@ -31,8 +31,9 @@ echo "== npm install (tests/clients)"
 
 "$bin" make-model --preset tiny -o "$tmp/tiny.gguf" >/dev/null
 # --queue 4: 20 concurrent clients must overflow it. --max-body 1MiB: malformed.mjs sends 2 MiB.
+# --cached-tokens-granularity 1: responses.mjs checks the reused count to the token.
 "$bin" serve -m "$tmp/tiny.gguf" --port 0 --queue 4 --max-body 1MiB --max-tokens-limit 4000 \
-  --sse-ping-interval 1 --resident-experts --allow-swap 2>"$tmp/server.log" &
+  --sse-ping-interval 1 --resident-experts --allow-swap --cached-tokens-granularity 1 2>"$tmp/server.log" &
 pid=$!
 wait_for_server tests/clients "$pid" "$tmp/server.log" 200
 export SLUICE_URL=$url
