@@ -25,21 +25,6 @@ std::string version_key(const struct stat& st) {
          std::to_string((uint64_t)st.st_size) + " " + ns(st.st_mtim) + " " + ns(st.st_ctim);
 }
 
-bool parse_digest(const std::string& hex, Digest128* d) {
-  if (hex.size() != 32) return false;
-  for (size_t i = 0; i < 16; ++i) {
-    unsigned v = 0;
-    for (size_t k = 0; k < 2; ++k) {
-      const char c = hex[2 * i + k];
-      const int x = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-      if (x < 0) return false;
-      v = v * 16 + (unsigned)x;
-    }
-    (*d)[i] = (uint8_t)v;
-  }
-  return true;
-}
-
 // The cache's lines ("<version key> <digest hex>"), oldest first; empty when the directory is
 // not this user's alone or the file is not a regular file of ours.
 std::vector<std::string> read_cache(const std::string& dir) {
@@ -126,7 +111,7 @@ Digest128 model_file_identity(const std::string& path, float route_bias) {
   std::vector<std::string> others;
   for (const std::string& l : lines) {
     const size_t sp = l.rfind(' ');
-    if (sp != std::string::npos && l.compare(0, sp, key) == 0 && parse_digest(l.substr(sp + 1), &content)) cached = true;
+    if (sp != std::string::npos && l.compare(0, sp, key) == 0 && parse_digest_hex(l.substr(sp + 1), &content)) cached = true;
     else if (sp != std::string::npos && l.compare(0, sp, key) != 0) others.push_back(l);
   }
   if (!cached) {

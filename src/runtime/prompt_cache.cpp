@@ -43,7 +43,11 @@ size_t PromptCache::keep_meaning(const text::Tokenizer& tok, const text::PromptT
 }
 
 std::vector<TokenId> PromptCache::tokens_for(const text::Tokenizer& tok, const text::PromptText& p, bool add_bos) const {
-  const size_t k = reused_for(tok, p);
+  return tokens_for(tok, p, add_bos, reused_for(tok, p));
+}
+
+std::vector<TokenId> PromptCache::tokens_for(const text::Tokenizer& tok, const text::PromptText& p, bool add_bos,
+                                             size_t k) const {
   std::vector<TokenId> out(tokens_.begin(), tokens_.begin() + (std::ptrdiff_t)k);
   const size_t from = k == 0 ? 0 : ends_[k - 1];
   if (k) add_bos = false;

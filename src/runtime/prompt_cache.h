@@ -35,6 +35,9 @@ class PromptCache {
   // Tokens for a rendered prompt (special tokens parsed; BOS added when add_bos and the
   // vocabulary has one, unless remembered tokens start the prompt).
   std::vector<TokenId> tokens_for(const text::Tokenizer& tok, const text::PromptText& p, bool add_bos) const;
+  // The same, keeping `reused` leading tokens, which reused_for(tok, p) gave.
+  std::vector<TokenId> tokens_for(const text::Tokenizer& tok, const text::PromptText& p, bool add_bos,
+                                  size_t reused) const;
   // After a generation: what was asked and what came out (generated tokens decoded with their
   // special tokens, as the chat renderer writes them back).
   void remember(const text::Tokenizer& tok, std::string_view prompt_text, std::span<const TokenId> prompt_tokens,

@@ -832,7 +832,8 @@ std::vector<TokenId> Session::tokenize_prompt(const text::PromptText& prompt, bo
     const size_t reuse = sl.prompt_cache.reused_for(tok, prompt);
     if (!best || reuse > best_reuse) best = &sl, best_reuse = reuse;
   }
-  return best ? best->prompt_cache.tokens_for(tok, prompt, add_bos) : PromptCache().tokens_for(tok, prompt, add_bos);
+  return best ? best->prompt_cache.tokens_for(tok, prompt, add_bos, best_reuse)
+              : PromptCache().tokens_for(tok, prompt, add_bos, 0);
 }
 
 int Session::pick_slot(std::span<const TokenId> prompt, uint64_t scope) const {

@@ -35,15 +35,6 @@ bool is_hex32(const std::string& s, size_t at) {
   return true;
 }
 
-bool parse_hex(const std::string& s, Digest128* d) {
-  if (!is_hex32(s, 0)) return false;
-  for (size_t i = 0; i < 16; ++i) {
-    auto v = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
-    (*d)[i] = (uint8_t)(v(s[2 * i]) << 4 | v(s[2 * i + 1]));
-  }
-  return true;
-}
-
 // A temporary file of a writer: ".<32 hex>.<pid>.tmp". The pid it names, or 0.
 long tmp_pid(const std::string& name) {
   if (name.size() < 1 + 32 + 1 + 1 + 4 || name[0] != '.' || !is_hex32(name, 1) || name[33] != '.' ||
@@ -171,7 +162,7 @@ void StateDisk::scan() {
     }
     Digest128 key;
     if (name.size() != 32 + std::strlen(kSuffix) || name.compare(32, std::string::npos, kSuffix) != 0 ||
-        !parse_hex(name, &key))
+        !parse_digest_hex(std::string_view(name).substr(0, 32), &key))
       continue;
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0) continue;

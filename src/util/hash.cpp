@@ -76,6 +76,17 @@ Digest128 Hasher::digest() const {
   return d;
 }
 
+bool parse_digest_hex(std::string_view hex, Digest128* d) {
+  if (hex.size() != 32) return false;
+  auto nibble = [](char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1; };
+  for (size_t i = 0; i < 16; ++i) {
+    const int hi = nibble(hex[2 * i]), lo = nibble(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    (*d)[i] = (uint8_t)(hi << 4 | lo);
+  }
+  return true;
+}
+
 std::array<char, 33> digest_hex(const Digest128& d) {
   static const char* hex = "0123456789abcdef";
   std::array<char, 33> s{};

@@ -5,6 +5,7 @@
 // claims to hold (runtime/state_file.h compares the tokens).
 #pragma once
 #include <array>
+#include <string_view>
 #include <cstddef>
 #include <cstdint>
 
@@ -28,5 +29,7 @@ class Hasher {
 
 // Lowercase hex, 32 characters.
 std::array<char, 33> digest_hex(const Digest128& d);
+// The inverse: false unless hex is exactly 32 lowercase hex digits.
+bool parse_digest_hex(std::string_view hex, Digest128* d);
 
 }  // namespace sluice
