@@ -164,6 +164,10 @@ double metric(const Server& s, const std::string& name) {
 // the whole pool is 413, naming the option.
 TEST(ServerRequestMemory, DetokenizeStreamsItsAnswerAndTooLargeIsRefused) {
   Server s({"--request-memory", "64MiB"});
+  // The pool and the transport's own memory are lines of the plan the model was admitted with.
+  const std::string log = s.log();
+  EXPECT_NE(log.find("request memory        64.00 MiB"), std::string::npos) << log;
+  EXPECT_NE(log.find("64 connections x 256 KiB"), std::string::npos) << log;
   const Response t = s.post("/tokenize", {{"content", "hello world, the cat sat on the mat\n"}});
   ASSERT_EQ(t.status, 200) << t.body;
   const json ids = json::parse(t.body)["tokens"];
