@@ -77,11 +77,11 @@ async function cutStream() {
       if (done) break;
       got += dec.decode(value);
     }
-    note("cut stream (first content)", "ok", performance.now() - t0);
+    note("cut stream (first event)", "ok", performance.now() - t0);
     ctl.abort();
   } catch (e) {
     if (e.name === "AbortError") return;
-    note("cut stream (first content)", "lost");
+    note("cut stream (first event)", "lost");
     lostDetail.push(`stream: ${e.message}`);
   }
 }
