@@ -146,14 +146,6 @@ TEST(JsonTreeBound, HoldsWhatTheParsedTreeHolds) {
   EXPECT_LT(json_tree_bound(chat), chat.size() * 3 + 4096);
 }
 
-uint64_t status_kib(pid_t pid, const std::string& key) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind(key + ":", 0) == 0) return std::stoull(line.substr(key.size() + 1));
-  return 0;
-}
-
 double metric(const Server& s, const std::string& name) {
   const Response r = s.get("/metrics");
   size_t at = r.body.find("\n" + name + " ");

@@ -3,6 +3,7 @@
 // strictly (so framing mistakes fail the test). Shared by every server test file.
 #pragma once
 #include <algorithm>
+#include <fstream>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -90,6 +91,15 @@ inline std::string read_all(int fd, double timeout_s = 60) {
     out.append(buf, (size_t)n);
   }
   return out;
+}
+
+// A field of /proc/PID/status in bytes' KiB (VmRSS, VmHWM), 0 when absent.
+inline uint64_t status_kib(pid_t pid, const std::string& key) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(key + ":", 0) == 0) return std::stoull(line.substr(key.size() + 1));
+  return 0;
 }
 
 inline Response parse_response(const std::string& raw) {

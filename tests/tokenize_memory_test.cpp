@@ -34,14 +34,6 @@ constexpr uint64_t kBoundMiB = 400;
 // transport frees the last bodies after that (measured: +53 MiB; the old code kept +4.9 GiB).
 constexpr uint64_t kSettleMiB = 96;
 
-uint64_t status_kib(pid_t pid, const std::string& key) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind(key + ":", 0) == 0) return std::stoull(line.substr(key.size() + 1));
-  return 0;
-}
-
 struct Result {
   int status = 0;
   size_t bytes = 0;

@@ -210,19 +210,7 @@ int run_serve(const ServeOptions& o) {
 
   SessionOptions sess = session_options(o.engine, o.model, o.ctx);
   sess.parallel = o.parallel;
-  sess.plan_lines.push_back({"request memory", so.request_memory,
-                             "--request-memory: bodies being read, their parsed JSON, prompts being rendered and "
-                             "tokenized, answers being written (a request that does not fit waits for a 503's retry)"});
-  // Beside the pool: each connection's head buffer (grown by doubling to at most twice the 64 KiB
-  // head limit), its read and write buffers and the touched part of its thread's stack; each
-  // request on a slot or in the queue, its generated tokens and their text.
-  constexpr uint64_t kPerConnection = 256 << 10, kPerGeneratedToken = 64;
-  const uint64_t requests = (uint64_t)o.parallel + o.queue;
-  sess.plan_lines.push_back(
-      {"connections", so.max_connections * kPerConnection + requests * o.max_tokens_limit * kPerGeneratedToken,
-       std::to_string(so.max_connections) + " connections x 256 KiB (head, reads, writes, stack) + " +
-           std::to_string(requests) + " requests x " + std::to_string(o.max_tokens_limit) +
-           " generated tokens x 64 B (ids, text)"});
+  sess.plan_lines = server::plan_lines(so, o.parallel);
   if (!o.cache_ram.empty()) sess.cache_ram = parse_bytes(o.cache_ram, "--cache-ram");
   if (!o.kv_disk_dir.empty()) {
     sess.kv_disk_dir = o.kv_disk_dir;

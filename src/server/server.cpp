@@ -118,6 +118,21 @@ int handle_slots(ServerContext& ctx, Connection& conn) {
 
 }  // namespace
 
+std::vector<PlanLine> plan_lines(const ServerOptions& o, uint32_t parallel) {
+  // Beside the pool: each connection's head buffer (grown by doubling to at most twice the 64 KiB
+  // head limit), its read and write buffers and the touched part of its thread's stack; each
+  // request on a slot or in the queue, its generated tokens and their text.
+  constexpr uint64_t kPerConnection = 256 << 10, kPerGeneratedToken = 64;
+  const uint64_t requests = (uint64_t)parallel + o.queue_depth;
+  return {{"request memory", o.request_memory,
+           "--request-memory: bodies being read, their parsed JSON, prompts being rendered and tokenized, answers "
+           "being written (a request that does not fit waits for a 503's retry)"},
+          {"connections", o.max_connections * kPerConnection + requests * o.max_tokens_limit * kPerGeneratedToken,
+           std::to_string(o.max_connections) + " connections x 256 KiB (head, reads, writes, stack) + " +
+               std::to_string(requests) + " requests x " + std::to_string(o.max_tokens_limit) +
+               " generated tokens x 64 B (ids, text)"}};
+}
+
 Server::Server(ServerOptions opts, Worker::Factory factory, std::string model_id)
     : opts_(std::move(opts)),
       memory_(opts_.request_memory),

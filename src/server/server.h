@@ -15,6 +15,10 @@
 
 namespace sluice::server {
 
+// What the server holds beside the engine, as lines of the plan the model is admitted with:
+// the request memory (--request-memory) and the connections' and answers' own buffers.
+std::vector<PlanLine> plan_lines(const ServerOptions& o, uint32_t parallel);
+
 class Server {
  public:
   // model_id: what /v1/models reports (the alias, or the file name without .gguf).
