@@ -3,6 +3,8 @@
 // file once.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <functional>
 #include <string>
 #include <vector>
@@ -143,6 +145,37 @@ TEST(CliModelChecks, InspectPrintsTheTensorTableOnlyWithTensors) {
   r = run_sluice(m.dir, "inspect --json " + q(m.tiny));
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_GT(nlohmann::json::parse(r.out)["tensors"].size(), 100u);
+}
+
+// The default report is a summary that fits a screen: the model's shape, size, type mix and the
+// checks; every metadata key only with --metadata.
+TEST(CliModelChecks, InspectSummarisesAndListsTheMetadataOnlyWithMetadata) {
+  Models m;
+  CmdResult r = run_sluice(m.dir, "inspect " + q(m.tiny));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out.find("deepseek41.hidden_size"), std::string::npos) << r.out;
+  for (const char* line : {"architecture deepseek41", "shape        ", "parameters   ", "types        ", "Q8_0: ",
+                           "routed experts", "schema deepseek41: OK", "--metadata"})
+    EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
+  EXPECT_LE(std::count(r.out.begin(), r.out.end(), '\n'), 24) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(run_sluice(m.dir, "inspect --json " + q(m.tiny)).out);
+  uint64_t params = 0;
+  for (const auto& t : j["tensors"]) {
+    uint64_t n = 1;
+    for (const auto& d : t["ne"]) n *= d.get<uint64_t>();
+    params += n;
+  }
+  char expect[64];
+  std::snprintf(expect, sizeof expect, "parameters   %.3gM", (double)params / 1e6);
+  EXPECT_NE(r.out.find(expect), std::string::npos) << expect << "\n" << r.out;
+  const std::string shape = "shape        " + std::to_string(j["n_layer"].get<int>()) + " layers";
+  EXPECT_NE(r.out.find(shape), std::string::npos) << shape << "\n" << r.out;
+
+  r = run_sluice(m.dir, "inspect --metadata " + q(m.tiny));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("deepseek41.hidden_size"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("metadata ("), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("schema deepseek41: OK"), std::string::npos);
 }
 
 // Errors about a file name it once ("X: X: ..." was printed when two layers each added it).

@@ -332,6 +332,11 @@ TEST(CliInspect, NonDeepseekGgufIsReportedAndRefused) {
   r = run_sluice(dir, "inspect " + q(vocab));
   EXPECT_EQ(r.rc, 1);
   expect_one_error_line(r, "inspect");
+  EXPECT_NE(r.out.find("architecture deepseek2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("problem"), std::string::npos);
+  r = run_sluice(dir, "inspect --metadata " + q(vocab));
+  EXPECT_EQ(r.rc, 1);
+  expect_one_error_line(r, "inspect --metadata");
   EXPECT_NE(r.out.find("tokenizer.ggml.tokens"), std::string::npos);
   EXPECT_NE(r.out.find("length 129280"), std::string::npos);
   EXPECT_NE(r.out.find("problem"), std::string::npos);

@@ -1,4 +1,5 @@
-// `sluice inspect`: metadata summary, tensor table, deepseek41 schema check and byte classes.
+// `sluice inspect`: a short summary (shape, size, byte classes, type mix, the checks run makes);
+// every metadata key (--metadata) and the tensor table (--tensors) on request.
 #include <algorithm>
 #include <optional>
 #include <cstdio>
@@ -15,6 +16,7 @@
 #include "model/deepseek41/load_checks.h"
 #include "model/deepseek41/schema.h"
 #include "util/error.h"
+#include "util/format_bytes.h"
 
 namespace sluice::cli {
 namespace {
@@ -112,7 +114,7 @@ int verdict(const std::string& path, const std::vector<std::string>& problems) {
 
 CLI::App* setup_inspect(CLI::App& app, InspectOptions& o) {
   CLI::App* sub = app.add_subcommand(
-      "inspect", "Summarise a GGUF: metadata, tensors, deepseek41 schema check and byte classes");
+      "inspect", "Summarise a GGUF: the model's shape and size, byte classes, type mix and the checks run makes");
   sub->footer(
       "The checks are the ones `sluice run` makes before loading: architecture deepseek41, the\n"
       "schema (keys, tensor names, shapes, types), what the engine supports, and the tokenizer.\n"
@@ -122,6 +124,8 @@ CLI::App* setup_inspect(CLI::App& app, InspectOptions& o) {
   sub->add_option("file", o.file, "GGUF file")->required();
   sub->add_flag("--json", o.json, "print one JSON object instead of the text report (always with every tensor)");
   sub->add_flag("--tensors", o.tensors, "include the tensor table in the text report (one row per tensor)");
+  sub->add_flag("--metadata", o.metadata,
+                "every metadata key in the text report (the default is a short summary; --json always has them)");
   auto* ds = sub->add_option("--dspark", o.dspark, "also check this DSpark support file against the model FILE");
   auto* tg = sub->add_option("--target", o.target,
                              "FILE is a DSpark support file: check its shapes and hyperparameters against this model");
@@ -173,6 +177,96 @@ void print_dspark(const DsparkCheck& d, const std::string& model_path) {
     for (const std::string& e : d.rep.errors) std::printf("  - %s\n", printable(e).c_str());
 }
 
+
+uint64_t tensor_data_bytes(const gguf::File& f) {
+  uint64_t n = 0;
+  for (const auto& t : f.tensors()) n += t.nbytes;
+  return n;
+}
+
+// "25.6M" parameters, "1.28T": what people call a model's size.
+std::string count_label(uint64_t n) {
+  char buf[32];
+  if (n >= 1000000000000ull) std::snprintf(buf, sizeof buf, "%.3gT", (double)n / 1e12);
+  else if (n >= 1000000000ull) std::snprintf(buf, sizeof buf, "%.3gB", (double)n / 1e9);
+  else if (n >= 1000000ull) std::snprintf(buf, sizeof buf, "%.3gM", (double)n / 1e6);
+  else std::snprintf(buf, sizeof buf, "%llu", (unsigned long long)n);
+  return buf;
+}
+
+// The short report's head: what the file is, the model's shape, its size and its type mix.
+void print_summary(const gguf::File& f, const std::string& path, const SchemaReport& rep, const Value* arch,
+                   bool has_arch) {
+  std::printf("file         %s\n", path.c_str());
+  std::printf("gguf         v%u, %s (%llu bytes), %zu metadata keys, %zu tensors\n", f.version(),
+              format_bytes(f.file_size()).c_str(), (unsigned long long)f.file_size(), f.kvs().size(),
+              f.tensors().size());
+  const Value* name = f.find("general.name");
+  std::printf("architecture %s%s\n", has_arch ? printable(arch->s, 60).c_str() : "(none)",
+              name && name->type == ValueType::STRING ? (" (" + printable(name->s, 60) + ")").c_str() : "");
+  if (has_arch && !is_dspark_architecture(f) && rep.errors.empty()) {
+    const ModelConfig c = architecture_of(f).config(f, nullptr);
+    std::printf("shape        %u layers, hidden %u, vocab %u, context up to %llu; %u routed experts (top-%u) + %u shared"
+                " per layer\n",
+                c.num_hidden_layers, c.hidden_size, c.vocab_size, (unsigned long long)c.max_position_embeddings,
+                c.n_routed_experts, c.num_experts_per_tok, c.n_shared_experts);
+  }
+  uint64_t params = 0;
+  for (const auto& t : f.tensors()) params += t.n_elements();
+  std::printf("parameters   %s in %s of tensor data\n", count_label(params).c_str(),
+              format_bytes(tensor_data_bytes(f)).c_str());
+  // The type mix: tensors and bytes per storage type, largest first.
+  std::vector<std::pair<std::string, std::pair<size_t, uint64_t>>> mix;
+  for (const auto& t : f.tensors()) {
+    const std::string n = tensor_type_name(t.type);
+    auto it = std::find_if(mix.begin(), mix.end(), [&](const auto& m) { return m.first == n; });
+    if (it == mix.end()) it = mix.insert(mix.end(), {n, {0, 0}});
+    it->second.first += 1;
+    it->second.second += t.nbytes;
+  }
+  std::sort(mix.begin(), mix.end(), [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
+  std::string types;
+  for (const auto& [n, cb] : mix)
+    types += (types.empty() ? "" : "; ") + n + ": " + std::to_string(cb.first) + " tensors, " + format_bytes(cb.second);
+  std::printf("types        %s\n", types.empty() ? "(no tensors)" : types.c_str());
+}
+
+// The long report's head: the file's layout and every metadata key.
+void print_metadata(const gguf::File& f, const std::string& path, const Value* arch, bool has_arch) {
+  std::printf("file         %s\n", path.c_str());
+  std::printf("gguf         v%u, alignment %llu, data offset %llu, %llu bytes\n", f.version(),
+              (unsigned long long)f.alignment(), (unsigned long long)f.data_offset(),
+              (unsigned long long)f.file_size());
+  std::printf("architecture %s\n", has_arch ? printable(arch->s, 60).c_str() : "(none)");
+  std::printf("\nmetadata (%zu keys)\n", f.kvs().size());
+  for (const auto& kv : f.kvs())
+    std::printf("  %-58s %-12s %s\n", printable(kv.key).c_str(), type_label(kv.value).c_str(),
+                short_value(kv.value).c_str());
+}
+
+void print_tensor_table(const gguf::File& f) {
+  std::printf("\ntensors (%zu, %llu bytes)\n", f.tensors().size(), (unsigned long long)tensor_data_bytes(f));
+  std::printf("  %-40s %-8s %-24s %14s %16s\n", "name", "type", "ne", "bytes", "offset");
+  for (const auto& t : f.tensors())
+    std::printf("  %-40s %-8s %-24s %14llu %16llu\n", printable(t.name).c_str(), tensor_type_name(t.type).c_str(),
+                dims(t).c_str(), (unsigned long long)t.nbytes, (unsigned long long)t.offset);
+}
+
+void print_byte_classes(const gguf::File& f, const SchemaReport& rep) {
+  const auto line = [](const char* name, uint64_t b) {
+    std::printf("  %-15s %10s  %16llu bytes\n", name, format_bytes(b).c_str(), (unsigned long long)b);
+  };
+  std::printf("\nbyte classes (tensor bytes, unaligned)\n");
+  line("resident", rep.resident_bytes);
+  line("routed experts", rep.routed_expert_bytes);
+  line("engram tables", rep.engram_bytes);
+  if (!is_dspark_architecture(f))
+    std::printf("  one expert in one layer: gate %s + up %s + down %s = %s (%u layers x %u experts)\n",
+                format_bytes(rep.expert_gate_bytes).c_str(), format_bytes(rep.expert_up_bytes).c_str(),
+                format_bytes(rep.expert_down_bytes).c_str(), format_bytes(rep.expert_bytes_per_layer).c_str(),
+                rep.n_layer, rep.n_expert);
+}
+
 }  // namespace
 
 int run_inspect(const InspectOptions& o) {
@@ -201,8 +295,7 @@ int run_inspect(const InspectOptions& o) {
   const std::string model_path = is_dspark_architecture(f) ? o.target : o.file;
   const Value* arch = f.find("general.architecture");
   const bool has_arch = arch && arch->type == ValueType::STRING;
-  uint64_t tensor_data = 0;
-  for (const auto& t : f.tensors()) tensor_data += t.nbytes;
+  const uint64_t tensor_data = tensor_data_bytes(f);
 
   if (o.json) {
     nlohmann::ordered_json j;
@@ -266,37 +359,10 @@ int run_inspect(const InspectOptions& o) {
     return verdict(o.file, rep.errors);
   }
 
-  std::printf("file         %s\n", o.file.c_str());
-  std::printf("gguf         v%u, alignment %llu, data offset %llu, %llu bytes\n", f.version(),
-              (unsigned long long)f.alignment(), (unsigned long long)f.data_offset(),
-              (unsigned long long)f.file_size());
-  std::printf("architecture %s\n", has_arch ? printable(arch->s, 60).c_str() : "(none)");
-  std::printf("\nmetadata (%zu keys)\n", f.kvs().size());
-  for (const auto& kv : f.kvs())
-    std::printf("  %-58s %-12s %s\n", printable(kv.key).c_str(), type_label(kv.value).c_str(),
-                short_value(kv.value).c_str());
-  std::printf("\ntensors (%zu, %llu bytes)%s\n", f.tensors().size(), (unsigned long long)tensor_data,
-              o.tensors || f.tensors().empty() ? "" : ": the table with --tensors");
-  if (o.tensors) {
-    std::printf("  %-40s %-8s %-24s %14s %16s\n", "name", "type", "ne", "bytes", "offset");
-    for (const auto& t : f.tensors())
-      std::printf("  %-40s %-8s %-24s %14llu %16llu\n", printable(t.name).c_str(),
-                  tensor_type_name(t.type).c_str(), dims(t).c_str(), (unsigned long long)t.nbytes,
-                  (unsigned long long)t.offset);
-  }
-  std::printf("\nbyte classes (tensor bytes, unaligned)\n");
-  std::printf("  resident       %16llu  %9.3f GiB\n", (unsigned long long)rep.resident_bytes,
-              gib(rep.resident_bytes));
-  std::printf("  routed experts %16llu  %9.3f GiB\n", (unsigned long long)rep.routed_expert_bytes,
-              gib(rep.routed_expert_bytes));
-  std::printf("  engram tables  %16llu  %9.3f GiB\n", (unsigned long long)rep.engram_bytes,
-              gib(rep.engram_bytes));
-  if (!is_dspark_architecture(f))
-    std::printf("  one expert, one layer: gate %llu + up %llu + down %llu = %llu bytes"
-              " (%u layers, %u experts)\n",
-              (unsigned long long)rep.expert_gate_bytes, (unsigned long long)rep.expert_up_bytes,
-              (unsigned long long)rep.expert_down_bytes,
-              (unsigned long long)rep.expert_bytes_per_layer, rep.n_layer, rep.n_expert);
+  if (o.metadata) print_metadata(f, o.file, arch, has_arch);
+  else print_summary(f, o.file, rep, arch, has_arch);
+  if (o.tensors) print_tensor_table(f);
+  print_byte_classes(f, rep);
   if (ds) print_dspark(*ds, model_path);
   if (ds && is_dspark_architecture(f)) {
     // The support file's problems were listed with it.
@@ -306,6 +372,9 @@ int run_inspect(const InspectOptions& o) {
     std::printf("\nschema deepseek41: %zu problem(s)\n", rep.errors.size());
     for (const auto& e : rep.errors) std::printf("  - %s\n", printable(e).c_str());
   }
+  if (!o.metadata || !o.tensors)
+    std::printf("\n%s%s%s\n", o.metadata ? "" : "every metadata key with --metadata",
+                o.metadata || o.tensors ? "" : ", ", o.tensors ? "" : "the tensor table with --tensors");
   return verdict(o.file, rep.errors);
 }
 

@@ -33,6 +33,7 @@ struct InspectOptions {
   std::string file;
   bool json = false;
   bool tensors = false;  // the tensor table in the text report (--json always has it)
+  bool metadata = false; // every metadata key in the text report (default: a short summary)
   std::string dspark;    // a DSpark support file checked against the model FILE
   std::string target;    // FILE is a support file: the model it is checked against
 };
