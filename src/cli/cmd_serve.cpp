@@ -97,6 +97,8 @@ CLI::App* setup_serve(CLI::App& app, ServeOptions& o) {
                 "UNSAFE with untrusted text: control-token spellings in request content (messages, tool results, "
                 "completion prompts) become control tokens; by default they are text and only the chat template "
                 "makes control tokens");
+  cmd->add_flag("--no-webui", o.no_webui,
+                "do not serve the chat page: / answers browsers with the JSON list of endpoints too");
   add_engine_options(cmd, o.engine);
   add_fabric_options(cmd, o.fabric);
   return cmd;
@@ -207,6 +209,7 @@ int run_serve(const ServeOptions& o) {
   so.stops = o.stops;
   so.thinking_off = o.thinking == "off";
   so.special_in_content = o.special_in_content;
+  so.webui = !o.no_webui;
 
   SessionOptions sess = session_options(o.engine, o.model, o.ctx);
   sess.parallel = o.parallel;
@@ -255,6 +258,13 @@ int run_serve(const ServeOptions& o) {
   const bool v6 = o.host.find(':') != std::string::npos;
   std::fprintf(stderr, "sluice serve: listening on http://%s%s%s:%u\n", v6 ? "[" : "", o.host.c_str(), v6 ? "]" : "",
                (unsigned)port);
+  if (so.webui) {
+    // A wildcard address is not one a browser can open: name this machine's loopback instead.
+    const std::string h = o.host == "0.0.0.0" ? "127.0.0.1" : o.host == "::" ? "::1" : o.host;
+    const bool h6 = h.find(':') != std::string::npos;
+    std::fprintf(stderr, "sluice serve: chat page at http://%s%s%s:%u/ (open it in a browser; --no-webui turns it off)\n",
+                 h6 ? "[" : "", h.c_str(), h6 ? "]" : "", (unsigned)port);
+  }
   std::fflush(stderr);
   try {
     srv.serve();

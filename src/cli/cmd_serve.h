@@ -44,6 +44,7 @@ struct ServeOptions {
   std::vector<std::string> stops;   // --stop, added to every request's stop strings
   std::string thinking = "request"; // --thinking request|off
   bool special_in_content = false;  // --special-in-content: control tokens may come from request text
+  bool no_webui = false;            // --no-webui: / answers JSON to browsers too
   EngineCliOptions engine;
   FabricCliOptions fabric;           // --fabric mpi: rank 0 serves, the other ranks compute experts           // -t, --mem-budget, --allow-swap, store options, --watchdog
 };

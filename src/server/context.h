@@ -53,6 +53,7 @@ struct ServerOptions {
   // --special-in-content: control-token spellings in request text (messages, tool results,
   // completion prompts) are the tokens, not text. Off: only the chat template makes them.
   bool special_in_content = false;
+  bool webui = true;                  // a browser's GET / gets the chat page (--no-webui: the JSON)
 };
 
 struct ServerContext {

@@ -15,6 +15,7 @@
 #include "server/openai_api.h"
 #include "server/responses_api.h"
 #include "server/token_endpoints.h"
+#include "server/webui.h"
 #include "server/worker_access.h"
 #include "util/error.h"
 
@@ -61,12 +62,14 @@ int handle_health(ServerContext& ctx, Connection& conn) {
 
 // Clients probe the base URL before their first request (Claude Code sends HEAD /). It names
 // the server and its endpoints, needs no key and says nothing about the model.
-int handle_root(const HttpRequest& req, Connection& conn) {
+// A browser (Accept: text/html) gets the chat page instead (server/webui.h), unless --no-webui.
+int handle_root(const HttpRequest& req, Connection& conn, const ServerOptions& opts) {
   if (req.method != "GET" && req.method != "HEAD")
     throw ApiError(405, "invalid_request_error", "/ accepts GET or HEAD, not " + req.method);
   const std::string body = req.method == "HEAD" ? "" : dump(json{{"name", "sluice"}, {"version", SLUICE_VERSION},
       {"endpoints", {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens",
-                     "/v1/models", "/health", "/metrics", "/slots", "/tokenize", "/detokenize"}}});
+                     "/v1/models", "/health", "/metrics", "/slots", "/tokenize", "/detokenize"}},
+      {"chat_page", opts.webui}, {"api_key_required", !opts.api_keys.empty()}});
   send_response(conn, 200, "application/json", body);
   return 200;
 }
@@ -254,7 +257,10 @@ int Server::route(const HttpRequest& req, Connection& conn) {
     require_method(req, "GET");
     return handle_health(ctx, conn);
   }
-  if (p == "/") return handle_root(req, conn);
+  if (p == "/") {
+    if (opts_.webui && (req.method == "GET" || req.method == "HEAD") && accepts_html(req)) return handle_chat_page(req, conn);
+    return handle_root(req, conn, opts_);
+  }
   if (!opts_.api_keys.empty()) {
     const int k = matched_key(req, opts_.api_keys);
     if (k < 0) throw ApiError(401, "authentication_error", "invalid or missing API key");
