@@ -152,6 +152,26 @@ double metric(const Server& s, const std::string& name) {
   return at == std::string::npos ? -1 : std::stod(r.body.substr(at + name.size() + 2));
 }
 
+// A request refused because others hold the pool is counted as such in /metrics, not as a
+// connection-limit refusal: a body still arriving holds its charge, the next one does not fit.
+TEST(ServerRequestMemory, ARefusalForThePoolIsCountedAsOne) {
+  Server s({"--request-memory", "1MiB", "--max-body", "4MiB"});
+  const int held = connect_to(s.port());
+  ASSERT_GE(held, 0);
+  send_all(held, "POST /tokenize HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                 "Content-Length: 900000\r\n\r\n{\"content\": \"");
+  for (int i = 0; i < 500 && metric(s, "sluice_request_memory_used_bytes") <= 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_GT(metric(s, "sluice_request_memory_used_bytes"), 900000) << "the arriving body holds its charge";
+  const Response r = s.post("/tokenize", {{"content", std::string(300000, 'x')}});
+  EXPECT_EQ(r.status, 503) << r.body;
+  EXPECT_TRUE(r.headers.count("retry-after"));
+  EXPECT_NE(r.body.find("--request-memory"), std::string::npos) << r.body;
+  EXPECT_EQ(metric(s, "sluice_requests_rejected_total{reason=\"request_memory\"}"), 1);
+  EXPECT_EQ(metric(s, "sluice_requests_rejected_total{reason=\"connections\"}"), 0);
+  ::close(held);
+}
+
 // A detokenized answer many times its request's size is streamed; what one request needs beyond
 // the whole pool is 413, naming the option.
 TEST(ServerRequestMemory, DetokenizeStreamsItsAnswerAndTooLargeIsRefused) {

@@ -15,7 +15,10 @@ struct ApiError : std::runtime_error {
       : std::runtime_error(printable_message(message)), status(status), type(std::move(type)) {}
   int status;
   std::string type;
-  int retry_after = 0;  // seconds; > 0 adds a Retry-After header (503)  // invalid_request_error, authentication_error, not_found_error, ...
+  int retry_after = 0;  // seconds; > 0 adds a Retry-After header (503)
+  // The reason /metrics counts the refusal under (sluice_requests_rejected_total), where the
+  // status alone would name the wrong one; nullptr: from the status.
+  const char* refusal = nullptr;
 };
 
 inline ApiError bad_request(const std::string& message) { return ApiError(400, "invalid_request_error", message); }

@@ -182,7 +182,18 @@ constexpr auto kMinQuietToEvict = std::chrono::milliseconds(100);
 
 }  // namespace
 
-HttpServer::HttpServer(HttpLimits limits, Handler handler, std::function<void(int)> on_reject)
+const char* refusal_label(Refusal r) {
+  switch (r) {
+    case Refusal::BadRequest: return "bad_request";
+    case Refusal::TooLarge: return "too_large";
+    case Refusal::Timeout: return "timeout";
+    case Refusal::Connections: return "connections";
+    case Refusal::RequestMemory: return "request_memory";
+  }
+  return "bad_request";
+}
+
+HttpServer::HttpServer(HttpLimits limits, Handler handler, std::function<void(int, Refusal)> on_reject)
     : limits_(std::move(limits)), handler_(std::move(handler)), on_reject_(std::move(on_reject)) {
   if (::pipe(wake_) != 0) throw Error(std::string("pipe: ") + std::strerror(errno));
 }
@@ -264,7 +275,7 @@ void HttpServer::evict(int fd) {
 }
 
 void HttpServer::refuse_at_accept(int fd) {
-  if (on_reject_) on_reject_(503);
+  if (on_reject_) on_reject_(503, Refusal::Connections);
   std::string r = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nServer: sluice\r\n"
                   "Retry-After: 1\r\nConnection: close\r\n";
   const std::string body = json_error(503, "too many open connections (" + std::to_string(limits_.max_connections) +
@@ -372,8 +383,8 @@ void HttpServer::stop() {
   for (const auto& [fd, s] : open_) ::shutdown(fd, SHUT_RDWR);
 }
 
-void HttpServer::reject(Connection& c, int status, const std::string& message) {
-  if (on_reject_) on_reject_(status);
+void HttpServer::reject(Connection& c, int status, Refusal why, const std::string& message) {
+  if (on_reject_) on_reject_(status, why);
   c.keep_alive = false;
   send_response(c, status, "application/json", json_error(status, message),
                 status == 503 ? std::vector<std::string>{"Retry-After: 1"} : std::vector<std::string>{});
@@ -432,15 +443,15 @@ bool HttpServer::read_request(int fd, Connection& conn, std::string& buf, bool f
   auto ended = [&](Read why) {
     if (evicted(fd)) {
       if (started)
-        reject(conn, 503, "connection dropped: the server is at its limit of " +
+        reject(conn, 503, Refusal::Connections, "connection dropped: the server is at its limit of " +
                               std::to_string(limits_.max_connections) +
                               " connections and this one was the slowest still sending its request");
     } else if (why == Read::Timeout && started && hp.state == HeadParse::State::Incomplete &&
                head_deadline < deadline) {
-      reject(conn, 408, "the request head did not arrive within " + std::to_string(limits_.header_timeout_ms) +
+      reject(conn, 408, Refusal::Timeout, "the request head did not arrive within " + std::to_string(limits_.header_timeout_ms) +
                             " ms (--header-timeout)");
     } else if (why == Read::Timeout && started) {
-      reject(conn, 408, "the request did not arrive within " + std::to_string(limits_.request_timeout_ms) +
+      reject(conn, 408, Refusal::Timeout, "the request did not arrive within " + std::to_string(limits_.request_timeout_ms) +
                             " ms (--request-timeout)");
     }
     return false;
@@ -464,7 +475,7 @@ bool HttpServer::read_request(int fd, Connection& conn, std::string& buf, bool f
       hp = parse_request_head(buf, limits_.max_header_bytes, limits_.max_body_bytes, &scan);
   }
   if (hp.state == HeadParse::State::Failed) {
-    reject(conn, hp.status, hp.message);
+    reject(conn, hp.status, hp.status == 413 || hp.status == 431 ? Refusal::TooLarge : Refusal::BadRequest, hp.message);
     return false;
   }
   const size_t total = hp.head_bytes + hp.content_length;
@@ -474,8 +485,9 @@ bool HttpServer::read_request(int fd, Connection& conn, std::string& buf, bool f
     const RequestMemory::Take t = limits_.memory->take(std::max(total, buf.size()), conn.memory);
     if (t != RequestMemory::Take::Ok) {
       const std::string pool = format_bytes(limits_.memory->capacity());
-      reject(conn, t == RequestMemory::Take::Busy ? 503 : 413,
-             t == RequestMemory::Take::Busy
+      const bool busy = t == RequestMemory::Take::Busy;
+      reject(conn, busy ? 503 : 413, busy ? Refusal::RequestMemory : Refusal::TooLarge,
+             busy
                  ? "the server's request memory (" + pool + ", --request-memory) is held by other requests; retry"
                  : "a body of " + std::to_string(hp.content_length) + " bytes does not fit the server's request memory (" +
                        pool + ", --request-memory)");
@@ -535,18 +547,18 @@ void HttpServer::run_connection(int fd) {
       }
     }
     if (was_evicted) {
-      reject(conn, 503, "connection dropped: the server is at its limit of " + std::to_string(limits_.max_connections) +
+      reject(conn, 503, Refusal::Connections, "connection dropped: the server is at its limit of " + std::to_string(limits_.max_connections) +
                             " connections and this one was the slowest still sending its request");
       break;
     }
     if (no_room) {
-      reject(conn, 503, "too many open connections (" + std::to_string(limits_.max_connections) +
+      reject(conn, 503, Refusal::Connections, "too many open connections (" + std::to_string(limits_.max_connections) +
                             ", all still sending their requests); only " + join(limits_.reserved_paths) +
                             " are answered beyond the limit");
       break;
     }
     if (full) {
-      reject(conn, 503, "too many requests in progress (" + std::to_string(active_unreserved_) +
+      reject(conn, 503, Refusal::Connections, "too many requests in progress (" + std::to_string(active_unreserved_) +
                             " connections busy; " + std::to_string(limits_.reserved_connections) +
                             " are kept for /health and /metrics)");
       break;

@@ -91,11 +91,15 @@ const char* status_text(int status);
 
 using Handler = std::function<void(const HttpRequest&, Connection&)>;
 
+// Why the transport refused a request itself (the label of sluice_requests_rejected_total).
+enum class Refusal { BadRequest, TooLarge, Timeout, Connections, RequestMemory };
+const char* refusal_label(Refusal r);
+
 class HttpServer {
  public:
   // on_reject (may be empty) hears the status of every request the transport refused itself
   // (400, 408, 411, 413, 431, 505; 503 for too many connections).
-  HttpServer(HttpLimits limits, Handler handler, std::function<void(int status)> on_reject = {});
+  HttpServer(HttpLimits limits, Handler handler, std::function<void(int status, Refusal why)> on_reject = {});
   ~HttpServer();
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
@@ -138,7 +142,7 @@ class HttpServer {
   // or -1.
   int pick_victim(const std::string* only_client);
   void evict(int fd);
-  void reject(Connection& c, int status, const std::string& message);
+  void reject(Connection& c, int status, Refusal why, const std::string& message);
   // Accept loop: 503 for a connection that gets no slot, then its fd lingers (input drained)
   // so the close does not reset the connection before the client read the answer.
   void refuse_at_accept(int fd);
@@ -146,7 +150,7 @@ class HttpServer {
 
   HttpLimits limits_;
   Handler handler_;
-  std::function<void(int)> on_reject_;
+  std::function<void(int, Refusal)> on_reject_;
   int listen_fd_ = -1;
   int wake_[2] = {-1, -1};  // self-pipe: stop() wakes the accept loop
   std::atomic<bool> stopping_{false};

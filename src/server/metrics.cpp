@@ -121,7 +121,8 @@ std::string render_metrics(const MetricsInput& in) {
     for (const auto& [k, v] : in.http->requests())
       w.sample("sluice_http_requests_total", "endpoint=\"" + label(k.first) + "\",code=\"" + std::to_string(k.second) + "\"", (double)v);
     w.family("sluice_requests_rejected_total", "counter", "Requests refused before generation, by reason.");
-    for (const char* r : {"queue_full", "too_large", "bad_request", "unauthorized", "not_ready", "timeout", "connections"}) {
+    for (const char* r : {"queue_full", "too_large", "bad_request", "unauthorized", "not_ready", "timeout", "connections",
+                          "request_memory", "token_slots"}) {
       const auto rej = in.http->rejections();
       const auto it = rej.find(r);
       w.sample("sluice_requests_rejected_total", std::string("reason=\"") + r + "\"", it == rej.end() ? 0.0 : (double)it->second);

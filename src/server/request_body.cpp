@@ -18,13 +18,17 @@ nlohmann::json parse_charged_body(ServerContext& ctx, const HttpRequest& req, Co
     ApiError e(503, "unavailable_error",
                "the server's request memory (" + pool + ", --request-memory) is held by other requests; retry later");
     e.retry_after = 1;
+    e.refusal = "request_memory";
     throw e;
   }
-  if (t == RequestMemory::Take::TooLarge)
-    throw ApiError(413, "invalid_request_error",
-                   "this request needs " + format_bytes(need + conn.memory.bytes()) +
-                       " of working memory (its body, the parsed JSON and what is built from it), more than the "
-                       "server's request memory (" + pool + ", --request-memory)");
+  if (t == RequestMemory::Take::TooLarge) {
+    ApiError e(413, "invalid_request_error",
+               "this request needs " + format_bytes(need + conn.memory.bytes()) +
+                   " of working memory (its body, the parsed JSON and what is built from it), more than the "
+                   "server's request memory (" + pool + ", --request-memory)");
+    e.refusal = "too_large";
+    throw e;
+  }
   return parse_body(req.body, ctx.opts.max_json_depth);
 }
 

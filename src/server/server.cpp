@@ -154,12 +154,9 @@ Server::Server(ServerOptions opts, Worker::Factory factory, std::string model_id
   limits.idle_timeout_ms = opts_.idle_timeout_ms;
   http_ = std::make_unique<HttpServer>(
       limits, [this](const HttpRequest& r, Connection& c) { handle(r, c); },
-      [this](int status) {
+      [this](int status, Refusal why) {
         counters_.count("transport", status);
-        counters_.reject(status == 413 || status == 431 ? "too_large"
-                         : status == 503              ? "connections"
-                         : status == 408              ? "timeout"
-                                                      : "bad_request");
+        counters_.reject(refusal_label(why));
       });
 }
 
@@ -221,9 +218,10 @@ void Server::handle(const HttpRequest& req, Connection& conn) {
     status = route(req, conn);
   } catch (const ApiError& e) {
     status = e.status;
-    if (status == 400) counters_.reject("bad_request");
-    if (status == 401) counters_.reject("unauthorized");
-    if (status == 503) counters_.reject(worker_->state() == Worker::State::Ready ? "queue_full" : "not_ready");
+    if (e.refusal) counters_.reject(e.refusal);
+    else if (status == 400) counters_.reject("bad_request");
+    else if (status == 401) counters_.reject("unauthorized");
+    else if (status == 503) counters_.reject(worker_->state() == Worker::State::Ready ? "queue_full" : "not_ready");
     if (conn.responded) {
       conn.keep_alive = false;
     } else {

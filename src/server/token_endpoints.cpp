@@ -65,6 +65,7 @@ TokenRequestSlot::TokenRequestSlot(ServerContext& ctx) : ctx_(ctx) {
                "the server is busy: " + std::to_string(ctx_.opts.max_token_requests) +
                    " tokenize / detokenize / count_tokens requests are already running; retry later");
     e.retry_after = 1;
+    e.refusal = "token_slots";
     throw e;
   }
 }
