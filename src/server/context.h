@@ -1,7 +1,9 @@
 // What every endpoint needs: the options, the worker that owns the model, the counters.
 #pragma once
-#include <functional>
 #include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -63,7 +65,10 @@ struct ServerContext {
   RequestMemory& memory;
   std::string model_id;               // alias, or the model file name without .gguf
   std::atomic<uint64_t> next_id{1};
-  std::atomic<int> token_requests{0};  // running /tokenize, /detokenize, count_tokens (TokenRequestSlot)
+  // Running /tokenize, /detokenize, count_tokens (TokenRequestSlot) and the wait for a place.
+  std::mutex token_mu{};
+  std::condition_variable token_cv{};
+  int token_requests = 0;
 };
 
 // What a request is told of its reused prompt tokens (ServerOptions::cached_tokens_granularity).

@@ -58,9 +58,12 @@ class ChunkedJson {
 
 }  // namespace
 
+// A place is given back when its handler returns, after the answer was written: a client that
+// reads the answer and sends its next request at once can find its own last place still held.
+// So a request waits a moment (kTokenSlotWait) for a place before it is refused.
 TokenRequestSlot::TokenRequestSlot(ServerContext& ctx) : ctx_(ctx) {
-  if (ctx_.token_requests.fetch_add(1) >= ctx_.opts.max_token_requests) {
-    ctx_.token_requests.fetch_sub(1);
+  std::unique_lock lk(ctx_.token_mu);
+  if (!ctx_.token_cv.wait_for(lk, kTokenSlotWait, [&] { return ctx_.token_requests < ctx_.opts.max_token_requests; })) {
     ApiError e(503, "unavailable_error",
                "the server is busy: " + std::to_string(ctx_.opts.max_token_requests) +
                    " tokenize / detokenize / count_tokens requests are already running; retry later");
@@ -68,9 +71,16 @@ TokenRequestSlot::TokenRequestSlot(ServerContext& ctx) : ctx_(ctx) {
     e.refusal = "token_slots";
     throw e;
   }
+  ++ctx_.token_requests;
 }
 
-TokenRequestSlot::~TokenRequestSlot() { ctx_.token_requests.fetch_sub(1); }
+TokenRequestSlot::~TokenRequestSlot() {
+  {
+    std::lock_guard lk(ctx_.token_mu);
+    --ctx_.token_requests;
+  }
+  ctx_.token_cv.notify_one();
+}
 
 // {"content", "add_special" (false), "parse_special" (true), "with_pieces"}.
 int handle_tokenize(ServerContext& ctx, const HttpRequest& req, Connection& conn) {

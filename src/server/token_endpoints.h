@@ -4,12 +4,18 @@
 // and their output is written as it is made rather than built as a JSON tree (an 8 MiB body
 // can hold millions of tokens).
 #pragma once
+#include <chrono>
+
 #include "server/context.h"
 #include "server/http.h"
 
 namespace sluice::server {
 
-// Holds one of the max_token_requests places for its lifetime; ApiError 503 when none is free.
+// How long a request waits for a place before its 503.
+inline constexpr std::chrono::milliseconds kTokenSlotWait{250};
+
+// Holds one of the max_token_requests places for its lifetime; ApiError 503 when none is free
+// within kTokenSlotWait.
 class TokenRequestSlot {
  public:
   explicit TokenRequestSlot(ServerContext& ctx);
