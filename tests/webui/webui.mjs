@@ -77,7 +77,7 @@ async function slotsBusy() {
 async function firstTurn(page) {
   step('a prompt typed and sent: its reply streams in, with the server\'s figures');
   await setSetting(page, 'temperature', 0);
-  await setSetting(page, 'max-tokens', 64);
+  await setSetting(page, 'max-tokens', 96);
   // Every length the reply's text takes on screen while it streams.
   await page.evaluate(() => {
     window.__lengths = [];
@@ -90,7 +90,10 @@ async function firstTurn(page) {
   await sendPrompt(page, 'def fibonacci(n):');
   await until(page, lastReplyDone);
   const lengths = await page.evaluate(() => window.__lengths);
-  assert.ok(lengths.length >= 3, 'the reply arrived in steps, not at once: ' + JSON.stringify(lengths));
+  // At least one state before the last: the text grew while the reply streamed (a page that
+  // waits for the whole answer shows one length; a broken stream reader none).
+  assert.ok(lengths.length >= 2, 'the reply arrived in steps, not at once: ' + JSON.stringify(lengths));
+  console.log('   the reply took ' + lengths.length + ' lengths on screen as it streamed');
   const stats = await page.$eval('.msg.assistant .stats', (s) => ({ ...s.dataset, text: s.textContent }));
   assert.ok(Number(stats.prompt) > 0 && Number(stats.tps) > 0 && stats.ttft !== undefined, JSON.stringify(stats));
   assert.match(stats.text, /prompt \d+ tokens .*tok\/s .*first token \d+ ms/);
@@ -99,7 +102,7 @@ async function firstTurn(page) {
   const reply = conversations[0].messages[1];
   const resp = await fetch(base + '/v1/chat/completions', {
     method: 'POST', headers: { 'Content-Type': 'application/json' },
-    body: JSON.stringify({ messages: [{ role: 'user', content: 'def fibonacci(n):' }], temperature: 0, max_tokens: 64,
+    body: JSON.stringify({ messages: [{ role: 'user', content: 'def fibonacci(n):' }], temperature: 0, max_tokens: 96,
                            reasoning_effort: 'none' }) });
   const direct = await resp.json();
   assert.equal(reply.content, direct.choices[0].message.content, 'the page shows the answer the server gives');
