@@ -226,6 +226,15 @@ async function hostileContent(page) {
   const reasoning = await page.$eval('.msg.assistant:last-child .reasoning .text', (t) => t.textContent);
   assert.equal(reasoning, HOSTILE_REASONING);
   await shot(page, 'hostile');
+  // The code block's Copy puts its text, as text, on the clipboard.
+  await page.browserContext().overridePermissions(new URL(base).origin, ['clipboard-read', 'clipboard-write',
+                                                                          'clipboard-sanitized-write']);
+  await page.click('.msg.assistant:last-child .answer pre .copy');
+  await until(page, () => document.querySelector('.msg.assistant:last-child .answer pre .copy').textContent === 'Copied',
+              undefined, 5000);
+  const copied = await page.evaluate(() => navigator.clipboard.readText());
+  assert.equal(copied, '<img src=x onerror="window.__pwned=\'code\'"><iframe src="javascript:window.__pwned=1"></iframe>');
+  await assertNothingRan(page, 'a copied code block');
 
   // Stored: the same conversation read back, and a title planted in storage.
   await page.evaluate(() => {
