@@ -2,8 +2,16 @@
 // Accept), who keeps the JSON (API clients, --no-webui), and the policy it runs under (a fresh
 // nonce per response for its own script and style, no other host). The page itself is tested in
 // a real browser by tests/webui/run.sh.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <regex>
 #include <string>
+#include <thread>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -126,6 +134,33 @@ TEST(ServerWebUi, WithAKeyThePageLoadsAndTheApiAsksForTheKey) {
   EXPECT_EQ(s.roundtrip(request_text("GET", "/", "", kBrowserAccept)).status, 200);
   EXPECT_EQ(json::parse(s.get("/").body)["api_key_required"], true);
   EXPECT_EQ(s.get("/v1/models").status, 401);
+}
+
+// --open hands the page's address, as one argument, to the desktop's opener (xdg-open on PATH;
+// here a stand-in that writes down what it was given).
+TEST(ServerWebUi, OpenHandsThePagesAddressToTheDesktopsOpener) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("sluice_webui_open_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::filesystem::path opened = dir / "opened";
+  {
+    std::ofstream f(dir / "xdg-open");
+    f << "#!/bin/sh\nprintf '%s|' \"$@\" > '" << opened.string() << ".tmp' && mv '" << opened.string() << ".tmp' '"
+      << opened.string() << "'\n";
+  }
+  std::filesystem::permissions(dir / "xdg-open", std::filesystem::perms::owner_all);
+  const std::string path = std::getenv("PATH") ? std::getenv("PATH") : "/usr/bin:/bin";
+  ::setenv("PATH", (dir.string() + ":" + path).c_str(), 1);
+  Server s({"--open"});
+  ::setenv("PATH", path.c_str(), 1);
+  const std::string url = "http://127.0.0.1:" + std::to_string(s.port()) + "/";
+  for (int i = 0; i < 500 && !std::filesystem::exists(opened); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  std::ifstream in(opened);
+  const std::string got((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(got, url + "|");
+  EXPECT_NE(s.log().find("opening " + url + " in the browser"), std::string::npos) << s.log();
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

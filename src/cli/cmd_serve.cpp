@@ -18,6 +18,7 @@
 
 #include "cli/commands.h"
 #include "cli/context_option.h"
+#include "cli/open_browser.h"
 #include "runtime/admission.h"
 #include "runtime/meminfo.h"
 #include "runtime/session.h"
@@ -99,6 +100,7 @@ CLI::App* setup_serve(CLI::App& app, ServeOptions& o) {
                 "makes control tokens");
   cmd->add_flag("--no-webui", o.no_webui,
                 "do not serve the chat page: / answers browsers with the JSON list of endpoints too");
+  cmd->add_flag("--open", o.open_browser, "open the chat page in this desktop's browser (xdg-open) once listening");
   add_engine_options(cmd, o.engine);
   add_fabric_options(cmd, o.fabric);
   return cmd;
@@ -262,8 +264,15 @@ int run_serve(const ServeOptions& o) {
     // A wildcard address is not one a browser can open: name this machine's loopback instead.
     const std::string h = o.host == "0.0.0.0" ? "127.0.0.1" : o.host == "::" ? "::1" : o.host;
     const bool h6 = h.find(':') != std::string::npos;
-    std::fprintf(stderr, "sluice serve: chat page at http://%s%s%s:%u/ (open it in a browser; --no-webui turns it off)\n",
-                 h6 ? "[" : "", h.c_str(), h6 ? "]" : "", (unsigned)port);
+    const std::string page = "http://" + std::string(h6 ? "[" : "") + h + (h6 ? "]" : "") + ":" + std::to_string(port) + "/";
+    std::fprintf(stderr, "sluice serve: chat page at %s (open it in a browser; --no-webui turns it off)\n", page.c_str());
+    if (o.open_browser) {
+      const std::string why = open_in_browser(page);
+      std::fprintf(stderr, "sluice serve: %s\n", why.empty() ? ("opening " + page + " in the browser").c_str()
+                                                            : ("--open: " + why + "; open " + page + " yourself").c_str());
+    }
+  } else if (o.open_browser) {
+    std::fprintf(stderr, "sluice serve: --open: there is no chat page to open (--no-webui)\n");
   }
   std::fflush(stderr);
   try {

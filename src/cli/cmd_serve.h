@@ -45,6 +45,7 @@ struct ServeOptions {
   std::string thinking = "request"; // --thinking request|off
   bool special_in_content = false;  // --special-in-content: control tokens may come from request text
   bool no_webui = false;            // --no-webui: / answers JSON to browsers too
+  bool open_browser = false;        // --open: the chat page in the desktop's browser once listening
   EngineCliOptions engine;
   FabricCliOptions fabric;           // --fabric mpi: rank 0 serves, the other ranks compute experts           // -t, --mem-budget, --allow-swap, store options, --watchdog
 };
