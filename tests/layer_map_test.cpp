@@ -7,7 +7,9 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -58,6 +60,52 @@ TEST(LayerMap, ArchitectureSubfoldersFollowTheirLayer) {
   EXPECT_FALSE(compiles_in("text", "model/deepseek41/config.h", dir));
   EXPECT_FALSE(compiles_in("storage", "text/deepseek41/chat.h", dir));
   EXPECT_FALSE(compiles_in("format", "text/deepseek41/dsml.h", dir));
+}
+
+}  // namespace
+}  // namespace sluice
+
+namespace sluice {
+namespace {
+
+// "name=dep,dep" entries of SLUICE_LAYER_MAP in CMakeLists.txt, in order, as "name: dep, dep"
+// ("name: -" for none): the build's map.
+std::vector<std::string> build_map(const std::string& cmake) {
+  std::vector<std::string> out;
+  const size_t at = cmake.find("set(SLUICE_LAYER_MAP");
+  if (at == std::string::npos) return out;
+  const std::string block = cmake.substr(at, cmake.find(')', at) - at);
+  for (size_t q = block.find('"'); q != std::string::npos; q = block.find('"', block.find('"', q + 1) + 1)) {
+    const std::string e = block.substr(q + 1, block.find('"', q + 1) - q - 1);
+    const size_t eq = e.find('=');
+    std::string deps = e.substr(eq + 1);
+    for (size_t c = deps.find(','); c != std::string::npos; c = deps.find(',', c + 2)) deps.replace(c, 1, ", ");
+    out.push_back(e.substr(0, eq) + ": " + (deps.empty() ? "-" : deps));
+  }
+  return out;
+}
+
+// The table at the top of docs/ARCHITECTURE.md, in the same form.
+std::vector<std::string> doc_map(const std::string& doc) {
+  std::vector<std::string> out;
+  const size_t head = doc.find("layer     uses directly");
+  if (head == std::string::npos) return out;
+  std::istringstream lines(doc.substr(doc.find('\n', head) + 1));
+  std::string line;
+  while (std::getline(lines, line) && line.rfind("```", 0) != 0) {
+    const size_t sp = line.find(' ');
+    const size_t deps = line.find_first_not_of(' ', sp);
+    out.push_back(line.substr(0, sp) + ": " + line.substr(deps));
+  }
+  return out;
+}
+
+TEST(LayerMap, TheArchitectureDocShowsTheBuildsMap) {
+  const std::string root = std::string(SLUICE_TEST_DATA) + "/../..";
+  const std::vector<std::string> built = build_map(test::slurp(root + "/CMakeLists.txt"));
+  ASSERT_GE(built.size(), 10u);
+  EXPECT_EQ(doc_map(test::slurp(root + "/docs/ARCHITECTURE.md")), built)
+      << "docs/ARCHITECTURE.md's layer table differs from SLUICE_LAYER_MAP";
 }
 
 }  // namespace
