@@ -75,6 +75,20 @@ void expect_scalar_bits(const TypeTraits& t, const std::vector<uint8_t>& w, int6
     const size_t ldy = (size_t)rows + 1;
     std::vector<float> y(ldy * acts.size(), -3.0f);
     gemm(w.data(), stride, rows, ptrs.data(), (int64_t)acts.size(), n, y.data(), ldy);
+    // And each activation alone, as a decode step calls them (AVX-512: the one-token kernels,
+    // gemv_*_avx512.cpp; AVX2: the tile path with one token).
+    std::vector<float> one((size_t)rows);
+    for (size_t tk = 0; tk < acts.size(); ++tk) {
+      gemm(w.data(), stride, rows, &ptrs[tk], 1, n, one.data(), ldy);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float a = one[(size_t)r], b = y[tk * ldy + (size_t)r];
+        if (std::memcmp(&a, &b, 4) != 0 && !(std::isnan(a) && std::isnan(b))) {
+          ADD_FAILURE() << t.name << " " << isa << " " << what << ", one token at (r=" << r << ", t=" << tk << "): got "
+                        << std::hexfloat << a << " in a batch " << b;
+          break;
+        }
+      }
+    }
     int bad = 0;
     for (size_t tk = 0; tk < acts.size(); ++tk)
       for (int64_t r = 0; r < rows && bad < 4; ++r) {
