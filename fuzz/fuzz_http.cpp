@@ -2,12 +2,16 @@
 // is the byte stream a client sends on one connection, possibly several pipelined requests.
 // The parser may refuse it, but must never crash or read out of bounds, and what it accepts
 // must be self-consistent (checked below), or the connection loop would misframe the stream.
+// Each request's Accept header is also read as serve reads it for / (server/accept_header.h).
 #include <cstddef>
 #include <cstdint>
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
+#include <string>
 #include <string_view>
 
+#include "server/accept_header.h"
 #include "server/http_parse.h"
 
 namespace {
@@ -58,6 +62,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     }
     check(r.head_bytes >= 4 && r.head_bytes <= rest.size() && r.head_bytes <= kMaxHead);
+    // The Accept header's reading (serve's chat page at /): a page only for a request that names it.
+    if (sluice::server::accepts_html(r.request)) {
+      std::string accept = r.request.header("accept");
+      for (char& c : accept) c = (char)std::tolower((unsigned char)c);
+      check(accept.find("text/html") != std::string::npos);
+    }
     check(rest.substr(r.head_bytes - 4, 4) == "\r\n\r\n");
     check(r.content_length <= kMaxBody);
     check(!r.request.method.empty());

@@ -3,6 +3,7 @@
 #include <string>
 #include <string_view>
 
+#include "server/accept_header.h"
 #include "server/http.h"
 #include "server/http_parse.h"
 
@@ -10,11 +11,6 @@ namespace sluice::server {
 
 // The page as it is in the repository.
 std::string_view chat_page();
-
-// True when the request's Accept names text/html with a non-zero quality: a browser's
-// navigation. API clients (and Claude Code's HEAD /) name JSON or nothing and keep getting the
-// JSON list of endpoints.
-bool accepts_html(const HttpRequest& req);
 
 // Answers GET or HEAD / with the page. Its scripts and styles run only with this response's
 // nonce (Content-Security-Policy): markup that reached the document some other way (a model's
