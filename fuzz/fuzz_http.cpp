@@ -6,7 +6,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <algorithm>
-#include <cctype>
 #include <cstdlib>
 #include <string>
 #include <string_view>
@@ -64,9 +63,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     check(r.head_bytes >= 4 && r.head_bytes <= rest.size() && r.head_bytes <= kMaxHead);
     // The Accept header's reading (serve's chat page at /): a page only for a request that names it.
     if (sluice::server::accepts_html(r.request)) {
-      std::string accept = r.request.header("accept");
-      for (char& c : accept) c = (char)std::tolower((unsigned char)c);
-      check(accept.find("text/html") != std::string::npos);
+      check(sluice::server::lower(r.request.header("accept")).find("text/html") != std::string::npos);
     }
     check(rest.substr(r.head_bytes - 4, 4) == "\r\n\r\n");
     check(r.content_length <= kMaxBody);

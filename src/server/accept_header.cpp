@@ -1,6 +1,5 @@
 #include "server/accept_header.h"
 
-#include <cctype>
 #include <string>
 #include <string_view>
 
@@ -8,25 +7,13 @@ namespace sluice::server {
 
 namespace {
 
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = (char)std::tolower((unsigned char)c);
-  return out;
-}
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
-}
-
 // "q=0", "q=0.0", "q=0.000" (RFC 9110 12.4.2: at most three decimals): the type is refused.
 bool zero_quality(std::string_view params) {
   size_t at = 0;
   while (at < params.size()) {
     size_t semi = params.find(';', at);
     if (semi == std::string_view::npos) semi = params.size();
-    const std::string_view p = trim(params.substr(at, semi - at));
+    const std::string_view p = trim_ows(params.substr(at, semi - at));
     if (p.size() >= 2 && (p[0] == 'q' || p[0] == 'Q') && p[1] == '=') {
       const std::string_view v = p.substr(2);
       if (v.empty() || v[0] != '0') return false;
@@ -49,7 +36,7 @@ bool accepts_html(const HttpRequest& req) {
     if (comma == std::string::npos) comma = accept.size();
     const std::string_view range = std::string_view(accept).substr(at, comma - at);
     const size_t semi = range.find(';');
-    const std::string_view type = trim(range.substr(0, semi));
+    const std::string_view type = trim_ows(range.substr(0, semi));
     if (type == "text/html" && !(semi != std::string_view::npos && zero_quality(range.substr(semi + 1)))) return true;
     at = comma + 1;
   }

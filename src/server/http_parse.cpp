@@ -43,18 +43,6 @@ bool is_token(std::string_view s) {
 // field-value characters: VCHAR, obs-text, SP, HTAB. NUL, other controls and DEL are refused.
 bool is_field_char(unsigned char c) { return c == '\t' || (c >= 0x20 && c != 0x7f); }
 
-std::string lower(std::string_view s) {
-  std::string r(s);
-  for (char& ch : r) ch = (char)std::tolower((unsigned char)ch);
-  return r;
-}
-
-std::string_view trim_ows(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
-}
-
 // Whether a comma-separated header value (Connection) holds this token, case-insensitively.
 bool has_token(std::string_view value, std::string_view token) {
   while (!value.empty()) {
@@ -101,6 +89,18 @@ bool split_target(const std::string& target, HttpRequest& req) {
 }
 
 }  // namespace
+
+std::string lower(std::string_view s) {
+  std::string r(s);
+  for (char& ch : r) ch = (char)std::tolower((unsigned char)ch);
+  return r;
+}
+
+std::string_view trim_ows(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
 
 HeadParse parse_request_head(std::string_view buf, size_t max_header_bytes, size_t max_body_bytes, HeadScan* scan) {
   // Leading empty lines.

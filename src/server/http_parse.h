@@ -24,6 +24,10 @@ struct HttpRequest {
   std::string header(std::string_view name) const;
 };
 
+// Header values as RFC 9110 reads them: case folded (ASCII), optional whitespace (SP, HTAB) trimmed.
+std::string lower(std::string_view s);
+std::string_view trim_ows(std::string_view s);
+
 struct HeadParse {
   enum class State { Incomplete, Done, Failed };
   State state = State::Incomplete;
